@@ -1,0 +1,172 @@
+"""Command line: ``sim run | check | plot``.
+
+In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
+``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
+chart), a summary table on the terminal, and the exit code: 0 on success, non-zero with a one-line
+``error: ...`` (no traceback) on a bad scenario, a deadlock, or out-of-memory with ``--fail-on-oom``.
+
+Charts live in the ``analysis`` package, which ``sim`` never imports: ``analysis`` registers its writers
+under the ``clustersim.outputs`` (after ``sim run``) and ``clustersim.plot`` (``sim plot``) entry-point groups
+in pyproject.toml, and this module calls whatever is registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.table import Table
+
+from sim import runner, trace
+from sim.config import load_scenario, resolved_yaml
+from sim.errors import ConfigError, OutOfMemory, SimError
+
+OUTPUT_PLUGINS = "clustersim.outputs"
+PLOT_PLUGINS = "clustersim.plot"
+
+
+def _plugins(group: str) -> list[Callable[..., Any]]:
+    return [entry.load() for entry in sorted(entry_points(group=group), key=lambda e: e.name)]
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _memory_problem(summary: dict[str, Any]) -> str:
+    per_rank = summary["peak_memory_bytes"]["per_rank"]
+    rank = max(per_rank, key=per_rank.get)
+    parts = summary["memory_breakdown_bytes"][rank]
+    largest = sorted((k for k in parts if k != "total"), key=lambda k: -parts[k])[:3]
+    detail = ", ".join(f"{k} {_gib(parts[k])}" for k in largest)
+    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary['hbm_capacity_bytes'])} "
+            f"(largest: {detail})")
+
+
+def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+    layout = summary["layout"]
+    title = (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
+             f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    peak = summary["peak_memory_bytes"]
+    exposed = summary["exposed_comm_s"]
+    rows = [
+        ("step time", f"{summary['step_time_s']:.4f} s"),
+        ("tokens/s", f"{summary['tokens_per_s']:,.0f}"),
+        ("TFLOP/s per GPU (model)", f"{summary['tflops_per_gpu']:.1f}"),
+        ("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%}"),
+        ("bubble fraction", f"{summary['bubble_fraction']:.2%}"),
+        ("exposed comm tp / pp / dp", " / ".join(f"{exposed[k] * 1e3:.1f}" for k in ("tp", "pp", "dp")) + " ms"),
+        ("peak memory per GPU", f"{_gib(peak['max'])} of {_gib(summary['hbm_capacity_bytes'])}"
+                                + ("" if summary["fits_in_memory"] else "  [does not fit]")),
+        ("tasks simulated", f"{summary['tasks']:,}"),
+    ]
+    if wall_s is not None:
+        rows.append(("wall time", f"{wall_s:.2f} s"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    scenario = load_scenario(args.scenario, args.set)
+    began = time.perf_counter()
+    result = runner.run(scenario)
+    wall = time.perf_counter() - began
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
+    trace.write_trace(result.trace, out / f"trace.{args.format}")
+    if args.chrome:
+        trace.write_chrome_trace(result.trace, out / "trace.json")
+    if not args.no_plot:
+        for write in _plugins(OUTPUT_PLUGINS):
+            write(out, result.trace, result.summary)
+    console.print(summary_table(result.summary, wall))
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    if not result.summary["fits_in_memory"]:
+        problem = _memory_problem(result.summary)
+        if args.fail_on_oom:
+            raise OutOfMemory(problem)
+        console.print(f"[yellow]warning: out of memory: {problem}[/yellow]")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    scenario = load_scenario(args.scenario, args.set)
+    console.print(resolved_yaml(scenario), markup=False, highlight=False)
+    console.print(f"ok: {scenario.name}: {scenario.num_gpus} GPUs, {scenario.microbatches} micro-batches per step")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, console: Console) -> int:
+    run_dir = Path(args.run_dir)
+    found = [p for p in (run_dir / "trace.parquet", run_dir / "trace.csv") if p.is_file()]
+    if not found:
+        raise ConfigError(f"run_dir: no trace.parquet or trace.csv in {str(run_dir)!r}")
+    frame = trace.read_trace(found[0])
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    plotters = _plugins(PLOT_PLUGINS)
+    if not plotters:
+        raise SimError("plot: no chart plugin installed (pip install -e . installs the analysis package)")
+    for plot in plotters:
+        plot(frame, Path(args.output), ranks=ranks, start=args.start, end=args.end)
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="sim", description="clustersim: simulate one LLM training step.")
+    commands = top.add_subparsers(dest="command", required=True)
+
+    def scenario_args(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("scenario", help="scenario YAML file")
+        cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                         help="override a scenario field (repeatable)")
+
+    run = commands.add_parser("run", help="simulate a scenario and write summary, trace and Gantt chart")
+    scenario_args(run)
+    run.add_argument("-o", "--output", default="runs/latest", help="run directory (default runs/latest)")
+    run.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="trace file format")
+    run.add_argument("--chrome", action="store_true", help="also write trace.json for Perfetto")
+    run.add_argument("--no-plot", action="store_true", help="skip the Gantt chart")
+    run.add_argument("--fail-on-oom", action="store_true", help="exit non-zero if a rank does not fit")
+    run.set_defaults(handler=cmd_run)
+
+    check = commands.add_parser("check", help="validate a scenario and print it with every default filled")
+    scenario_args(check)
+    check.set_defaults(handler=cmd_check)
+
+    plot = commands.add_parser("plot", help="draw the Gantt chart of a run directory")
+    plot.add_argument("run_dir")
+    plot.add_argument("--ranks", help="comma-separated global ranks to show")
+    plot.add_argument("--start", type=float, help="window start, seconds")
+    plot.add_argument("--end", type=float, help="window end, seconds")
+    plot.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+    plot.set_defaults(handler=cmd_plot)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = Console()
+    try:
+        return int(args.handler(args, console))
+    except SimError as error:
+        Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Scenario files: the one boundary where YAML becomes typed specs.
+
+In: a scenario YAML path (or a dict) and ``--set a.b=value`` overrides. Out: a frozen ``Scenario`` in SI
+units with every default filled (GPU and model presets expanded, link defaults from the node preset), or a
+``ConfigError`` whose one-line message names the field and the rule, e.g.
+``parallel: tp*pp*dp = 96 but the cluster has 64 GPUs``.
+
+Shorthands: ``model: gpt3-175b`` (preset), ``model: path/config.json`` (Hugging Face config, relative to the
+scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overrides); the same
+``preset`` form for ``cluster.gpu``; ``costs: roofline`` and ``network: analytic`` for ``{model: ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from sim.errors import ConfigError
+from sim.hardware import (
+    DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS, FrozenSpec, GpuSpec, LinkSpec,
+)
+from sim.model import MODEL_PRESETS, ModelSpec, spec_from_hf_config
+from sim.parallel import RankGrid
+from sim.schedules import SCHEDULES
+from sim.units import Bytes, Seconds
+
+MiB = 2**20
+
+
+def _lookup(presets: dict[str, Any], name: str, what: str) -> Any:
+    by_lower = {key.lower(): value for key, value in presets.items()}
+    if name.lower() not in by_lower:
+        raise ValueError(f"unknown {what} preset {name!r} (known: {', '.join(presets)})")
+    return by_lower[name.lower()]
+
+
+def _expand_preset(value: Any, presets: dict[str, Any], what: str) -> Any:
+    """``"name"`` or ``{preset: name, **overrides}`` -> the preset's fields with the overrides applied."""
+    if isinstance(value, str):
+        return _lookup(presets, value, what).model_dump()
+    if isinstance(value, dict) and "preset" in value:
+        fields = _lookup(presets, str(value["preset"]), what).model_dump()
+        fields.update({k: v for k, v in value.items() if k != "preset"})
+        return fields
+    return value
+
+
+class ClusterSpec(FrozenSpec):
+    gpu: GpuSpec
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1)
+    node: str | None = Field(default=None, description="link preset (dgx-a100, dgx-h100, dgx-b200)")
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+
+    @model_validator(mode="before")
+    @classmethod
+    def _link_defaults(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        gpu = data.get("gpu")
+        gpu_name = gpu if isinstance(gpu, str) else (gpu or {}).get("preset") or (gpu or {}).get("name")
+        by_lower = {k.lower(): v for k, v in DEFAULT_NODE_FOR_GPU.items()}
+        node_name = data.get("node") or by_lower.get(str(gpu_name).lower())
+        if node_name is None:
+            if not (isinstance(data.get("intra_node"), dict) and isinstance(data.get("inter_node"), dict)):
+                raise ValueError(f"no link preset for GPU {gpu_name!r}: give cluster.node or both link tiers")
+            return data
+        node = _lookup(NODE_PRESETS, str(node_name), "node")
+        data["node"] = node.name
+        for tier in ("intra_node", "inter_node"):
+            fields = getattr(node, tier).model_dump()
+            fields.update(data.get(tier) or {})
+            data[tier] = fields
+        return data
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu_preset(cls, value: Any) -> Any:
+        return _expand_preset(value, GPU_PRESETS, "GPU")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class TrainingSpec(FrozenSpec):
+    global_batch: int = Field(ge=1, description="sequences per optimizer step")
+    micro_batch: int = Field(default=1, ge=1)
+    seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    flash_attention: bool = False
+
+
+class ParallelSpec(FrozenSpec):
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
+    sequence_parallel: bool = False
+    # PyTorch DDP's default bucket_cap_mb = 25.
+    dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
+
+
+class FixedCostsSpec(FrozenSpec):
+    model: Literal["fixed"]
+    forward: Seconds = Field(description="one transformer layer's forward, one micro-batch")
+    backward: Seconds = Field(description="one transformer layer's backward, one micro-batch")
+    optimizer: Seconds = 0.0
+
+
+class RooflineCostsSpec(FrozenSpec):
+    model: Literal["roofline"] = "roofline"
+
+
+class NetworkSpec(FrozenSpec):
+    model: Literal["ideal", "analytic"] = "analytic"
+
+
+def _shorthand(value: Any) -> Any:
+    return {"model": value} if isinstance(value, str) else value
+
+
+class Scenario(FrozenSpec):
+    name: str
+    seed: int = 0
+    cluster: ClusterSpec
+    model: ModelSpec
+    training: TrainingSpec
+    parallel: ParallelSpec = ParallelSpec()
+    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec], Field(discriminator="model")] = RooflineCostsSpec()
+    network: NetworkSpec = NetworkSpec()
+
+    @field_validator("costs", "network", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any) -> Any:
+        return _shorthand(value)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_source(cls, value: Any, info: ValidationInfo) -> Any:
+        base_dir = Path((info.context or {}).get("base_dir", "."))
+        if isinstance(value, str) and value.endswith(".json"):
+            value = {"hf_config": value}
+        if isinstance(value, dict) and "hf_config" in value:
+            overrides = {k: v for k, v in value.items() if k != "hf_config"}
+            fields = _read_hf_config(str(value["hf_config"]), base_dir)
+            fields.update(overrides)
+            return fields
+        return _expand_preset(value, MODEL_PRESETS, "model")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "Scenario":
+        _check_rules(self)
+        return self
+
+    # Derived quantities used everywhere below the boundary.
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    @property
+    def dp(self) -> int:
+        return self.parallel.dp or self.num_gpus // (self.parallel.tp * self.parallel.pp)
+
+    @property
+    def seq_len(self) -> int:
+        return self.training.seq_len or self.model.max_seq_len
+
+    @property
+    def microbatches(self) -> int:
+        return self.training.global_batch // (self.dp * self.training.micro_batch)
+
+    @property
+    def grid(self) -> RankGrid:
+        return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
+
+
+def _read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+    path = Path(path_text)
+    candidates = [path] if path.is_absolute() else [base_dir / path, path]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ValueError(f"Hugging Face config {path_text!r} not found")
+    try:
+        config = json.loads(found.read_text())
+        return spec_from_hf_config(config, name=config.get("_name_or_path") or found.parent.name or found.stem)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path_text!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except KeyError as exc:
+        raise ValueError(f"{path_text!r} lacks {exc.args[0]}") from None
+
+
+def _check_rules(s: Scenario) -> None:
+    """Cross-field rules; each message starts with the field(s) it concerns."""
+    p, m = s.parallel, s.model
+    gpus = s.num_gpus
+    if p.dp is None and gpus % (p.tp * p.pp):
+        raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
+    if p.tp * p.pp * s.dp != gpus:
+        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
+    if m.num_layers % p.pp:
+        raise ValueError(f"parallel.pp: {p.pp} does not divide model.num_layers = {m.num_layers}")
+    if m.num_attention_heads % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_attention_heads = {m.num_attention_heads}")
+    if m.kv_heads % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
+    if m.ffn % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
+    t = s.training
+    if t.global_batch % (s.dp * t.micro_batch):
+        raise ValueError(
+            f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
+            f"{s.dp}*{t.micro_batch} = {s.dp * t.micro_batch}"
+        )
+    if m.position_embedding == "learned" and s.seq_len > m.max_seq_len:
+        raise ValueError(f"training.seq_len: {s.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
+    if p.sequence_parallel and s.seq_len % p.tp:
+        raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
+    if t.dtype not in s.cluster.gpu.peak_flops:
+        raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+    if s.schedule not in SCHEDULES:
+        raise ValueError(f"schedule: unknown schedule {s.schedule!r}")
+
+
+# ------------------------------------------------------------------------------------------ loading, errors
+
+
+def _format_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"] if part not in ("fixed", "roofline"))
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    more = error.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{loc}: {message}{suffix}" if loc else f"{message}{suffix}"
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (value parsed as YAML) to a raw scenario dict."""
+    shorthand_key = {("costs",): "model", ("network",): "model", ("model",): "preset", ("cluster", "gpu"): "preset"}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected a.b=value")
+        path_text, value_text = item.split("=", 1)
+        keys = path_text.strip().split(".")
+        node: dict[str, Any] = data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if isinstance(child, str) and tuple(keys[: depth + 1]) in shorthand_key:
+                child = {shorthand_key[tuple(keys[: depth + 1])]: child}
+            if child is None:
+                child = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {path_text}: {'.'.join(keys[: depth + 1])} is not a mapping")
+            node[key] = child
+            node = child
+        node[keys[-1]] = yaml.safe_load(value_text)
+    return data
+
+
+def scenario_from_dict(data: dict[str, Any], base_dir: Path | str = ".") -> Scenario:
+    try:
+        return Scenario.model_validate(data, context={"base_dir": str(base_dir)})
+    except ValidationError as error:
+        raise ConfigError(_format_error(error)) from None
+
+
+def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scenario:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"scenario: file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"scenario: {path} is not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario: {path} must be a mapping of keys (name, cluster, model, ...)")
+    return scenario_from_dict(apply_overrides(data, overrides or []), base_dir=path.parent)
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    """The scenario with every default filled and units written out; loading it gives the same Scenario."""
+    data = scenario.model_dump(mode="json")
+    data["training"]["seq_len"] = scenario.seq_len
+    data["parallel"]["dp"] = scenario.dp
+    return yaml.safe_dump(data, sort_keys=False)

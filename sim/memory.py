@@ -1,0 +1,97 @@
+"""Per-rank memory: model states and activations.
+
+In: a ``ModelSpec``, the layout (tp, pp, stage), training dtype, micro-batch, sequence length, recompute
+mode. Out: bytes of weights, gradients and optimizer states on one rank (mixed precision with Adam:
+2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1; fp32: 4 + 4 + 8), the activation bytes one
+layer stashes per micro-batch (Korthikanti et al. 2022 Table 2), and the peak of activations in flight given
+when each (micro-batch, layer) was stashed and freed (taken from the trace).
+
+The activation accounting is Korthikanti's, term by term, so that for a GPT layer (FFN = 4h, MHA) it equals
+their formulas exactly: sbh(34 + 5as/h) without parallelism; sbh(10 + 24/t + 5as/(ht)) with TP;
+sbh(34/t + 5as/(ht)) with TP + sequence parallel; the 5as/h term drops with selective recompute; 2sbh per
+layer with full recompute. GQA and SwiGLU change the K/V and MLP terms accordingly. ZeRO sharding, buffers
+and allocator overhead belong to the memory issue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from sim.model import ModelSpec, embedding_params, head_params, layer_params
+
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def model_state_bytes(params: float, dtype: str) -> ModelStates:
+    """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) for ``params``."""
+    if dtype in ("fp32", "tf32"):
+        return ModelStates(weights=4 * params, gradients=4 * params, optimizer=8 * params)
+    return ModelStates(weights=2 * params, gradients=2 * params, optimizer=12 * params)
+
+
+def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int) -> float:
+    """Parameters held by one TP rank of pipeline ``stage`` (embedding on the first stage, head on the last;
+    a tied output layer keeps its own copy of the word embeddings on the last stage, as Megatron does)."""
+    per_stage = spec.num_layers // pp
+    params = per_stage * layer_params(spec).per_tp_rank(tp)
+    if stage == 0:
+        params += embedding_params(spec) / tp
+    if stage == pp - 1:
+        params += head_params(spec) / tp
+        if spec.tied_embeddings and pp > 1:
+            params += spec.vocab_size * spec.hidden_size / tp
+    return params
+
+
+def activation_bytes_per_layer(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    flash_attention: bool = False,
+) -> float:
+    """Bytes one transformer layer keeps for the backward of one micro-batch (16-bit activations, 1-byte
+    dropout masks), per TP rank."""
+    s, b, h = seq_len, micro_batch, spec.hidden_size
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh  # only the layer input is kept (Korthikanti Table 2, last row)
+    # Kept whole on every TP rank unless sequence parallel shards them: two norm inputs (4sbh), QKV and MLP
+    # inputs (2sbh each), two dropout masks (sbh each).
+    replicated = 10.0 * sbh
+    # Sharded by TP: Q and K (2sbh + 2sb*kv), V (2sb*kv), projection input (2sbh), MLP activations.
+    mlp_acts = (6 if spec.mlp == "swiglu" else 4) * spec.ffn
+    sharded = s * b * (2 * h + 2 * spec.kv_dim + 2 * spec.kv_dim + 2 * h + mlp_acts)
+    if flash_attention:
+        scores = 4.0 * b * spec.num_attention_heads * s  # fp32 log-sum-exp per row instead of s x s scores
+    elif recompute == "selective":
+        scores = 0.0  # the attention core is recomputed (Korthikanti Sec. 5)
+    else:
+        scores = 5.0 * spec.num_attention_heads * s * s * b  # softmax out (2), dropout mask (1), dropout out (2)
+    per_rank_replicated = replicated / tp if sequence_parallel else replicated
+    return per_rank_replicated + (sharded + scores) / tp
+
+
+def peak_in_flight(stash_times: np.ndarray, free_times: np.ndarray) -> int:
+    """Most stashed items alive at once, given when each was stashed and freed. At equal times a stash is
+    counted before a free (the conservative order)."""
+    times = np.concatenate([stash_times, free_times])
+    deltas = np.concatenate([np.ones(len(stash_times)), -np.ones(len(free_times))])
+    order = np.lexsort((-deltas, times))
+    return int(np.max(np.cumsum(deltas[order]), initial=0))

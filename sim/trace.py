@@ -1,0 +1,188 @@
+"""The output contract: one row per executed task, and the summary computed from it.
+
+In: the ``TaskGraph`` and the engine's start/end times (``to_frame``); a trace DataFrame and its Scenario
+(``summarize``). Out: a pandas DataFrame with fixed columns and dtypes (``TRACE_COLUMNS``), Parquet/CSV and
+Chrome/Perfetto JSON writers, and a ``Summary`` dict: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble
+fraction, exposed communication per kind, peak memory per rank and whether it fits.
+
+Definitions. MFU uses model FLOPs without recomputation (Korthikanti et al. 2022 eq. 7); HFU the FLOPs the
+trace executed. Bubble fraction of a rank = 1 - (time its compute stream or blocking TP collectives are busy)
+/ (time until the last forward/backward of the step ends), averaged over simulated ranks; with fixed costs
+and an ideal network it is (p-1)/(m+p-1). Exposed communication of a kind = time that kind's collectives run
+while the rank's compute stream is idle (worst rank reported).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.config import Scenario
+from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_in_flight, rank_params
+from sim.model import model_flops_per_step
+from sim.workload import COMPUTE_KINDS, TaskGraph
+
+TRACE_COLUMNS: dict[str, str] = {
+    "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",
+    "microbatch": "int32", "layer": "int32", "start_s": "float64", "end_s": "float64", "bytes": "int64",
+    "flops": "float64",
+}
+COMM_KINDS = ("tp", "pp", "dp")
+
+
+def to_frame(graph: TaskGraph, start: list[float], end: list[float]) -> pd.DataFrame:
+    tasks = graph.tasks
+    frame = pd.DataFrame({
+        "task": [t.id for t in tasks], "rank": [t.rank for t in tasks], "stage": [t.stage for t in tasks],
+        "stream": [t.stream for t in tasks], "kind": [t.kind for t in tasks], "name": [t.name for t in tasks],
+        "microbatch": [t.microbatch for t in tasks], "layer": [t.layer for t in tasks],
+        "start_s": start, "end_s": end, "bytes": [round(t.nbytes) for t in tasks],
+        "flops": [t.flops for t in tasks],
+    })
+    return frame.astype(TRACE_COLUMNS)
+
+
+# ------------------------------------------------------------------------------------------------ intervals
+
+
+def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals as sorted disjoint (starts, ends)."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], np.maximum.accumulate(ends[order])
+    new = np.concatenate([[True], starts[1:] > ends[:-1]])
+    group_end = np.concatenate([np.flatnonzero(new)[1:] - 1, [len(starts) - 1]])
+    return starts[new], ends[group_end]
+
+
+def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Length of the merged intervals (starts, ends) lying before each point."""
+    if len(starts) == 0:
+        return np.zeros_like(points)
+    before = np.concatenate([[0.0], np.cumsum(ends - starts)])
+    idx = np.searchsorted(starts, points, side="right") - 1
+    safe = np.clip(idx, 0, None)
+    partial = np.clip(np.minimum(points, ends[safe]) - starts[safe], 0, None)
+    return np.where(idx >= 0, before[safe] + partial, 0.0)
+
+
+def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -> float:
+    starts, ends = _merge(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
+    total = float(np.sum(ends - starts))
+    hidden = _covered(ends, *compute_union) - _covered(starts, *compute_union)
+    return total - float(np.sum(hidden))
+
+
+# -------------------------------------------------------------------------------------------------- summary
+
+
+def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, float]]:
+    t, p = scenario.training, scenario.parallel
+    per_layer = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
+                                           p.sequence_parallel, t.recompute, t.flash_attention)
+    working = 0.0
+    if t.recompute == "full":  # one layer's activations are rebuilt during its backward
+        working = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
+                                             p.sequence_parallel, "none", t.flash_attention)
+    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward"))]
+    ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
+    result: dict[int, dict[str, float]] = {}
+    for rank, stage in trace.groupby("rank")["stage"].first().items():
+        states = model_state_bytes(rank_params(scenario.model, int(stage), p.pp, p.tp), t.dtype)
+        in_flight = peak_in_flight(ends.loc[(rank, "forward")].to_numpy(), ends.loc[(rank, "backward")].to_numpy())
+        activations = in_flight * per_layer + working
+        result[int(rank)] = {
+            "weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
+            "activations": activations, "total": states.total + activations,
+        }
+    return result
+
+
+def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
+    step = float(trace["end_s"].max())
+    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
+    pipeline_end = float(compute["end_s"].max())
+    bubbles, exposed = [], {kind: 0.0 for kind in COMM_KINDS}
+    for rank, rows in trace.groupby("rank"):
+        compute_rows = rows[rows["stream"] == "compute"]
+        union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
+        busy_rows = rows[rows["kind"].isin(COMPUTE_KINDS + ("tp",))]
+        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end))
+        busy = float(np.sum(busy_ends - busy_starts))
+        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
+        for kind in COMM_KINDS:
+            exposed[kind] = max(exposed[kind], _exposed(rows[rows["kind"] == kind], union))
+
+    gpus = scenario.num_gpus
+    peak = scenario.cluster.gpu.peak(scenario.training.dtype)
+    model_flops = model_flops_per_step(scenario.model, scenario.training.global_batch, scenario.seq_len)
+    # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
+    hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
+    tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
+    memory = _memory(trace, scenario)
+    peak_memory = max(m["total"] for m in memory.values())
+    tokens = scenario.training.global_batch * scenario.seq_len
+    return {
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "num_gpus": gpus,
+        "layout": {"tp": scenario.parallel.tp, "pp": scenario.parallel.pp, "dp": scenario.dp,
+                   "sequence_parallel": scenario.parallel.sequence_parallel},
+        "schedule": scenario.schedule,
+        "microbatches": scenario.microbatches,
+        "step_time_s": step,
+        "tokens_per_s": tokens / step if step > 0 else 0.0,
+        "model_flops_per_step": model_flops,
+        "tflops_per_gpu": tflops,
+        "mfu": tflops * 1e12 / peak,
+        "hardware_tflops_per_gpu": hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
+        "hfu": hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
+        "bubble_fraction": float(np.mean(bubbles)),
+        "exposed_comm_s": exposed,
+        "peak_memory_bytes": {"max": peak_memory, "per_rank": {str(r): m["total"] for r, m in memory.items()}},
+        "memory_breakdown_bytes": {str(r): m for r, m in memory.items()},
+        "hbm_capacity_bytes": scenario.cluster.gpu.hbm_capacity,
+        "fits_in_memory": bool(peak_memory <= scenario.cluster.gpu.hbm_capacity),
+        "tasks": int(len(trace)),
+    }
+
+
+# -------------------------------------------------------------------------------------------------- writers
+
+
+def write_trace(trace: pd.DataFrame, path: Path) -> None:
+    if path.suffix == ".csv":
+        trace.to_csv(path, index=False, float_format="%.12g")
+    else:
+        trace.to_parquet(path, index=False, engine="pyarrow", compression="zstd")
+
+
+def read_trace(path: Path) -> pd.DataFrame:
+    frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    return frame.astype(TRACE_COLUMNS)
+
+
+def chrome_trace(trace: pd.DataFrame) -> dict[str, Any]:
+    """Chrome/Perfetto trace events: one process per rank, one thread per stream, times in microseconds."""
+    events: list[dict[str, Any]] = []
+    for rank in sorted(trace["rank"].unique()):
+        events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}})
+    for row in trace.itertuples(index=False):
+        args = {"task": row.task, "microbatch": row.microbatch, "layer": row.layer}
+        if row.bytes:
+            args["bytes"] = row.bytes
+        label = row.name if row.microbatch < 0 else f"{row.name} mb{row.microbatch}"
+        events.append({"ph": "X", "pid": int(row.rank), "tid": row.stream, "name": label, "cat": row.kind,
+                       "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6, "args": args})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_chrome_trace(trace: pd.DataFrame, path: Path) -> None:
+    path.write_text(json.dumps(chrome_trace(trace), default=int))

@@ -1,0 +1,144 @@
+"""Quantities with explicit units.
+
+In: strings such as ``"450 GB/s"``, ``"80 GiB"``, ``"2 us"``, ``"989 TFLOPS"``, ``"400 Gb/s"`` (bits), or plain
+numbers already in SI units. Out: floats in SI units (bytes, seconds, bytes/s, FLOP/s), and the reverse
+(``format_bytes(80 * 2**30) == "80 GiB"``) for writing resolved scenarios back out.
+
+Conventions (ARCHITECTURE.md rule 1): GB is 1e9 bytes, GiB is 2**30 bytes; "b" (lower case) is bits.
+The pydantic types at the bottom (``Bytes``, ``Seconds``, ``BytesPerSecond``, ``FlopsPerSecond``) are what
+every spec field uses, so no unit string survives below the config boundary.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Callable
+
+from pydantic import BeforeValidator, PlainSerializer
+
+_DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+_BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+
+_QUANTITY = re.compile(r"^\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*([A-Za-zµ/]*)\s*$")
+
+
+def _split(text: str, what: str, example: str) -> tuple[float, str]:
+    match = _QUANTITY.match(text)
+    if match is None:
+        raise ValueError(f"cannot read {text!r} as {what} (write it like {example!r})")
+    return float(match.group(1)), match.group(2)
+
+
+def _prefixed(unit: str, base_units: tuple[str, ...]) -> float | None:
+    """Scale of ``unit`` = <prefix><base> for a decimal or binary prefix, or None if it is not one."""
+    for base in base_units:
+        if not unit.endswith(base):
+            continue
+        prefix = unit[: len(unit) - len(base)]
+        if prefix in _DECIMAL:
+            return _DECIMAL[prefix]
+        if prefix in _BINARY:
+            return _BINARY[prefix]
+    return None
+
+
+def _parser(what: str, example: str, scale_of: Callable[[str], float | None]) -> Callable[[object], float]:
+    def parse(value: object) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"expected {what} like {example!r}, got {value!r}")
+        if isinstance(value, (int, float)):
+            number = float(value)
+        elif isinstance(value, str):
+            number, unit = _split(value, what, example)
+            if unit == "":
+                raise ValueError(f"{value!r} has no unit: write {what} like {example!r}")
+            scale = scale_of(unit)
+            if scale is None:
+                raise ValueError(f"unknown unit {unit!r} in {value!r}: write {what} like {example!r}")
+            number *= scale
+        else:
+            raise ValueError(f"expected {what} like {example!r}, got {value!r}")
+        if not math.isfinite(number) or number < 0:
+            raise ValueError(f"{what} must be a finite, non-negative quantity, got {value!r}")
+        return number
+
+    return parse
+
+
+def _bytes_scale(unit: str) -> float | None:
+    if unit == "bytes":
+        return 1.0
+    return _prefixed(unit, ("B",))
+
+
+def _bandwidth_scale(unit: str) -> float | None:
+    byte_scale = _prefixed(unit, ("B/s", "Bps"))
+    if byte_scale is not None:
+        return byte_scale
+    bit_scale = _prefixed(unit, ("b/s", "bps"))  # network line rates are quoted in bits
+    return None if bit_scale is None else bit_scale / 8.0
+
+
+def _time_scale(unit: str) -> float | None:
+    return _TIME.get(unit)
+
+
+def _flops_scale(unit: str) -> float | None:
+    return _prefixed(unit, ("FLOPS", "FLOP/s", "flops", "flop/s"))
+
+
+parse_bytes = _parser("a size", "80 GiB", _bytes_scale)
+parse_bandwidth = _parser("a bandwidth", "450 GB/s", _bandwidth_scale)
+parse_seconds = _parser("a duration", "2 us", _time_scale)
+parse_flops = _parser("a FLOP rate", "989 TFLOPS", _flops_scale)
+
+
+def _mantissa(value: float) -> str:
+    return f"{value:.12g}"
+
+
+def _format_decimal(value: float, unit: str, prefixes: tuple[str, ...]) -> str:
+    if value == 0:
+        return f"0 {unit}"
+    for prefix in prefixes:
+        scale = _DECIMAL[prefix]
+        if value >= scale:
+            return f"{_mantissa(value / scale)} {prefix}{unit}"
+    return f"{_mantissa(value)} {unit}"
+
+
+def format_bytes(value: float) -> str:
+    """``80 GiB`` when the size is a whole number of binary units, else decimal (``141 GB``)."""
+    for prefix in ("Ti", "Gi", "Mi", "Ki"):
+        scale = _BINARY[prefix]
+        if value >= scale and (value / scale) == int(value / scale):
+            return f"{int(value / scale)} {prefix}B"
+    return _format_decimal(value, "B", ("P", "T", "G", "M", "k"))
+
+
+def format_bandwidth(value: float) -> str:
+    return _format_decimal(value, "B/s", ("T", "G", "M", "k"))
+
+
+def format_flops(value: float) -> str:
+    return _format_decimal(value, "FLOPS", ("T", "G", "M"))
+
+
+def format_seconds(value: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if value >= scale:
+            return f"{_mantissa(value / scale)} {unit}"
+    return "0 s" if value == 0 else f"{_mantissa(value / 1e-9)} ns"
+
+
+Bytes = Annotated[float, BeforeValidator(parse_bytes), PlainSerializer(format_bytes, return_type=str)]
+Seconds = Annotated[float, BeforeValidator(parse_seconds), PlainSerializer(format_seconds, return_type=str)]
+BytesPerSecond = Annotated[
+    float, BeforeValidator(parse_bandwidth), PlainSerializer(format_bandwidth, return_type=str)
+]
+FlopsPerSecond = Annotated[float, BeforeValidator(parse_flops), PlainSerializer(format_flops, return_type=str)]
+
+GB = 1e9
+GiB = 2.0**30

@@ -1,0 +1,225 @@
+"""Scenario -> task graph of one training step.
+
+In: a validated ``Scenario``. Out: a ``TaskGraph``: every task (compute, TP collective, PP send, DP bucket
+all-reduce, optimizer step) with its rank, stream, kind, micro-batch, layer, duration (compute) or bytes and
+group (communication), and dependencies; plus each (rank, stream)'s ordered task list, which the engine
+replays like a CUDA stream.
+
+Emitters, per simulated rank (representative slice: rank tp=0, dp=0 of every pipeline stage; TP and DP
+collectives are costed for their full groups):
+- pipeline: the schedule's forward/backward actions of each micro-batch, layer by layer; a layer is two
+  blocks (attention, MLP);
+- tensor parallel (Megatron, Narayanan et al. SC21 Sec. 2.3): an all-reduce of b*s*h after each block's
+  forward and each block's backward (2 + 2 per layer); with sequence parallelism an all-gather before and a
+  reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); full recomputation replays
+  the forward, collectives included, before each layer's backward;
+- pipeline parallel: one send per micro-batch boundary each way, b*s*h/t per rank (Megatron's scatter/gather
+  of p2p tensors); the receiver's first compute depends on it;
+- data parallel: gradient all-reduce in buckets of ``parallel.dp_bucket_size`` in backward order, each
+  started when the last micro-batch's backward of its layers is done (PyTorch DDP / Megatron overlap);
+- the optimizer step after every bucket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.config import FixedCostsSpec, Scenario
+from sim.costs import CostModel, FixedCosts, RooflineCosts, Work
+from sim.hardware import bytes_per_element
+from sim.memory import model_state_bytes, rank_params
+from sim.model import (
+    ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops, layer_params,
+    embedding_params, head_params,
+)
+from sim.schedules import SCHEDULES, Action
+
+STREAMS = ("compute", "tp", "pp", "dp")
+COMPUTE_KINDS = ("forward", "backward", "recompute")
+
+
+@dataclass(slots=True)
+class Task:
+    id: int
+    rank: int
+    stage: int
+    stream: str
+    kind: str
+    name: str
+    microbatch: int
+    layer: int
+    deps: list[int]
+    duration: float | None = None  # compute tasks; communication is timed by the network model
+    op: str = ""  # all_reduce | all_gather | reduce_scatter | send
+    nbytes: float = 0.0
+    flops: float = 0.0
+    group: tuple[int, ...] = ()  # collective group (global ranks), or (src, dst) of a send
+    collective: int = -1  # rendezvous key shared by the simulated members of one collective
+
+
+@dataclass
+class TaskGraph:
+    tasks: list[Task] = field(default_factory=list)
+    streams: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+
+    def add(self, **fields: object) -> int:
+        task = Task(id=len(self.tasks), **fields)  # type: ignore[arg-type]
+        self.tasks.append(task)
+        self.streams.setdefault((task.rank, task.stream), []).append(task.id)
+        return task.id
+
+
+def make_costs(scenario: Scenario) -> CostModel:
+    spec = scenario.costs
+    if isinstance(spec, FixedCostsSpec):
+        return FixedCosts(spec.forward, spec.backward, spec.optimizer)
+    return RooflineCosts(scenario.cluster.gpu, scenario.training.dtype)
+
+
+class _StageEmitter:
+    """Emits the tasks of one simulated rank (one pipeline stage)."""
+
+    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, stage: int) -> None:
+        self.g, self.sc, self.costs, self.stage = graph, scenario, costs, stage
+        grid, t = scenario.grid, scenario.training
+        self.p = scenario.parallel.pp
+        self.rank = grid.stage_representative(stage)
+        self.tp_group = grid.tp_group(self.rank)
+        self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
+        per_stage = scenario.model.num_layers // self.p
+        self.layers = range(stage * per_stage, (stage + 1) * per_stage)
+        elem = bytes_per_element(t.dtype)
+        b, s = t.micro_batch, scenario.seq_len
+        blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention)
+        self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
+        core = tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE)
+        self.selective_work = Work(core, 0.0)
+        self.embed_work = Work(embedding_forward_ops(scenario.model, b, s, elem), 0.0)
+        self.head_work = Work(head_forward_ops(scenario.model, b, s, self.tp, elem), 0.0)
+        self.tp_bytes = float(b * s * scenario.model.hidden_size * elem)
+        self.p2p_bytes = self.tp_bytes / self.tp
+        self.collective_id = 0
+        # Per layer: the task whose end makes that layer's gradients final (the last backward seen).
+        self.grad_ready: dict[int, int] = {}
+        self.sends: dict[tuple[str, int], int] = {}  # (phase, microbatch) -> send task id
+        self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, microbatch, from stage))
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: object) -> int:
+        deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
+        return self.g.add(rank=self.rank, stage=self.stage, stream=stream, kind=kind, name=name, microbatch=mb,
+                          layer=layer, deps=deps, **extra)
+
+    def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
+                 phase: str = "forward") -> int | None:
+        duration = self.costs.compute_time(work, "backward" if phase == "backward" else "forward")
+        if duration <= 0 and work.layer_share == 0:
+            return after  # nothing to run (embedding/head under fixed costs)
+        return self._add("compute", kind, name, mb, layer, after, duration=duration,
+                         flops=work.flops("backward" if phase == "backward" else "forward"))
+
+    def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
+        if self.tp == 1:
+            return after
+        return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=self.tp_bytes, group=self.tp_group)
+
+    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: str) -> int | None:
+        """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
+        if self.sp:
+            after = self._tp("all_gather", mb, layer, after)
+        after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
+        return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
+
+    def _send(self, phase: str, mb: int, to_stage: int, after: int | None) -> None:
+        dst = self.sc.grid.stage_representative(to_stage)
+        name = "send_forward" if phase == "F" else "send_backward"
+        task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
+        self.sends[(phase, mb)] = task
+
+    # -------------------------------------------------------------------------------------------- phases
+    def forward(self, mb: int) -> None:
+        first_task = len(self.g.tasks)
+        after: int | None = None
+        if self.stage == 0:
+            after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
+        for layer in self.layers:
+            for block in ("attention", "mlp"):
+                after = self._block("forward", block, mb, layer, after, "forward")
+        if self.stage == self.p - 1:
+            after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
+        if self.stage > 0:
+            self.waits.append((first_task, ("F", mb, self.stage - 1)))
+        if self.stage < self.p - 1:
+            self._send("F", mb, self.stage + 1, after)
+
+    def backward(self, mb: int) -> None:
+        first_task = len(self.g.tasks)
+        recompute = self.sc.training.recompute
+        after: int | None = None
+        if self.stage == self.p - 1:
+            after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, "backward")
+        for layer in reversed(self.layers):
+            if recompute == "full":
+                for block in ("attention", "mlp"):
+                    after = self._block("recompute", block, mb, layer, after, "forward")
+            for block in ("mlp", "attention"):
+                if block == "attention" and recompute == "selective":
+                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
+                after = self._block("backward", block, mb, layer, after, "backward")
+            self.grad_ready[layer] = after  # type: ignore[assignment]
+        if self.stage == 0:
+            after = self._compute("backward", "embedding", mb, -1, self.embed_work, after, "backward")
+            self.grad_ready[-1] = after  # type: ignore[assignment]
+        if self.stage < self.p - 1:
+            self.waits.append((first_task, ("B", mb, self.stage + 1)))
+        if self.stage > 0:
+            self._send("B", mb, self.stage - 1, after)
+
+    def data_parallel_and_optimizer(self) -> None:
+        sc = self.sc
+        dp_group = sc.grid.dp_group(self.rank)
+        params = rank_params(sc.model, self.stage, self.p, self.tp)
+        grad_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).gradients
+        buckets: list[int] = []
+        if len(dp_group) > 1:
+            per_layer = layer_params(sc.model).per_tp_rank(self.tp) * grad_bytes_per_param
+            # Backward order: the head's (on the last stage) gradients are final first, embeddings' last.
+            order: list[tuple[int, float]] = []
+            if self.stage == self.p - 1:
+                head = head_params(sc.model) + (sc.model.vocab_size * sc.model.hidden_size
+                                                if sc.model.tied_embeddings and self.p > 1 else 0)
+                order.append((self.layers[-1], head / self.tp * grad_bytes_per_param))
+            order += [(layer, per_layer) for layer in reversed(self.layers)]
+            if self.stage == 0:
+                order.append((-1 if -1 in self.grad_ready else self.layers[0],
+                              embedding_params(sc.model) / self.tp * grad_bytes_per_param))
+            pending, first_layer = 0.0, None
+            for index, (layer, nbytes) in enumerate(order):
+                pending += nbytes
+                if pending >= sc.parallel.dp_bucket_size or index == len(order) - 1:
+                    ready = self.grad_ready[layer]
+                    name = f"grad_bucket{len(buckets)}"
+                    bucket = self._add("dp", "dp", name, -1, layer, ready, op="all_reduce", nbytes=pending,
+                                       group=dp_group)
+                    buckets.append(bucket)
+                    pending = 0.0
+        duration = self.costs.optimizer_time(params)
+        optimizer = self._add("compute", "optimizer", "optimizer", -1, -1, None, duration=duration)
+        self.g.tasks[optimizer].deps.extend(buckets)
+
+
+def build(scenario: Scenario) -> TaskGraph:
+    graph = TaskGraph()
+    costs = make_costs(scenario)
+    p, m = scenario.parallel.pp, scenario.microbatches
+    orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m)
+    emitters = [_StageEmitter(graph, scenario, costs, stage) for stage in range(p)]
+    for emitter, actions in zip(emitters, orders):
+        for action in actions:
+            (emitter.forward if action.phase == "F" else emitter.backward)(action.microbatch)
+        emitter.data_parallel_and_optimizer()
+    # Cross-stage dependencies: a micro-batch's first task on a stage waits for its neighbour's send.
+    for emitter in emitters:
+        for task_id, (phase, mb, from_stage) in emitter.waits:
+            graph.tasks[task_id].deps.append(emitters[from_stage].sends[(phase, mb)])
+    return graph

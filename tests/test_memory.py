@@ -1,0 +1,48 @@
+"""Activation bytes against Korthikanti et al. 2022 Table 2 (tests/data), model states against ZeRO's
+16 bytes per parameter (Rajbhandari et al. SC20 Sec. 3.1)."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_in_flight, rank_params
+from sim.model import MODEL_PRESETS, total_params
+
+from conftest import DATA
+
+ROWS = list(csv.DictReader(open(DATA / "korthikanti2022_activation_memory_formulas.csv")))
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["configuration"] for r in ROWS])
+@pytest.mark.parametrize("name, t", [("gpt3-175b", 8), ("gpt3-13b", 4), ("gpt3-1.3b", 2)])
+def test_activation_bytes_equal_korthikanti_table2(row, name, t):
+    spec = MODEL_PRESETS[name]
+    s, b, h, a = spec.max_seq_len, 2, spec.hidden_size, spec.num_attention_heads
+    tp = 1 if row["tp"] == "1" else t
+    expected = eval(row["activation_bytes_per_transformer_layer"], {}, {"sbh": s * b * h, "s": s, "h": h, "a": a, "t": tp})
+    ours = activation_bytes_per_layer(spec, b, s, tp, row["sequence_parallel"] == "true", row["recompute"])
+    assert ours == pytest.approx(expected, rel=1e-12)
+
+
+def test_mixed_precision_adam_is_16_bytes_per_param():
+    assert model_state_bytes(7e9, "bf16").total == 112e9
+    states = model_state_bytes(1.0, "fp16")
+    assert (states.weights, states.gradients, states.optimizer) == (2, 2, 12)
+
+
+def test_rank_params_sum_to_the_model():
+    spec = MODEL_PRESETS["gpt3-13b"]  # tied embeddings: the last stage holds its own copy
+    pp, tp = 4, 2
+    held = sum(rank_params(spec, stage, pp, tp) for stage in range(pp)) * tp
+    copy_on_last_stage = spec.vocab_size * spec.hidden_size
+    replicated_norms = spec.num_layers * 4 * spec.hidden_size * (tp - 1) + 2 * spec.hidden_size * (tp - 1)
+    row_biases = spec.num_layers * 2 * spec.hidden_size * (tp - 1)
+    assert held == pytest.approx(total_params(spec) + copy_on_last_stage + replicated_norms + row_biases)
+
+
+def test_peak_in_flight_counts_overlaps():
+    stash = np.array([0.0, 1.0, 2.0, 5.0])
+    free = np.array([3.0, 4.0, 6.0, 7.0])
+    assert peak_in_flight(stash, free) == 3
+    assert peak_in_flight(np.array([1.0]), np.array([1.0])) == 1  # stash counted before free at a tie
