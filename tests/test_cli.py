@@ -1,0 +1,87 @@
+"""The command line as a user meets it: outputs, one-line errors without tracebacks, determinism."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, SCENARIOS
+
+TINY = str(SCENARIOS / "tiny.yaml")
+
+
+def sim(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_run_writes_every_output(tmp_path):
+    out = tmp_path / "run"
+    result = sim("run", TINY, "-o", str(out), "--chrome")
+    assert result.returncode == 0, result.stderr
+    for name in ("summary.json", "trace.parquet", "gantt.png", "scenario.resolved.yaml", "trace.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble_fraction", "exposed_comm_s",
+                "peak_memory_bytes", "fits_in_memory", "num_gpus", "scenario", "seed"):
+        assert key in summary
+    assert (out / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    chrome = json.loads((out / "trace.json").read_text())
+    assert any(e["ph"] == "X" for e in chrome["traceEvents"])
+    assert "step time" in result.stdout
+    again = sim("run", str(out / "scenario.resolved.yaml"), "-o", str(tmp_path / "again"), "--no-plot")
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["step_time_s"] == summary["step_time_s"]
+
+
+def test_same_scenario_and_seed_give_byte_identical_traces(tmp_path):
+    digests = []
+    for name, fmt in (("a", "parquet"), ("b", "parquet"), ("c", "csv"), ("d", "csv")):
+        assert sim("run", TINY, "-o", str(tmp_path / name), "--no-plot", "--format", fmt).returncode == 0
+        digests.append(hashlib.sha256((tmp_path / name / f"trace.{fmt}").read_bytes()).hexdigest())
+    assert digests[0] == digests[1] and digests[2] == digests[3]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "parallel.tpp=2"], "error: parallel.tpp: unknown key"),
+    (["--set", "cluster.gpu.hbm_capacity=80 GX"], "error: cluster.gpu.hbm_capacity: unknown unit 'GX'"),
+    (["--set", "parallel.dp=3"], "error: parallel: tp*pp*dp = 12 but the cluster has 4 GPUs"),
+    (["--set", "model=missing/config.json"], "error: model: Hugging Face config 'missing/config.json' not found"),
+    (["--set", "parallel"], "error: --set 'parallel': expected a.b=value"),
+])
+def test_bad_scenarios_exit_non_zero_with_one_line(tmp_path, args, message):
+    result = sim("run", TINY, "-o", str(tmp_path / "x"), *args)
+    assert result.returncode != 0
+    assert result.stderr.strip() == message or result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_missing_scenario_file(tmp_path):
+    result = sim("run", "nowhere.yaml", "-o", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.strip() == "error: scenario: file 'nowhere.yaml' not found"
+
+
+def test_fail_on_oom_exits_non_zero_naming_the_rank(tmp_path):
+    result = sim("run", str(SCENARIOS / "llama2-7b_h100-8_dp.yaml"), "-o", str(tmp_path), "--no-plot",
+                 "--fail-on-oom")
+    assert result.returncode == 4
+    assert result.stderr.startswith("error: rank 0 needs") and "optimizer" in result.stderr
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")), ids=lambda p: p.name)
+def test_every_bundled_scenario_passes_check(path):
+    result = sim("check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("ok:")
+
+
+def test_plot_a_window_of_some_ranks(tmp_path):
+    assert sim("run", TINY, "-o", str(tmp_path / "r"), "--no-plot").returncode == 0
+    out = tmp_path / "zoom.png"
+    result = sim("plot", str(tmp_path / "r"), "--ranks", "0", "--start", "0", "--end", "0.005", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    missing = sim("plot", str(tmp_path / "nothing"), "-o", str(out))
+    assert missing.returncode == 2 and "no trace.parquet or trace.csv" in missing.stderr

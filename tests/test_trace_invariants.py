@@ -1,0 +1,53 @@
+"""Invariants on the trace of every bundled scenario (ARCHITECTURE.md: tests)."""
+
+import numpy as np
+import pytest
+
+from sim import runner
+from sim.config import load_scenario
+
+from conftest import SCENARIOS
+
+NAMES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))
+
+
+@pytest.fixture(scope="module", params=NAMES)
+def run(request):
+    return runner.run(load_scenario(SCENARIOS / request.param))
+
+
+def test_no_stream_runs_two_tasks_at_once(run):
+    for _, rows in run.trace.groupby(["rank", "stream"]):
+        rows = rows.sort_values(["start_s", "end_s"])
+        assert np.all(rows["start_s"].to_numpy()[1:] >= rows["end_s"].to_numpy()[:-1])
+
+
+def test_every_task_starts_after_its_dependencies_end(run):
+    start = run.trace["start_s"].to_numpy()
+    end = run.trace["end_s"].to_numpy()
+    for task in run.graph.tasks:
+        for dep in task.deps:
+            assert start[task.id] >= end[dep]
+
+
+def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
+    layered = run.trace[(run.trace["layer"] >= 0) & run.trace["kind"].isin(["forward", "backward"])]
+    counts = layered.groupby(["rank", "kind", "microbatch", "layer", "name"]).size()
+    assert set(counts) == {1}
+    m = run.scenario.microbatches
+    per_stage = run.scenario.model.num_layers // run.scenario.parallel.pp
+    for (rank, kind), rows in layered.groupby(["rank", "kind"]):
+        assert len(rows) == m * per_stage * 2  # attention and MLP blocks
+
+
+def test_durations_are_finite_and_non_negative(run):
+    d = run.trace["end_s"] - run.trace["start_s"]
+    assert np.all(np.isfinite(d)) and np.all(d >= 0)
+
+
+def test_summary_is_consistent(run):
+    s = run.summary
+    assert s["step_time_s"] == pytest.approx(run.trace["end_s"].max())
+    assert 0 <= s["bubble_fraction"] < 1 and 0 < s["mfu"] <= 1 and s["hfu"] >= s["mfu"] - 1e-12
+    assert s["tokens_per_s"] == pytest.approx(
+        run.scenario.training.global_batch * run.scenario.seq_len / s["step_time_s"])

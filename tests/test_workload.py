@@ -1,0 +1,85 @@
+"""What the emitters put in the task graph: Megatron's TP collectives, PP sends and DDP buckets, with the
+volumes of Narayanan et al. SC21 Sec. 2.3 and of the model's gradient bytes."""
+
+import pytest
+
+from sim import runner, workload
+from sim.memory import rank_params
+from sim.model import model_flops_per_step
+
+from conftest import make_scenario
+
+GPT = {"name": "g", "num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "vocab_size": 4096,
+       "max_seq_len": 1024}
+
+
+def layout(tp, pp, dp, sp=False, recompute="none", mb=2):
+    return make_scenario(cluster={"gpu": "A100-80GB-SXM", "nodes": tp * pp * dp // 4, "gpus_per_node": 4},
+                         model=GPT, training={"global_batch": 8 * dp * mb, "micro_batch": mb, "seq_len": 1024,
+                                              "recompute": recompute},
+                         parallel={"tp": tp, "pp": pp, "dp": dp, "sequence_parallel": sp})
+
+
+def tasks_of(graph, **match):
+    return [t for t in graph.tasks if all(getattr(t, k) == v for k, v in match.items())]
+
+
+def test_tp_all_reduces_two_forward_two_backward_per_layer():
+    s = layout(tp=4, pp=2, dp=1)
+    g = workload.build(s)
+    bsh_bytes = 2 * 1024 * 1024 * 2  # b=2, s=1024, h=1024, bf16
+    for stage in range(2):
+        rank = s.grid.stage_representative(stage)
+        per_mb_layer = len(tasks_of(g, rank=rank, kind="tp", microbatch=0, layer=stage * 4))
+        assert per_mb_layer == 4
+        assert {t.nbytes for t in tasks_of(g, rank=rank, kind="tp")} == {bsh_bytes}
+        assert {t.group for t in tasks_of(g, rank=rank, kind="tp")} == {s.grid.tp_group(rank)}
+    assert len(tasks_of(g, kind="tp")) == 4 * 8 * s.microbatches  # 4 per layer, 8 layers, m micro-batches
+
+
+def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gather():
+    g = workload.build(layout(tp=4, pp=1, dp=1, sp=True))
+    ops = [t.op for t in tasks_of(g, kind="tp", microbatch=0, layer=0)]
+    assert ops.count("all_gather") == 4 and ops.count("reduce_scatter") == 4 and "all_reduce" not in ops
+
+
+def test_full_recompute_replays_the_forward_collectives():
+    g = workload.build(layout(tp=4, pp=1, dp=1, recompute="full"))
+    assert len(tasks_of(g, kind="tp", microbatch=0, layer=3)) == 6  # 2 forward + 2 recompute + 2 backward
+    assert len(tasks_of(g, kind="recompute", microbatch=0, layer=3)) == 2
+
+
+def test_pp_sends_one_per_microbatch_boundary_each_way():
+    s = layout(tp=2, pp=4, dp=1)
+    g = workload.build(s)
+    sends = tasks_of(g, kind="pp")
+    m, p = s.microbatches, 4
+    assert len([t for t in sends if t.name == "send_forward"]) == m * (p - 1)
+    assert len([t for t in sends if t.name == "send_backward"]) == m * (p - 1)
+    assert {t.nbytes for t in sends} == {2 * 1024 * 1024 * 2 / 2}  # b*s*h/t elements, bf16
+
+
+def test_dp_buckets_carry_every_gradient_byte_once():
+    s = layout(tp=2, pp=2, dp=4)
+    g = workload.build(s)
+    for stage in range(2):
+        rank = s.grid.stage_representative(stage)
+        buckets = tasks_of(g, rank=rank, kind="dp")
+        assert len(buckets) > 1
+        assert sum(t.nbytes for t in buckets) == pytest.approx(2 * rank_params(s.model, stage, 2, 2))
+        assert all(t.op == "all_reduce" and t.group == s.grid.dp_group(rank) for t in buckets)
+
+
+def test_dp_buckets_overlap_the_last_backward():
+    result = runner.run(layout(tp=1, pp=1, dp=4))
+    trace = result.trace
+    first_bucket = trace[trace["kind"] == "dp"]["start_s"].min()
+    last_backward = trace[trace["kind"] == "backward"]["end_s"].max()
+    assert first_bucket < last_backward
+
+
+def test_trace_flops_add_up_to_the_model_flops():
+    s = layout(tp=2, pp=2, dp=2)
+    result = runner.run(s)
+    executed = result.trace["flops"].sum() * s.parallel.tp * s.dp
+    assert executed == pytest.approx(model_flops_per_step(s.model, s.training.global_batch, s.seq_len), rel=1e-12)
