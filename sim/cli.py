@@ -49,11 +49,14 @@ def _memory_problem(summary: dict[str, Any]) -> str:
             f"(largest: {detail})")
 
 
-def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+def summary_title(summary: dict[str, Any]) -> str:
     layout = summary["layout"]
-    title = (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
-             f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
-    table = Table(title=title, show_header=True, header_style="bold")
+    return (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
+            f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
+
+
+def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+    table = Table(show_header=True, header_style="bold")
     table.add_column("metric")
     table.add_column("value", justify="right")
     peak = summary["peak_memory_bytes"]
@@ -86,12 +89,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
+    console.print(summary_title(result.summary), markup=False, highlight=False)
+    console.print(summary_table(result.summary, wall))
     if args.chrome:
         trace.write_chrome_trace(result.trace, out / "trace.json")
     if not args.no_plot:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
-    console.print(summary_table(result.summary, wall))
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
     if not result.summary["fits_in_memory"]:
         problem = _memory_problem(result.summary)

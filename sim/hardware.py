@@ -63,13 +63,16 @@ T = 1e12
 # Copy efficiency measured on H100 (3.0 of 3.35 TB/s) and H200 (4.3 of 4.8 TB/s), measured_gpu_figures.csv;
 # their mean stands in for A100 and B200, for which no device-copy measurement is in the reference data.
 _COPY_EFFICIENCY_MEASURED_MEAN = (3.0 / 3.35 + 4.3 / 4.8) / 2
+# Dense tensor-core peaks shared by the SKUs of one chip (A100 40/80 GB; H100 SXM and H200 share GH100).
+_AMPERE_PEAKS = {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T}
+_HOPPER_PEAKS = {"fp32": 67 * T, "tf32": 494.5 * T, "fp16": 989 * T, "bf16": 989 * T, "fp8": 1979 * T}
 
 GPU_PRESETS: dict[str, GpuSpec] = {
     spec.name: spec
     for spec in (
         GpuSpec(
             name="A100-40GB-SXM",
-            peak_flops={"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T},
+            peak_flops=_AMPERE_PEAKS,
             hbm_capacity=40 * GiB,
             hbm_bandwidth=1555 * GB,
             matmul_efficiency=271.2 / 312,
@@ -78,7 +81,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="A100-80GB-SXM",
-            peak_flops={"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T},
+            peak_flops=_AMPERE_PEAKS,
             hbm_capacity=80 * GiB,
             hbm_bandwidth=2039 * GB,
             matmul_efficiency=271.2 / 312,
@@ -87,7 +90,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="H100-SXM",
-            peak_flops={"fp32": 67 * T, "tf32": 494.5 * T, "fp16": 989 * T, "bf16": 989 * T, "fp8": 1979 * T},
+            peak_flops=_HOPPER_PEAKS,
             hbm_capacity=80 * GiB,
             hbm_bandwidth=3.35e12,
             matmul_efficiency=794.5 / 989,
@@ -96,7 +99,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         ),
         GpuSpec(
             name="H200",
-            peak_flops={"fp32": 67 * T, "tf32": 494.5 * T, "fp16": 989 * T, "bf16": 989 * T, "fp8": 1979 * T},
+            peak_flops=_HOPPER_PEAKS,
             hbm_capacity=141 * GB,
             hbm_bandwidth=4.8e12,
             matmul_efficiency=788 / 989,
