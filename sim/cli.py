@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as error:
         Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
+    except OSError as error:  # an output path that cannot be written, a disk that is full
+        target = f" {error.filename!r}" if error.filename else ""
+        Console(stderr=True).print(f"error: cannot write{target}: {error.strerror or error}", markup=False,
+                                   highlight=False, soft_wrap=True)
+        return 1
     except KeyboardInterrupt:
         return 130
 

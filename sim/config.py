@@ -68,6 +68,8 @@ class ClusterSpec(FrozenSpec):
         by_lower = {k.lower(): v for k, v in DEFAULT_NODE_FOR_GPU.items()}
         node_name = data.get("node") or by_lower.get(str(gpu_name).lower())
         if node_name is None:
+            if isinstance(gpu, str):
+                return data  # not a known preset: the gpu field reports it by name
             if not (isinstance(data.get("intra_node"), dict) and isinstance(data.get("inter_node"), dict)):
                 raise ValueError(f"no link preset for GPU {gpu_name!r}: give cluster.node or both link tiers")
             return data

@@ -49,6 +49,8 @@ def test_same_scenario_and_seed_give_byte_identical_traces(tmp_path):
     (["--set", "parallel.dp=3"], "error: parallel: tp*pp*dp = 12 but the cluster has 4 GPUs"),
     (["--set", "model=missing/config.json"], "error: model: Hugging Face config 'missing/config.json' not found"),
     (["--set", "parallel"], "error: --set 'parallel': expected a.b=value"),
+    (["--set", "cluster.gpu=XYZ"], "error: cluster.gpu: unknown GPU preset 'XYZ'"),
+    (["--set", "schedule=zb"], "error: schedule: Input should be 'gpipe' or '1f1b'"),
 ])
 def test_bad_scenarios_exit_non_zero_with_one_line(tmp_path, args, message):
     result = sim("run", TINY, "-o", str(tmp_path / "x"), *args)
@@ -61,6 +63,14 @@ def test_bad_scenarios_exit_non_zero_with_one_line(tmp_path, args, message):
 def test_missing_scenario_file(tmp_path):
     result = sim("run", "nowhere.yaml", "-o", str(tmp_path))
     assert result.returncode == 2 and result.stderr.strip() == "error: scenario: file 'nowhere.yaml' not found"
+
+
+def test_unwritable_output_directory_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    result = sim("run", TINY, "-o", str(blocker / "run"), "--no-plot")
+    assert result.returncode == 1 and result.stderr.startswith("error: cannot write")
+    assert "Traceback" not in result.stderr
 
 
 def test_fail_on_oom_exits_non_zero_naming_the_rank(tmp_path):
