@@ -92,7 +92,8 @@ class ClusterSpec(FrozenSpec):
 
 
 class TrainingSpec(FrozenSpec):
-    global_batch: int = Field(ge=1, description="sequences per optimizer step")
+    global_batch: int | None = Field(default=None, ge=1, description="sequences per optimizer step")
+    microbatches: int | None = Field(default=None, ge=1, description="m per pipeline; global_batch / (dp*micro_batch)")
     micro_batch: int = Field(default=1, ge=1)
     seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
@@ -104,6 +105,7 @@ class ParallelSpec(FrozenSpec):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
     dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
+    vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
     sequence_parallel: bool = False
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
@@ -112,7 +114,8 @@ class ParallelSpec(FrozenSpec):
 class FixedCostsSpec(FrozenSpec):
     model: Literal["fixed"]
     forward: Seconds = Field(description="one transformer layer's forward, one micro-batch")
-    backward: Seconds = Field(description="one transformer layer's backward, one micro-batch")
+    backward: Seconds = Field(description="one layer's backward; its input-gradient part (B) if weight_grad is given")
+    weight_grad: Seconds = Field(default=0.0, description="one layer's weight-gradient pass (W)")
     optimizer: Seconds = 0.0
 
 
@@ -135,7 +138,7 @@ class Scenario(FrozenSpec):
     model: ModelSpec
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
-    schedule: Literal["gpipe", "1f1b"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"] = "1f1b"
     costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec], Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
 
@@ -177,7 +180,12 @@ class Scenario(FrozenSpec):
 
     @property
     def microbatches(self) -> int:
-        return self.training.global_batch // (self.dp * self.training.micro_batch)
+        t = self.training
+        return t.microbatches or (t.global_batch or 0) // (self.dp * t.micro_batch)
+
+    @property
+    def global_batch(self) -> int:
+        return self.training.global_batch or self.microbatches * self.dp * self.training.micro_batch
 
     @property
     def grid(self) -> RankGrid:
@@ -207,8 +215,9 @@ def _check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
     if p.tp * p.pp * s.dp != gpus:
         raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
-    if m.num_layers % p.pp:
-        raise ValueError(f"parallel.pp: {p.pp} does not divide model.num_layers = {m.num_layers}")
+    if m.num_layers % (p.pp * p.vpp):
+        what = "pp" if p.vpp == 1 else "pp*vpp"
+        raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
     if m.num_attention_heads % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_attention_heads = {m.num_attention_heads}")
     if m.kv_heads % p.tp:
@@ -216,19 +225,25 @@ def _check_rules(s: Scenario) -> None:
     if m.ffn % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
     t = s.training
-    if t.global_batch % (s.dp * t.micro_batch):
+    if t.global_batch is None and t.microbatches is None:
+        raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")
+    if t.global_batch is not None and t.global_batch % (s.dp * t.micro_batch):
         raise ValueError(
             f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
             f"{s.dp}*{t.micro_batch} = {s.dp * t.micro_batch}"
         )
+    if t.global_batch is not None and t.microbatches is not None and t.global_batch != s.global_batch:
+        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
+                         f"= m*dp*micro_batch would need m = {t.global_batch // (s.dp * t.micro_batch)}")
     if m.position_embedding == "learned" and s.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {s.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
     if p.sequence_parallel and s.seq_len % p.tp:
         raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
-    if s.schedule not in SCHEDULES:
-        raise ValueError(f"schedule: unknown schedule {s.schedule!r}")
+    reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
+    if reason:
+        raise ValueError(f"schedule: {reason}")
 
 
 # ------------------------------------------------------------------------------------------ loading, errors
@@ -294,5 +309,7 @@ def resolved_yaml(scenario: Scenario) -> str:
     """The scenario with every default filled and units written out; loading it gives the same Scenario."""
     data = scenario.model_dump(mode="json")
     data["training"]["seq_len"] = scenario.seq_len
+    data["training"]["global_batch"] = scenario.global_batch
+    data["training"]["microbatches"] = scenario.microbatches
     data["parallel"]["dp"] = scenario.dp
     return yaml.safe_dump(data, sort_keys=False)

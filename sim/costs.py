@@ -1,15 +1,20 @@
 """Cost models: how long a piece of compute takes on one GPU.
 
 In: ``Work`` (the kernels of a block of a layer, from sim.model, and the share of a transformer layer it
-represents) and a phase (forward / backward); the optimizer step by parameter count. Out: seconds.
+represents) and a phase; the optimizer step by parameter count. Out: seconds, and the FLOPs executed.
 
-``fixed``: the scenario gives one layer's forward and backward time; a block costs its share of them, and
-the embedding, head and recomputation cost nothing unless priced by share (for exact schedule tests).
-``roofline``: each kernel takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) with the
-GPU preset's measured matmul and copy efficiencies (Williams et al. 2009, roofline); a backward is two GEMMs
-per forward GEMM (input and weight gradients) and about twice the element-wise traffic, so 2x forward.
-The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read 16-bit grad, fp32
-master, m, v; write master, m, v and the 16-bit weight).
+Phases: ``forward``; ``backward`` (the whole backward, as 1F1B and GPipe run it); ``input_grad`` (B) and
+``weight_grad`` (W), the two halves that zero-bubble schedules run separately. A GEMM with weights costs its
+forward once in B and once in W; ops without weights cost twice their forward in B and nothing in W; so
+B + W = backward = 2x forward (Qi et al. ICLR 2024 Table 1).
+
+``fixed``: the scenario gives one layer's forward, input-gradient (``backward``) and weight-gradient
+(``weight_grad``, default 0) times; a block costs its share, a fused backward costs backward + weight_grad,
+and the embedding, head and selective recomputation cost nothing (for exact schedule tests).
+``roofline``: each kernel takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) with the GPU
+preset's measured matmul and copy efficiencies (Williams et al. 2009). The optimizer step is memory-bound
+Adam: 28 bytes of HBM traffic per parameter (read 16-bit grad, fp32 master, m, v; write master, m, v and the
+16-bit weight).
 """
 
 from __future__ import annotations
@@ -20,9 +25,19 @@ from typing import Literal, Protocol
 from sim.hardware import GpuSpec
 from sim.model import Op
 
-Phase = Literal["forward", "backward"]
+Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
 ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
-BACKWARD_FACTOR = 2.0
+
+
+def phase_scale(op: Op, phase: Phase) -> float:
+    """How many forward-equivalents of ``op`` a phase runs."""
+    if phase == "forward":
+        return 1.0
+    if phase == "backward":
+        return 2.0
+    if phase == "input_grad":
+        return 1.0 if op.has_weights else 2.0
+    return 1.0 if op.has_weights else 0.0
 
 
 @dataclass(frozen=True)
@@ -30,12 +45,8 @@ class Work:
     ops: tuple[Op, ...]
     layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
 
-    @property
-    def forward_flops(self) -> float:
-        return sum(op.flops for op in self.ops)
-
     def flops(self, phase: Phase) -> float:
-        return self.forward_flops * (BACKWARD_FACTOR if phase == "backward" else 1.0)
+        return sum(op.flops * phase_scale(op, phase) for op in self.ops)
 
 
 class CostModel(Protocol):
@@ -49,11 +60,13 @@ class CostModel(Protocol):
 class FixedCosts:
     name = "fixed"
 
-    def __init__(self, forward: float, backward: float, optimizer: float = 0.0) -> None:
-        self.forward, self.backward, self.optimizer = forward, backward, optimizer
+    def __init__(self, forward: float, backward: float, weight_grad: float = 0.0, optimizer: float = 0.0) -> None:
+        self.per_layer = {"forward": forward, "backward": backward + weight_grad, "input_grad": backward,
+                          "weight_grad": weight_grad}
+        self.optimizer = optimizer
 
     def compute_time(self, work: Work, phase: Phase) -> float:
-        return (self.forward if phase == "forward" else self.backward) * work.layer_share
+        return self.per_layer[phase] * work.layer_share
 
     def optimizer_time(self, params: float) -> float:
         return self.optimizer
@@ -70,8 +83,7 @@ class RooflineCosts:
         return max(op.flops / self.flops_rate, op.bytes / self.bytes_rate)
 
     def compute_time(self, work: Work, phase: Phase) -> float:
-        scale = BACKWARD_FACTOR if phase == "backward" else 1.0
-        return scale * sum(self.kernel_time(op) for op in work.ops)
+        return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
     def optimizer_time(self, params: float) -> float:
         return ADAM_BYTES_PER_PARAM * params / self.bytes_rate

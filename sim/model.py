@@ -144,20 +144,24 @@ def model_flops_per_step(spec: ModelSpec, global_batch: int, seq_len: int) -> fl
 
 @dataclass(frozen=True)
 class Op:
-    """One kernel of a forward pass on one TP rank: FLOPs (GEMMs) and bytes moved through HBM."""
+    """One kernel of a forward pass on one TP rank: FLOPs (GEMMs) and bytes moved through HBM. A GEMM with
+    weights has two backward GEMMs, one for the input gradient (B) and one for the weight gradient (W); ops
+    without weights (attention core, element-wise) have only the input-gradient part, about twice the
+    forward (Qi et al. ICLR 2024 Table 1)."""
 
     name: str
     flops: float
     bytes: float
     matmul: bool
+    has_weights: bool = False
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
 ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
 
 
-def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1) -> Op:
-    return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True)
+def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:
+    return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True, weights)
 
 
 def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0) -> Op:
@@ -202,9 +206,9 @@ def layer_forward_ops(
     else:
         score_elems = b * heads * s * s
         attention += [
-            _gemm("attention_scores", s, s, spec.head_dim, elem_bytes, batch=b * heads),
+            _gemm("attention_scores", s, s, spec.head_dim, elem_bytes, batch=b * heads, weights=False),
             _elementwise("softmax_dropout", score_elems, elem_bytes, reads=1, writes=2, masks=1),
-            _gemm("attention_values", s, spec.head_dim, s, elem_bytes, batch=b * heads),
+            _gemm("attention_values", s, spec.head_dim, s, elem_bytes, batch=b * heads, weights=False),
         ]
     attention += [
         _gemm("out_proj", tokens, h, h / tp, elem_bytes),

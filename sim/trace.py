@@ -91,7 +91,10 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
     if t.recompute == "full":  # one layer's activations are rebuilt during its backward
         working = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
                                              p.sequence_parallel, "none", t.flash_attention)
-    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward"))]
+    # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
+    # weight-gradient pass W when the schedule splits the backward).
+    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
+    layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
     ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
     result: dict[int, dict[str, float]] = {}
     for rank, stage in trace.groupby("rank")["stage"].first().items():
@@ -103,6 +106,17 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
             "activations": activations, "total": states.total + activations,
         }
     return result
+
+
+def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
+    """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
+    to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
+    bubble there: their optimizer step does not synchronize the stages)."""
+    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
+    spans = compute.groupby("rank").agg(first=("start_s", "min"), last=("end_s", "max"))
+    cost = float((spans["last"] - spans["first"]).max())
+    busy = float((compute["end_s"] - compute["start_s"]).groupby(compute["rank"]).sum().max())
+    return (cost - busy) / cost if cost > 0 else 0.0
 
 
 def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
@@ -122,13 +136,13 @@ def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
 
     gpus = scenario.num_gpus
     peak = scenario.cluster.gpu.peak(scenario.training.dtype)
-    model_flops = model_flops_per_step(scenario.model, scenario.training.global_batch, scenario.seq_len)
+    model_flops = model_flops_per_step(scenario.model, scenario.global_batch, scenario.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
     memory = _memory(trace, scenario)
     peak_memory = max(m["total"] for m in memory.values())
-    tokens = scenario.training.global_batch * scenario.seq_len
+    tokens = scenario.global_batch * scenario.seq_len
     return {
         "scenario": scenario.name,
         "seed": scenario.seed,
@@ -145,6 +159,7 @@ def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
         "hardware_tflops_per_gpu": hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
         "hfu": hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
         "bubble_fraction": float(np.mean(bubbles)),
+        "bubble_rate_stagewise": stagewise_bubble_rate(trace),
         "exposed_comm_s": exposed,
         "peak_memory_bytes": {"max": peak_memory, "per_rank": {str(r): m["total"] for r, m in memory.items()}},
         "memory_breakdown_bytes": {str(r): m for r, m in memory.items()},

@@ -7,16 +7,19 @@ replays like a CUDA stream.
 
 Emitters, per simulated rank (representative slice: rank tp=0, dp=0 of every pipeline stage; TP and DP
 collectives are costed for their full groups):
-- pipeline: the schedule's forward/backward actions of each micro-batch, layer by layer; a layer is two
-  blocks (attention, MLP);
+- pipeline: the schedule's actions (forward, backward, and for zero-bubble schedules the separate
+  weight-gradient pass) of each micro-batch and model chunk, layer by layer; a layer is two blocks
+  (attention, MLP); chunk c of stage s is the model's chunk c*p + s (Megatron's interleaving);
 - tensor parallel (Megatron, Narayanan et al. SC21 Sec. 2.3): an all-reduce of b*s*h after each block's
   forward and each block's backward (2 + 2 per layer); with sequence parallelism an all-gather before and a
   reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); full recomputation replays
   the forward, collectives included, before each layer's backward;
-- pipeline parallel: one send per micro-batch boundary each way, b*s*h/t per rank (Megatron's scatter/gather
-  of p2p tensors); the receiver's first compute depends on it;
-- data parallel: gradient all-reduce in buckets of ``parallel.dp_bucket_size`` in backward order, each
-  started when the last micro-batch's backward of its layers is done (PyTorch DDP / Megatron overlap);
+- pipeline parallel: one send per chunk boundary and micro-batch each way, b*s*h/t per rank (Megatron's
+  scatter/gather of p2p tensors; the last stage's chunk c feeds stage 0's chunk c+1); the receiver's first task
+  of that micro-batch depends on it;
+- data parallel: gradient all-reduce in buckets of ``parallel.dp_bucket_size``, filled in the order the
+  layers' gradients become final (their last backward or weight-gradient pass) and started then (PyTorch
+  DDP / Megatron overlap);
 - the optimizer step after every bucket.
 """
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sim.config import FixedCostsSpec, Scenario
-from sim.costs import CostModel, FixedCosts, RooflineCosts, Work
+from sim.costs import CostModel, FixedCosts, Phase, RooflineCosts, Work
 from sim.hardware import bytes_per_element
 from sim.memory import model_state_bytes, rank_params
 from sim.model import (
@@ -35,7 +38,7 @@ from sim.model import (
 from sim.schedules import SCHEDULES, Action
 
 STREAMS = ("compute", "tp", "pp", "dp")
-COMPUTE_KINDS = ("forward", "backward", "recompute")
+COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
 @dataclass(slots=True)
@@ -72,22 +75,23 @@ class TaskGraph:
 def make_costs(scenario: Scenario) -> CostModel:
     spec = scenario.costs
     if isinstance(spec, FixedCostsSpec):
-        return FixedCosts(spec.forward, spec.backward, spec.optimizer)
+        return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
     return RooflineCosts(scenario.cluster.gpu, scenario.training.dtype)
 
 
 class _StageEmitter:
-    """Emits the tasks of one simulated rank (one pipeline stage)."""
+    """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
 
-    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, stage: int) -> None:
-        self.g, self.sc, self.costs, self.stage = graph, scenario, costs, stage
+    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, stage: int,
+                 sends: dict[tuple[str, int, int], int]) -> None:
+        self.g, self.sc, self.costs, self.stage, self.sends = graph, scenario, costs, stage, sends
         grid, t = scenario.grid, scenario.training
-        self.p = scenario.parallel.pp
+        self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
         self.rank = grid.stage_representative(stage)
         self.tp_group = grid.tp_group(self.rank)
         self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
-        per_stage = scenario.model.num_layers // self.p
-        self.layers = range(stage * per_stage, (stage + 1) * per_stage)
+        self.layers_per_chunk = scenario.model.num_layers // (self.p * self.v)
+        self.splits_backward = SCHEDULES[scenario.schedule].splits_backward
         elem = bytes_per_element(t.dtype)
         b, s = t.micro_batch, scenario.seq_len
         blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention)
@@ -98,82 +102,107 @@ class _StageEmitter:
         self.head_work = Work(head_forward_ops(scenario.model, b, s, self.tp, elem), 0.0)
         self.tp_bytes = float(b * s * scenario.model.hidden_size * elem)
         self.p2p_bytes = self.tp_bytes / self.tp
-        self.collective_id = 0
-        # Per layer: the task whose end makes that layer's gradients final (the last backward seen).
+        # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
         self.grad_ready: dict[int, int] = {}
-        self.sends: dict[tuple[str, int], int] = {}  # (phase, microbatch) -> send task id
-        self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, microbatch, from stage))
+        self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _global_chunk(self, chunk: int) -> int:
+        """Model chunk g = chunk*p + stage holds layers [g*L/(pv), (g+1)*L/(pv)) (Megatron's interleaving)."""
+        return chunk * self.p + self.stage
+
+    def _layers(self, chunk: int) -> range:
+        first = self._global_chunk(chunk) * self.layers_per_chunk
+        return range(first, first + self.layers_per_chunk)
+
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: object) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
         return self.g.add(rank=self.rank, stage=self.stage, stream=stream, kind=kind, name=name, microbatch=mb,
                           layer=layer, deps=deps, **extra)
 
     def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
-                 phase: str = "forward") -> int | None:
-        duration = self.costs.compute_time(work, "backward" if phase == "backward" else "forward")
+                 phase: Phase = "forward") -> int | None:
+        duration = self.costs.compute_time(work, phase)
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
-        return self._add("compute", kind, name, mb, layer, after, duration=duration,
-                         flops=work.flops("backward" if phase == "backward" else "forward"))
+        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=work.flops(phase))
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
         if self.tp == 1:
             return after
         return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=self.tp_bytes, group=self.tp_group)
 
-    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: str) -> int | None:
+    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: Phase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
         if self.sp:
             after = self._tp("all_gather", mb, layer, after)
         after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
         return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
 
-    def _send(self, phase: str, mb: int, to_stage: int, after: int | None) -> None:
-        dst = self.sc.grid.stage_representative(to_stage)
+    def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
+        dst = self.sc.grid.stage_representative(to_global_chunk % self.p)
         name = "send_forward" if phase == "F" else "send_backward"
         task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
-        self.sends[(phase, mb)] = task
+        self.sends[(phase, self._global_chunk(chunk), mb)] = task
 
     # -------------------------------------------------------------------------------------------- phases
-    def forward(self, mb: int) -> None:
+    def forward(self, mb: int, chunk: int) -> None:
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
         first_task = len(self.g.tasks)
         after: int | None = None
-        if self.stage == 0:
+        if g == 0:
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
-        for layer in self.layers:
+        for layer in self._layers(chunk):
             for block in ("attention", "mlp"):
                 after = self._block("forward", block, mb, layer, after, "forward")
-        if self.stage == self.p - 1:
+        if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
-        if self.stage > 0:
-            self.waits.append((first_task, ("F", mb, self.stage - 1)))
-        if self.stage < self.p - 1:
-            self._send("F", mb, self.stage + 1, after)
+        if g > 0:
+            self.waits.append((first_task, ("F", g - 1, mb)))
+        if g < last:
+            self._send("F", chunk, mb, g + 1, after)
 
-    def backward(self, mb: int) -> None:
-        first_task = len(self.g.tasks)
+    def backward(self, mb: int, chunk: int) -> None:
+        """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
+        phase: Phase = "input_grad" if self.splits_backward else "backward"
         recompute = self.sc.training.recompute
+        first_task = len(self.g.tasks)
         after: int | None = None
-        if self.stage == self.p - 1:
-            after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, "backward")
-        for layer in reversed(self.layers):
+        if g == last:
+            after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
+        for layer in reversed(self._layers(chunk)):
             if recompute == "full":
                 for block in ("attention", "mlp"):
                     after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
                 if block == "attention" and recompute == "selective":
                     after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
-                after = self._block("backward", block, mb, layer, after, "backward")
+                after = self._block("backward", block, mb, layer, after, phase)
+            if not self.splits_backward:
+                self.grad_ready[layer] = after  # type: ignore[assignment]
+        if g == 0:
+            after = self._compute("backward", "embedding", mb, -1, self.embed_work, after, phase)
+            if not self.splits_backward:
+                self.grad_ready[-1] = after  # type: ignore[assignment]
+        if g < last:
+            self.waits.append((first_task, ("B", g + 1, mb)))
+        if g > 0:
+            self._send("B", chunk, mb, g - 1, after)
+
+    def weight_grad(self, mb: int, chunk: int) -> None:
+        """The weight-gradient pass (W) of zero-bubble schedules: GEMMs only, no communication."""
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
+        after: int | None = None
+        if g == last:
+            after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
+        for layer in reversed(self._layers(chunk)):
+            for block in ("mlp", "attention"):
+                after = self._compute("weight", block, mb, layer, self.block_work[block], after, "weight_grad")
             self.grad_ready[layer] = after  # type: ignore[assignment]
-        if self.stage == 0:
-            after = self._compute("backward", "embedding", mb, -1, self.embed_work, after, "backward")
-            self.grad_ready[-1] = after  # type: ignore[assignment]
-        if self.stage < self.p - 1:
-            self.waits.append((first_task, ("B", mb, self.stage + 1)))
-        if self.stage > 0:
-            self._send("B", mb, self.stage - 1, after)
+        if g == 0:
+            self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
+                                                "weight_grad")  # type: ignore[assignment]
 
     def data_parallel_and_optimizer(self) -> None:
         sc = self.sc
@@ -183,24 +212,24 @@ class _StageEmitter:
         buckets: list[int] = []
         if len(dp_group) > 1:
             per_layer = layer_params(sc.model).per_tp_rank(self.tp) * grad_bytes_per_param
-            # Backward order: the head's (on the last stage) gradients are final first, embeddings' last.
-            order: list[tuple[int, float]] = []
-            if self.stage == self.p - 1:
+            sizes = {layer: per_layer for layer in self.grad_ready if layer >= 0}
+            if self.stage == self.p - 1:  # the head's gradients are final with the last layer's
                 head = head_params(sc.model) + (sc.model.vocab_size * sc.model.hidden_size
                                                 if sc.model.tied_embeddings and self.p > 1 else 0)
-                order.append((self.layers[-1], head / self.tp * grad_bytes_per_param))
-            order += [(layer, per_layer) for layer in reversed(self.layers)]
+                last_layer = max(layer for layer in sizes)
+                sizes[last_layer] += head / self.tp * grad_bytes_per_param
             if self.stage == 0:
-                order.append((-1 if -1 in self.grad_ready else self.layers[0],
-                              embedding_params(sc.model) / self.tp * grad_bytes_per_param))
-            pending, first_layer = 0.0, None
-            for index, (layer, nbytes) in enumerate(order):
-                pending += nbytes
+                embedding = embedding_params(sc.model) / self.tp * grad_bytes_per_param
+                key = -1 if -1 in self.grad_ready else min(sizes)
+                sizes[key] = sizes.get(key, 0.0) + embedding
+            # Buckets fill in the order gradients become final (DDP's reverse-order bucketing).
+            order = sorted(sizes, key=lambda layer: self.grad_ready[layer])
+            pending = 0.0
+            for index, layer in enumerate(order):
+                pending += sizes[layer]
                 if pending >= sc.parallel.dp_bucket_size or index == len(order) - 1:
-                    ready = self.grad_ready[layer]
-                    name = f"grad_bucket{len(buckets)}"
-                    bucket = self._add("dp", "dp", name, -1, layer, ready, op="all_reduce", nbytes=pending,
-                                       group=dp_group)
+                    bucket = self._add("dp", "dp", f"grad_bucket{len(buckets)}", -1, layer, self.grad_ready[layer],
+                                       op="all_reduce", nbytes=pending, group=dp_group)
                     buckets.append(bucket)
                     pending = 0.0
         duration = self.costs.optimizer_time(params)
@@ -211,15 +240,17 @@ class _StageEmitter:
 def build(scenario: Scenario) -> TaskGraph:
     graph = TaskGraph()
     costs = make_costs(scenario)
-    p, m = scenario.parallel.pp, scenario.microbatches
-    orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m)
-    emitters = [_StageEmitter(graph, scenario, costs, stage) for stage in range(p)]
+    p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
+    orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
+    sends: dict[tuple[str, int, int], int] = {}
+    emitters = [_StageEmitter(graph, scenario, costs, stage, sends) for stage in range(p)]
     for emitter, actions in zip(emitters, orders):
+        run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
         for action in actions:
-            (emitter.forward if action.phase == "F" else emitter.backward)(action.microbatch)
+            run[action.phase](action.microbatch, action.chunk)
         emitter.data_parallel_and_optimizer()
-    # Cross-stage dependencies: a micro-batch's first task on a stage waits for its neighbour's send.
+    # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
     for emitter in emitters:
-        for task_id, (phase, mb, from_stage) in emitter.waits:
-            graph.tasks[task_id].deps.append(emitters[from_stage].sends[(phase, mb)])
+        for task_id, key in emitter.waits:
+            graph.tasks[task_id].deps.append(sends[key])
     return graph

@@ -36,15 +36,15 @@ def make_scenario(**sections: Any) -> Scenario:
 
 
 def pipeline_scenario(p: int, m: int, schedule: str, forward: str = "1 s", backward: str = "2 s",
-                      layers_per_stage: int = 1) -> Scenario:
+                      layers_per_stage: int = 1, vpp: int = 1, weight_grad: str = "0 s") -> Scenario:
     """p stages on p GPUs, m micro-batches, fixed per-layer costs and an ideal network."""
     return make_scenario(
         cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": p},
         model={**BASE["model"], "num_layers": p * layers_per_stage},
         training={"global_batch": m, "micro_batch": 1, "seq_len": 512},
-        parallel={"tp": 1, "pp": p, "dp": 1},
+        parallel={"tp": 1, "pp": p, "dp": 1, "vpp": vpp},
         schedule=schedule,
-        costs={"model": "fixed", "forward": forward, "backward": backward},
+        costs={"model": "fixed", "forward": forward, "backward": backward, "weight_grad": weight_grad},
         network="ideal",
     )
 

@@ -50,7 +50,9 @@ def test_same_scenario_and_seed_give_byte_identical_traces(tmp_path):
     (["--set", "model=missing/config.json"], "error: model: Hugging Face config 'missing/config.json' not found"),
     (["--set", "parallel"], "error: --set 'parallel': expected a.b=value"),
     (["--set", "cluster.gpu=XYZ"], "error: cluster.gpu: unknown GPU preset 'XYZ'"),
-    (["--set", "schedule=zb"], "error: schedule: Input should be 'gpipe' or '1f1b'"),
+    (["--set", "schedule=zb"], "error: schedule: Input should be 'gpipe', '1f1b', 'interleaved', 'zb-h1' or 'zb-h2'"),
+    (["--set", "schedule=interleaved", "--set", "parallel.vpp=2", "--set", "training.global_batch=7"],
+     "error: schedule: interleaved needs the micro-batch count (7) to be a multiple of pp (2)"),
 ])
 def test_bad_scenarios_exit_non_zero_with_one_line(tmp_path, args, message):
     result = sim("run", TINY, "-o", str(tmp_path / "x"), *args)

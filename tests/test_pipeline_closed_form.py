@@ -47,3 +47,18 @@ def test_step_and_bubble_closed_form(schedule, p):
 def test_layers_per_stage_scale_the_stage_time():
     result = runner.run(pipeline_scenario(4, 8, "1f1b", forward="0.25 s", backward="0.5 s", layers_per_stage=3))
     assert result.summary["step_time_s"] == (8 + 4 - 1) * 3 * (0.25 + 0.5)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6])
+@pytest.mark.parametrize("v", [1, 2, 3, 4])
+def test_interleaved_closed_form(p, v):
+    """Narayanan et al. SC21 Sec. 2.2.2: with v chunks per stage and m a multiple of p, the step is
+    (m + (p-1)/v)(t_f+t_b), i.e. bubble/ideal = (p-1)/(v*m). A stage holds v layers of T_F, T_B each."""
+    for m in (p, 2 * p, 3 * p, 5 * p):
+        result = runner.run(pipeline_scenario(p, m, "interleaved", forward=f"{T_F} s", backward=f"{T_B} s",
+                                              layers_per_stage=v, vpp=v))
+        t_stage = v * (T_F + T_B)
+        step = result.summary["step_time_s"]
+        assert step == pytest.approx((m + (p - 1) / v) * t_stage, rel=1e-12), (p, v, m)
+        assert (step - m * t_stage) / (m * t_stage) == pytest.approx((p - 1) / (v * m), rel=1e-12)
+        assert result.summary["bubble_fraction"] == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)

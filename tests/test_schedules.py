@@ -1,40 +1,70 @@
-"""Schedules as pure action lists: counts, order, and the in-flight bound each promises."""
+"""Schedules as pure action lists: counts, order, and the in-flight bound each promises (in closed form)."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
-from sim.schedules import SCHEDULES, Action, one_f_one_b
-
-
-def in_flight_peak(actions: list[Action]) -> int:
-    alive = peak = 0
-    for action in actions:
-        alive += 1 if action.phase == "F" else -1
-        peak = max(peak, alive)
-    return peak
+from sim.schedules import SCHEDULES, Action, in_flight_peak, interleaved, one_f_one_b, zb_h1
 
 
-@given(p=st.integers(1, 12), m=st.integers(1, 40), name=st.sampled_from(sorted(SCHEDULES)))
-def test_every_stage_runs_each_microbatch_once_forward_then_backward(p, m, name):
+def valid_point(name, p, m, v):
     schedule = SCHEDULES[name]
-    stages = schedule.actions(p, m)
+    return schedule.invalid_reason(p, m, v) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(1, 10), m=st.integers(1, 40), v=st.integers(1, 4))
+def test_every_stage_runs_each_pass_once_in_order(name, p, m, v):
+    schedule = SCHEDULES[name]
+    if name != "interleaved":
+        v = 1
+    if not valid_point(name, p, m, v):
+        return
+    stages = schedule.actions(p, m, v)
     assert len(stages) == p
+    phases = ("F", "B", "W") if schedule.splits_backward else ("F", "B")
     for s, actions in enumerate(stages):
-        assert sorted(a.microbatch for a in actions if a.phase == "F") == list(range(m))
-        assert sorted(a.microbatch for a in actions if a.phase == "B") == list(range(m))
-        position = {(a.phase, a.microbatch): i for i, a in enumerate(actions)}
-        assert all(position[("F", j)] < position[("B", j)] for j in range(m))
-        assert in_flight_peak(actions) == schedule.in_flight(p, m, s)
+        expected = sorted((j, c) for j in range(m) for c in range(v))
+        for phase in phases:
+            assert sorted((a.microbatch, a.chunk) for a in actions if a.phase == phase) == expected
+        assert len(actions) == len(phases) * m * v
+        position = {(a.phase, a.microbatch, a.chunk): i for i, a in enumerate(actions)}
+        for j, c in expected:
+            order = [position[(phase, j, c)] for phase in phases]
+            assert order == sorted(order), (s, j, c)
+        assert in_flight_peak(actions, schedule.splits_backward) == schedule.in_flight(p, m, v, s)
 
 
 def test_1f1b_small_table():
-    # p=3, m=4, stage 0: two warm-up forwards, then F/B pairs, then the drain.
     order = ["".join((a.phase, str(a.microbatch))) for a in one_f_one_b(3, 4)[0]]
     assert order == ["F0", "F1", "F2", "B0", "F3", "B1", "B2", "B3"]
     last = ["".join((a.phase, str(a.microbatch))) for a in one_f_one_b(3, 4)[2]]
     assert last == ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"]
 
 
+def test_interleaved_follows_megatrons_virtual_microbatch_order():
+    # p=2, m=4, v=2, stage 0: warm-up 2(p-s-1) + (v-1)p = 4 forwards, chunk changes every p micro-batches.
+    order = [(a.phase, a.microbatch, a.chunk) for a in interleaved(2, 4, 2)[0]]
+    assert order[:6] == [("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("F", 1, 1), ("F", 2, 0), ("B", 0, 1)]
+    assert order[-1] == ("B", 3, 0)
+
+
+def test_zb_h1_defers_s_weight_passes_on_stage_s():
+    stages = zb_h1(4, 8)
+    for s, actions in enumerate(stages):
+        tail = []
+        for action in reversed(actions):
+            if action.phase != "W":
+                break
+            tail.append(action)
+        assert len(tail) >= s
+
+
+def test_rules():
+    assert "multiple of pp" in SCHEDULES["interleaved"].invalid_reason(4, 6, 2)
+    assert SCHEDULES["interleaved"].invalid_reason(4, 8, 2) is None
+    assert "one model chunk" in SCHEDULES["1f1b"].invalid_reason(4, 8, 2)
+
+
 @pytest.mark.parametrize("p, m", [(4, 2), (8, 3)])
 def test_1f1b_with_fewer_microbatches_than_stages(p, m):
-    assert SCHEDULES["1f1b"].in_flight(p, m, 0) == m
+    assert SCHEDULES["1f1b"].in_flight(p, m, 1, 0) == m
