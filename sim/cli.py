@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot``.
+"""Command line: ``sim run | check | plot | sweep``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -6,8 +6,9 @@ chart), a summary table on the terminal, and the exit code: 0 on success, non-ze
 ``error: ...`` (no traceback) on a bad scenario, a deadlock, or out-of-memory with ``--fail-on-oom``.
 
 Charts live in the ``analysis`` package, which ``sim`` never imports: ``analysis`` registers its writers
-under the ``clustersim.outputs`` (after ``sim run``) and ``clustersim.plot`` (``sim plot``) entry-point groups
-in pyproject.toml, and this module calls whatever is registered.
+under the ``clustersim.outputs`` (after ``sim run``), ``clustersim.plot`` (``sim plot``) and
+``clustersim.sweep_outputs`` (after ``sim sweep``) entry-point groups in pyproject.toml, and this module calls
+whatever is registered.
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim import runner, trace
+from sim import runner, sweep, trace
 from sim.config import load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
+SWEEP_PLUGINS = "clustersim.sweep_outputs"
 
 
 def _plugins(group: str) -> list[Callable[..., Any]]:
@@ -128,6 +131,28 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    spec = sweep.make_spec(Path(args.target), args.grid, args.set)
+    out = Path(args.output)
+    columns = [TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def started(total: int, done: int) -> None:
+            bar.update(task, total=total, completed=done)
+            if done:
+                console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
+
+        table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task))
+    counts = table["status"].str.split(":").str[0].value_counts().to_dict()
+    console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    if not args.no_plot:
+        for write in _plugins(SWEEP_PLUGINS):
+            write(out, table, list(spec.grid))
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="sim", description="clustersim: simulate one LLM training step.")
     commands = top.add_subparsers(dest="command", required=True)
@@ -157,6 +182,17 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("--end", type=float, help="window end, seconds")
     plot.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
     plot.set_defaults(handler=cmd_plot)
+
+    sweep_cmd = commands.add_parser("sweep", help="run a grid of scenario variants into a results table")
+    sweep_cmd.add_argument("target", help="a scenario YAML (with --grid) or a sweep file (base, set, grid)")
+    sweep_cmd.add_argument("--grid", action="append", default=[], metavar="a.b=v1,v2|a..b",
+                           help="a grid axis (repeatable; later axes vary fastest)")
+    sweep_cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                           help="override a field of the base scenario (repeatable)")
+    sweep_cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel processes")
+    sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
+    sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
+    sweep_cmd.set_defaults(handler=cmd_sweep)
     return top
 
 
