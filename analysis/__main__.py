@@ -1,0 +1,48 @@
+"""``python -m analysis``: charts that need more than one run.
+
+  compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
+  sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analysis.compare import compare_schedules
+from analysis.sweep_plot import plot_sweep
+from sim.errors import SimError
+
+
+def main(argv: list[str] | None = None) -> int:
+    top = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    compare = commands.add_parser("compare", help="Gantt charts of the pipeline schedules, stacked")
+    compare.add_argument("scenario")
+    compare.add_argument("-o", "--output", required=True)
+    sweep = commands.add_parser("sweep-plot", help="plot a sweep's results table")
+    sweep.add_argument("run_dir")
+    sweep.add_argument("--x", required=True)
+    sweep.add_argument("--hue")
+    sweep.add_argument("--metric", action="append", help="repeatable; default step time, bubble, MFU")
+    sweep.add_argument("-o", "--output", required=True)
+    args = top.parse_args(argv)
+    try:
+        if args.command == "compare":
+            compare_schedules(args.scenario, args.output)
+        else:
+            table = pd.read_parquet(Path(args.run_dir) / "results.parquet")
+            metrics = args.metric or ["step_time_s", "bubble_fraction", "mfu"]
+            plot_sweep(table, args.output, x=args.x, hue=args.hue, metrics=metrics)
+    except SimError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_code
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
