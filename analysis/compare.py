@@ -1,7 +1,7 @@
 """Gantt charts of several pipeline schedules for the same scenario, stacked on one page.
 
 In: a scenario path and a list of variants (a label and ``--set`` overrides each; by default GPipe, 1F1B,
-interleaved 1F1B with 2 chunks, ZB-H1 and ZB-H2). Out: one image, one panel per variant with the compute
+interleaved 1F1B with 2 chunks, ZB-H1, ZB-H2 and ZB-V). Out: one image, one panel per variant with the compute
 lane of every stage, sharing the time axis, each titled with its step time, bubble fraction and peak
 activations in flight, like the figures of Narayanan et al. (2021) and Qi et al. (2024).
 """
@@ -27,6 +27,7 @@ DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
     ("interleaved 1F1B (v=2)", ["schedule=interleaved", "parallel.vpp=2"]),
     ("ZB-H1", ["schedule=zb-h1"]),
     ("ZB-H2", ["schedule=zb-h2"]),
+    ("ZB-V (V-shaped, 2 chunks per stage)", ["schedule=zb-v", "parallel.vpp=2"]),
 ]
 
 

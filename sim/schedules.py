@@ -13,6 +13,8 @@ Timing is not decided here: the engine replays the order and the bubbles emerge 
 - ``interleaved`` (Narayanan et al. SC21 Sec. 2.2.2, Megatron-LM's order): v chunks per stage, virtual
   micro-batch k runs chunk (k // p) % v of micro-batch (k // pv)p + k % p; warm-up 2(p-s-1) + (v-1)p
   forwards (all of them when m == p); m must be a multiple of p. Bubble (p-1)/v (t_f+t_b).
+- ``zb-v`` (Qi et al. NeurIPS 2024, V-shaped, sim.zbv): two chunks per stage placed in a V (the forward goes
+  down the stages and comes back up), zero bubble with 1F1B's memory (2p chunk-activations) when m >= 2p.
 - ``zb-h1``, ``zb-h2`` (Qi et al. ICLR 2024, "Zero Bubble Pipeline Parallelism", Sec. 3.1): the backward is
   split into B and W. ZB-H1 keeps 1F1B's warm-up and defers the first s W passes of stage s to the tail
   (bubble (p-1)(T_F+T_B-T_W), memory as 1F1B's p micro-batches). ZB-H2 fills the warm-up with extra forwards
@@ -24,7 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from sim.zbv import zb_v_passes
+
 Phase = Literal["F", "B", "W"]
+Layout = Literal["interleaved", "v"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +137,31 @@ def zb_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
     return orders
 
 
+def zb_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
+    return [[Action(phase, j, chunk) for phase, chunk, j in passes] for passes in zb_v_passes(p, m)]  # type: ignore[arg-type]
+
+
+def model_chunk(layout: Layout, p: int, stage: int, chunk: int) -> int:
+    """Which of the model's p*v chunks a stage's local chunk is: c*p + s interleaved (Megatron), and in a V
+    chunk 0 of stage s is model chunk s and chunk 1 is model chunk 2p-1-s."""
+    if layout == "v":
+        return stage if chunk == 0 else 2 * p - 1 - stage
+    return chunk * p + stage
+
+
+def chunk_location(layout: Layout, p: int, global_chunk: int) -> tuple[int, int]:
+    """(stage, local chunk) holding a model chunk: the inverse of ``model_chunk``."""
+    if layout == "v":
+        return (global_chunk, 0) if global_chunk < p else (2 * p - 1 - global_chunk, 1)
+    return global_chunk % p, global_chunk // p
+
+
 def _no_rule(p: int, m: int, v: int) -> str | None:
     return None if v == 1 else f"this schedule runs one model chunk per stage, not vpp = {v}"
+
+
+def _v_rule(p: int, m: int, v: int) -> str | None:
+    return None if v == 2 else f"zb-v runs two model chunks per stage: set parallel.vpp = 2 (not {v})"
 
 
 def _interleaved_rule(p: int, m: int, v: int) -> str | None:
@@ -162,6 +190,7 @@ class Schedule:
     in_flight: Callable[[int, int, int, int], int]  # (p, m, v, stage) -> bound in (micro-batch, chunk) units
     splits_backward: bool = False
     rule: Callable[[int, int, int], str | None] = _no_rule
+    layout: Layout = "interleaved"
 
     def invalid_reason(self, p: int, m: int, v: int) -> str | None:
         return self.rule(p, m, v)
@@ -175,4 +204,6 @@ SCHEDULES: dict[str, Schedule] = {
                             rule=_interleaved_rule),
     "zb-h1": Schedule("zb-h1", zb_h1, lambda p, m, v, s: min(p, m), splits_backward=True),
     "zb-h2": Schedule("zb-h2", zb_h2, lambda p, m, v, s: min(2 * p - 1, m), splits_backward=True),
+    "zb-v": Schedule("zb-v", zb_v, lambda p, m, v, s: min(2 * p, 2 * m), splits_backward=True, rule=_v_rule,
+                     layout="v"),
 }

@@ -116,7 +116,7 @@ def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     spans = compute.groupby("rank").agg(first=("start_s", "min"), last=("end_s", "max"))
     cost = float((spans["last"] - spans["first"]).max())
     busy = float((compute["end_s"] - compute["start_s"]).groupby(compute["rank"]).sum().max())
-    return (cost - busy) / cost if cost > 0 else 0.0
+    return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
 def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:

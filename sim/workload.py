@@ -9,7 +9,8 @@ Emitters, per simulated rank (representative slice: rank tp=0, dp=0 of every pip
 collectives are costed for their full groups):
 - pipeline: the schedule's actions (forward, backward, and for zero-bubble schedules the separate
   weight-gradient pass) of each micro-batch and model chunk, layer by layer; a layer is two blocks
-  (attention, MLP); chunk c of stage s is the model's chunk c*p + s (Megatron's interleaving);
+  (attention, MLP); chunk c of stage s is the model's chunk c*p + s (Megatron's interleaving), or for the
+  V-shaped zb-v chunk s (c = 0) and 2p-1-s (c = 1);
 - tensor parallel (Megatron, Narayanan et al. SC21 Sec. 2.3): an all-reduce of b*s*h after each block's
   forward and each block's backward (2 + 2 per layer); with sequence parallelism an all-gather before and a
   reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); full recomputation replays
@@ -35,7 +36,7 @@ from sim.model import (
     ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops, layer_params,
     embedding_params, head_params,
 )
-from sim.schedules import SCHEDULES, Action
+from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
 
 STREAMS = ("compute", "tp", "pp", "dp")
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
@@ -92,6 +93,7 @@ class _StageEmitter:
         self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
         self.layers_per_chunk = scenario.model.num_layers // (self.p * self.v)
         self.splits_backward = SCHEDULES[scenario.schedule].splits_backward
+        self.layout = SCHEDULES[scenario.schedule].layout
         elem = bytes_per_element(t.dtype)
         b, s = t.micro_batch, scenario.seq_len
         blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention)
@@ -108,8 +110,8 @@ class _StageEmitter:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
-        """Model chunk g = chunk*p + stage holds layers [g*L/(pv), (g+1)*L/(pv)) (Megatron's interleaving)."""
-        return chunk * self.p + self.stage
+        """The model chunk g (layers [g*L/(pv), (g+1)*L/(pv))) this stage's local chunk holds."""
+        return model_chunk(self.layout, self.p, self.stage, chunk)
 
     def _layers(self, chunk: int) -> range:
         first = self._global_chunk(chunk) * self.layers_per_chunk
@@ -140,7 +142,11 @@ class _StageEmitter:
         return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
-        dst = self.sc.grid.stage_representative(to_global_chunk % self.p)
+        to_stage, _ = chunk_location(self.layout, self.p, to_global_chunk)
+        if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
+            self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
+            return
+        dst = self.sc.grid.stage_representative(to_stage)
         name = "send_forward" if phase == "F" else "send_backward"
         task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
         self.sends[(phase, self._global_chunk(chunk), mb)] = task

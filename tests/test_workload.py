@@ -82,4 +82,4 @@ def test_trace_flops_add_up_to_the_model_flops():
     s = layout(tp=2, pp=2, dp=2)
     result = runner.run(s)
     executed = result.trace["flops"].sum() * s.parallel.tp * s.dp
-    assert executed == pytest.approx(model_flops_per_step(s.model, s.training.global_batch, s.seq_len), rel=1e-12)
+    assert executed == pytest.approx(model_flops_per_step(s.model, s.global_batch, s.seq_len), rel=1e-12)

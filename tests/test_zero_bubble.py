@@ -60,3 +60,18 @@ def test_zb_h1_memory_equals_1f1b_and_zb_h2_is_about_twice():
         activations[schedule] = max(m["activations"] for m in summary["memory_breakdown_bytes"].values())
     assert activations["zb-h1"] == activations["1f1b"]
     assert activations["zb-h2"] / activations["1f1b"] == pytest.approx((2 * p - 1) / p)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 6, 8])
+def test_zb_v_has_no_bubble_with_1f1b_memory(p):
+    """ZB-V (Qi et al. NeurIPS 2024): with T_F = T_B = T_W and m >= 2p, no stage idles inside its span, and
+    the activations held are 1F1B's (2p half-stage chunks = p micro-batches of a whole stage)."""
+    from conftest import pipeline_scenario
+    for m in (2 * p, 3 * p):
+        zbv = runner.run(pipeline_scenario(p, m, "zb-v", forward="0.5 s", backward="0.5 s", weight_grad="0.5 s",
+                                           layers_per_stage=2, vpp=2)).summary
+        ofob = runner.run(pipeline_scenario(p, m, "1f1b", forward="0.5 s", backward="0.5 s", weight_grad="0.5 s",
+                                            layers_per_stage=2)).summary
+        assert zbv["bubble_rate_stagewise"] == pytest.approx(0.0, abs=1e-12)
+        activations = [max(x["activations"] for x in s["memory_breakdown_bytes"].values()) for s in (zbv, ofob)]
+        assert activations[0] == activations[1]
