@@ -38,13 +38,13 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
     stages = max(result.scenario.parallel.pp for _, result in runs)
     fig, axes = plt.subplots(len(runs), 1, figsize=(14, 1.0 + 0.42 * stages * len(runs)), sharex=True,
                              squeeze=False)
-    for ax, (label, result) in zip(axes[:, 0], runs):
+    for ax, (label, result) in zip(axes[:, 0], runs, strict=True):
         trace = result.trace
         compute = trace[(trace["stream"] == "compute") & (trace["kind"] != "optimizer")]
         for stage, rows in compute.groupby("stage"):
             blocks = compute_blocks(rows)
             for kind, part in blocks.groupby("kind"):
-                ax.broken_barh(list(zip(part["start_s"], part["end_s"] - part["start_s"])), (stage - 0.4, 0.8),
+                ax.broken_barh(list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True)), (stage - 0.4, 0.8),
                                facecolors=COLORS[str(kind)], edgecolor="white", linewidth=0.5)
             for row in blocks.itertuples(index=False):
                 ax.text((row.start_s + row.end_s) / 2, stage, str(row.microbatch), ha="center", va="center",

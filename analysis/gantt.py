@@ -62,11 +62,11 @@ def plot_gantt(
     height = max(2.5, 0.32 * len(lanes) + 1.4)
     fig, ax = plt.subplots(figsize=(16, height))
     label_width = (hi - lo) / 160  # only blocks wider than this get their micro-batch number
-    for y, (stage, rank, stream) in enumerate(lanes):
+    for y, (_, rank, stream) in enumerate(lanes):
         rows = frame[(frame["rank"] == rank) & (frame["stream"] == stream)]
         blocks = compute_blocks(rows) if stream == "compute" else rows
         for kind, part in blocks.groupby("kind"):
-            spans = list(zip(part["start_s"], part["end_s"] - part["start_s"]))
+            spans = list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True))
             ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=COLORS.get(str(kind), "#333333"),
                            edgecolor="white" if stream == "compute" else "none", linewidth=0.3)
         if stream == "compute":

@@ -32,7 +32,7 @@ def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = 
     usable = table[table["status"].isin(["ok", "oom"])]
     groups = list(usable.groupby(hue, sort=False)) if hue else [("all", usable)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.2), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
+    for ax, metric in zip(axes[0], metrics, strict=True):
         for label, rows in groups:
             rows = rows.sort_values(x)
             same = (table[hue] == label) if hue else pd.Series(True, index=table.index)

@@ -50,7 +50,7 @@ class SweepSpec:
         result = []
         for combo in itertools.product(*self.grid.values()):
             point: dict[str, Any] = {}
-            for axis, value in zip(self.grid, combo):
+            for axis, value in zip(self.grid, combo, strict=True):
                 point.update(value if isinstance(value, dict) else {axis: value})
             result.append(point)
         return result

@@ -124,11 +124,12 @@ def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
     pipeline_end = float(compute["end_s"].max())
     bubbles, exposed = [], {kind: 0.0 for kind in COMM_KINDS}
-    for rank, rows in trace.groupby("rank"):
+    for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == "compute"]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
         busy_rows = rows[rows["kind"].isin(COMPUTE_KINDS + ("tp",))]
-        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end))
+        busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
+        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))
         bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
         for kind in COMM_KINDS:

@@ -250,7 +250,7 @@ def build(scenario: Scenario) -> TaskGraph:
     orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
     sends: dict[tuple[str, int, int], int] = {}
     emitters = [_StageEmitter(graph, scenario, costs, stage, sends) for stage in range(p)]
-    for emitter, actions in zip(emitters, orders):
+    for emitter, actions in zip(emitters, orders, strict=True):
         run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
         for action in actions:
             run[action.phase](action.microbatch, action.chunk)

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.schedules import SCHEDULES, Action, in_flight_peak, interleaved, one_f_one_b, zb_h1
+from sim.schedules import SCHEDULES, in_flight_peak, interleaved, one_f_one_b, zb_h1
 
 
 def valid_point(name, p, m, v):
