@@ -1,16 +1,16 @@
 """Per-rank memory: model states and activations.
 
 In: a ``ModelSpec``, the layout (tp, pp, stage), training dtype, micro-batch, sequence length, recompute
-mode. Out: bytes of weights, gradients and optimizer states on one rank (mixed precision with Adam:
-2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1; fp32: 4 + 4 + 8), the activation bytes one
+mode, ZeRO stage. Out: bytes of weights, gradients and optimizer states on one rank (mixed precision with
+Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1; fp32: 4 + 4 + 8; divided over the
+data-parallel ranks by ZeRO stage), the activation bytes one
 layer stashes per micro-batch (Korthikanti et al. 2022 Table 2), and the peak of activations in flight given
 when each (micro-batch, layer) was stashed and freed (taken from the trace).
 
 The activation accounting is Korthikanti's, term by term, so that for a GPT layer (FFN = 4h, MHA) it equals
 their formulas exactly: sbh(34 + 5as/h) without parallelism; sbh(10 + 24/t + 5as/(ht)) with TP;
 sbh(34/t + 5as/(ht)) with TP + sequence parallel; the 5as/h term drops with selective recompute; 2sbh per
-layer with full recompute. GQA and SwiGLU change the K/V and MLP terms accordingly. ZeRO sharding, buffers
-and allocator overhead belong to the memory issue.
+layer with full recompute. GQA and SwiGLU change the K/V and MLP terms accordingly.
 """
 
 from __future__ import annotations
@@ -36,11 +36,17 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(params: float, dtype: str) -> ModelStates:
-    """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) for ``params``."""
-    if dtype in ("fp32", "tf32"):
-        return ModelStates(weights=4 * params, gradients=4 * params, optimizer=8 * params)
-    return ModelStates(weights=2 * params, gradients=2 * params, optimizer=12 * params)
+def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: int = 1) -> ModelStates:
+    """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) that one rank keeps
+    for ``params`` parameters, with ZeRO stage 1 sharding the optimizer states over ``shards`` data-parallel
+    ranks, stage 2 also the gradients and stage 3 also the weights (Rajbhandari et al. SC20 Sec. 5:
+    (4 + 12/N), (2 + 14/N) and 16/N bytes per parameter for mixed precision)."""
+    weights, gradients, optimizer = (4, 4, 8) if dtype in ("fp32", "tf32") else (2, 2, 12)
+    return ModelStates(
+        weights=weights * params / (shards if zero_stage >= 3 else 1),
+        gradients=gradients * params / (shards if zero_stage >= 2 else 1),
+        optimizer=optimizer * params / (shards if zero_stage >= 1 else 1),
+    )
 
 
 def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int) -> float:

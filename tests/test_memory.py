@@ -46,3 +46,24 @@ def test_peak_in_flight_counts_overlaps():
     free = np.array([3.0, 4.0, 6.0, 7.0])
     assert peak_in_flight(stash, free) == 3
     assert peak_in_flight(np.array([1.0]), np.array([1.0])) == 1  # stash counted before free at a tie
+
+
+TABLE1 = list(csv.DictReader(open(DATA / "zero_sc20_table1_memory.csv")))
+
+
+@pytest.mark.parametrize("row", TABLE1, ids=[f"{r['model']}-dp{r['dp_degree']}-z{r['zero_stage']}" for r in TABLE1])
+def test_zero_model_states_reproduce_sc20_table1(row):
+    """All 54 rows: exactly the formula column (to its 3 printed decimals), and the paper's rounded figure within
+    0.1% or 1 GB."""
+    states = model_state_bytes(float(row["params"]), "fp16", int(row["zero_stage"]), int(row["dp_degree"]))
+    gb = states.total / 1e9
+    assert abs(gb - float(row["formula_GB"])) <= 5e-4 + 1e-9  # the column is printed to 3 decimals
+    published = float(row["model_state_memory_per_device_GB"])
+    assert abs(gb - published) <= max(1e-3 * published, 1.0)
+
+
+def test_zero_stages_shard_what_the_paper_says():
+    psi, n = 1.0, 8
+    assert model_state_bytes(psi, "bf16", 1, n).total == pytest.approx(4 + 12 / n)
+    assert model_state_bytes(psi, "bf16", 2, n).total == pytest.approx(2 + 14 / n)
+    assert model_state_bytes(psi, "bf16", 3, n).total == pytest.approx(16 / n)
