@@ -42,10 +42,11 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
         trace = result.trace
         compute = trace[(trace["stream"] == "compute") & (trace["kind"] != "optimizer")]
         for stage, rows in compute.groupby("stage"):
-            blocks = compute_blocks(rows)
+            blocks = compute_blocks(rows, min_gap=end / 1500)
             for kind, part in blocks.groupby("kind"):
-                ax.broken_barh(list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True)), (stage - 0.4, 0.8),
-                               facecolors=COLORS[str(kind)], edgecolor="white", linewidth=0.5)
+                spans = list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True))
+                ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=COLORS[str(kind)], edgecolor="white",
+                               linewidth=0.5)
             for row in blocks.itertuples(index=False):
                 ax.text((row.start_s + row.end_s) / 2, stage, str(row.microbatch), ha="center", va="center",
                         fontsize=6, color="white")

@@ -3,9 +3,9 @@
 In: a trace DataFrame (sim.trace schema), optionally a set of ranks and a time window. Out: an image file
 (PNG/SVG/PDF by extension) with one lane per (rank, stream), stages top to bottom, blocks coloured by kind.
 Consecutive compute tasks of the same micro-batch and kind (its layers, with the TP collectives between them)
-are drawn as one block labelled with the micro-batch number, so warm-up, steady 1F1B, cool-down and the
-bubbles read at a glance; recomputation joins the backward block it belongs to (its time is in HFU and in
-the trace). Communication lanes show every collective and send.
+are drawn as one block labelled with the micro-batch number, split where the stream waits long enough to see,
+so warm-up, steady 1F1B, cool-down and the bubbles read at a glance; recomputation joins the backward block
+it belongs to (its time is in HFU and in the trace). Communication lanes show every collective and send.
 
 Entry points (registered in pyproject.toml): ``write_run_chart`` after ``sim run`` writes ``gantt.png``;
 ``plot_gantt`` serves ``sim plot``.
@@ -28,16 +28,18 @@ COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860",
 }
-STREAM_ORDER = {"compute": 0, "tp": 1, "pp": 2, "dp": 3}
+STREAM_ORDER = {"compute": 0, "tp": 1, "pp": 2, "dp": 3, "dp_gather": 4}
 
 
-def compute_blocks(rows: pd.DataFrame) -> pd.DataFrame:
+def compute_blocks(rows: pd.DataFrame, min_gap: float = 0.0) -> pd.DataFrame:
     """Merge a compute stream's consecutive tasks of the same (phase, micro-batch) into one block, where a
-    recomputation belongs to the backward phase."""
+    recomputation belongs to the backward phase; a wait longer than ``min_gap`` (idle time worth seeing, such as
+    an exposed all-gather) starts a new block."""
     rows = rows.sort_values("start_s", kind="stable")
     phase = rows["kind"].replace({"recompute": "backward"})
     key = phase + ":" + rows["microbatch"].astype(str)
-    group = (key != key.shift()).cumsum()
+    gap = rows["start_s"] - rows["end_s"].shift()
+    group = ((key != key.shift()) | (gap > min_gap)).cumsum()
     return rows.assign(kind=phase).groupby(group, sort=False).agg(
         kind=("kind", "first"), microbatch=("microbatch", "first"), start_s=("start_s", "min"),
         end_s=("end_s", "max"),
@@ -64,7 +66,7 @@ def plot_gantt(
     label_width = (hi - lo) / 160  # only blocks wider than this get their micro-batch number
     for y, (_, rank, stream) in enumerate(lanes):
         rows = frame[(frame["rank"] == rank) & (frame["stream"] == stream)]
-        blocks = compute_blocks(rows) if stream == "compute" else rows
+        blocks = compute_blocks(rows, min_gap=(hi - lo) / 1500) if stream == "compute" else rows
         for kind, part in blocks.groupby("kind"):
             spans = list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True))
             ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=COLORS.get(str(kind), "#333333"),

@@ -28,6 +28,7 @@ from rich.table import Table
 from sim import runner, sweep, trace
 from sim.config import load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
+from sim.memory_plan import PARTS, memory_plan
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -108,9 +109,23 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def memory_table(scenario: Any) -> Table:
+    rows = memory_plan(scenario)
+    table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)})",
+                  header_style="bold")
+    columns = [part for part in PARTS if any(row[part] for row in rows)]
+    for name in ("stage", "rank", *columns, "total"):
+        table.add_column(name.replace("_", " "), justify="right")
+    for row in rows:
+        total = f"{row['total'] / 2**30:.1f}" + ("" if row["fits"] else " (does not fit)")
+        table.add_row(str(row["stage"]), str(row["rank"]), *(f"{row[c] / 2**30:.1f}" for c in columns), total)
+    return table
+
+
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     scenario = load_scenario(args.scenario, args.set)
     console.print(resolved_yaml(scenario), markup=False, highlight=False)
+    console.print(memory_table(scenario))
     console.print(f"ok: {scenario.name}: {scenario.num_gpus} GPUs, {scenario.microbatches} micro-batches per step")
     return 0
 

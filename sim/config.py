@@ -107,8 +107,22 @@ class ParallelSpec(FrozenSpec):
     dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
     vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
     sequence_parallel: bool = False
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
+
+
+class FsdpSpec(FrozenSpec):
+    """PyTorch FSDP (Zhao et al. VLDB 2023): FULL_SHARD is ZeRO-3, SHARD_GRAD_OP ZeRO-2, HYBRID_SHARD shards
+    inside a node and replicates across nodes, NO_SHARD is DDP."""
+
+    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
+    unit_layers: int = Field(default=1, ge=1, description="transformer layers per FSDP unit")
+    prefetch: bool = Field(default=True, description="gather the next unit's weights during this unit's compute")
+
+    @property
+    def zero_stage(self) -> int:
+        return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
 
 
 class FixedCostsSpec(FrozenSpec):
@@ -141,6 +155,30 @@ class Scenario(FrozenSpec):
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
     costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec], Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
+    fsdp: FsdpSpec | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deepspeed_block(cls, data: Any) -> Any:
+        """A DeepSpeed ``zero_optimization`` block sets parallel.zero and the gradient bucket size."""
+        if not isinstance(data, dict) or "zero_optimization" not in data:
+            return data
+        data = dict(data)
+        block = data.pop("zero_optimization")
+        if not isinstance(block, dict):
+            raise ValueError("zero_optimization: expected a mapping like {stage: 2, reduce_bucket_size: 5e8}")
+        known = {"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                 "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size"}
+        unknown = sorted(set(block) - known)
+        if unknown:
+            raise ValueError(f"zero_optimization: unsupported key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        parallel = dict(data.get("parallel") or {})
+        if "stage" in block:
+            parallel["zero"] = block["stage"]
+        if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
+            parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
+        data["parallel"] = parallel
+        return data
 
     @field_validator("costs", "network", mode="before")
     @classmethod
@@ -186,6 +224,10 @@ class Scenario(FrozenSpec):
     @property
     def global_batch(self) -> int:
         return self.training.global_batch or self.microbatches * self.dp * self.training.micro_batch
+
+    @property
+    def zero_stage(self) -> int:
+        return self.fsdp.zero_stage if self.fsdp is not None else self.parallel.zero
 
     @property
     def grid(self) -> RankGrid:
@@ -241,6 +283,20 @@ def _check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+    if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
+        raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
+    if (s.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
+        raise ValueError(f"parallel.zero: ZeRO-{s.zero_stage}/FSDP is not combined with pipeline parallelism "
+                         f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
+    if s.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
+        raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{s.zero_stage}/FSDP use 1f1b or gpipe")
+    if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
+        raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
+    if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
+        per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
+        if per_node < 1 or s.dp % per_node or s.dp == per_node:
+            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
+                             f"({max(per_node, 1)} per node)")
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")

@@ -101,3 +101,26 @@ def peak_in_flight(stash_times: np.ndarray, free_times: np.ndarray) -> int:
     deltas = np.concatenate([np.ones(len(stash_times)), -np.ones(len(free_times))])
     order = np.lexsort((-deltas, times))
     return int(np.max(np.cumsum(deltas[order]), initial=0))
+
+
+def peak_usage(parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """Peak of the sum of several kinds of allocations, each given as (alloc times, free times, bytes), and
+    each kind's bytes at that moment. At equal times allocations come before frees (the conservative order)."""
+    times, deltas, kinds = [], [], []
+    for index, (starts, ends, sizes) in enumerate(parts.values()):
+        times += [np.asarray(starts, float), np.asarray(ends, float)]
+        deltas += [np.asarray(sizes, float), -np.asarray(sizes, float)]
+        kinds += [np.full(len(starts), index), np.full(len(ends), index)]
+    result = {name: 0.0 for name in parts}
+    if not times or sum(len(t) for t in times) == 0:
+        return result | {"total": 0.0}
+    t, d, k = np.concatenate(times), np.concatenate(deltas), np.concatenate(kinds)
+    order = np.lexsort((-np.sign(d), t))
+    d, k = d[order], k[order]
+    per_kind = np.zeros((len(parts), len(d)))
+    per_kind[k, np.arange(len(d))] = d
+    running = np.cumsum(per_kind, axis=1)
+    at = int(np.argmax(running.sum(axis=0)))
+    for index, name in enumerate(parts):
+        result[name] = float(running[index, at])
+    return result | {"total": float(running[:, at].sum())}

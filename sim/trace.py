@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario
-from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_in_flight, rank_params
+from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
 from sim.model import model_flops_per_step
 from sim.workload import COMPUTE_KINDS, TaskGraph
 
@@ -83,7 +83,18 @@ def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -
 # -------------------------------------------------------------------------------------------------- summary
 
 
+def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
+    """First start and last end of each (rank, micro-batch, phase, FSDP unit)'s compute."""
+    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(COMPUTE_KINDS)]
+    phase = np.where(layered["kind"] == "forward", "fwd", "bwd")
+    return layered.assign(phase=phase, unit=layered["layer"] // unit_layers).groupby(
+        ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
+
+
 def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, float]]:
+    """Per simulated rank: sharded model states, plus the peak of activations, gathered weights (ZeRO-3/FSDP)
+    and not-yet-reduced gradients (ZeRO-2/3) over the step, each taken from when the trace allocates and
+    frees them."""
     t, p = scenario.training, scenario.parallel
     per_layer = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
                                            p.sequence_parallel, t.recompute, t.flash_attention)
@@ -96,16 +107,58 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
     layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
     layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
     ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
+    unit_layers = scenario.fsdp.unit_layers if scenario.fsdp is not None else 1
+    spans = _unit_spans(trace, unit_layers) if scenario.zero_stage >= 2 else None
     result: dict[int, dict[str, float]] = {}
     for rank, stage in trace.groupby("rank")["stage"].first().items():
-        states = model_state_bytes(rank_params(scenario.model, int(stage), p.pp, p.tp), t.dtype)
-        in_flight = peak_in_flight(ends.loc[(rank, "forward")].to_numpy(), ends.loc[(rank, "backward")].to_numpy())
-        activations = in_flight * per_layer + working
-        result[int(rank)] = {
-            "weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
-            "activations": activations, "total": states.total + activations,
-        }
+        rows = trace[trace["rank"] == rank]
+        # At rest FSDP keeps every sharded strategy's weights sharded (SHARD_GRAD_OP only skips re-sharding
+        # between forward and backward: the gathered copy is counted below); DeepSpeed ZeRO-2 keeps a replica.
+        at_rest_stage = 3 if scenario.fsdp is not None and scenario.zero_stage >= 2 else scenario.zero_stage
+        states = model_state_bytes(rank_params(scenario.model, int(stage), p.pp, p.tp), t.dtype,
+                                   at_rest_stage, _shard_count(scenario))
+        stash = ends.loc[(rank, "forward")].to_numpy()
+        free = ends.loc[(rank, "backward")].to_numpy()
+        parts = {"activations": (stash, free, np.full(len(stash), per_layer))}
+        if spans is not None:
+            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)
+        dynamic = peak_usage(parts)
+        dynamic["activations"] += working
+        entry = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer}
+        entry |= {name: value for name, value in dynamic.items() if name != "total"}
+        entry["total"] = sum(entry.values())
+        result[int(rank)] = entry
     return result
+
+
+def _shard_count(scenario: Scenario) -> int:
+    """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
+    if scenario.fsdp is not None and scenario.fsdp.sharding == "HYBRID_SHARD":
+        return scenario.cluster.gpus_per_node // scenario.parallel.tp
+    return scenario.dp
+
+
+def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: Scenario,
+                             unit_layers: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
+    its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
+    until their reduce-scatter ends."""
+    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series, column: str) -> np.ndarray:
+        keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
+                                          unit])
+        return spans[column].reindex(keys).to_numpy()
+
+    gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
+    unit = gathers["layer"] // unit_layers
+    keep_to_backward = scenario.zero_stage < 3
+    phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
+                      index=gathers.index)
+    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit, "last"),
+                gathers["bytes"].to_numpy(float))
+    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    grads = (span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers, "first"),
+             reduces["end_s"].to_numpy(), reduces["bytes"].to_numpy(float))
+    return {"gathered_weights": gathered, "unreduced_gradients": grads}
 
 
 def stagewise_bubble_rate(trace: pd.DataFrame) -> float:

@@ -18,10 +18,8 @@ collectives are costed for their full groups):
 - pipeline parallel: one send per chunk boundary and micro-batch each way, b*s*h/t per rank (Megatron's
   scatter/gather of p2p tensors; the last stage's chunk c feeds stage 0's chunk c+1); the receiver's first task
   of that micro-batch depends on it;
-- data parallel: gradient all-reduce in buckets of ``parallel.dp_bucket_size``, filled in the order the
-  layers' gradients become final (their last backward or weight-gradient pass) and started then (PyTorch
-  DDP / Megatron overlap);
-- the optimizer step after every bucket.
+- data parallel (sim.data_parallel, called through hooks): DDP buckets, ZeRO-1/2/3 and FSDP collectives and
+  the optimizer step.
 """
 
 from __future__ import annotations
@@ -30,15 +28,12 @@ from dataclasses import dataclass, field
 
 from sim.config import FixedCostsSpec, Scenario
 from sim.costs import CostModel, FixedCosts, Phase, RooflineCosts, Work
+from sim.data_parallel import GATHER_STREAM, DataParallelEmitter
 from sim.hardware import bytes_per_element
-from sim.memory import model_state_bytes, rank_params
-from sim.model import (
-    ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops, layer_params,
-    embedding_params, head_params,
-)
+from sim.model import ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
 
-STREAMS = ("compute", "tp", "pp", "dp")
+STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
@@ -106,6 +101,8 @@ class _StageEmitter:
         self.p2p_bytes = self.tp_bytes / self.tp
         # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
         self.grad_ready: dict[int, int] = {}
+        self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
+        self.dp = DataParallelEmitter(self)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -119,6 +116,9 @@ class _StageEmitter:
 
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: object) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
+        if self.pending_deps and stream != GATHER_STREAM:
+            deps += self.pending_deps
+            self.pending_deps = []
         return self.g.add(rank=self.rank, stage=self.stage, stream=stream, kind=kind, name=name, microbatch=mb,
                           layer=layer, deps=deps, **extra)
 
@@ -159,8 +159,10 @@ class _StageEmitter:
         if g == 0:
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
         for layer in self._layers(chunk):
+            self.dp.before_layer(mb, layer, "forward")
             for block in ("attention", "mlp"):
                 after = self._block("forward", block, mb, layer, after, "forward")
+            self.dp.unit_compute_done(layer, "forward", after)  # type: ignore[arg-type]
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
         if g > 0:
@@ -178,6 +180,7 @@ class _StageEmitter:
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
         for layer in reversed(self._layers(chunk)):
+            self.dp.before_layer(mb, layer, "backward")
             if recompute == "full":
                 for block in ("attention", "mlp"):
                     after = self._block("recompute", block, mb, layer, after, "forward")
@@ -185,12 +188,16 @@ class _StageEmitter:
                 if block == "attention" and recompute == "selective":
                     after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
                 after = self._block("backward", block, mb, layer, after, phase)
+            self.dp.unit_compute_done(layer, "backward", after)  # type: ignore[arg-type]
             if not self.splits_backward:
                 self.grad_ready[layer] = after  # type: ignore[assignment]
+            if not (g == 0 and layer == 0):
+                self.dp.after_layer_backward(mb, layer, after)  # type: ignore[arg-type]
         if g == 0:
             after = self._compute("backward", "embedding", mb, -1, self.embed_work, after, phase)
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
+            self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
         if g < last:
             self.waits.append((first_task, ("B", g + 1, mb)))
         if g > 0:
@@ -210,38 +217,6 @@ class _StageEmitter:
             self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
                                                 "weight_grad")  # type: ignore[assignment]
 
-    def data_parallel_and_optimizer(self) -> None:
-        sc = self.sc
-        dp_group = sc.grid.dp_group(self.rank)
-        params = rank_params(sc.model, self.stage, self.p, self.tp)
-        grad_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).gradients
-        buckets: list[int] = []
-        if len(dp_group) > 1:
-            per_layer = layer_params(sc.model).per_tp_rank(self.tp) * grad_bytes_per_param
-            sizes = {layer: per_layer for layer in self.grad_ready if layer >= 0}
-            if self.stage == self.p - 1:  # the head's gradients are final with the last layer's
-                head = head_params(sc.model) + (sc.model.vocab_size * sc.model.hidden_size
-                                                if sc.model.tied_embeddings and self.p > 1 else 0)
-                last_layer = max(layer for layer in sizes)
-                sizes[last_layer] += head / self.tp * grad_bytes_per_param
-            if self.stage == 0:
-                embedding = embedding_params(sc.model) / self.tp * grad_bytes_per_param
-                key = -1 if -1 in self.grad_ready else min(sizes)
-                sizes[key] = sizes.get(key, 0.0) + embedding
-            # Buckets fill in the order gradients become final (DDP's reverse-order bucketing).
-            order = sorted(sizes, key=lambda layer: self.grad_ready[layer])
-            pending = 0.0
-            for index, layer in enumerate(order):
-                pending += sizes[layer]
-                if pending >= sc.parallel.dp_bucket_size or index == len(order) - 1:
-                    bucket = self._add("dp", "dp", f"grad_bucket{len(buckets)}", -1, layer, self.grad_ready[layer],
-                                       op="all_reduce", nbytes=pending, group=dp_group)
-                    buckets.append(bucket)
-                    pending = 0.0
-        duration = self.costs.optimizer_time(params)
-        optimizer = self._add("compute", "optimizer", "optimizer", -1, -1, None, duration=duration)
-        self.g.tasks[optimizer].deps.extend(buckets)
-
 
 def build(scenario: Scenario) -> TaskGraph:
     graph = TaskGraph()
@@ -254,7 +229,7 @@ def build(scenario: Scenario) -> TaskGraph:
         run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
         for action in actions:
             run[action.phase](action.microbatch, action.chunk)
-        emitter.data_parallel_and_optimizer()
+        emitter.dp.finish()
     # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
     for emitter in emitters:
         for task_id, key in emitter.waits:

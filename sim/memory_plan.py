@@ -1,0 +1,66 @@
+"""Per-rank memory of a scenario without simulating it (what ``sim check`` prints).
+
+In: a ``Scenario``. Out: for each pipeline stage, the bytes of weights, gradients and optimizer states (ZeRO
+sharding applied), activations (the schedule's in-flight bound x the Korthikanti bytes of a layer x layers
+per chunk), the weights ZeRO-3/FSDP gathers at once (two units with prefetch, one without, all of them for
+SHARD_GRAD_OP) and the gradients not yet reduce-scattered (one unit or one bucket), the total and whether it
+fits. ``sim run`` measures the same quantities from the trace; this is the upper bound a user checks first.
+"""
+
+from __future__ import annotations
+
+from sim.config import Scenario
+from sim.hardware import bytes_per_element
+from sim.memory import activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model import embedding_params, head_params, layer_params
+from sim.schedules import SCHEDULES
+
+PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients")
+
+
+def _shards(scenario: Scenario) -> int:
+    if scenario.fsdp is not None and scenario.fsdp.sharding == "HYBRID_SHARD":
+        return scenario.cluster.gpus_per_node // scenario.parallel.tp
+    return scenario.dp
+
+
+def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
+    t, p, model = scenario.training, scenario.parallel, scenario.model
+    zero = scenario.zero_stage
+    at_rest = 3 if scenario.fsdp is not None and zero >= 2 else zero
+    states = model_state_bytes(rank_params(model, stage, p.pp, p.tp), t.dtype, at_rest, _shards(scenario))
+    per_layer = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel,
+                                           t.recompute, t.flash_attention)
+    chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)
+    activations = chunks_in_flight * per_layer * model.num_layers // (p.pp * p.vpp)
+    if t.recompute == "full":
+        activations += activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp,
+                                                  p.sequence_parallel, "none", t.flash_attention)
+    elem = bytes_per_element(t.dtype)
+    unit_layers = scenario.fsdp.unit_layers if scenario.fsdp is not None else 1
+    biggest_extra = max(embedding_params(model), head_params(model)) / p.tp
+    unit = (unit_layers * layer_params(model).per_tp_rank(p.tp) + biggest_extra) * elem
+    gathered = unreduced = 0.0
+    if scenario.dp > 1 and zero >= 3:
+        gathered = unit * (2 if scenario.fsdp is None or scenario.fsdp.prefetch else 1)
+        unreduced = unit
+    elif scenario.dp > 1 and zero == 2:
+        if scenario.fsdp is not None:  # SHARD_GRAD_OP: the whole model stays gathered through the backward
+            gathered = rank_params(model, stage, p.pp, p.tp) * elem
+            unreduced = unit
+        else:
+            unreduced = min(p.dp_bucket_size + unit, rank_params(model, stage, p.pp, p.tp) * elem)
+    parts = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
+             "activations": float(activations), "gathered_weights": gathered, "unreduced_gradients": unreduced}
+    return parts | {"total": sum(parts.values())}
+
+
+def memory_plan(scenario: Scenario) -> list[dict[str, float]]:
+    """One row per pipeline stage, with the representative rank and whether it fits in HBM."""
+    capacity = scenario.cluster.gpu.hbm_capacity
+    rows = []
+    for stage in range(scenario.parallel.pp):
+        parts = stage_memory(scenario, stage)
+        rows.append({"stage": stage, "rank": scenario.grid.stage_representative(stage), **parts,
+                     "fits": parts["total"] <= capacity})
+    return rows

@@ -1,0 +1,156 @@
+"""ZeRO and FSDP as replayed communication: volumes (Rajbhandari et al. SC20 Sec. 7), overlap with prefetch,
+reduce-scatter placement, sharded memory, and the rules that keep layouts real."""
+
+import numpy as np
+import pytest
+
+from sim import runner
+from sim.errors import ConfigError
+from sim.memory import model_state_bytes, rank_params
+
+from conftest import make_scenario
+
+SMALL = {"name": "s", "num_layers": 8, "hidden_size": 2048, "num_attention_heads": 16, "vocab_size": 32000,
+         "max_seq_len": 1024, "mlp": "swiglu", "ffn_hidden_size": 5504, "position_embedding": "rope",
+         "norm": "rmsnorm", "tied_embeddings": False, "bias": False}
+
+
+def comm_bound(**sections):
+    """16 A100s on two nodes, a short sequence: the gradient/weight traffic crosses InfiniBand and dominates."""
+    base = dict(cluster={"gpu": "A100-80GB-SXM", "nodes": 2, "gpus_per_node": 8}, model=SMALL,
+                training={"global_batch": 16, "micro_batch": 1, "seq_len": 512},
+                parallel={"tp": 1, "pp": 1, "dp": 16})
+    base.update(sections)
+    return make_scenario(**base)
+
+
+BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+       "reduce_scatter": lambda n: (n - 1) / n}
+
+
+def dp_bus_bytes(result):
+    tasks = [t for t in result.graph.tasks if t.kind == "dp" and t.rank == 0]
+    return sum(t.nbytes * BUS[t.op](len(t.group)) for t in tasks)
+
+
+def compute_busy(trace, rank=0):
+    rows = trace[(trace["rank"] == rank) & (trace["stream"] == "compute")]
+    return float((rows["end_s"] - rows["start_s"]).sum())
+
+
+def test_zero3_moves_one_and_a_half_times_ddp_bytes():
+    ddp = runner.run(comm_bound())
+    zero3 = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD"}))
+    assert dp_bus_bytes(zero3) / dp_bus_bytes(ddp) == pytest.approx(1.5, rel=1e-12)
+
+
+def test_step_difference_is_the_exposed_communication():
+    """One stage: the compute stream only ever waits for data-parallel traffic, so step = compute + exposed."""
+    runs = {name: runner.run(comm_bound(**extra)) for name, extra in
+            (("ddp", {}), ("zero3", {"fsdp": {"sharding": "FULL_SHARD"}}))}
+    for result in runs.values():
+        s = result.summary
+        assert s["step_time_s"] == pytest.approx(compute_busy(result.trace) + s["exposed_comm_s"]["dp"], rel=1e-9)
+    d_step = runs["zero3"].summary["step_time_s"] - runs["ddp"].summary["step_time_s"]
+    d_exposed = runs["zero3"].summary["exposed_comm_s"]["dp"] - runs["ddp"].summary["exposed_comm_s"]["dp"]
+    d_compute = compute_busy(runs["zero3"].trace) - compute_busy(runs["ddp"].trace)  # the sharded optimizer step
+    assert d_step == pytest.approx(d_exposed + d_compute, rel=1e-9)
+
+
+def unit_rows(trace, mb=0):
+    forward = trace[(trace["rank"] == 0) & (trace["kind"] == "forward") & (trace["microbatch"] == mb)
+                    & (trace["layer"] >= 0)]
+    spans = forward.groupby("layer").agg(first=("start_s", "min"), last=("end_s", "max"))
+    gathers = trace[(trace["name"] == "param_gather_fwd") & (trace["microbatch"] == mb)].set_index("layer")
+    return spans, gathers
+
+
+def test_prefetch_runs_all_gathers_ahead_of_the_compute_that_needs_them():
+    on = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "prefetch": True},
+                               training={"global_batch": 16, "micro_batch": 1, "seq_len": 1024}))
+    off = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "prefetch": False},
+                                training={"global_batch": 16, "micro_batch": 1, "seq_len": 1024}))
+    spans, gathers = unit_rows(on.trace)
+    for layer in range(1, 8):  # unit k's weights are gathered while unit k-1 computes
+        assert gathers.loc[layer, "start_s"] < spans.loc[layer - 1, "last"]
+        assert gathers.loc[layer, "end_s"] <= spans.loc[layer, "first"]
+    spans, gathers = unit_rows(off.trace)
+    for layer in range(1, 8):  # without prefetch the gather only starts when the unit is reached
+        assert gathers.loc[layer, "start_s"] >= spans.loc[layer - 1, "last"]
+    exposed_on, exposed_off = (r.summary["exposed_comm_s"]["dp"] for r in (on, off))
+    assert exposed_off > exposed_on  # and the step grows by exactly the extra exposure:
+    assert off.summary["step_time_s"] - on.summary["step_time_s"] == pytest.approx(exposed_off - exposed_on,
+                                                                                    rel=1e-9)
+
+
+def test_reduce_scatter_follows_each_units_backward():
+    result = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "unit_layers": 2}))
+    trace = result.trace
+    backward = trace[(trace["rank"] == 0) & (trace["kind"] == "backward") & (trace["layer"] >= 0)]
+    for row in trace[trace["name"] == "grad_reduce_scatter"].itertuples():
+        unit = backward[(backward["microbatch"] == row.microbatch) & (backward["layer"] // 2 == row.layer // 2)]
+        assert row.start_s >= unit["end_s"].max()
+    per_mb = trace[trace["name"] == "grad_reduce_scatter"].groupby("microbatch").size()
+    assert set(per_mb) == {4}  # 8 layers / 2 per unit
+
+
+def test_sharded_memory_and_fit():
+    scenario = comm_bound(fsdp={"sharding": "FULL_SHARD"})
+    summary = runner.run(scenario).summary
+    parts = summary["memory_breakdown_bytes"]["0"]
+    states = model_state_bytes(rank_params(scenario.model, 0, 1, 1), "bf16", 3, 16)
+    assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(states.total)
+    unit = rank_params(scenario.model, 0, 1, 1) / 8 * 2  # about a layer's bf16 weights
+    assert 0 < parts["gathered_weights"] < 3 * unit  # at most two units gathered (prefetch)
+    sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary["memory_breakdown_bytes"]["0"]
+    assert sgo["gathered_weights"] == pytest.approx(rank_params(scenario.model, 0, 1, 1) * 2)  # all kept
+
+
+def test_over_large_model_does_not_fit_until_sharded():
+    big = dict(model="llama2-13b", cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
+               training={"global_batch": 8, "micro_batch": 1, "seq_len": 1024}, parallel={"tp": 1, "pp": 1, "dp": 8})
+    assert not runner.run(make_scenario(**big)).summary["fits_in_memory"]
+    assert runner.run(make_scenario(**big, fsdp={"sharding": "FULL_SHARD"})).summary["fits_in_memory"]
+
+
+def test_zero1_with_pipeline_shards_the_optimizer_step_and_gathers_weights():
+    scenario = make_scenario(cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8}, model=SMALL,
+                             training={"global_batch": 8, "seq_len": 512}, parallel={"tp": 1, "pp": 2, "dp": 4,
+                                                                                      "zero": 1})
+    result = runner.run(scenario)
+    tasks = result.graph.tasks
+    names = {t.name for t in tasks if t.kind == "dp"}
+    assert "param_all_gather" in names and all(t.op in ("reduce_scatter", "all_gather") for t in tasks
+                                               if t.kind == "dp")
+    plain = runner.run(make_scenario(cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8}, model=SMALL,
+                                     training={"global_batch": 8, "seq_len": 512},
+                                     parallel={"tp": 1, "pp": 2, "dp": 4}))
+    step = {r: [t.duration for t in g.graph.tasks if t.name == "optimizer" and t.rank == 0][0]
+            for r, g in (("zero1", result), ("ddp", plain))}
+    assert step["zero1"] == pytest.approx(step["ddp"] / 4)
+
+
+def test_hybrid_shard_reduces_inside_nodes_and_all_reduces_across():
+    result = runner.run(comm_bound(fsdp={"sharding": "HYBRID_SHARD"}))
+    ops = {(t.name, len(t.group)) for t in result.graph.tasks if t.kind == "dp"}
+    assert ("grad_reduce_scatter", 8) in ops and ("grad_all_reduce", 2) in ops and ("param_gather_fwd", 8) in ops
+
+
+def test_deepspeed_block_sets_the_stage_and_bucket():
+    scenario = comm_bound(zero_optimization={"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True})
+    assert scenario.zero_stage == 2 and scenario.parallel.dp_bucket_size == 1e8
+    assert np.isfinite(runner.run(scenario).summary["step_time_s"])
+
+
+@pytest.mark.parametrize("sections, message", [
+    (dict(parallel={"tp": 1, "pp": 2, "dp": 8, "zero": 3}), "parallel.zero: ZeRO-3/FSDP is not combined with pipeline"),
+    (dict(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 1}, fsdp={"sharding": "FULL_SHARD"}),
+     "fsdp.sharding: FULL_SHARD is ZeRO-3 but parallel.zero = 1"),
+    (dict(fsdp={"unit_layers": 3}), "fsdp.unit_layers: 3 does not divide model.num_layers = 8"),
+    (dict(fsdp={"sharding": "FULL_SHARD"}, schedule="zb-h1"), "schedule: zb-h1 splits the backward"),
+    (dict(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
+     "zero_optimization: unsupported key 'offload_param'"),
+])
+def test_rules(sections, message):
+    with pytest.raises(ConfigError, match=message):
+        comm_bound(**sections)
