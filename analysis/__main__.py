@@ -2,6 +2,7 @@
 
   compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
+  fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.compare import compare_schedules
+from analysis.fsdp_report import report, to_markdown
 from analysis.sweep_plot import plot_sweep
 from sim.errors import SimError
 
@@ -29,8 +31,17 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("--hue")
     sweep.add_argument("--metric", action="append", help="repeatable; default step time, bubble, MFU")
     sweep.add_argument("-o", "--output", required=True)
+    fsdp = commands.add_parser("fsdp-report", help="predicted vs published MFU of FSDP runs")
+    fsdp.add_argument("-o", "--output", help="also write the markdown table here")
     args = top.parse_args(argv)
     try:
+        if args.command == "fsdp-report":
+            markdown = to_markdown(report())
+            print(markdown)
+            if args.output:
+                Path(args.output).write_text(markdown)
+                print(f"wrote {args.output}")
+            return 0
         if args.command == "compare":
             compare_schedules(args.scenario, args.output)
         else:

@@ -55,3 +55,15 @@ def test_topology_routes_through_nvswitch_inside_and_nics_across():
     topo = build(2, 2, LinkSpec(bandwidth=1e9, latency=0), LinkSpec(bandwidth=1e9, latency=0))
     assert topo.route(0, 1) == ("gpu0", "nvswitch0", "gpu1")
     assert topo.route(0, 2) == ("gpu0", "nic0", "fabric", "nic2", "gpu2")
+
+
+def test_a_group_with_several_gpus_per_node_uses_several_rails():
+    """Rings across nodes run one per rail: k members per node get k NIC shares, up to NVLink."""
+    intra = LinkSpec(bandwidth=400e9, latency=0.0, efficiency=1.0)
+    inter = LinkSpec(bandwidth=25e9, latency=0.0, efficiency=1.0)
+    topo = build(2, 8, intra, inter)
+    assert topo.tier((0, 8)).bandwidth == 25e9
+    assert topo.tier((0, 1, 8, 9)).bandwidth == 50e9
+    assert topo.tier(tuple(range(16))).bandwidth == 200e9
+    fast_nics = build(2, 8, intra, LinkSpec(bandwidth=100e9, latency=0.0, efficiency=1.0))
+    assert fast_nics.tier(tuple(range(16))).bandwidth == 400e9  # capped by NVLink
