@@ -230,6 +230,19 @@ class Scenario(FrozenSpec):
         return self.fsdp.zero_stage if self.fsdp is not None else self.parallel.zero
 
     @property
+    def zero_shards(self) -> int:
+        """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
+        if self.fsdp is not None and self.fsdp.sharding == "HYBRID_SHARD":
+            return self.cluster.gpus_per_node // self.parallel.tp
+        return self.dp
+
+    @property
+    def zero_stage_at_rest(self) -> int:
+        """How model states are stored between uses: FSDP keeps every sharded strategy's weights sharded
+        (SHARD_GRAD_OP only skips re-sharding between forward and backward); DeepSpeed ZeRO-2 keeps a replica."""
+        return 3 if self.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
+
+    @property
     def grid(self) -> RankGrid:
         return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
 

@@ -125,7 +125,7 @@ class DataParallelEmitter:
         params = rank_params(sc.model, st.stage, st.p, st.tp)
         if self.multi and self.zero < 2:
             self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
-        shards = len(self.shard_group) if self.zero >= 1 else 1
+        shards = sc.zero_shards if self.zero >= 1 else 1
         optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
                             duration=st.costs.optimizer_time(params / shards))
         st.g.tasks[optimizer].deps.extend(self.reduce_tasks)

@@ -18,17 +18,11 @@ from sim.schedules import SCHEDULES
 PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients")
 
 
-def _shards(scenario: Scenario) -> int:
-    if scenario.fsdp is not None and scenario.fsdp.sharding == "HYBRID_SHARD":
-        return scenario.cluster.gpus_per_node // scenario.parallel.tp
-    return scenario.dp
-
-
 def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     t, p, model = scenario.training, scenario.parallel, scenario.model
     zero = scenario.zero_stage
-    at_rest = 3 if scenario.fsdp is not None and zero >= 2 else zero
-    states = model_state_bytes(rank_params(model, stage, p.pp, p.tp), t.dtype, at_rest, _shards(scenario))
+    states = model_state_bytes(rank_params(model, stage, p.pp, p.tp), t.dtype, scenario.zero_stage_at_rest,
+                               scenario.zero_shards)
     per_layer = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel,
                                            t.recompute, t.flash_attention)
     chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)

@@ -112,11 +112,8 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
     result: dict[int, dict[str, float]] = {}
     for rank, stage in trace.groupby("rank")["stage"].first().items():
         rows = trace[trace["rank"] == rank]
-        # At rest FSDP keeps every sharded strategy's weights sharded (SHARD_GRAD_OP only skips re-sharding
-        # between forward and backward: the gathered copy is counted below); DeepSpeed ZeRO-2 keeps a replica.
-        at_rest_stage = 3 if scenario.fsdp is not None and scenario.zero_stage >= 2 else scenario.zero_stage
         states = model_state_bytes(rank_params(scenario.model, int(stage), p.pp, p.tp), t.dtype,
-                                   at_rest_stage, _shard_count(scenario))
+                                   scenario.zero_stage_at_rest, scenario.zero_shards)
         stash = ends.loc[(rank, "forward")].to_numpy()
         free = ends.loc[(rank, "backward")].to_numpy()
         parts = {"activations": (stash, free, np.full(len(stash), per_layer))}
@@ -129,13 +126,6 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
         entry["total"] = sum(entry.values())
         result[int(rank)] = entry
     return result
-
-
-def _shard_count(scenario: Scenario) -> int:
-    """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
-    if scenario.fsdp is not None and scenario.fsdp.sharding == "HYBRID_SHARD":
-        return scenario.cluster.gpus_per_node // scenario.parallel.tp
-    return scenario.dp
 
 
 def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: Scenario,
