@@ -24,11 +24,13 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from sim.workload import STREAMS  # noqa: E402
+
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860",
 }
-STREAM_ORDER = {"compute": 0, "tp": 1, "pp": 2, "dp": 3, "dp_gather": 4}
+STREAM_ORDER = {stream: index for index, stream in enumerate(STREAMS)}
 
 
 def compute_blocks(rows: pd.DataFrame, min_gap: float = 0.0) -> pd.DataFrame:

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from sim import runner, sweep, trace
-from sim.config import load_scenario, resolved_yaml
+from sim.config import Scenario, load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.memory_plan import PARTS, memory_plan
 
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def memory_table(scenario: Any) -> Table:
+def memory_table(scenario: Scenario) -> Table:
     rows = memory_plan(scenario)
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)})",
                   header_style="bold")

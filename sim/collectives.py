@@ -49,5 +49,10 @@ def algbw(nbytes: float, seconds: float) -> float:
     return nbytes / seconds
 
 
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw, i.e. the bytes each rank moves per byte of the collective's size."""
+    return _BUS_FACTOR[op](n)
+
+
 def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
-    return algbw(nbytes, seconds) * _BUS_FACTOR[op](n)
+    return algbw(nbytes, seconds) * bus_factor(op, n)

@@ -94,15 +94,6 @@ def activation_bytes_per_layer(
     return per_rank_replicated + (sharded + scores) / tp
 
 
-def peak_in_flight(stash_times: np.ndarray, free_times: np.ndarray) -> int:
-    """Most stashed items alive at once, given when each was stashed and freed. At equal times a stash is
-    counted before a free (the conservative order)."""
-    times = np.concatenate([stash_times, free_times])
-    deltas = np.concatenate([np.ones(len(stash_times)), -np.ones(len(free_times))])
-    order = np.lexsort((-deltas, times))
-    return int(np.max(np.cumsum(deltas[order]), initial=0))
-
-
 def peak_usage(parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
     """Peak of the sum of several kinds of allocations, each given as (alloc times, free times, bytes), and
     each kind's bytes at that moment. At equal times allocations come before frees (the conservative order)."""

@@ -15,6 +15,7 @@ Points run in worker processes with ``jobs > 1`` (the Dask executor belongs to t
 
 from __future__ import annotations
 
+import copy
 import csv
 import itertools
 import json
@@ -44,6 +45,11 @@ class SweepSpec:
     base: Path
     grid: dict[str, list[Any]]
     overrides: list[str] = field(default_factory=list)
+    base_data: dict[str, Any] = field(default_factory=dict)  # the base scenario file, read once
+
+    def __post_init__(self) -> None:
+        if not self.base_data:
+            self.base_data = _read_base(self.base)
 
     def points(self) -> list[dict[str, Any]]:
         """Every combination of axis values, as {dotted key: value}, in grid order (last axis fastest)."""
@@ -64,6 +70,15 @@ class SweepSpec:
                     if key not in keys:
                         keys.append(key)
         return keys
+
+
+def _read_base(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"sweep.base: scenario {str(path)!r} not found")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"sweep.base: {path} must be a scenario mapping (name, cluster, model, ...)")
+    return data
 
 
 def _encode(value: Any) -> str:
@@ -102,10 +117,7 @@ def load_sweep_file(path: Path, extra_grid: list[str], extra_overrides: list[str
         else:
             grid[str(key)] = list(values) if isinstance(values, list) else [values]
     grid.update(dict(parse_axis(a) for a in extra_grid))
-    base = path.parent / str(data["base"])
-    if not base.is_file():
-        raise ConfigError(f"sweep.base: scenario {str(base)!r} not found")
-    return SweepSpec(base, grid, list(data.get("set") or []) + extra_overrides)
+    return SweepSpec(path.parent / str(data["base"]), grid, list(data.get("set") or []) + extra_overrides)
 
 
 def make_spec(target: Path, grid_args: list[str], overrides: list[str]) -> SweepSpec:
@@ -128,17 +140,17 @@ def _lookup(data: Any, dotted: str) -> Any:
     return data
 
 
-def run_point(base: str, overrides: list[str], point: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], point: dict[str, Any],
+              keys: list[str]) -> dict[str, Any]:
     """One point -> one row with the resolved value of every swept key. Never raises for a bad point: the
     reason goes into ``status``."""
     row: dict[str, Any] = dict(point)
     try:
-        raw = yaml.safe_load(Path(base).read_text())
-        raw = apply_overrides(raw, overrides)
+        raw = apply_overrides(copy.deepcopy(base_data), overrides)
         if "training.microbatches" in point and "training.global_batch" not in point:
             raw.setdefault("training", {})["global_batch"] = None
         raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in point.items()])
-        scenario = scenario_from_dict(raw, base_dir=Path(base).parent)
+        scenario = scenario_from_dict(raw, base_dir=base_dir)
         summary = runner.run(scenario).summary
     except ConfigError as error:
         return row | {"status": f"invalid: {error}"}
@@ -203,14 +215,14 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
             if on_row:
                 on_row(row)
 
-        base = str(spec.base)
+        base = (spec.base_data, str(spec.base.parent))
         if jobs <= 1:
             for index, point in todo:
-                record(index, point, run_point(base, spec.overrides, point, spec.keys))
+                record(index, point, run_point(*base, spec.overrides, point, spec.keys))
         else:
             with ProcessPoolExecutor(max_workers=jobs) as pool:
                 futures: dict[Future[dict[str, Any]], tuple[int, dict[str, Any]]] = {
-                    pool.submit(run_point, base, spec.overrides, point, spec.keys): (index, point)
+                    pool.submit(run_point, *base, spec.overrides, point, spec.keys): (index, point)
                     for index, point in todo}
                 for future in as_completed(futures):
                     record(*futures[future], future.result())

@@ -35,9 +35,6 @@ class Topology:
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
-    def spans_nodes(self, ranks: Iterable[int]) -> bool:
-        return len({self.node_of(r) for r in ranks}) > 1
-
     def tier(self, ranks: Iterable[int]) -> LinkSpec:
         """The link a ring over ``ranks`` is limited by. Inside a node: NVLink. Across nodes: the NICs, and a
         group with k members in every node runs k rings side by side over k rails (NCCL's channels, ordered

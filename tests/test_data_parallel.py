@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from sim import runner
+from sim.collectives import bus_factor
 from sim.errors import ConfigError
 from sim.memory import model_state_bytes, rank_params
 
@@ -24,13 +25,9 @@ def comm_bound(**sections):
     return make_scenario(**base)
 
 
-BUS = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
-       "reduce_scatter": lambda n: (n - 1) / n}
-
-
 def dp_bus_bytes(result):
     tasks = [t for t in result.graph.tasks if t.kind == "dp" and t.rank == 0]
-    return sum(t.nbytes * BUS[t.op](len(t.group)) for t in tasks)
+    return sum(t.nbytes * bus_factor(t.op, len(t.group)) for t in tasks)
 
 
 def compute_busy(trace, rank=0):

@@ -6,7 +6,7 @@ import csv
 import numpy as np
 import pytest
 
-from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_in_flight, rank_params
+from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
 from sim.model import MODEL_PRESETS, total_params
 
 from conftest import DATA
@@ -41,11 +41,12 @@ def test_rank_params_sum_to_the_model():
     assert held == pytest.approx(total_params(spec) + copy_on_last_stage + replicated_norms + row_biases)
 
 
-def test_peak_in_flight_counts_overlaps():
+def test_peak_usage_counts_overlaps():
     stash = np.array([0.0, 1.0, 2.0, 5.0])
     free = np.array([3.0, 4.0, 6.0, 7.0])
-    assert peak_in_flight(stash, free) == 3
-    assert peak_in_flight(np.array([1.0]), np.array([1.0])) == 1  # stash counted before free at a tie
+    assert peak_usage({"a": (stash, free, np.ones(4))})["total"] == 3
+    tie = peak_usage({"a": (np.array([1.0]), np.array([1.0]), np.ones(1))})
+    assert tie["total"] == 1  # stash counted before free at a tie
 
 
 TABLE1 = list(csv.DictReader(open(DATA / "zero_sc20_table1_memory.csv")))

@@ -105,3 +105,10 @@ def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path):
     assert list(kept["point_id"]) == [row["point_id"] for row in before]
     spec = make_spec(TINY, ["training.microbatches=1..48", "schedule=gpipe,1f1b"], [])
     assert set(table["point_id"]) == {point_id(p) for p in spec.points()}
+
+
+def test_base_that_is_not_a_scenario_is_one_error(tmp_path):
+    base = tmp_path / "list.yaml"
+    base.write_text("- not\n- a scenario\n")
+    with pytest.raises(ConfigError, match="sweep.base: .* must be a scenario mapping"):
+        make_spec(base, ["schedule=1f1b"], [])
