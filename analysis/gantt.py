@@ -69,8 +69,13 @@ def plot_gantt(
     for y, (_, rank, stream) in enumerate(lanes):
         rows = frame[(frame["rank"] == rank) & (frame["stream"] == stream)]
         blocks = compute_blocks(rows, min_gap=(hi - lo) / 1500) if stream == "compute" else rows
+        # Sparse transfers shorter than a pixel (a 175B step's p2p sends) are drawn a pixel wide so none
+        # vanish; dense lanes (thousands of TP collectives) keep true widths, or they would read as always busy.
+        sparse = stream != "compute" and len(blocks) < 500
+        min_width = (hi - lo) / 2000 if sparse else 0.0
         for kind, part in blocks.groupby("kind"):
-            spans = list(zip(part["start_s"], part["end_s"] - part["start_s"], strict=True))
+            widths = (part["end_s"] - part["start_s"]).clip(lower=min_width)
+            spans = list(zip(part["start_s"], widths, strict=True))
             ax.broken_barh(spans, (y - 0.4, 0.8), facecolors=COLORS.get(str(kind), "#333333"),
                            edgecolor="white" if stream == "compute" else "none", linewidth=0.3)
         if stream == "compute":
