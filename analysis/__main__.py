@@ -3,6 +3,7 @@
   compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
+  network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.compare import compare_schedules
-from analysis.fsdp_report import report, to_markdown
+from analysis import fsdp_report, network_report
 from analysis.sweep_plot import plot_sweep
 from sim.errors import SimError
 
@@ -33,10 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("-o", "--output", required=True)
     fsdp = commands.add_parser("fsdp-report", help="predicted vs published MFU of FSDP runs")
     fsdp.add_argument("-o", "--output", help="also write the markdown table here")
+    net = commands.add_parser("network-report", help="predicted vs measured collective busbw on H100")
+    net.add_argument("-o", "--output", help="also write the markdown table here")
     args = top.parse_args(argv)
     try:
-        if args.command == "fsdp-report":
-            markdown = to_markdown(report())
+        if args.command in ("fsdp-report", "network-report"):
+            module = fsdp_report if args.command == "fsdp-report" else network_report
+            markdown = module.to_markdown(module.report())
             print(markdown)
             if args.output:
                 Path(args.output).write_text(markdown)

@@ -76,6 +76,9 @@ def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table
                                 + ("" if summary["fits_in_memory"] else "  [does not fit]")),
         ("tasks simulated", f"{summary['tasks']:,}"),
     ]
+    for link in summary.get("busiest_links", [])[:3]:
+        rows.append((f"busy link {link['link']}", f"{link['utilization']:.0%} of the step, "
+                                                  f"saturated {link['saturated_s'] * 1e3:.1f} ms"))
     if wall_s is not None:
         rows.append(("wall time", f"{wall_s:.2f} s"))
     for name, value in rows:
@@ -86,17 +89,21 @@ def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
     scenario = load_scenario(args.scenario, args.set)
     began = time.perf_counter()
-    result = runner.run(scenario)
+    result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
     wall = time.perf_counter() - began
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
+    if result.links is not None:  # contention network: which links carried what
+        result.links.to_csv(out / "links.csv", index=False)
+    if result.link_segments is not None and args.link_timeline:
+        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json")
+        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
     if not args.no_plot:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
@@ -181,7 +188,9 @@ def parser() -> argparse.ArgumentParser:
     scenario_args(run)
     run.add_argument("-o", "--output", default="runs/latest", help="run directory (default runs/latest)")
     run.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="trace file format")
-    run.add_argument("--chrome", action="store_true", help="also write trace.json for Perfetto")
+    run.add_argument("--chrome", action="store_true", help="also write trace.json for Perfetto (with link loads)")
+    run.add_argument("--link-timeline", action="store_true",
+                     help="contention network: also write link_timeline.csv, each link's load over time")
     run.add_argument("--no-plot", action="store_true", help="skip the Gantt chart")
     run.add_argument("--fail-on-oom", action="store_true", help="exit non-zero if a rank does not fit")
     run.set_defaults(handler=cmd_run)

@@ -1,44 +1,106 @@
-"""Collective algorithms in closed form.
+"""Collective algorithms: closed-form times, bytes per rank, and the point-to-point hops they run over.
 
-In: a collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``send``), the total
-buffer size S in bytes (nccl-tests convention: for all-gather / reduce-scatter, the gathered size), the group
-size n, a per-step latency alpha and a per-GPU bandwidth B. Out: time in seconds, and the nccl-tests algbw /
-busbw of a measured or predicted time.
+In: a collective (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``, ``send``),
+the buffer size S in bytes (nccl-tests convention: for all-gather / reduce-scatter the gathered size, for
+all-to-all the per-rank send buffer), the group size n, a per-step latency alpha and a bandwidth B per GPU and
+direction. Out: seconds; the nccl-tests algbw / busbw of a time; and, for the flow-level network, the hops
+(src, dst) every channel of an algorithm loads with equal bytes.
 
-Ring algorithms (Patarasuk & Yuan 2009; Thakur et al. 2005), as NCCL runs them:
-  all-reduce                 2(n-1) alpha + 2(n-1)/n * S/B
-  all-gather, reduce-scatter  (n-1) alpha +  (n-1)/n * S/B
-  broadcast (pipelined ring)  (n-1) alpha +          S/B
-  send/recv                         alpha +          S/B
+Algorithms (as NCCL runs them):
+  ring (Patarasuk & Yuan 2009; Thakur et al. 2005)
+    all-reduce                  2(n-1) alpha + 2(n-1)/n * S/B
+    all-gather, reduce-scatter   (n-1) alpha +  (n-1)/n * S/B
+    all-to-all (pairwise)        (n-1) alpha +  (n-1)/n * S/B
+    broadcast (pipelined)        (n-1) alpha +          S/B
+    send/recv                          alpha +          S/B
+  tree: double binary tree all-reduce (Sanders, Speck & Traeff 2009), NCCL's model of it (src/graph/tuning.cc:
+    tree algbw = busbw / 2): 2 * depth latency + 2 * S/B. Wins on latency at scale, never on bandwidth.
+  nvls: NVLink SHARP all-reduce in the NVSwitch (H100 and later): each GPU pushes S in and pulls S out,
+    2 alpha + S/B, with B the NVLS effective bandwidth.
+  hierarchical (NCCL's CollNet-free 2D scheme; Jia et al. 2018): reduce-scatter inside each node over k GPUs,
+    all-reduce of S/k across the N nodes (one rail per local rank), all-gather inside the node.
 A group of one costs nothing.
 """
 
 from __future__ import annotations
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+import math
+from dataclasses import dataclass
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
+ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical")
 
 # nccl-tests doc/PERFORMANCE.md: busbw = algbw * factor(n).
 _BUS_FACTOR = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "send": lambda n: 1.0,
 }
 
 
-def ring_time(op: str, nbytes: float, n: int, latency: float, bandwidth: float) -> float:
+def _check(op: str) -> None:
     if op not in _BUS_FACTOR:
-        raise ValueError(f"unknown collective {op!r}")
+        raise ValueError(f"unknown collective {op!r} (known: {', '.join(OPS)})")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw, i.e. the bytes each rank moves per byte of the collective's size."""
+    _check(op)
+    return _BUS_FACTOR[op](n)
+
+
+def ring_steps(op: str, n: int) -> int:
+    _check(op)
+    if op == "send":
+        return 1
+    return 2 * (n - 1) if op == "all_reduce" else n - 1
+
+
+def latency_steps(algorithm: str, op: str, n: int) -> int:
+    """How many alphas an algorithm pays inside one tier."""
+    if algorithm == "tree":
+        return 2 * math.ceil(math.log2(n)) if n > 1 else 0
+    if algorithm == "nvls":
+        return 2
+    return ring_steps(op, n)
+
+
+def bytes_moved(algorithm: str, op: str, n: int, nbytes: float) -> float:
+    """Bytes each rank sends over its busiest link (what the bandwidth term divides)."""
+    if algorithm == "tree":
+        return 2 * nbytes
+    if algorithm == "nvls":
+        return nbytes
+    if op == "broadcast" or op == "send":
+        return nbytes
+    return bus_factor(op, n) * nbytes
+
+
+def ring_latency(op: str, n: int, nodes: int, alpha_intra: float, alpha_inter: float) -> float:
+    """Latency of a ring over n ranks on ``nodes`` nodes: its inter-node steps pay the network's alpha, the rest
+    NVLink's (NCCL src/graph/tuning.cc: nInterSteps = 2(nNodes-1) for all-reduce, nNodes-1 otherwise)."""
+    steps = ring_steps(op, n)
+    inter = 0 if nodes <= 1 else (2 * (nodes - 1) if op == "all_reduce" else nodes - 1)
+    return (steps - inter) * alpha_intra + inter * alpha_inter
+
+
+def ring_time(op: str, nbytes: float, n: int, latency: float, bandwidth: float) -> float:
+    _check(op)
     if n <= 1:
         return 0.0
-    if op == "all_reduce":
-        return 2 * (n - 1) * latency + 2 * (n - 1) / n * nbytes / bandwidth
-    if op in ("all_gather", "reduce_scatter"):
-        return (n - 1) * latency + (n - 1) / n * nbytes / bandwidth
-    if op == "broadcast":
-        return (n - 1) * latency + nbytes / bandwidth
-    return p2p_time(nbytes, latency, bandwidth)
+    return ring_steps(op, n) * latency + bytes_moved("ring", op, n, nbytes) / bandwidth
+
+
+def tree_time(nbytes: float, depth_latency: float, bandwidth: float) -> float:
+    """Double-binary-tree all-reduce: reduce up and broadcast down a tree of the given one-way latency."""
+    return 2 * depth_latency + 2 * nbytes / bandwidth
+
+
+def nvls_time(nbytes: float, latency: float, bandwidth: float) -> float:
+    return 2 * latency + nbytes / bandwidth
 
 
 def p2p_time(nbytes: float, latency: float, bandwidth: float) -> float:
@@ -49,10 +111,81 @@ def algbw(nbytes: float, seconds: float) -> float:
     return nbytes / seconds
 
 
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw, i.e. the bytes each rank moves per byte of the collective's size."""
-    return _BUS_FACTOR[op](n)
-
-
 def busbw(op: str, nbytes: float, seconds: float, n: int) -> float:
     return algbw(nbytes, seconds) * bus_factor(op, n)
+
+
+# ------------------------------------------------------------------------------------- flow-level shapes
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One channel of an algorithm: ``hops`` (src, dst rank pairs) all progress at one rate, each carrying
+    ``nbytes`` (a ring advances in lock-step, so its slowest hop sets the pace of all of them)."""
+
+    hops: tuple[tuple[int, int], ...]
+    nbytes: float
+
+
+def ring_orders(group: tuple[int, ...], node_of: dict[int, int]) -> list[tuple[int, ...]]:
+    """NCCL-style rings over ``group``: one per GPU a node contributes when the group spans nodes (each ring
+    leaves every node from a different GPU, so k rings use k rails), else one ring in rank order."""
+    by_node: dict[int, list[int]] = {}
+    for rank in group:
+        by_node.setdefault(node_of[rank], []).append(rank)
+    if len(by_node) == 1:
+        return [tuple(group)]
+    k = min(len(members) for members in by_node.values())
+    orders = []
+    for channel in range(k):
+        order: list[int] = []
+        for members in by_node.values():
+            shift = (channel + 1) % len(members)
+            order.extend(members[shift:] + members[:shift])  # leaves this node from members[channel]
+        orders.append(tuple(order))
+    return orders
+
+
+def ring_channels(op: str, nbytes: float, orders: list[tuple[int, ...]]) -> list[Channel]:
+    n = len(orders[0])
+    share = bytes_moved("ring", op, n, nbytes) / len(orders)
+    if op == "broadcast":  # a pipelined chain: the last rank does not send back to the root
+        return [Channel(tuple(zip(order[:-1], order[1:])), share) for order in orders]
+    return [Channel(tuple(zip(order, order[1:] + order[:1])), share) for order in orders]
+
+
+def _binary_tree_hops(order: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:
+    hops = []
+    for index in range(1, len(order)):
+        parent, child = order[(index - 1) // 2], order[index]
+        hops += [(child, parent), (parent, child)]
+    return hops
+
+
+def tree_channels(nbytes: float, group: tuple[int, ...], node_of: dict[int, int]) -> list[Channel]:
+    """Double binary tree (NCCL): two trees, the second over the order reversed so one tree's inner ranks are
+    the other's leaves; each carries half the data up (reduce) and down (broadcast), so a rank's busiest link
+    carries 4 hops of S/2 = 2S, the closed form's bandwidth term. Across nodes, as NCCL does: k channels (k
+    members per node), channel j chains each node's members from member j, whose rail links the nodes' trees;
+    each channel carries S/k."""
+    by_node: dict[int, list[int]] = {}
+    for rank in group:
+        by_node.setdefault(node_of[rank], []).append(rank)
+    if len(by_node) == 1:
+        return [Channel(tuple(_binary_tree_hops(order)), nbytes / 2) for order in (group, group[::-1])]
+    k = min(len(members) for members in by_node.values())
+    channels = []
+    for j in range(k):
+        heads, chains = [], []
+        for members in by_node.values():
+            chain = members[j:] + members[:j]
+            heads.append(chain[0])
+            chains += [hop for a, b in zip(chain, chain[1:]) for hop in ((b, a), (a, b))]
+        for order in (heads, heads[::-1]):
+            channels.append(Channel(tuple(chains + _binary_tree_hops(order)), nbytes / (2 * k)))
+    return channels
+
+
+def all_to_all_channels(nbytes: float, group: tuple[int, ...]) -> list[Channel]:
+    n = len(group)
+    return [Channel(tuple((a, b) for a in group for b in group if a != b), nbytes / n)]

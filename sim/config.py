@@ -20,75 +20,14 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.errors import ConfigError
-from sim.hardware import (
-    DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS, FrozenSpec, GpuSpec, LinkSpec,
-)
+from sim.cluster import ClusterSpec, expand_preset
+from sim.hardware import FrozenSpec
 from sim.model import MODEL_PRESETS, ModelSpec, spec_from_hf_config
 from sim.parallel import RankGrid
 from sim.schedules import SCHEDULES
 from sim.units import Bytes, Seconds
 
 MiB = 2**20
-
-
-def _lookup(presets: dict[str, Any], name: str, what: str) -> Any:
-    by_lower = {key.lower(): value for key, value in presets.items()}
-    if name.lower() not in by_lower:
-        raise ValueError(f"unknown {what} preset {name!r} (known: {', '.join(presets)})")
-    return by_lower[name.lower()]
-
-
-def _expand_preset(value: Any, presets: dict[str, Any], what: str) -> Any:
-    """``"name"`` or ``{preset: name, **overrides}`` -> the preset's fields with the overrides applied."""
-    if isinstance(value, str):
-        return _lookup(presets, value, what).model_dump()
-    if isinstance(value, dict) and "preset" in value:
-        fields = _lookup(presets, str(value["preset"]), what).model_dump()
-        fields.update({k: v for k, v in value.items() if k != "preset"})
-        return fields
-    return value
-
-
-class ClusterSpec(FrozenSpec):
-    gpu: GpuSpec
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1)
-    node: str | None = Field(default=None, description="link preset (dgx-a100, dgx-h100, dgx-b200)")
-    intra_node: LinkSpec
-    inter_node: LinkSpec
-
-    @model_validator(mode="before")
-    @classmethod
-    def _link_defaults(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        gpu = data.get("gpu")
-        gpu_name = gpu if isinstance(gpu, str) else (gpu or {}).get("preset") or (gpu or {}).get("name")
-        by_lower = {k.lower(): v for k, v in DEFAULT_NODE_FOR_GPU.items()}
-        node_name = data.get("node") or by_lower.get(str(gpu_name).lower())
-        if node_name is None:
-            if isinstance(gpu, str):
-                return data  # not a known preset: the gpu field reports it by name
-            if not (isinstance(data.get("intra_node"), dict) and isinstance(data.get("inter_node"), dict)):
-                raise ValueError(f"no link preset for GPU {gpu_name!r}: give cluster.node or both link tiers")
-            return data
-        node = _lookup(NODE_PRESETS, str(node_name), "node")
-        data["node"] = node.name
-        for tier in ("intra_node", "inter_node"):
-            fields = getattr(node, tier).model_dump()
-            fields.update(data.get(tier) or {})
-            data[tier] = fields
-        return data
-
-    @field_validator("gpu", mode="before")
-    @classmethod
-    def _gpu_preset(cls, value: Any) -> Any:
-        return _expand_preset(value, GPU_PRESETS, "GPU")
-
-    @property
-    def num_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
 
 
 class TrainingSpec(FrozenSpec):
@@ -138,7 +77,12 @@ class RooflineCostsSpec(FrozenSpec):
 
 
 class NetworkSpec(FrozenSpec):
-    model: Literal["ideal", "analytic"] = "analytic"
+    """``analytic``: closed forms per algorithm; ``contention``: flows sharing links max-min fairly (use with
+    ``ranks: all`` so concurrent groups really share); ``ideal``: free communication. ``algorithm``: ``auto``
+    picks the fastest per collective as NCCL's tuner does, or fix one (NCCL_ALGO)."""
+
+    model: Literal["ideal", "analytic", "contention"] = "analytic"
+    algorithm: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
 
 
 def _shorthand(value: Any) -> Any:
@@ -155,6 +99,8 @@ class Scenario(FrozenSpec):
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
     costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec], Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
+    ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
+                                           "(symmetric groups costed whole); all: every rank")
     fsdp: FsdpSpec | None = None
 
     @model_validator(mode="before")
@@ -196,7 +142,7 @@ class Scenario(FrozenSpec):
             fields = _read_hf_config(str(value["hf_config"]), base_dir)
             fields.update(overrides)
             return fields
-        return _expand_preset(value, MODEL_PRESETS, "model")
+        return expand_preset(value, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Scenario":

@@ -7,8 +7,11 @@ One simpy process per (rank, stream) walks that stream's ordered task list like 
 every dependency has finished, run the task, record its start and end, signal done. A rank's streams run
 concurrently, which is where compute/communication overlap comes from. A collective whose group has several
 simulated members is a rendezvous: it starts when the last member arrives and all members end together.
-Communication time comes from the network model when the task starts. If the run ends with tasks not done,
-``ScheduleDeadlock`` names the first stuck task of each stream and what it waits on.
+Communication time comes from the network model when the task starts. With a flow-level network
+(``contention``) a transfer instead runs its phases: a latency, then its channels as flows in a
+``sim.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow fires at its predicted finish and
+is re-armed whenever other flows come or go. If the run ends with tasks not done, ``ScheduleDeadlock`` names
+the first stuck task of each stream and what it waits on.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from typing import Generator
 import simpy
 
 from sim.errors import ScheduleDeadlock
-from sim.network import Network
+from sim.flows import FlowNetwork
+from sim.network import Network, Phase
 from sim.workload import Task, TaskGraph
 
 
@@ -40,6 +44,7 @@ class EngineResult:
     start: list[float]
     end: list[float]
     events: int
+    flows: FlowNetwork | None = None  # link usage of a flow-level run
 
 
 def _describe(task: Task) -> str:
@@ -51,7 +56,7 @@ def _describe(task: Task) -> str:
     return f"task {task.id} ({where})"
 
 
-def simulate(graph: TaskGraph, network: Network) -> EngineResult:
+def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> EngineResult:
     env = _CountingEnvironment()
     tasks = graph.tasks
     done = [env.event() for _ in tasks]
@@ -63,14 +68,59 @@ def simulate(graph: TaskGraph, network: Network) -> EngineResult:
         if task.collective >= 0:
             members[task.collective] = members.get(task.collective, 0) + 1
     arrived: dict[int, int] = {}
-    released: dict[int, simpy.Event] = {key: env.event() for key, count in members.items() if count > 1}
+    released: dict[int, float] = {}
+    finished: dict[int, simpy.Event] = {key: env.event() for key, count in members.items() if count > 1}
 
-    def duration_of(task: Task) -> float:
+    flow_level = getattr(network, "flow_level", False)
+    flows = FlowNetwork(network.capacities, record_links) if flow_level else None  # type: ignore[attr-defined]
+    pending: dict[int, simpy.Event] = {}
+    version: dict[int, int] = {}
+
+    def arm(finish: dict[int, float]) -> None:
+        for key, when in finish.items():
+            version[key] = version.get(key, 0) + 1
+            timer = env.timeout(max(0.0, when - env.now))
+            timer.callbacks.append(lambda _event, key=key, stamp=version[key]: fire(key, stamp))
+
+    def fire(key: int, stamp: int) -> None:
+        if version.get(key) != stamp or key not in pending:
+            return  # a later rate change re-armed this flow
+        assert flows is not None
+        event = pending.pop(key)
+        arm(flows.remove(key, env.now))
+        event.succeed()
+
+    def run_phases(phases: tuple[Phase, ...]) -> Generator[simpy.Event, None, None]:
+        assert flows is not None
+        for phase in phases:
+            if phase.latency > 0:
+                yield env.timeout(phase.latency)
+            waits = []
+            for channel in phase.channels:
+                key = len(version)
+                version[key] = 0
+                pending[key] = env.event()
+                waits.append(pending[key])
+                arm(flows.add(key, channel.loads, channel.nbytes, channel.rate_cap, env.now))
+            if waits:
+                yield env.all_of(waits)
+
+    def communicate(task: Task) -> Generator[simpy.Event, None, None]:
         if task.duration is not None:
-            return task.duration
-        if task.op == "send":
-            return network.p2p_time(task.nbytes, task.group[0], task.group[1])
-        return network.collective_time(task.op, task.nbytes, task.group)
+            seconds = task.duration
+        elif flows is not None:
+            yield from run_phases(network.transfer(task.op, task.nbytes, task.group))  # type: ignore[attr-defined]
+            return
+        elif task.op == "send":
+            seconds = network.p2p_time(task.nbytes, task.group[0], task.group[1])
+        else:
+            seconds = network.collective_time(task.op, task.nbytes, task.group)
+        if seconds > 0:
+            yield env.timeout(seconds)
+
+    def run_shared(task: Task, event: simpy.Event) -> Generator[simpy.Event, None, None]:
+        yield from communicate(task)
+        event.succeed()
 
     def stream(order: list[int]) -> Generator[simpy.Event, None, None]:
         for task_id in order:
@@ -78,16 +128,17 @@ def simulate(graph: TaskGraph, network: Network) -> EngineResult:
             for dep in task.deps:
                 if not done[dep].processed:
                     yield done[dep]
-            rendezvous = released.get(task.collective)
-            if rendezvous is not None:
+            shared = finished.get(task.collective)
+            if shared is not None:  # every member waits for the last; the last one runs the transfer once
                 arrived[task.collective] = arrived.get(task.collective, 0) + 1
                 if arrived[task.collective] == members[task.collective]:
-                    rendezvous.succeed()
-                yield rendezvous
-            start[task_id] = env.now
-            seconds = duration_of(task)
-            if seconds > 0:
-                yield env.timeout(seconds)
+                    released[task.collective] = env.now
+                    env.process(run_shared(task, shared))
+                yield shared
+                start[task_id] = released[task.collective]
+            else:
+                start[task_id] = env.now
+                yield from communicate(task)
             end[task_id] = env.now
             done[task_id].succeed()
 
@@ -105,4 +156,6 @@ def simulate(graph: TaskGraph, network: Network) -> EngineResult:
             lines.append(f"{_describe(tasks[task_id])} waits on {on}")
         more = f" (+{len(stuck) - 4} more streams)" if len(stuck) > 4 else ""
         raise ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
-    return EngineResult(start=start, end=end, events=env.scheduled)
+    if flows is not None:
+        flows.close(env.now)
+    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows)

@@ -13,7 +13,12 @@ the analytic network until a calibration profile replaces them.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import bisect
+import json
+import math
+from importlib import resources
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sim.units import Bytes, BytesPerSecond, FlopsPerSecond, GB, GiB, Seconds
 
@@ -41,21 +46,75 @@ class GpuSpec(FrozenSpec):
 
 
 class LinkSpec(FrozenSpec):
-    """One tier of links, per GPU and per direction."""
+    """One tier of links, per GPU (per NIC for ``inter_node``) and per direction.
+
+    ``efficiency`` is the fraction of the line rate NCCL reaches on large messages (protocol overhead);
+    ``efficiency_curve`` scales it down for smaller messages: knots (message bytes, fraction of the plateau),
+    interpolated linearly in log2(bytes) and clamped at both ends. An empty curve is flat.
+    """
 
     bandwidth: BytesPerSecond = Field(gt=0)
-    latency: Seconds
+    latency: Seconds = Field(description="per algorithm step (a ring hop, a tree level)")
+    base_latency: Seconds = Field(default=0.0, description="per collective: launch and synchronization")
     efficiency: float = Field(default=1.0, gt=0, le=1)
+    efficiency_curve: tuple[tuple[float, float], ...] = ()
+
+    @field_validator("efficiency_curve")
+    @classmethod
+    def _sorted_fractions(cls, curve: tuple[tuple[float, float], ...]) -> tuple[tuple[float, float], ...]:
+        sizes = [size for size, _ in curve]
+        if sizes != sorted(sizes) or any(size <= 0 for size in sizes):
+            raise ValueError("efficiency_curve: knots must be [bytes, fraction] pairs with increasing bytes > 0")
+        if any(not 0 < fraction <= 1 for _, fraction in curve):
+            raise ValueError("efficiency_curve: each fraction of the plateau must be in (0, 1]")
+        return curve
 
     @property
     def effective_bandwidth(self) -> float:
+        """Large-message bandwidth: the line rate times the plateau efficiency."""
         return self.bandwidth * self.efficiency
+
+    def bandwidth_at(self, nbytes: float) -> float:
+        """Effective bandwidth for a message of ``nbytes`` (line rate x plateau x curve(nbytes))."""
+        return self.effective_bandwidth * _interpolate_log2(self.efficiency_curve, nbytes)
+
+
+def _interpolate_log2(curve: tuple[tuple[float, float], ...], nbytes: float) -> float:
+    if not curve:
+        return 1.0
+    if nbytes <= curve[0][0]:
+        return curve[0][1]
+    if nbytes >= curve[-1][0]:
+        return curve[-1][1]
+    index = bisect.bisect_right([size for size, _ in curve], nbytes)
+    (x0, y0), (x1, y1) = curve[index - 1], curve[index]
+    share = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+    return y0 + share * (y1 - y0)
+
+
+class FabricSpec(FrozenSpec):
+    """The scale-out network: NICs into leaf switches, leaves into a spine (a two-level fat tree).
+
+    ``rail_optimized``: NIC i of every node under a leaf group plugs into that group's leaf i (DGX SuperPOD),
+    so same-rail traffic between those nodes crosses one switch; otherwise a group's NICs share one leaf.
+    ``oversubscription``: a leaf's downlink bandwidth over its uplink bandwidth to the spine (1 = full
+    bisection). The spine is one aggregate switch: flow-level models assume ECMP spreads flows evenly.
+    """
+
+    nodes_per_leaf: int = Field(default=32, ge=1, description="nodes under one leaf group (a scalable unit)")
+    oversubscription: float = Field(default=1.0, ge=1.0)
+    rail_optimized: bool = True
 
 
 class NodeSpec(FrozenSpec):
     name: str
     intra_node: LinkSpec
     inter_node: LinkSpec
+    gpus_per_node: int = Field(default=8, ge=1)
+    nics_per_node: int = Field(default=8, ge=1)
+    nvlink_domain: int = Field(default=8, ge=1, description="GPUs that share one NVSwitch domain")
+    nvls: LinkSpec | None = Field(default=None, description="NVSwitch in-network reduction (NVLink SHARP)")
+    pcie: LinkSpec = Field(description="GPU <-> host (CPU offload)")
     source: str = ""
 
 
@@ -115,41 +174,73 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
             source="HGX B200 (1000 W) dense peaks (glennklockwood.com/garden/processors/B200); MAMF bf16 1745",
         ),
+        GpuSpec(
+            name="GB200",
+            peak_flops={"fp32": 80 * T, "tf32": 1250 * T, "fp16": 2500 * T, "bf16": 2500 * T, "fp8": 5000 * T},
+            hbm_capacity=186 * GB,
+            hbm_bandwidth=8e12,
+            matmul_efficiency=1745 / 2250,
+            memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            source="ml-engineering (GB200 per B200 chip: 2500 TFLOP/s dense bf16, 1200 W); GB200 NVL72 datasheet "
+                   "(13.4 TB HBM3e over 72 GPUs); B200's MAMF fraction stands in",
+        ),
     )
 }
 
-# Per-step ring latency: intra-node from OpenXLA's H100 8-GPU all-reduce floor (32.3 us at 8 KiB over
-# 2(n-1) = 14 ring steps = 2.3 us, xla_collective_perf_tables.csv); inter-node from NCCL's tuning model
-# (src/graph/tuning.cc hwLat, NET / Ring / Simple = 6.6 us).
-_NVLINK_STEP_LATENCY = 2.3e-6
-_IB_STEP_LATENCY = 6.6e-6
+# Link latencies, plateau efficiencies and efficiency curves are fitted to published measurements by
+# scripts/fit_network_defaults.py (OpenXLA's collective tables, nccl-tests results): see that script for which
+# rows feed which tier. Line rates are datasheet figures per GPU (per NIC for InfiniBand) and direction.
+_FIT: dict[str, dict[str, dict[str, object]]] = json.loads(
+    resources.files("sim").joinpath("data/network_fit.json").read_text())
+
+
+def _fitted(node: str, tier: str, bandwidth: float) -> LinkSpec:
+    return LinkSpec(bandwidth=bandwidth, **_FIT[node][tier])  # type: ignore[arg-type]
+
+
+# Host links: PCIe Gen4 x16 = 32 GB/s and Gen5 x16 = 64 GB/s per direction; pinned-memory copies reach ~80% of
+# it (ml-engineering, "PCIe"); GB200's Grace link is NVLink-C2C, 450 GB/s per direction.
+_PCIE4 = LinkSpec(bandwidth=32 * GB, latency=1e-6, efficiency=0.8)
+_PCIE5 = LinkSpec(bandwidth=64 * GB, latency=1e-6, efficiency=0.8)
 
 NODE_PRESETS: dict[str, NodeSpec] = {
     spec.name: spec
     for spec in (
         NodeSpec(
             name="dgx-a100",
-            # NVLink3 300 GB/s per direction per GPU; nccl-tests all-reduce busbw 232.5 GB/s (issue #175).
-            intra_node=LinkSpec(bandwidth=300 * GB, latency=_NVLINK_STEP_LATENCY, efficiency=232.54 / 300),
-            # 8x 200 Gb/s HDR per node = 25 GB/s per GPU; 96 of 100 GB/s busbw measured (nccl-tests #119).
-            inter_node=LinkSpec(bandwidth=25 * GB, latency=_IB_STEP_LATENCY, efficiency=96 / 100),
+            # NVLink3 300 GB/s per direction; 8x 200 Gb/s HDR = 25 GB/s per NIC.
+            intra_node=_fitted("dgx-a100", "intra_node", 300 * GB),
+            inter_node=_fitted("dgx-a100", "inter_node", 25 * GB),
+            pcie=_PCIE4,
             source="Narayanan et al. SC21 Sec 5 (Selene); nccl-tests issues #175, #119",
         ),
         NodeSpec(
             name="dgx-h100",
-            # NVLink4 450 GB/s per direction; ~370 GB/s ring busbw (nccl-tests #212, maintainer).
-            intra_node=LinkSpec(bandwidth=450 * GB, latency=_NVLINK_STEP_LATENCY, efficiency=370 / 450),
-            # 8x 400 Gb/s NDR = 50 GB/s per GPU; "46-48 GB/s per NIC" (nccl-tests #290, maintainer).
-            inter_node=LinkSpec(bandwidth=50 * GB, latency=_IB_STEP_LATENCY, efficiency=47 / 50),
-            source="MLPerf v4.0 DGX H100 system description; nccl-tests issues #212, #290",
+            # NVLink4 450 GB/s per direction, NVSwitch3 with NVLink SHARP; 8x 400 Gb/s NDR = 50 GB/s per NIC.
+            intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
+            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
+            nvls=_fitted("dgx-h100", "nvls", 450 * GB),
+            pcie=_PCIE5,
+            source="MLPerf v4.0 DGX H100 system description; OpenXLA sm_90 tables; nccl-tests issues #212, #290",
         ),
         NodeSpec(
             name="dgx-b200",
-            # NVLink5 900 GB/s per direction. No B200 nccl-tests row in the reference data: Hopper's ring
-            # efficiency stands in until the network issue fits B200 from the OpenXLA tables.
-            intra_node=LinkSpec(bandwidth=900 * GB, latency=_NVLINK_STEP_LATENCY, efficiency=370 / 450),
-            inter_node=LinkSpec(bandwidth=50 * GB, latency=_IB_STEP_LATENCY, efficiency=47 / 50),
-            source="ml-engineering network README (NVLink5); DGX B200 8x ConnectX-7 400 Gb/s",
+            # NVLink5 900 GB/s per direction; 8x ConnectX-7 400 Gb/s. No NVLS size sweep in the reference data.
+            intra_node=_fitted("dgx-b200", "intra_node", 900 * GB),
+            inter_node=_fitted("dgx-b200", "inter_node", 50 * GB),
+            pcie=_PCIE5,
+            source="ml-engineering network README (NVLink5); OpenXLA sm_100 tables; DGX B200 datasheet",
+        ),
+        NodeSpec(
+            name="gb200-nvl72",
+            # 18 trays of 4 GPUs in one 72-GPU NVLink5 domain; one 400 Gb/s ConnectX-7 per GPU; Grace over C2C.
+            intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
+            inter_node=_fitted("gb200-nvl72", "inter_node", 50 * GB),
+            gpus_per_node=4,
+            nics_per_node=4,
+            nvlink_domain=72,
+            pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
+            source="NVIDIA GB200 NVL72 datasheet; OpenXLA sm_100 GB200 NVL72 tables",
         ),
     )
 }
@@ -160,6 +251,7 @@ DEFAULT_NODE_FOR_GPU = {
     "H100-SXM": "dgx-h100",
     "H200": "dgx-h100",
     "B200": "dgx-b200",
+    "GB200": "gb200-nvl72",
 }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim import engine, network, topology, trace, workload
+from sim import engine, link_usage, network, topology, trace, workload
 from sim.config import Scenario
 
 
@@ -24,13 +24,27 @@ class RunResult:
     trace: pd.DataFrame
     summary: dict[str, Any]
     events: int
+    links: pd.DataFrame | None = None  # per-link usage under the contention network
+    link_segments: pd.DataFrame | None = None  # per-link load over time, when asked for
 
 
-def run(scenario: Scenario) -> RunResult:
-    cluster = scenario.cluster
-    topo = topology.build(cluster.nodes, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node)
-    net = network.make(scenario.network.model, topo)
+def build_topology(scenario: Scenario) -> topology.Topology:
+    c = scenario.cluster
+    return topology.build(c.nodes, c.gpus_per_node, c.intra_node, c.inter_node, nics_per_node=c.nics_per_node,
+                          nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls)
+
+
+def run(scenario: Scenario, record_links: bool = False) -> RunResult:
+    topo = build_topology(scenario)
+    net = network.make(scenario.network.model, topo, scenario.network.algorithm)
     graph = workload.build(scenario)
-    result = engine.simulate(graph, net)
+    result = engine.simulate(graph, net, record_links=record_links)
     frame = trace.to_frame(graph, result.start, result.end)
-    return RunResult(scenario, graph, frame, trace.summarize(frame, scenario), result.events)
+    summary = trace.summarize(frame, scenario)
+    links = segments = None
+    if result.flows is not None:
+        links = link_usage.usage_frame(topo, result.flows, summary["step_time_s"])
+        summary["busiest_links"] = link_usage.busiest(links)
+        if record_links:
+            segments = link_usage.segments_frame(topo, result.flows)
+    return RunResult(scenario, graph, frame, summary, result.events, links, segments)

@@ -228,9 +228,18 @@ def read_trace(path: Path) -> pd.DataFrame:
     return frame.astype(TRACE_COLUMNS)
 
 
-def chrome_trace(trace: pd.DataFrame) -> dict[str, Any]:
-    """Chrome/Perfetto trace events: one process per rank, one thread per stream, times in microseconds."""
+def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None) -> dict[str, Any]:
+    """Chrome/Perfetto trace events: one process per rank, one thread per stream, times in microseconds; with
+    link segments (contention network), a "links" process with one load counter (fraction of capacity) per link."""
     events: list[dict[str, Any]] = []
+    if link_segments is not None and len(link_segments):
+        links_pid = int(trace["rank"].max()) + 1
+        events.append({"ph": "M", "name": "process_name", "pid": links_pid, "args": {"name": "links"}})
+        for row in link_segments.itertuples(index=False):
+            name = f"{row.src}->{row.dst}"
+            events.append({"ph": "C", "pid": links_pid, "name": name, "ts": row.start_s * 1e6,
+                           "args": {"load": round(float(row.load_fraction), 6)}})
+            events.append({"ph": "C", "pid": links_pid, "name": name, "ts": row.end_s * 1e6, "args": {"load": 0}})
     for rank in sorted(trace["rank"].unique()):
         events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}})
     for row in trace.itertuples(index=False):
@@ -243,5 +252,5 @@ def chrome_trace(trace: pd.DataFrame) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(trace: pd.DataFrame, path: Path) -> None:
-    path.write_text(json.dumps(chrome_trace(trace), default=int))
+def write_chrome_trace(trace: pd.DataFrame, path: Path, link_segments: pd.DataFrame | None = None) -> None:
+    path.write_text(json.dumps(chrome_trace(trace, link_segments), default=int))

@@ -5,8 +5,9 @@ all-reduce, optimizer step) with its rank, stream, kind, micro-batch, layer, dur
 group (communication), and dependencies; plus each (rank, stream)'s ordered task list, which the engine
 replays like a CUDA stream.
 
-Emitters, per simulated rank (representative slice: rank tp=0, dp=0 of every pipeline stage; TP and DP
-collectives are costed for their full groups):
+Emitters, per simulated rank (``ranks: slice``, the default: rank tp=0, dp=0 of every pipeline stage, with TP
+and DP collectives costed for their full groups; ``ranks: all``: every rank, each collective a rendezvous of
+its group's members, matched by group and order of issue):
 - pipeline: the schedule's actions (forward, backward, and for zero-bubble schedules the separate
   weight-gradient pass) of each micro-batch and model chunk, layer by layer; a layer is two blocks
   (attention, MLP); chunk c of stage s is the model's chunk c*p + s (Megatron's interleaving), or for the
@@ -60,9 +61,16 @@ class Task:
 class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
     streams: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
+    _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
+    _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
 
     def add(self, **fields: object) -> int:
         task = Task(id=len(self.tasks), **fields)  # type: ignore[arg-type]
+        if task.collective < 0 and task.op and task.op != "send" and len(task.group) > 1:
+            issued = self._issued.get((task.rank, task.group), 0)
+            self._issued[(task.rank, task.group)] = issued + 1
+            task.collective = self._keys.setdefault((task.group, issued), len(self._keys))
         self.tasks.append(task)
         self.streams.setdefault((task.rank, task.stream), []).append(task.id)
         return task.id
@@ -78,12 +86,12 @@ def make_costs(scenario: Scenario) -> CostModel:
 class _StageEmitter:
     """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
 
-    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, stage: int,
+    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, rank: int,
                  sends: dict[tuple[str, int, int], int]) -> None:
-        self.g, self.sc, self.costs, self.stage, self.sends = graph, scenario, costs, stage, sends
         grid, t = scenario.grid, scenario.training
+        self.g, self.sc, self.costs, self.rank, self.sends = graph, scenario, costs, rank, sends
+        self.stage = grid.coord(rank).pp
         self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
-        self.rank = grid.stage_representative(stage)
         self.tp_group = grid.tp_group(self.rank)
         self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
         self.layers_per_chunk = scenario.model.num_layers // (self.p * self.v)
@@ -146,7 +154,8 @@ class _StageEmitter:
         if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
             return
-        dst = self.sc.grid.stage_representative(to_stage)
+        here = self.sc.grid.coord(self.rank)
+        dst = self.sc.grid.rank(here.tp, here.dp, to_stage)
         name = "send_forward" if phase == "F" else "send_backward"
         task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
         self.sends[(phase, self._global_chunk(chunk), mb)] = task
@@ -221,17 +230,21 @@ class _StageEmitter:
 def build(scenario: Scenario) -> TaskGraph:
     graph = TaskGraph()
     costs = make_costs(scenario)
+    grid = scenario.grid
     p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
     orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
-    sends: dict[tuple[str, int, int], int] = {}
-    emitters = [_StageEmitter(graph, scenario, costs, stage, sends) for stage in range(p)]
-    for emitter, actions in zip(emitters, orders, strict=True):
-        run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
-        for action in actions:
-            run[action.phase](action.microbatch, action.chunk)
-        emitter.dp.finish()
-    # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
-    for emitter in emitters:
-        for task_id, key in emitter.waits:
-            graph.tasks[task_id].deps.append(sends[key])
+    replicas = [(t, d) for d in range(grid.dp) for t in range(grid.tp)] if scenario.ranks == "all" else [(0, 0)]
+    for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
+        sends: dict[tuple[str, int, int], int] = {}
+        emitters = [_StageEmitter(graph, scenario, costs, grid.rank(tp_rank, dp_rank, stage), sends)
+                    for stage in range(p)]
+        for emitter, actions in zip(emitters, orders, strict=True):
+            run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
+            for action in actions:
+                run[action.phase](action.microbatch, action.chunk)
+            emitter.dp.finish()
+        # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
+        for emitter in emitters:
+            for task_id, key in emitter.waits:
+                graph.tasks[task_id].deps.append(sends[key])
     return graph

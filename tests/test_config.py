@@ -5,6 +5,7 @@ import yaml
 
 from sim.config import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 from sim.errors import ConfigError
+from sim.hardware import NODE_PRESETS
 
 from conftest import BASE, DATA, SCENARIOS, make_scenario
 
@@ -25,7 +26,7 @@ def test_dp_defaults_from_gpu_count():
 def test_link_fields_override_the_node_preset_one_by_one():
     s = make_scenario(cluster={**BASE["cluster"], "intra_node": {"bandwidth": "600 GB/s"}})
     assert s.cluster.intra_node.bandwidth == 600e9
-    assert s.cluster.intra_node.latency == pytest.approx(2.3e-6)
+    assert s.cluster.intra_node.latency == pytest.approx(NODE_PRESETS["dgx-a100"].intra_node.latency, rel=1e-9)
 
 
 def rejects(fragment: str, **sections) -> None:

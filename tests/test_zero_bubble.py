@@ -22,7 +22,8 @@ def qi_scenario(row, schedule, hidden=256):
     return scenario_from_dict({
         "name": f"qi-{row['model']}-{m}", "cluster": {
             "gpu": "H100-SXM", "nodes": 1, "gpus_per_node": p,
-            "intra_node": {"bandwidth": "1e30 B/s", "latency": f"{row['T_comm_ms']} ms", "efficiency": 1}},
+            "intra_node": {"bandwidth": "1e30 B/s", "latency": f"{row['T_comm_ms']} ms", "efficiency": 1,
+                           "base_latency": 0, "efficiency_curve": []}},
         "model": {"name": "m", "num_layers": p, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": 1000,
                   "max_seq_len": 128},
         "training": {"microbatches": m}, "parallel": {"tp": 1, "pp": p, "dp": 1}, "schedule": schedule,

@@ -1,0 +1,92 @@
+"""Fit the shipped link presets' latency, plateau efficiency and efficiency curves to published measurements.
+
+In: ``sim/data/reference/xla_collective_perf_tables.csv`` (OpenXLA's measured NCCL collective times, Apache-2.0,
+ROCm/xla@dc66032) and ``sim/data/reference/nccl_tests_measurements.csv`` (nccl-tests results from NVIDIA's issue
+tracker), copied from the project's reference set. Out: ``sim/data/network_fit.json``, read by
+``sim.hardware`` for the node presets. Run: ``python scripts/fit_network_defaults.py``.
+
+What is fitted from what (sim.fitting does the fitting):
+- dgx-h100 NVLink ring: XLA sm_90 (H100 8-GPU node), all-reduce / all-gather / reduce-scatter, group of 8.
+- dgx-h100 NVLS: nccl-tests #290 single-node all-reduce rows run with NVLS (its default on H100); those rows
+  start at 128 MiB, so the latency is the ring's (base + two steps of alpha) rather than a fit.
+- dgx-h100 InfiniBand: curve shape from nccl-tests #290's 2-node default all-reduce rows (relative to their own
+  plateau); plateau 47/50 from the maintainer's "46-48 GB/s per NDR NIC" (the user's rows run below it);
+  alpha from NCCL's tuning model (6.6 us, src/graph/tuning.cc NET/Ring/Simple), base latency the NVLink fit's.
+- dgx-b200 NVLink ring: XLA sm_100_B200, group of 8. gb200-nvl72 NVLink ring: XLA sm_100_GB200, groups of
+  8..64 inside the 72-GPU domain.
+- dgx-a100: no size sweep in the reference data; the H100 curves' shapes with the A100 plateaus measured by
+  nccl-tests users (#175: 232.5 of 300 GB/s NVLink; #119: 96 of 100 GB/s over 4 HDR NICs).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sim.collectives import ring_latency
+from sim.fitting import Measurement, fit_link
+from sim.units import GB
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "sim" / "data" / "reference"
+OUT = ROOT / "sim" / "data" / "network_fit.json"
+OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
+IB_STEP_LATENCY = 6.6e-6
+
+
+def xla_rows(platform: str, group_sizes: tuple[int, ...]) -> list[Measurement]:
+    table = pd.read_csv(REFERENCE / "xla_collective_perf_tables.csv")
+    rows = table[(table["platform"] == platform) & table["group_size"].isin(group_sizes)
+                 & table["opcode"].isin(list(OPS))]
+    return [Measurement(OPS[r.opcode], int(r.group_size), float(r.tensor_size_bytes), r.median_time_us * 1e-6)
+            for r in rows.itertuples()]
+
+
+def nccl_rows(setting: str, num_nodes: int) -> list[Measurement]:
+    table = pd.read_csv(REFERENCE / "nccl_tests_measurements.csv")
+    rows = table[table["nccl_algo_or_setting"].eq(setting) & table["num_nodes"].astype(str).eq(str(num_nodes))
+                 & table["gpu"].eq("H100 80GB HBM3") & table["time_us"].notna()]
+    return [Measurement("all_reduce", int(r.num_gpus), float(r.message_size_bytes), float(r.time_us) * 1e-6)
+            for r in rows.itertuples()]
+
+
+def main() -> None:
+    h100_ring = fit_link(xla_rows("sm_90", (8,)), 450 * GB)
+    h100_nvls = fit_link(nccl_rows("default (NVLS)", 1), 450 * GB, algorithm="nvls", latency=(h100_ring.base_latency, h100_ring.latency))
+    # 2-node rows: 16 ranks in 8 rings side by side, one per rail, so a node's 8 NICs (8 x 50 GB/s) carry
+    # what one rank's ring moves (sim.topology.Topology.tier).
+    def two_node_ring(row: Measurement) -> float:
+        return h100_ring.base_latency + ring_latency(row.op, row.n, 2, h100_ring.latency, IB_STEP_LATENCY)
+
+    ib_shape = fit_link(nccl_rows("default", 2), 8 * 50 * GB, latency=(h100_ring.base_latency, IB_STEP_LATENCY),
+                        latency_of=two_node_ring)
+    b200_ring = fit_link(xla_rows("sm_100_B200", (8,)), 900 * GB)
+    gb200_ring = fit_link(xla_rows("sm_100_GB200", (8, 16, 32, 64)), 900 * GB)
+
+    def ib(plateau: float) -> dict[str, object]:
+        return {"base_latency": ib_shape.base_latency, "latency": IB_STEP_LATENCY, "efficiency": plateau,
+                "efficiency_curve": [list(knot) for knot in ib_shape.curve]}
+
+    fits = {
+        "dgx-h100": {"intra_node": h100_ring.as_link_fields(), "nvls": h100_nvls.as_link_fields(),
+                     "inter_node": ib(47 / 50)},
+        "dgx-b200": {"intra_node": b200_ring.as_link_fields(), "inter_node": ib(47 / 50)},
+        "gb200-nvl72": {"intra_node": gb200_ring.as_link_fields(), "inter_node": ib(47 / 50)},
+        "dgx-a100": {"intra_node": {**h100_ring.as_link_fields(), "efficiency": round(232.54 / 300, 6)},
+                     "inter_node": ib(96 / 100)},
+    }
+    meta = {"_generated_by": "scripts/fit_network_defaults.py",
+            "_rows": {"h100_ring": h100_ring.rows, "h100_nvls": h100_nvls.rows, "ib_shape": ib_shape.rows,
+                      "b200_ring": b200_ring.rows, "gb200_ring": gb200_ring.rows}}
+    OUT.write_text(json.dumps({**meta, **fits}, indent=1) + "\n")
+    for name, fit in fits.items():
+        for tier, fields in fit.items():
+            print(f"{name:12s} {tier:10s} base {fields['base_latency'] * 1e6:5.2f} us  alpha {fields['latency'] * 1e6:5.2f} us"
+                  f"  plateau {fields['efficiency']:.3f}")
+    print(f"wrote {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
