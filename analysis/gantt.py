@@ -7,6 +7,10 @@ are drawn as one block labelled with the micro-batch number, split where the str
 so warm-up, steady 1F1B, cool-down and the bubbles read at a glance; recomputation joins the backward block
 it belongs to (its time is in HFU and in the trace). Communication lanes show every collective and send.
 
+With link load segments (a ``contention`` run with ``--link-timeline``), the busiest links get a lane each
+below the ranks, shaded by the fraction of the link's capacity in use. Runs with every rank simulated show
+two ranks per stage by default (the rest are alike unless the scenario makes them differ).
+
 Entry points (registered in pyproject.toml): ``write_run_chart`` after ``sim run`` writes ``gantt.png``;
 ``plot_gantt`` serves ``sim plot``.
 """
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib
+import matplotlib.colors
 
 matplotlib.use("Agg")  # headless: charts are files
 import matplotlib.pyplot as plt  # noqa: E402
@@ -31,6 +36,16 @@ COLORS = {
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860",
 }
 STREAM_ORDER = {stream: index for index, stream in enumerate(STREAMS)}
+TIER_COLORS = {"nvlink": "#2F6B3A", "nic": "#1F4E79", "uplink": "#8B1E3F", "pcie": "#6A5ACD", "host": "#555555"}
+MAX_RANKS_SHOWN = 16
+
+
+def default_ranks(trace: pd.DataFrame, per_stage: int = 2) -> list[int] | None:
+    """None (all) for small runs; else the lowest ``per_stage`` ranks of every pipeline stage."""
+    if trace["rank"].nunique() <= MAX_RANKS_SHOWN:
+        return None
+    firsts = trace.groupby("stage")["rank"].unique()
+    return sorted(int(r) for ranks in firsts for r in sorted(ranks)[:per_stage])
 
 
 def compute_blocks(rows: pd.DataFrame, min_gap: float = 0.0) -> pd.DataFrame:
@@ -55,6 +70,7 @@ def plot_gantt(
     start: float | None = None,
     end: float | None = None,
     title: str | None = None,
+    link_segments: pd.DataFrame | None = None,
 ) -> Path:
     path = Path(path)
     frame = trace if ranks is None else trace[trace["rank"].isin(list(ranks))]
@@ -63,7 +79,8 @@ def plot_gantt(
     frame = frame[(frame["end_s"] >= lo) & (frame["start_s"] <= hi)]
     lanes = sorted({(int(s), int(r), st) for s, r, st in frame[["stage", "rank", "stream"]].itertuples(index=False)},
                    key=lambda lane: (lane[0], lane[1], STREAM_ORDER.get(lane[2], 9)))
-    height = max(2.5, 0.32 * len(lanes) + 1.4)
+    links = [] if link_segments is None else list(dict.fromkeys(link_segments["src"] + "->" + link_segments["dst"]))
+    height = max(2.5, 0.32 * (len(lanes) + len(links)) + 1.4)
     fig, ax = plt.subplots(figsize=(16, height))
     label_width = (hi - lo) / 160  # only blocks wider than this get their micro-batch number
     for y, (_, rank, stream) in enumerate(lanes):
@@ -83,9 +100,18 @@ def plot_gantt(
             for row in wide.itertuples(index=False):
                 ax.text((row.start_s + row.end_s) / 2, y, str(row.microbatch), ha="center", va="center",
                         fontsize=6, color="white", clip_on=True)
-    ax.set_yticks(np.arange(len(lanes)))
-    ax.set_yticklabels([f"stage {s} · rank {r} · {st}" for s, r, st in lanes], fontsize=7)
-    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    for offset, name in enumerate(links):
+        assert link_segments is not None
+        y = len(lanes) + offset
+        rows = link_segments[(link_segments["src"] + "->" + link_segments["dst"]) == name]
+        color = matplotlib.colors.to_rgb(TIER_COLORS.get(str(rows["tier"].iloc[0]), "#333333"))
+        shades = [(*color, float(min(1.0, max(0.08, load)))) for load in rows["load_fraction"]]
+        ax.broken_barh(list(zip(rows["start_s"], rows["end_s"] - rows["start_s"], strict=True)), (y - 0.4, 0.8),
+                       facecolors=shades, edgecolor="none")
+    labels = [f"stage {s} · rank {r} · {st}" for s, r, st in lanes] + [f"link {name}" for name in links]
+    ax.set_yticks(np.arange(len(labels)))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("time (s)")
     ax.grid(axis="x", linewidth=0.3, alpha=0.5)
@@ -102,7 +128,17 @@ def plot_gantt(
 
 
 def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: dict[str, Any]) -> Path:
-    """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title."""
+    """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title, and lanes
+    for the busiest links when the run wrote ``link_timeline.csv``."""
     title = (f"{summary['scenario']} — step {summary['step_time_s']:.3f} s, MFU {summary['mfu']:.1%}, "
              f"bubble {summary['bubble_fraction']:.1%} ({summary['schedule']}, m={summary['microbatches']})")
-    return plot_gantt(trace, Path(run_dir) / "gantt.png", title=title)
+    ranks = default_ranks(trace)
+    if ranks is not None:
+        title += f"; ranks {', '.join(map(str, ranks))} of {trace['rank'].nunique()}"
+    segments = None
+    timeline = Path(run_dir) / "link_timeline.csv"
+    if timeline.is_file() and summary.get("busiest_links"):
+        frame = pd.read_csv(timeline)
+        busiest = [link["link"] for link in summary["busiest_links"]]
+        segments = frame[(frame["src"] + "->" + frame["dst"]).isin(busiest)]
+    return plot_gantt(trace, Path(run_dir) / "gantt.png", ranks=ranks, title=title, link_segments=segments)

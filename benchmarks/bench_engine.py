@@ -15,7 +15,7 @@ from pathlib import Path
 
 import simpy
 
-from sim import engine, network, topology, trace, workload
+from sim import engine, network, runner, trace, workload
 from sim.config import load_scenario
 
 DEFAULT = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
@@ -42,13 +42,11 @@ def main() -> None:
     args = parser.parse_args()
 
     scenario = load_scenario(args.scenario)
-    cluster = scenario.cluster
     phases: dict[str, list[float]] = {"build": [], "simulate": [], "summarize": [], "bare": []}
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         graph = workload.build(scenario)
-        topo = topology.build(cluster.nodes, cluster.gpus_per_node, cluster.intra_node, cluster.inter_node)
-        net = network.make(scenario.network.model, topo)
+        net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
         t1 = time.perf_counter()
         result = engine.simulate(graph, net)
         t2 = time.perf_counter()

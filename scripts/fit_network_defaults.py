@@ -3,7 +3,8 @@
 In: ``sim/data/reference/xla_collective_perf_tables.csv`` (OpenXLA's measured NCCL collective times, Apache-2.0,
 ROCm/xla@dc66032) and ``sim/data/reference/nccl_tests_measurements.csv`` (nccl-tests results from NVIDIA's issue
 tracker), copied from the project's reference set. Out: ``sim/data/network_fit.json``, read by
-``sim.hardware`` for the node presets. Run: ``python scripts/fit_network_defaults.py``.
+``sim.hardware`` for the node presets. Run: ``python scripts/fit_network_defaults.py`` (``--check``: exit 1 if
+the shipped file differs from a fresh fit, without writing).
 
 What is fitted from what (sim.fitting does the fitting):
 - dgx-h100 NVLink ring: XLA sm_90 (H100 8-GPU node), all-reduce / all-gather / reduce-scatter, group of 8.
@@ -20,7 +21,9 @@ What is fitted from what (sim.fitting does the fitting):
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -52,7 +55,10 @@ def nccl_rows(setting: str, num_nodes: int) -> list[Measurement]:
             for r in rows.itertuples()]
 
 
-def main() -> None:
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the shipped file instead of writing")
+    args = parser.parse_args()
     h100_ring = fit_link(xla_rows("sm_90", (8,)), 450 * GB)
     h100_nvls = fit_link(nccl_rows("default (NVLS)", 1), 450 * GB, algorithm="nvls", latency=(h100_ring.base_latency, h100_ring.latency))
     # 2-node rows: 16 ranks in 8 rings side by side, one per rail, so a node's 8 NICs (8 x 50 GB/s) carry
@@ -80,13 +86,19 @@ def main() -> None:
     meta = {"_generated_by": "scripts/fit_network_defaults.py",
             "_rows": {"h100_ring": h100_ring.rows, "h100_nvls": h100_nvls.rows, "ib_shape": ib_shape.rows,
                       "b200_ring": b200_ring.rows, "gb200_ring": gb200_ring.rows}}
-    OUT.write_text(json.dumps({**meta, **fits}, indent=1) + "\n")
+    text = json.dumps({**meta, **fits}, indent=1) + "\n"
+    if args.check:
+        same = OUT.read_text() == text
+        print(f"{OUT.relative_to(ROOT)} {'matches' if same else 'differs from'} a fresh fit")
+        return 0 if same else 1
+    OUT.write_text(text)
     for name, fit in fits.items():
         for tier, fields in fit.items():
             print(f"{name:12s} {tier:10s} base {fields['base_latency'] * 1e6:5.2f} us  alpha {fields['latency'] * 1e6:5.2f} us"
                   f"  plateau {fields['efficiency']:.3f}")
     print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
