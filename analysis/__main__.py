@@ -4,6 +4,7 @@
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
+  gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.compare import compare_schedules
-from analysis import fsdp_report, network_report
+from analysis import fsdp_report, gemm_report, network_report
 from analysis.sweep_plot import plot_sweep
 from sim.errors import SimError
 
@@ -36,10 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     fsdp.add_argument("-o", "--output", help="also write the markdown table here")
     net = commands.add_parser("network-report", help="predicted vs measured collective busbw on H100")
     net.add_argument("-o", "--output", help="also write the markdown table here")
+    gemm = commands.add_parser("gemm-report", help="predicted vs measured GEMM times (default profiles)")
+    gemm.add_argument("-o", "--output", help="also write the markdown table here")
     args = top.parse_args(argv)
+    reports = {"fsdp-report": fsdp_report, "network-report": network_report, "gemm-report": gemm_report}
     try:
-        if args.command in ("fsdp-report", "network-report"):
-            module = fsdp_report if args.command == "fsdp-report" else network_report
+        if args.command in reports:
+            module = reports[args.command]
             markdown = module.to_markdown(module.report())
             print(markdown)
             if args.output:

@@ -25,10 +25,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+import pandas as pd
+
 from sim import runner, sweep, trace
 from sim.config import Scenario, load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.memory_plan import PARTS, memory_plan
+from sim.model import MODEL_PRESETS
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -217,7 +220,56 @@ def parser() -> argparse.ArgumentParser:
     sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
     sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
     sweep_cmd.set_defaults(handler=cmd_sweep)
+
+    cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
+                              "into a profile for costs: calibrated")
+    cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
+    cal.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when a GPU is visible")
+    cal.add_argument("--quick", action="store_true", help="small shapes and sizes (a CI smoke run, seconds)")
+    cal.add_argument("--procs", type=int, default=2, help="CPU: gloo processes for the collectives")
+    cal.add_argument("--no-collectives", action="store_true", help="skip the collectives")
+    cal.add_argument("--model", default="llama2-7b", help="model preset whose layer GEMM shapes are timed")
+    cal.add_argument("--tp", type=int, default=1)
+    cal.add_argument("--micro-batch", type=int, default=1)
+    cal.add_argument("--seq-len", type=int, default=4096)
+    cal.set_defaults(handler=cmd_calibrate)
     return top
+
+
+def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
+    from sim.calibrate.run import CalibrationOptions, calibrate
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    if args.model not in MODEL_PRESETS:
+        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
+    options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, args.model, args.tp,
+                                 args.micro_batch, args.seq_len, not args.no_collectives)
+    measured = calibrate(options)
+    if measured is None:  # a non-zero torchrun rank: rank 0 reports
+        return 0
+    table = Table(title=f"calibration: {measured.device.name}", header_style="bold")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    for dtype, curve in sorted(measured.gemm.items()):
+        table.add_row(f"GEMM {dtype}", f"{curve.rate[0][1] / 1e9:,.1f} .. {curve.rate[-1][1] / 1e9:,.1f} GFLOP/s")
+    table.add_row("device copy", f"{(measured.copy_bandwidth or 0) / 1e9:,.1f} GB/s")
+    for tier in ("intra_node", "inter_node"):
+        fields = getattr(measured, tier)
+        if fields:
+            table.add_row(f"collectives ({tier})", f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
+                          f" GB/s, base {fields['base_latency'] * 1e6:.0f} us")
+    numerics = pd.read_csv(Path(args.output) / "numerics.csv")
+    for row in numerics.itertuples(index=False):
+        table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")
+    console.print(table)
+    console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,6 +21,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from sim.errors import ConfigError
 from sim.cluster import ClusterSpec, expand_preset
+from sim import profile
 from sim.hardware import FrozenSpec
 from sim.model import MODEL_PRESETS, ModelSpec, spec_from_hf_config
 from sim.parallel import RankGrid
@@ -74,6 +75,15 @@ class FixedCostsSpec(FrozenSpec):
 
 class RooflineCostsSpec(FrozenSpec):
     model: Literal["roofline"] = "roofline"
+    shape_efficiency: bool = Field(default=True, description="GEMM efficiency by size from the GPU's default "
+                                   "profile (else the flat large-GEMM efficiency)")
+
+
+class CalibratedCostsSpec(FrozenSpec):
+    """A measured profile (``sim calibrate``): its GEMM curve and copy bandwidth, and its link tiers if any."""
+
+    model: Literal["calibrated"]
+    profile: str = Field(description="path to a profile JSON (relative to the scenario file)")
 
 
 class NetworkSpec(FrozenSpec):
@@ -97,7 +107,8 @@ class Scenario(FrozenSpec):
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
-    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec], Field(discriminator="model")] = RooflineCostsSpec()
+    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec, CalibratedCostsSpec],
+                     Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
                                            "(symmetric groups costed whole); all: every rank")
@@ -128,8 +139,12 @@ class Scenario(FrozenSpec):
 
     @field_validator("costs", "network", mode="before")
     @classmethod
-    def _model_shorthand(cls, value: Any) -> Any:
-        return _shorthand(value)
+    def _model_shorthand(cls, value: Any, info: ValidationInfo) -> Any:
+        value = _shorthand(value)
+        if isinstance(value, dict) and value.get("model") == "calibrated" and isinstance(value.get("profile"), str):
+            base_dir = Path((info.context or {}).get("base_dir", "."))
+            value = {**value, "profile": str(base_dir / value["profile"])}  # an absolute path stays as it is
+        return value
 
     @field_validator("model", mode="before")
     @classmethod
@@ -259,6 +274,11 @@ def _check_rules(s: Scenario) -> None:
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")
+    if isinstance(s.costs, CalibratedCostsSpec):
+        measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
+        if t.dtype not in measured.gemm:
+            raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements "
+                             f"(it has: {', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
 
 
 # ------------------------------------------------------------------------------------------ loading, errors

@@ -11,10 +11,13 @@ B + W = backward = 2x forward (Qi et al. ICLR 2024 Table 1).
 ``fixed``: the scenario gives one layer's forward, input-gradient (``backward``) and weight-gradient
 (``weight_grad``, default 0) times; a block costs its share, a fused backward costs backward + weight_grad,
 and the embedding, head and selective recomputation cost nothing (for exact schedule tests).
-``roofline``: each kernel takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) with the GPU
-preset's measured matmul and copy efficiencies (Williams et al. 2009). The optimizer step is memory-bound
-Adam: 28 bytes of HBM traffic per parameter (read 16-bit grad, fp32 master, m, v; write master, m, v and the
-16-bit weight).
+``roofline``: each kernel takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) (Williams et
+al. 2009). A GEMM's achievable FLOP/s comes from the GPU's shipped default profile (sim.profile: achieved
+FLOP/s over GEMM size, fitted to OpenXLA's measured tables; scaled by this GPU's peak over the profiled one),
+or, without one (or with ``shape_efficiency: false``), the preset's flat large-GEMM efficiency (MAMF).
+``calibrated``: the same roofline with a measured profile's GEMM curve and copy bandwidth (``sim calibrate``).
+The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read 16-bit grad, fp32 master,
+m, v; write master, m, v and the 16-bit weight).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Literal, Protocol
 
 from sim.hardware import GpuSpec
 from sim.model import Op
+from sim.profile import Profile
 
 Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
 ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
@@ -75,15 +79,40 @@ class FixedCosts:
 class RooflineCosts:
     name = "roofline"
 
-    def __init__(self, gpu: GpuSpec, dtype: str) -> None:
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None) -> None:
+        self.dtype = dtype
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
+        self.profile = profile if profile is not None and dtype in profile.gemm else None
+        self.scale = 1.0
+        if self.profile is not None:
+            profiled_peak = self.profile.gemm[dtype].peak_flops
+            self.scale = gpu.peak(dtype) / profiled_peak if profiled_peak else 1.0
+
+    def gemm_rate(self, flops: float) -> float:
+        if self.profile is None:
+            return self.flops_rate
+        return self.profile.gemm_rate(self.dtype, flops) * self.scale
 
     def kernel_time(self, op: Op) -> float:
-        return max(op.flops / self.flops_rate, op.bytes / self.bytes_rate)
+        compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
+        return max(compute, op.bytes / self.bytes_rate)
 
     def compute_time(self, work: Work, phase: Phase) -> float:
         return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
     def optimizer_time(self, params: float) -> float:
         return ADAM_BYTES_PER_PARAM * params / self.bytes_rate
+
+
+class CalibratedCosts(RooflineCosts):
+    """Roofline on a measured profile: its GEMM curve as measured (no peak scaling) and its copy bandwidth."""
+
+    name = "calibrated"
+
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile) -> None:
+        profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
+        super().__init__(gpu, dtype, profile)
+        self.scale = 1.0
+        if profile.copy_bandwidth is not None:
+            self.bytes_rate = profile.copy_bandwidth

@@ -122,3 +122,22 @@ def fit_link(rows: Iterable[Measurement], line_rate: float, algorithm: str = "ri
     plateau = min(monotone[-1], 1.0)
     curve = tuple((knot, round(min(value / plateau, 1.0), 6)) for knot, value in zip(kept, monotone))
     return LinkFit(base_latency=base, latency=alpha, efficiency=round(plateau, 6), curve=curve, rows=len(rows))
+
+
+def fit_log_curve(x: Sequence[float], y: Sequence[float], knots: Sequence[float],
+                  increasing: bool = True) -> tuple[tuple[float, float], ...]:
+    """Knots (x_k, y_k) of a curve piecewise linear in log2(x): y_k = median of y over the rows within a factor
+    sqrt(2) of x_k (knots with no row are dropped), made non-decreasing by pool-adjacent-violators when
+    ``increasing`` (a larger GEMM is never slower per FLOP on the same GPU)."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    values, weights, kept = [], [], []
+    for knot in knots:
+        near = np.abs(np.log2(xs) - np.log2(knot)) <= 0.5
+        if near.any():
+            values.append(float(np.median(ys[near])))
+            weights.append(float(near.sum()))
+            kept.append(float(knot))
+    if not values:
+        raise ValueError("fit_log_curve: no measurement near any knot")
+    fitted = pool_adjacent_violators(values, weights) if increasing else values
+    return tuple((knot, float(value)) for knot, value in zip(kept, fitted))

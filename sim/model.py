@@ -154,6 +154,7 @@ class Op:
     bytes: float
     matmul: bool
     has_weights: bool = False
+    shape: tuple[int, int, int, int] | None = None  # GEMMs: (batch, m, n, k), for calibration
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
@@ -161,7 +162,8 @@ ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_va
 
 
 def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:
-    return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True, weights)
+    return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True, weights,
+              (round(batch), round(m), round(n), round(k)))
 
 
 def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0) -> Op:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim import engine, link_usage, network, topology, trace, workload
-from sim.config import Scenario
+from sim import engine, link_usage, network, profile, topology, trace, workload
+from sim.config import CalibratedCostsSpec, Scenario
 
 
 @dataclass
@@ -29,8 +29,13 @@ class RunResult:
 
 
 def build_topology(scenario: Scenario) -> topology.Topology:
+    """The cluster's graph; with ``costs: calibrated``, the profile's measured link tiers replace the preset's."""
     c = scenario.cluster
-    return topology.build(c.nodes, c.gpus_per_node, c.intra_node, c.inter_node, nics_per_node=c.nics_per_node,
+    intra, inter = c.intra_node, c.inter_node
+    if isinstance(scenario.costs, CalibratedCostsSpec):
+        measured = profile.load(scenario.costs.profile)
+        intra, inter = measured.link("intra_node", intra), measured.link("inter_node", inter)
+    return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
                           nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls)
 
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.config import FixedCostsSpec, Scenario
-from sim.costs import CostModel, FixedCosts, Phase, RooflineCosts, Work
+from sim import profile
+from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
+from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, Work
 from sim.data_parallel import GATHER_STREAM, DataParallelEmitter
 from sim.hardware import bytes_per_element
 from sim.model import ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops
@@ -77,10 +78,12 @@ class TaskGraph:
 
 
 def make_costs(scenario: Scenario) -> CostModel:
-    spec = scenario.costs
+    spec, gpu, dtype = scenario.costs, scenario.cluster.gpu, scenario.training.dtype
     if isinstance(spec, FixedCostsSpec):
         return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
-    return RooflineCosts(scenario.cluster.gpu, scenario.training.dtype)
+    if isinstance(spec, CalibratedCostsSpec):
+        return CalibratedCosts(gpu, dtype, profile.load(spec.profile))
+    return RooflineCosts(gpu, dtype, profile.default_for(gpu.name) if spec.shape_efficiency else None)
 
 
 class _StageEmitter:

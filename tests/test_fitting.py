@@ -5,7 +5,7 @@ import math
 import pytest
 
 from sim.collectives import bytes_moved, latency_steps
-from sim.fitting import DEFAULT_KNOTS, Measurement, fit_link, pool_adjacent_violators
+from sim.fitting import DEFAULT_KNOTS, Measurement, fit_link, fit_log_curve, pool_adjacent_violators
 
 BASE, ALPHA, LINE, PLATEAU = 20e-6, 1.5e-6, 450e9, 0.8
 TRUE_CURVE = [0.05, 0.1, 0.2, 0.3, 0.5, 0.6, 0.8, 0.85, 0.9, 0.92, 0.95, 0.97, 0.98, 0.99, 1.0, 1.0, 1.0]  # 64K..4G
@@ -57,3 +57,16 @@ def test_pool_adjacent_violators_is_monotone_least_squares():
 def test_no_rows_is_a_clear_error():
     with pytest.raises(ValueError, match="no measurements"):
         fit_link([], LINE)
+
+
+def test_log_curve_recovers_known_knots_and_is_monotone():
+    knots = [2.0 ** e for e in range(20, 31)]
+    truth = {k: 1e9 * min(1.0, 0.05 * 1.5 ** i) for i, k in enumerate(knots)}
+    xs = [k for k in knots for _ in range(3)]
+    ys = [truth[k] * f for k in knots for f in (0.9, 1.0, 1.1)]  # noise around each knot; the median is exact
+    curve = fit_log_curve(xs, ys, knots)
+    assert [x for x, _ in curve] == knots
+    for x, y in curve:
+        assert y == pytest.approx(truth[x])
+    noisy = fit_log_curve([2**20, 2**21, 2**22], [3.0, 1.0, 5.0], [2**20, 2**21, 2**22])
+    assert [y for _, y in noisy] == [2.0, 2.0, 5.0]  # the dip is pooled away

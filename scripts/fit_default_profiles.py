@@ -1,0 +1,88 @@
+"""Fit the default calibration profiles shipped in the package (``sim/data/profiles/{H100,B200,A100}.json``).
+
+In: ``sim/data/reference/xla_matmul_perf_tables.csv`` (OpenXLA's measured GEMM throughput on H100 (sm_90) and
+B200 (sm_100) by (b, m, n, k, dtype), Apache-2.0, ROCm/xla@dc66032), and the GPU presets. Out: one profile per
+GPU: per dtype, the achieved FLOP/s as a monotone curve over GEMM FLOPs (knots every factor 2, the median of
+the rows within a factor sqrt(2), then pool-adjacent-violators: sim.fitting.fit_log_curve), and the device-copy
+bandwidth of the preset (measured on H100/H200, ``measured_gpu_figures.csv``).
+A100: no GEMM sweep in the reference data, so the H100 curve scaled by the published MAMF ratio
+(271.2 / 794.5 TFLOP/s bf16, ml-engineering): the shape of the size dependence is assumed to carry over.
+Run: ``python scripts/fit_default_profiles.py`` (``--check``: exit 1 if a shipped profile differs from a fresh fit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from sim.fitting import fit_log_curve
+from sim.hardware import GPU_PRESETS
+from sim.profile import FORMAT, VERSION
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "sim" / "data" / "reference" / "xla_matmul_perf_tables.csv"
+OUT = ROOT / "sim" / "data" / "profiles"
+DTYPES = {"bf16": "bf16xbf16->bf16", "fp16": "f16xf16->f16", "fp32": "f32xf32->f32", "fp8": "f8e4m3fnxf8e4m3fn->bf16"}
+KNOTS = [2.0 ** e for e in range(24, 41)]
+A100_OVER_H100 = 271.2 / 794.5
+
+
+def gemm_curves(platform: str, peaks: dict[str, float]) -> dict[str, dict[str, object]]:
+    table = pd.read_csv(TABLE)
+    rows = table[table["platform"] == platform]
+    curves = {}
+    for dtype, label in DTYPES.items():
+        part = rows[rows["dtype(lhs x rhs -> out)"] == label]
+        if len(part):
+            knots = fit_log_curve(part["flop_count(2*b*m*n*k)"], part["achieved_flops_per_s"], KNOTS)
+            curves[dtype] = {"rate": [[x, round(y, 1)] for x, y in knots], "peak_flops": peaks.get(dtype)}
+    return curves
+
+
+def profile(name: str, gpu: str, gemm: dict[str, dict[str, object]], source: str) -> dict[str, object]:
+    spec = GPU_PRESETS[gpu]
+    return {"format": FORMAT, "version": VERSION,
+            "device": {"kind": "cuda", "name": name, "versions": {}, "date": "", "host": ""},
+            "gemm": gemm, "copy_bandwidth": spec.hbm_bandwidth * spec.memory_efficiency, "source": source}
+
+
+def build() -> dict[str, dict[str, object]]:
+    xla = "OpenXLA default_matmul_perf_table.txtpb (ROCm/xla@dc66032), fitted by scripts/fit_default_profiles.py"
+    h100 = gemm_curves("sm_90", GPU_PRESETS["H100-SXM"].peak_flops)
+    b200 = gemm_curves("sm_100_B200", GPU_PRESETS["B200"].peak_flops)
+    a100_peaks = GPU_PRESETS["A100-80GB-SXM"].peak_flops
+    a100 = {dtype: {"rate": [[x, round(y * A100_OVER_H100, 1)] for x, y in curve["rate"]],  # type: ignore[attr-defined]
+                    "peak_flops": a100_peaks.get(dtype)}
+            for dtype, curve in h100.items() if dtype in a100_peaks}
+    return {"H100": profile("H100 SXM (OpenXLA sm_90 table)", "H100-SXM", h100, xla),
+            "B200": profile("B200 (OpenXLA sm_100 table)", "B200", b200, xla),
+            "A100": profile("A100 80GB SXM (H100 curve x MAMF ratio)", "A100-80GB-SXM", a100,
+                            "H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering)")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the shipped files instead of writing")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    same = True
+    for name, data in build().items():
+        path = OUT / f"{name}.json"
+        text = json.dumps(data, indent=1) + "\n"
+        if args.check:
+            same &= path.is_file() and path.read_text() == text
+        else:
+            path.write_text(text)
+            bf16 = data["gemm"]["bf16"]["rate"]  # type: ignore[index]
+            print(f"wrote {path.relative_to(ROOT)}: bf16 {bf16[0][1] / 1e12:.2f}..{bf16[-1][1] / 1e12:.0f} TFLOP/s")
+    if args.check:
+        print("profiles match a fresh fit" if same else "profiles differ from a fresh fit")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

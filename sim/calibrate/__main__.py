@@ -1,0 +1,8 @@
+"""``python -m sim.calibrate`` (also under ``torchrun``): the same as ``sim calibrate``."""
+
+import sys
+
+from sim.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main(["calibrate", *sys.argv[1:]]))

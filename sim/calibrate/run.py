@@ -1,0 +1,182 @@
+"""Run the microbenchmarks, fit a profile, write the files.
+
+In: ``CalibrationOptions`` (device, quick or full sweep, output directory, processes for the collectives, the
+model shape the GEMM shapes come from). Out: ``gemm.csv``, ``copy.csv``, ``collectives.csv``, ``numerics.csv``
+and ``profile.json`` in the output directory, and the ``Profile`` (sim.profile) returned.
+
+On the CPU the collectives run in ``procs`` gloo processes spawned here. On GPUs, run under torchrun (one
+process per GPU, ``torchrun --nproc-per-node 8 -m sim.calibrate -o DIR``): every rank joins the collectives,
+rank 0 also times the GEMMs and writes the files. Fitting: sim.fitting (GEMM FLOP/s over size per dtype; the
+link tier's latencies and efficiency curve from all-reduce, all-gather and reduce-scatter).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.calibrate.comm import OPS, bench_collectives
+from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, transformer_shapes
+from sim.calibrate.numerics import numerics_report
+from sim.fitting import Measurement, fit_link, fit_log_curve
+from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
+from sim.model import MODEL_PRESETS, ModelSpec
+from sim.profile import FORMAT, VERSION, Profile
+
+QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
+                        ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    output: Path
+    device: str = "cuda"
+    quick: bool = False
+    procs: int = 2
+    model: str = "llama2-7b"
+    tp: int = 1
+    micro_batch: int = 1
+    seq_len: int = 4096
+    collectives: bool = True
+
+
+def _plan(options: CalibrationOptions, device_kind: str) -> dict[str, Any]:
+    if options.quick:
+        return {"model": QUICK_MODEL, "seq_len": 128, "squares": [64, 128, 256], "copy": [2**20, 2**23],
+                "sizes": [2**e for e in range(10, 21, 2)], "warmup": 1, "reps": 3, "comm_reps": 5,
+                "dtypes": ["fp32", "bf16", "fp16"]}
+    model = MODEL_PRESETS[options.model]
+    dtypes = ["fp32", "tf32", "fp16", "bf16"] if device_kind == "cuda" else ["fp32", "bf16"]
+    return {"model": model, "seq_len": options.seq_len, "squares": [2**e for e in range(8, 15)],
+            "copy": [2**e for e in range(20, 31, 2)], "sizes": [2**e for e in range(10, 31)], "warmup": 5,
+            "reps": 20, "comm_reps": 20, "dtypes": dtypes}
+
+
+def _gpu_preset(device_name: str) -> str | None:
+    """The GPU preset whose name the CUDA device name contains (e.g. 'NVIDIA H100 80GB HBM3' -> H100-SXM)."""
+    for preset in sorted(GPU_PRESETS, key=len, reverse=True):
+        if preset.split("-")[0].lower() in device_name.lower():
+            return preset
+    return None
+
+
+def device_info(device: Any) -> dict[str, Any]:
+    import torch
+
+    versions = {"torch": torch.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        versions["cuda"] = str(torch.version.cuda)
+        versions["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        try:
+            versions["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                                capture_output=True, text=True, timeout=30).stdout.split()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            versions["driver"] = "unknown"
+    else:
+        name = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+    return {"kind": device.type, "name": name, "versions": versions, "date": datetime.date.today().isoformat(),
+            "host": platform.node()}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _gloo_worker(rank: int, world: int, port: int, out: str, sizes: list[int], warmup: int, reps: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rows = bench_collectives(torch.device("cpu"), OPS, sizes, warmup, reps)
+        if rank == 0:
+            pd.DataFrame(rows).to_csv(out, index=False)
+    finally:
+        dist.destroy_process_group()
+
+
+def _cpu_collectives(options: CalibrationOptions, plan: dict[str, Any]) -> pd.DataFrame:
+    import torch.multiprocessing as mp
+
+    out = options.output / "collectives.csv"
+    mp.spawn(_gloo_worker, args=(options.procs, _free_port(), str(out), plan["sizes"], 1, plan["comm_reps"]),
+             nprocs=options.procs, join=True)
+    return pd.read_csv(out)
+
+
+def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, comm: pd.DataFrame | None,
+                line_rate: float | None, tier: str) -> Profile:
+    curves = {}
+    for dtype, rows in gemm.groupby("dtype", sort=True):
+        knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1, int(rows["flops"].max()).bit_length() + 1)]
+        peak = rows["achieved_flops_per_s"].max() / rows["efficiency"].max() if rows["efficiency"].notna().any() else None
+        curves[str(dtype)] = {"rate": fit_log_curve(rows["flops"], rows["achieved_flops_per_s"], knots),
+                              "peak_flops": peak}
+    largest = copy[copy["bytes"] == copy["bytes"].max()]
+    fields: dict[str, Any] = {"format": FORMAT, "version": VERSION, "device": info, "gemm": curves,
+                              "copy_bandwidth": float(largest["bandwidth_Bps"].median()),
+                              "source": f"sim calibrate on {info['name']}, {info['date']}"}
+    if comm is not None and len(comm):
+        rows = comm[comm["op"].isin(["all_reduce", "all_gather", "reduce_scatter"])]
+        rate = line_rate or float(rows["busbw_Bps"].max())
+        fit = fit_link([Measurement(r.op, int(r.n), float(r.bytes), float(r.median_s)) for r in rows.itertuples()],
+                       rate, knots=[2.0 ** e for e in range(10, 33)], latency_max_bytes=16 * 1024)
+        fields[tier] = {"bandwidth": rate, **fit.as_link_fields()}
+    return Profile.model_validate(fields)
+
+
+def calibrate(options: CalibrationOptions) -> Profile:
+    import torch
+
+    device = torch.device(options.device)
+    rank = int(os.environ.get("RANK", "0"))
+    distributed = "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1
+    options.output.mkdir(parents=True, exist_ok=True)
+    plan = _plan(options, device.type)
+    comm = None
+    if distributed:  # torchrun: this process is one rank of the NCCL (or gloo) group
+        import torch.distributed as dist
+
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        comm = pd.DataFrame(bench_collectives(device, OPS, plan["sizes"], plan["warmup"], plan["comm_reps"]))
+        dist.destroy_process_group()
+        if rank != 0:
+            return None  # type: ignore[return-value]
+    elif options.collectives and device.type == "cpu" and options.procs > 1:
+        comm = _cpu_collectives(options, plan)
+    info = device_info(device)
+    preset = _gpu_preset(info["name"]) if device.type == "cuda" else None
+    peaks = GPU_PRESETS[preset].peak_flops if preset else {}
+    shapes = transformer_shapes(plan["model"], options.tp, options.micro_batch, plan["seq_len"]) \
+        + square_shapes(plan["squares"])
+    gemm = pd.DataFrame([row for dtype in plan["dtypes"]
+                         for row in bench_gemms(device, dtype, shapes, plan["warmup"], plan["reps"], peaks.get(dtype))])
+    copy = pd.DataFrame(bench_copy(device, plan["copy"], plan["warmup"], plan["reps"]))
+    numerics = pd.DataFrame(numerics_report())
+    multi_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) < int(
+        os.environ.get("WORLD_SIZE", "1"))
+    node = NODE_PRESETS[DEFAULT_NODE_FOR_GPU[preset]] if preset else None
+    tier = "inter_node" if multi_node else "intra_node"
+    line = None if node is None else getattr(node, tier).bandwidth
+    measured = fit_profile(info, gemm, copy, comm, line, tier)
+    for name, frame in (("gemm", gemm), ("copy", copy), ("numerics", numerics)):
+        frame.to_csv(options.output / f"{name}.csv", index=False)
+    if comm is not None:
+        comm.to_csv(options.output / "collectives.csv", index=False)
+    (options.output / "profile.json").write_text(measured.model_dump_json(indent=1) + "\n")
+    return measured

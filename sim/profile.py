@@ -1,0 +1,108 @@
+"""Calibration profiles: what a device measured, in the form the cost model and the network use.
+
+In: a profile file (JSON, written by ``sim calibrate`` or by ``scripts/fit_default_profiles.py``), or a GPU
+preset name for the shipped default profiles. Out: a frozen ``Profile``: per dtype, the achieved GEMM FLOP/s
+as a curve over the GEMM's FLOPs (``gemm_rate``: knots interpolated linearly in log2-log2 space, clamped at
+both ends); the achieved device-copy bandwidth; and optional link tiers (``intra_node`` / ``inter_node``
+fields of ``sim.hardware.LinkSpec``: latencies, plateau efficiency, efficiency curve, line rate).
+``ProfileError`` (a ``ValueError``) says in one line what a profile lacks.
+
+Why FLOPs as the shape axis: on OpenXLA's H100 table a GEMM's efficiency is set mostly by its size (for m, n,
+k >= 1024 the spread at equal FLOPs is under 10%), and a single axis interpolates without holes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from sim.hardware import FrozenSpec, LinkSpec
+
+FORMAT = "clustersim-profile"
+VERSION = 1
+# Which shipped profile stands in for a GPU preset (same chip, or the closest measured one).
+DEFAULT_PROFILE_FOR_GPU = {"H100-SXM": "H100", "H200": "H100", "B200": "B200", "GB200": "B200",
+                           "A100-40GB-SXM": "A100", "A100-80GB-SXM": "A100"}
+
+
+class ProfileError(ValueError):
+    pass
+
+
+class DeviceInfo(FrozenSpec):
+    kind: str = Field(description="cuda or cpu")
+    name: str
+    versions: dict[str, str] = {}
+    date: str = ""
+    host: str = ""
+
+
+class GemmCurve(FrozenSpec):
+    rate: tuple[tuple[float, float], ...] = Field(description="knots (GEMM FLOPs, achieved FLOP/s)")
+    peak_flops: float | None = Field(default=None, description="the device's dense peak, when known")
+
+
+class Profile(FrozenSpec):
+    format: str = FORMAT
+    version: int = VERSION
+    device: DeviceInfo
+    gemm: dict[str, GemmCurve] = Field(description="per dtype (fp32, tf32, fp16, bf16, fp8)")
+    copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
+    intra_node: dict[str, Any] | None = None
+    inter_node: dict[str, Any] | None = None
+    source: str = ""
+
+    def gemm_rate(self, dtype: str, flops: float) -> float:
+        if dtype not in self.gemm:
+            raise ProfileError(f"profile ({self.device.name}) has no {dtype} GEMM measurements "
+                               f"(it has: {', '.join(sorted(self.gemm)) or 'none'})")
+        knots = self.gemm[dtype].rate
+        if flops <= knots[0][0]:
+            return knots[0][1]
+        if flops >= knots[-1][0]:
+            return knots[-1][1]
+        for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+            if x0 <= flops <= x1:
+                share = (math.log2(flops) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+                return 2 ** (math.log2(y0) + share * (math.log2(y1) - math.log2(y0)))
+        raise AssertionError("unreachable: knots are sorted")
+
+    def link(self, tier: str, base: LinkSpec) -> LinkSpec:
+        """``base`` with the fields this profile measured for ``tier`` (intra_node / inter_node) replaced."""
+        fields = getattr(self, tier)
+        return base if not fields else LinkSpec.model_validate({**base.model_dump(), **fields})
+
+
+def load(path: Path | str) -> Profile:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"costs.profile: no such file {str(path)!r}") from None
+    except json.JSONDecodeError as error:
+        raise ProfileError(f"costs.profile: {str(path)!r} is not JSON ({error.msg}, line {error.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ProfileError(f"costs.profile: {str(path)!r} is not a clustersim profile (format: {FORMAT})")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"costs.profile: {str(path)!r} has version {data.get('version')}, expected {VERSION}")
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProfileError(f"costs.profile: {str(path)!r}: {where}: {first['msg']}") from None
+
+
+@lru_cache(maxsize=None)
+def default_for(gpu_name: str) -> Profile | None:
+    """The shipped profile for a GPU preset, or None when there is none."""
+    name = DEFAULT_PROFILE_FOR_GPU.get(gpu_name)
+    if name is None:
+        return None
+    return Profile.model_validate_json(resources.files("sim").joinpath(f"data/profiles/{name}.json").read_text())

@@ -1,0 +1,98 @@
+"""sim calibrate on the CPU (gloo, 2 processes), the profiles it writes, and costs: calibrated.
+
+The GPU path runs the same code with CUDA events and NCCL; its tests are marked ``gpu`` and skipped here.
+"""
+
+import json
+
+import pandas as pd
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from sim import runner  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.collectives import bus_factor  # noqa: E402
+from sim.config import load_scenario  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
+from sim.profile import load  # noqa: E402
+
+from conftest import SCENARIOS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    out = tmp_path_factory.mktemp("calibration")
+    assert main(["calibrate", "--device", "cpu", "--quick", "-o", str(out)]) == 0
+    return out
+
+
+def calibrated_tiny(profile_path):
+    return load_scenario(SCENARIOS / "tiny.yaml", ["costs.model=calibrated", f"costs.profile={profile_path}"])
+
+
+def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
+    names = {p.name for p in calibration.iterdir()}
+    assert {"gemm.csv", "copy.csv", "collectives.csv", "numerics.csv", "profile.json"} <= names
+    gemm = pd.read_csv(calibration / "gemm.csv")
+    assert set(gemm["dtype"]) == {"fp32", "bf16", "fp16"}
+    assert (gemm["achieved_flops_per_s"] > 0).all() and (gemm["median_s"] > 0).all()
+    assert (gemm["p10_s"] <= gemm["median_s"]).all() and (gemm["median_s"] <= gemm["p90_s"]).all()
+    assert {"qkv_proj", "mlp_up.wgrad", "square256"} <= set(gemm["name"])  # the layer's GEMMs and the sweep
+    assert (pd.read_csv(calibration / "copy.csv")["bandwidth_Bps"] > 0).all()
+    profile = load(calibration / "profile.json")
+    assert profile.device.kind == "cpu" and profile.device.versions["torch"] == torch.__version__
+    assert profile.gemm_rate("bf16", 1e6) > 0 and profile.intra_node is not None
+
+
+def test_busbw_follows_nccl_tests_from_the_timed_algbw(calibration):
+    comm = pd.read_csv(calibration / "collectives.csv")
+    assert set(comm["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send"}
+    assert (comm["n"] == 2).all()
+    for row in comm.itertuples():
+        assert row.algbw_Bps == pytest.approx(row.bytes / row.median_s)
+        assert row.busbw_Bps == pytest.approx(row.algbw_Bps * bus_factor(row.op, row.n))
+
+
+def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp_path):
+    before = runner.run(calibrated_tiny(calibration / "profile.json")).summary["step_time_s"]
+    data = json.loads((calibration / "profile.json").read_text())
+    for curve in data["gemm"].values():
+        curve["rate"] = [[flops, rate * 4] for flops, rate in curve["rate"]]
+    faster = tmp_path / "faster.json"
+    faster.write_text(json.dumps(data))
+    after = runner.run(calibrated_tiny(faster)).summary["step_time_s"]
+    assert after < before * 0.75  # GEMM-bound on this profile: 4x the FLOP/s, well under 3/4 of the time
+
+
+def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
+    data = json.loads((calibration / "profile.json").read_text())
+    del data["gemm"]["bf16"]
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="costs.profile: .* has no bf16 GEMM measurements"):
+        calibrated_tiny(partial)
+    (tmp_path / "other.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ConfigError, match="is not a clustersim profile"):
+        calibrated_tiny(tmp_path / "other.json")
+
+
+def test_numerics_report(calibration):
+    rows = pd.read_csv(calibration / "numerics.csv")
+    value = lambda dtype, check: float(rows[(rows["dtype"] == dtype) & rows["check"].str.startswith(check)]["value"].iloc[0])  # noqa: E731
+    fp16_dot, bf16_dot = value("fp16", "dot product"), value("bf16", "dot product")
+    assert 0 < fp16_dot < bf16_dot < 0.05  # bf16 keeps 8 mantissa bits, fp16 11
+    assert value("fp16", "largest finite") == 65504 and value("fp16", "overflow") == float("inf")
+    assert value("fp16", "underflow") == 0 and value("fp16", "smallest subnormal") == pytest.approx(2**-24)
+    assert value("fp16", "gradient 1e-8 without") == 0  # vanishes
+    assert value("fp16", "gradient 1e-8 with loss scale") == pytest.approx(1e-8, rel=1e-3)  # survives
+    assert value("bf16", "gradient 1e-8 without") == pytest.approx(1e-8, rel=1e-2)  # fp32's range
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_gemms_are_timed_with_cuda_events_against_the_dense_peak(tmp_path):
+    assert main(["calibrate", "--device", "cuda", "--quick", "--no-collectives", "-o", str(tmp_path)]) == 0
+    gemm = pd.read_csv(tmp_path / "gemm.csv")
+    assert gemm["efficiency"].notna().all() and (gemm["efficiency"] > 0).all() and (gemm["efficiency"] <= 1).all()
+    assert load(tmp_path / "profile.json").device.kind == "cuda"
