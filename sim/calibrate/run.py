@@ -116,8 +116,30 @@ def _cpu_collectives(options: CalibrationOptions, plan: dict[str, Any]) -> pd.Da
     return pd.read_csv(out)
 
 
+def _torchrun_collectives(device: Any, plan: dict[str, Any]) -> pd.DataFrame:
+    """Every rank measures the whole world (inter-node when it spans nodes) and, across nodes, also its own
+    node's group (intra-node); rows carry a ``tier`` column."""
+    import torch
+    import torch.distributed as dist
+
+    local_size = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    args = (device, OPS, plan["sizes"], plan["warmup"], plan["comm_reps"])
+    rows = [{**row, "tier": "inter_node" if world > local_size else "intra_node"} for row in bench_collectives(*args)]
+    if world > local_size > 1:
+        groups = [dist.new_group(list(range(start, start + local_size))) for start in range(0, world, local_size)]
+        mine = groups[rank // local_size]
+        rows += [{**row, "tier": "intra_node"} for row in bench_collectives(*args, group=mine)]
+    dist.destroy_process_group()
+    return pd.DataFrame(rows)
+
+
 def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, comm: pd.DataFrame | None,
-                line_rate: float | None, tier: str) -> Profile:
+                line_rates: dict[str, float | None]) -> Profile:
     curves = {}
     for dtype, rows in gemm.groupby("dtype", sort=True):
         knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1, int(rows["flops"].max()).bit_length() + 1)]
@@ -129,11 +151,14 @@ def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, co
                               "copy_bandwidth": float(largest["bandwidth_Bps"].median()),
                               "source": f"sim calibrate on {info['name']}, {info['date']}"}
     if comm is not None and len(comm):
-        rows = comm[comm["op"].isin(["all_reduce", "all_gather", "reduce_scatter"])]
-        rate = line_rate or float(rows["busbw_Bps"].max())
-        fit = fit_link([Measurement(r.op, int(r.n), float(r.bytes), float(r.median_s)) for r in rows.itertuples()],
-                       rate, knots=[2.0 ** e for e in range(10, 33)], latency_max_bytes=16 * 1024)
-        fields[tier] = {"bandwidth": rate, **fit.as_link_fields()}
+        comm = comm if "tier" in comm else comm.assign(tier="intra_node")
+        for tier, part in comm.groupby("tier"):
+            rows = part[part["op"].isin(["all_reduce", "all_gather", "reduce_scatter"])]
+            # The tier's line rate per GPU when the device is known; else (CPU) the best busbw measured.
+            rate = line_rates.get(str(tier)) or float(rows["busbw_Bps"].max())
+            fit = fit_link([Measurement(r.op, int(r.n), float(r.bytes), float(r.median_s)) for r in rows.itertuples()],
+                           rate, knots=[2.0 ** e for e in range(10, 33)], latency_max_bytes=16 * 1024)
+            fields[str(tier)] = {"bandwidth": rate, **fit.as_link_fields()}
     return Profile.model_validate(fields)
 
 
@@ -147,16 +172,10 @@ def calibrate(options: CalibrationOptions) -> Profile:
     plan = _plan(options, device.type)
     comm = None
     if distributed:  # torchrun: this process is one rank of the NCCL (or gloo) group
-        import torch.distributed as dist
-
-        if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        comm = pd.DataFrame(bench_collectives(device, OPS, plan["sizes"], plan["warmup"], plan["comm_reps"]))
-        dist.destroy_process_group()
+        comm = _torchrun_collectives(device, plan)
         if rank != 0:
             return None  # type: ignore[return-value]
+        device = torch.device("cuda", 0) if device.type == "cuda" else device
     elif options.collectives and device.type == "cpu" and options.procs > 1:
         comm = _cpu_collectives(options, plan)
     info = device_info(device)
@@ -168,12 +187,11 @@ def calibrate(options: CalibrationOptions) -> Profile:
                          for row in bench_gemms(device, dtype, shapes, plan["warmup"], plan["reps"], peaks.get(dtype))])
     copy = pd.DataFrame(bench_copy(device, plan["copy"], plan["warmup"], plan["reps"]))
     numerics = pd.DataFrame(numerics_report())
-    multi_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1"))) < int(
-        os.environ.get("WORLD_SIZE", "1"))
     node = NODE_PRESETS[DEFAULT_NODE_FOR_GPU[preset]] if preset else None
-    tier = "inter_node" if multi_node else "intra_node"
-    line = None if node is None else getattr(node, tier).bandwidth
-    measured = fit_profile(info, gemm, copy, comm, line, tier)
+    # Inter-node: every GPU's ring leaves over its own NIC (one per GPU on the DGX presets).
+    lines = {} if node is None else {"intra_node": node.intra_node.bandwidth,
+                                     "inter_node": node.inter_node.bandwidth * node.nics_per_node / node.gpus_per_node}
+    measured = fit_profile(info, gemm, copy, comm, lines)
     for name, frame in (("gemm", gemm), ("copy", copy), ("numerics", numerics)):
         frame.to_csv(options.output / f"{name}.csv", index=False)
     if comm is not None:
