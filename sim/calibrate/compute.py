@@ -65,6 +65,27 @@ def _spread(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(ordered), "p10_s": pick(0.1), "p90_s": pick(0.9), "reps": len(ordered)}
 
 
+def supports_fp8(device: Any) -> bool:
+    """FP8 tensor cores: compute capability 8.9 (Ada) or 9.0+ (Hopper, Blackwell)."""
+    import torch
+
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def _gemm_call(device: Any, dtype: str, b: int, m: int, n: int, k: int, generator: Any) -> Callable[[], Any]:
+    import torch
+
+    if dtype == "fp8":  # torch._scaled_mm: e4m3 inputs, the second one column-major, bf16 out, unit scales
+        a = torch.randn(b * m, k, generator=generator).to(device=device, dtype=torch.float8_e4m3fn)
+        w = torch.randn(n, k, generator=generator).to(device=device, dtype=torch.float8_e4m3fn).t()
+        one = torch.tensor(1.0, device=device)
+        return lambda: torch._scaled_mm(a, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    kind = getattr(torch, TORCH_DTYPES[dtype])
+    a = torch.randn(b, m, k, generator=generator).to(device=device, dtype=kind)
+    w = torch.randn(b, k, n, generator=generator).to(device=device, dtype=kind)
+    return lambda: torch.bmm(a, w)
+
+
 def bench_gemms(device: Any, dtype: str, shapes: list[tuple[str, tuple[int, ...]]], warmup: int, reps: int,
                 peak_flops: float | None) -> list[dict[str, Any]]:
     import torch
@@ -73,10 +94,9 @@ def bench_gemms(device: Any, dtype: str, shapes: list[tuple[str, tuple[int, ...]
     generator = torch.Generator(device="cpu").manual_seed(0)
     rows = []
     for name, (b, m, n, k) in shapes:
-        kind = getattr(torch, TORCH_DTYPES[dtype])
-        a = torch.randn(b, m, k, generator=generator).to(device=device, dtype=kind)
-        w = torch.randn(b, k, n, generator=generator).to(device=device, dtype=kind)
-        stats = _spread(time_repeated(lambda: torch.bmm(a, w), device, warmup, reps))
+        if dtype == "fp8" and (m % 16 or n % 16 or k % 16):
+            continue  # FP8 GEMMs need dimensions that are multiples of 16
+        stats = _spread(time_repeated(_gemm_call(device, dtype, b, m, n, k, generator), device, warmup, reps))
         flops = 2.0 * b * m * n * k
         rate = flops / stats["median_s"]
         rows.append({"dtype": dtype, "name": name, "b": b, "m": m, "n": n, "k": k, "flops": flops, **stats,

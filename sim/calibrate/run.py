@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from sim.calibrate.comm import OPS, bench_collectives
-from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, transformer_shapes
+from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, supports_fp8, transformer_shapes
 from sim.calibrate.numerics import numerics_report
 from sim.fitting import Measurement, fit_link, fit_log_curve
 from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
@@ -183,7 +183,8 @@ def calibrate(options: CalibrationOptions) -> Profile:
     peaks = GPU_PRESETS[preset].peak_flops if preset else {}
     shapes = transformer_shapes(plan["model"], options.tp, options.micro_batch, plan["seq_len"]) \
         + square_shapes(plan["squares"])
-    gemm = pd.DataFrame([row for dtype in plan["dtypes"]
+    dtypes = plan["dtypes"] + (["fp8"] if supports_fp8(device) and not options.quick else [])
+    gemm = pd.DataFrame([row for dtype in dtypes
                          for row in bench_gemms(device, dtype, shapes, plan["warmup"], plan["reps"], peaks.get(dtype))])
     copy = pd.DataFrame(bench_copy(device, plan["copy"], plan["warmup"], plan["reps"]))
     numerics = pd.DataFrame(numerics_report())
