@@ -50,7 +50,7 @@ def _memory_problem(summary: dict[str, Any]) -> str:
     per_rank = summary["peak_memory_bytes"]["per_rank"]
     rank = max(per_rank, key=per_rank.get)
     parts = summary["memory_breakdown_bytes"][rank]
-    largest = sorted((k for k in parts if k != "total"), key=lambda k: -parts[k])[:3]
+    largest = sorted((k for k in parts if k not in ("total", "host")), key=lambda k: -parts[k])[:3]
     detail = ", ".join(f"{k} {_gib(parts[k])}" for k in largest)
     return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary['hbm_capacity_bytes'])} "
             f"(largest: {detail})")
@@ -124,11 +124,13 @@ def memory_table(scenario: Scenario) -> Table:
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)})",
                   header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
-    for name in ("stage", "rank", *columns, "total"):
+    host = any(row["host"] for row in rows)
+    for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):
         table.add_column(name.replace("_", " "), justify="right")
     for row in rows:
         total = f"{row['total'] / 2**30:.1f}" + ("" if row["fits"] else " (does not fit)")
-        table.add_row(str(row["stage"]), str(row["rank"]), *(f"{row[c] / 2**30:.1f}" for c in columns), total)
+        table.add_row(str(row["stage"]), str(row["rank"]), *(f"{row[c] / 2**30:.1f}" for c in columns), total,
+                      *([f"{row['host'] / 2**30:.1f}"] if host else []))
     return table
 
 

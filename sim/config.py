@@ -26,7 +26,7 @@ from sim.hardware import FrozenSpec
 from sim.model import MODEL_PRESETS, ModelSpec, spec_from_hf_config
 from sim.parallel import RankGrid
 from sim.schedules import SCHEDULES
-from sim.units import Bytes, Seconds
+from sim.units import Bytes, BytesPerSecond, Seconds
 
 MiB = 2**20
 
@@ -50,6 +50,8 @@ class ParallelSpec(FrozenSpec):
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
+    grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
+                                   "buckets (else the buckets are a second copy of the gradients, torch's default)")
 
 
 class FsdpSpec(FrozenSpec):
@@ -63,6 +65,28 @@ class FsdpSpec(FrozenSpec):
     @property
     def zero_stage(self) -> int:
         return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
+
+
+class OffloadSpec(FrozenSpec):
+    """CPU offload (ZeRO-Offload, Ren et al. ATC 2021; ZeRO-Infinity; FSDP CPUOffload). ``optimizer``: the fp32
+    master weights and Adam states live in host memory; each rank copies its reduced gradient shard to the host
+    over PCIe, the host runs Adam, and the updated 16-bit weights come back. ``params``: the 16-bit weight shards
+    live on the host too (ZeRO-3/FSDP), copied to the GPU before each all-gather."""
+
+    optimizer: bool = False
+    params: bool = False
+    # Host memory bandwidth per GPU for the host Adam step: a DGX H100's two Xeon 8480C have 16 DDR5-4800
+    # channels (614 GB/s) for 8 GPUs; streaming Adam reaches about half of it.
+    host_bandwidth: BytesPerSecond = Field(default=38e9, gt=0, description="per GPU, for the host Adam step")
+
+
+class MemorySpec(FrozenSpec):
+    """What the allocator adds to what the tensors need: the CUDA context and library workspaces (``reserved``,
+    typically 0.5-1 GiB) and the caching allocator's fragmentation (``allocator_overhead``, a fraction of the
+    dynamic peak, typically 5-15%). Both default to 0, so reported peaks are the tensors' own bytes."""
+
+    reserved: Bytes = Field(default=0.0, ge=0)
+    allocator_overhead: float = Field(default=0.0, ge=0, le=1)
 
 
 class FixedCostsSpec(FrozenSpec):
@@ -113,6 +137,8 @@ class Scenario(FrozenSpec):
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
                                            "(symmetric groups costed whole); all: every rank")
     fsdp: FsdpSpec | None = None
+    offload: OffloadSpec = OffloadSpec()
+    memory: MemorySpec = MemorySpec()
 
     @model_validator(mode="before")
     @classmethod
@@ -125,7 +151,8 @@ class Scenario(FrozenSpec):
         if not isinstance(block, dict):
             raise ValueError("zero_optimization: expected a mapping like {stage: 2, reduce_bucket_size: 5e8}")
         known = {"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
-                 "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size"}
+                 "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                 "offload_optimizer", "offload_param"}
         unknown = sorted(set(block) - known)
         if unknown:
             raise ValueError(f"zero_optimization: unsupported key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -135,6 +162,15 @@ class Scenario(FrozenSpec):
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel
+        offload = dict(data.get("offload") or {})
+        for key, field in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+            device = (block.get(key) or {}).get("device", "none") if isinstance(block.get(key), dict) else "none"
+            if device not in ("cpu", "none"):
+                raise ValueError(f"zero_optimization.{key}.device: {device!r} is not modelled (cpu or none)")
+            if device == "cpu":
+                offload[field] = True
+        if offload:
+            data["offload"] = offload
         return data
 
     @field_validator("costs", "network", mode="before")
@@ -274,6 +310,14 @@ def _check_rules(s: Scenario) -> None:
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")
+    if s.offload.params and not s.offload.optimizer:
+        raise ValueError("offload.params: the host keeps the master weights only with offload.optimizer: true "
+                         "(FSDP's CPUOffload and ZeRO-Infinity offload both)")
+    if s.offload.params and s.zero_stage < 3:
+        raise ValueError(f"offload.params: offloading the weights needs ZeRO-3/FSDP FULL_SHARD (zero stage is "
+                         f"{s.zero_stage})")
+    if s.offload.optimizer and s.zero_stage < 1 and s.dp > 1:
+        raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
     if isinstance(s.costs, CalibratedCostsSpec):
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
         if t.dtype not in measured.gemm:

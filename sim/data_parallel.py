@@ -18,16 +18,22 @@ stream (weight all-gathers), their dependencies, and the optimizer step on the c
   reached. SHARD_GRAD_OP keeps the forward's gather until the unit's backward. HYBRID_SHARD shards inside a
   node and adds an all-reduce of each reduced shard across nodes.
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
+- CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
+  as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
+  host memory bandwidth), and the updated 16-bit weights return over PCIe before the weight all-gather. With
+  ``offload.params`` (ZeRO-3) each unit's weight shard is copied to the GPU before its all-gather.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from sim.costs import ADAM_BYTES_PER_PARAM
 from sim.memory import model_state_bytes, rank_params
 from sim.model import embedding_params, head_params, layer_params
 
 GATHER_STREAM = "dp_gather"
+OFFLOAD_STREAM, HOST_STREAM = "offload", "host"
 
 
 class DataParallelEmitter:
@@ -57,6 +63,13 @@ class DataParallelEmitter:
         self.pending_bucket = 0.0
         self.reduce_tasks: list[int] = []
         self.multi = len(self.dp_group) > 1
+        self.offload = sc.offload
+        self.pcie = sc.cluster.pcie
+
+    def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1) -> int:
+        """A host <-> GPU copy of ``nbytes`` on the offload stream (PCIe latency + bytes / effective rate)."""
+        seconds = self.pcie.latency + nbytes / self.pcie.effective_bandwidth
+        return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, duration=seconds, nbytes=nbytes)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _unit_bytes(self, unit: int, per_param: float) -> float:
@@ -82,6 +95,10 @@ class DataParallelEmitter:
             return
         lag = 2 if self.prefetch else 1  # rate limiter: at most two units gathered at once
         waits = [self.unit_ends[-lag]] if len(self.unit_ends) >= lag else []
+        if self.offload.params:  # the unit's weight shard comes from host memory first
+            shard = self._unit_bytes(unit, self.weight_bytes_per_param) / len(self.shard_group)
+            waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers))
+            self.st.g.tasks[waits[-1]].deps.extend(waits[:-1])
         name = "param_gather_fwd" if phase == "forward" else "param_gather_bwd"
         task = self.st._add(GATHER_STREAM, "dp", name, mb, unit * self.unit_layers, None, op="all_gather",
                             nbytes=self._unit_bytes(unit, self.weight_bytes_per_param), group=self.shard_group)
@@ -126,12 +143,30 @@ class DataParallelEmitter:
         if self.multi and self.zero < 2:
             self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
         shards = sc.zero_shards if self.zero >= 1 else 1
-        optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
-                            duration=st.costs.optimizer_time(params / shards))
-        st.g.tasks[optimizer].deps.extend(self.reduce_tasks)
+        if self.offload.optimizer:
+            optimizer = self._host_step(params / shards)
+        else:
+            optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
+                                duration=st.costs.optimizer_time(params / shards))
+            st.g.tasks[optimizer].deps.extend(self.reduce_tasks)
         if self.multi and self.zero in (1, 2):  # bring every rank the updated 16-bit weights
             st._add("dp", "dp", "param_all_gather", -1, -1, optimizer, op="all_gather",
                     nbytes=params * self.weight_bytes_per_param, group=self.dp_group)
+
+    def _host_step(self, shard_params: float) -> int:
+        """ZeRO-Offload: reduced gradient shards to the host as they are reduced, Adam there, weights back."""
+        st = self.st
+        copies = []
+        for task_id in self.reduce_tasks:
+            task = st.g.tasks[task_id]
+            shard = task.nbytes / len(task.group) if task.op == "reduce_scatter" else task.nbytes
+            copies.append(self._pcie("grads_to_host", shard, task_id, task.microbatch, task.layer))
+        if not copies:  # a single rank: the whole gradient crosses at the end
+            copies.append(self._pcie("grads_to_host", shard_params * self.grad_bytes_per_param, None))
+        seconds = ADAM_BYTES_PER_PARAM * shard_params / self.offload.host_bandwidth
+        adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None, duration=seconds)
+        st.g.tasks[adam].deps.extend(copies)
+        return self._pcie("params_to_gpu", shard_params * self.weight_bytes_per_param, adam)
 
     def _end_of_step_buckets(self, op: str) -> None:
         """DDP / ZeRO-1: buckets in the order gradients become final (the last micro-batch's backward)."""

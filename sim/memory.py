@@ -49,6 +49,36 @@ def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: in
     )
 
 
+def placed(states: ModelStates, offload_optimizer: bool, offload_params: bool) -> tuple[ModelStates, float]:
+    """(what stays in HBM, bytes in host memory) under CPU offload: the optimizer states (fp32 master, m, v)
+    and, with parameter offload, the 16-bit weight shards move to the host (Ren et al. ATC 2021)."""
+    host = (states.optimizer if offload_optimizer else 0.0) + (states.weights if offload_params else 0.0)
+    gpu = ModelStates(weights=0.0 if offload_params else states.weights, gradients=states.gradients,
+                      optimizer=0.0 if offload_optimizer else states.optimizer)
+    return gpu, host
+
+
+def comm_buffer_bytes(zero_stage: int, dp: int, sharded_units: bool, gradient_bytes: float, bucket_size: float,
+                      bucket_view: bool) -> float:
+    """Communication buffers beside the model states. DDP copies gradients into flat buckets (a second copy of
+    every gradient unless gradient_as_bucket_view); ZeRO-1/2 reduce through two buckets (DeepSpeed's
+    overlap_comm double buffer); ZeRO-3/FSDP's flat parameters are the gathered and unreduced buffers the trace
+    already counts."""
+    if dp <= 1 or sharded_units:
+        return 0.0
+    if zero_stage == 0:
+        return 0.0 if bucket_view else gradient_bytes
+    return min(2 * bucket_size, gradient_bytes)
+
+
+def with_allocator(parts: dict[str, float], reserved: float, overhead: float) -> dict[str, float]:
+    """``parts`` plus the CUDA context/workspaces (``reserved``) and the caching allocator's fragmentation
+    (``overhead`` x everything allocated through it), and the new total."""
+    allocated = sum(value for key, value in parts.items() if key != "total")
+    extra = {"allocator_overhead": overhead * allocated, "reserved": reserved}
+    return {**{k: v for k, v in parts.items() if k != "total"}, **extra, "total": allocated + sum(extra.values())}
+
+
 def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int) -> float:
     """Parameters held by one TP rank of pipeline ``stage`` (embedding on the first stage, head on the last;
     a tied output layer keeps its own copy of the word embeddings on the last stage, as Megatron does)."""

@@ -11,18 +11,34 @@ from __future__ import annotations
 
 from sim.config import Scenario
 from sim.hardware import bytes_per_element
-from sim.memory import activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.memory import (activation_bytes_per_layer, comm_buffer_bytes, model_state_bytes, placed, rank_params,
+                        with_allocator)
 from sim.model import embedding_params, head_params, layer_params
 from sim.schedules import SCHEDULES
 
-PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients")
+PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients", "comm_buffers",
+         "allocator_overhead", "reserved")
+
+
+def states_and_buffers(scenario: Scenario, stage: int) -> tuple[dict[str, float], float]:
+    """The resident model states (after ZeRO sharding and CPU offload) and communication buffers of a rank of
+    ``stage``, and the bytes it keeps in host memory. Shared with the trace's memory timeline (sim.trace)."""
+    t, p = scenario.training, scenario.parallel
+    params = rank_params(scenario.model, stage, p.pp, p.tp)
+    states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards),
+                          scenario.offload.optimizer, scenario.offload.params)
+    gradients = model_state_bytes(params, t.dtype).gradients
+    sharded = scenario.zero_stage >= 3 or scenario.fsdp is not None
+    buffers = comm_buffer_bytes(scenario.zero_stage, scenario.dp, sharded, gradients, p.dp_bucket_size,
+                                p.grad_bucket_view)
+    return {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
+            "comm_buffers": buffers}, host
 
 
 def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     t, p, model = scenario.training, scenario.parallel, scenario.model
     zero = scenario.zero_stage
-    states = model_state_bytes(rank_params(model, stage, p.pp, p.tp), t.dtype, scenario.zero_stage_at_rest,
-                               scenario.zero_shards)
+    resident, host = states_and_buffers(scenario, stage)
     per_layer = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel,
                                            t.recompute, t.flash_attention)
     chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)
@@ -44,9 +60,10 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
             unreduced = unit
         else:
             unreduced = min(p.dp_bucket_size + unit, rank_params(model, stage, p.pp, p.tp) * elem)
-    parts = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
-             "activations": float(activations), "gathered_weights": gathered, "unreduced_gradients": unreduced}
-    return parts | {"total": sum(parts.values())}
+    parts = resident | {"activations": float(activations), "gathered_weights": gathered,
+                        "unreduced_gradients": unreduced}
+    memory = scenario.memory
+    return with_allocator(parts, memory.reserved, memory.allocator_overhead) | {"host": host}
 
 
 def memory_plan(scenario: Scenario) -> list[dict[str, float]]:

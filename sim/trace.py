@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from sim.config import Scenario
-from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
+from sim.memory import activation_bytes_per_layer, peak_usage, with_allocator
+from sim.memory_plan import states_and_buffers
 from sim.model import model_flops_per_step
 from sim.workload import COMPUTE_KINDS, TaskGraph
 
@@ -112,8 +113,7 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
     result: dict[int, dict[str, float]] = {}
     for rank, stage in trace.groupby("rank")["stage"].first().items():
         rows = trace[trace["rank"] == rank]
-        states = model_state_bytes(rank_params(scenario.model, int(stage), p.pp, p.tp), t.dtype,
-                                   scenario.zero_stage_at_rest, scenario.zero_shards)
+        resident, host = states_and_buffers(scenario, int(stage))
         stash = ends.loc[(rank, "forward")].to_numpy()
         free = ends.loc[(rank, "backward")].to_numpy()
         parts = {"activations": (stash, free, np.full(len(stash), per_layer))}
@@ -121,10 +121,9 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)
         dynamic = peak_usage(parts)
         dynamic["activations"] += working
-        entry = {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer}
-        entry |= {name: value for name, value in dynamic.items() if name != "total"}
-        entry["total"] = sum(entry.values())
-        result[int(rank)] = entry
+        entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
+        memory = scenario.memory
+        result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
 
 
@@ -207,6 +206,7 @@ def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
         "exposed_comm_s": exposed,
         "peak_memory_bytes": {"max": peak_memory, "per_rank": {str(r): m["total"] for r, m in memory.items()}},
         "memory_breakdown_bytes": {str(r): m for r, m in memory.items()},
+        "host_memory_bytes": max(m["host"] for m in memory.values()),  # CPU offload, per rank
         "hbm_capacity_bytes": scenario.cluster.gpu.hbm_capacity,
         "fits_in_memory": bool(peak_memory <= scenario.cluster.gpu.hbm_capacity),
         "tasks": int(len(trace)),

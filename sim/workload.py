@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from sim import profile
 from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
 from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, Work
-from sim.data_parallel import GATHER_STREAM, DataParallelEmitter
+from sim.data_parallel import GATHER_STREAM, HOST_STREAM, OFFLOAD_STREAM, DataParallelEmitter
 from sim.hardware import bytes_per_element
 from sim.model import ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
 
-STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM)
+STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM, OFFLOAD_STREAM, HOST_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
@@ -127,7 +127,7 @@ class _StageEmitter:
 
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: object) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
-        if self.pending_deps and stream != GATHER_STREAM:
+        if self.pending_deps and stream not in (GATHER_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
         return self.g.add(rank=self.rank, stage=self.stage, stream=stream, kind=kind, name=name, microbatch=mb,

@@ -146,8 +146,12 @@ def test_deepspeed_block_sets_the_stage_and_bucket():
      "fsdp.sharding: FULL_SHARD is ZeRO-3 but parallel.zero = 1"),
     (dict(fsdp={"unit_layers": 3}), "fsdp.unit_layers: 3 does not divide model.num_layers = 8"),
     (dict(fsdp={"sharding": "FULL_SHARD"}, schedule="zb-h1"), "schedule: zb-h1 splits the backward"),
+    (dict(zero_optimization={"stage": 3, "offload_param": {"device": "nvme"}}),
+     "zero_optimization.offload_param.device: 'nvme' is not modelled"),
     (dict(zero_optimization={"stage": 3, "offload_param": {"device": "cpu"}}),
-     "zero_optimization: unsupported key 'offload_param'"),
+     "offload.params: the host keeps the master weights only with offload.optimizer"),
+    (dict(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2}, offload={"optimizer": True, "params": True}),
+     "offload.params: offloading the weights needs ZeRO-3"),
 ])
 def test_rules(sections, message):
     with pytest.raises(ConfigError, match=message):
