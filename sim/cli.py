@@ -227,10 +227,12 @@ def parser() -> argparse.ArgumentParser:
                               "into a profile for costs: calibrated")
     cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
     cal.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when a GPU is visible")
-    cal.add_argument("--quick", action="store_true", help="small shapes and sizes (a CI smoke run, seconds)")
+    cal.add_argument("--quick", action="store_true", help="small fixed shapes and sizes (a CI smoke run, seconds; "
+                     "ignores --model/--scenario)")
     cal.add_argument("--procs", type=int, default=2, help="CPU: gloo processes for the collectives")
     cal.add_argument("--no-collectives", action="store_true", help="skip the collectives")
     cal.add_argument("--model", default="llama2-7b", help="model preset whose layer GEMM shapes are timed")
+    cal.add_argument("--scenario", help="take the model, tp, micro-batch and sequence length from this scenario")
     cal.add_argument("--tp", type=int, default=1)
     cal.add_argument("--micro-batch", type=int, default=1)
     cal.add_argument("--seq-len", type=int, default=4096)
@@ -248,10 +250,15 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
-    if args.model not in MODEL_PRESETS:
+    if not args.scenario and args.model not in MODEL_PRESETS:
         raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
-    options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, args.model, args.tp,
-                                 args.micro_batch, args.seq_len, not args.no_collectives)
+    model, tp, micro_batch, seq_len = args.model, args.tp, args.micro_batch, args.seq_len
+    if args.scenario:  # the GEMM shapes of that scenario's layer
+        scenario = load_scenario(args.scenario)
+        model, tp, micro_batch, seq_len = (scenario.model, scenario.parallel.tp, scenario.training.micro_batch,
+                                           scenario.seq_len)
+    options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, model, tp, micro_batch, seq_len,
+                                 not args.no_collectives)
     measured = calibrate(options)
     if measured is None:  # a non-zero torchrun rank: rank 0 reports
         return 0

@@ -19,7 +19,8 @@ TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16":
 
 def transformer_shapes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int) -> list[tuple[str, tuple[int, ...]]]:
     """The GEMMs one layer runs on one TP rank: each forward (b, m, n, k) and its two backward GEMMs (the input
-    gradient (m, k, n) and the weight gradient (k, n, m)), deduplicated."""
+    gradient (m, k, n) and the weight gradient (k, n, m); for the attention core, the gradients of its two
+    operands), deduplicated: the first name that needs a shape keeps it."""
     ops = layer_forward_ops(model, micro_batch, seq_len, tp, False, 2, False)
     shapes: dict[tuple[int, ...], str] = {}
     for block in ops.values():
@@ -27,7 +28,8 @@ def transformer_shapes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int
             if op.shape is None:
                 continue
             b, m, n, k = op.shape
-            for suffix, shape in (("", (b, m, n, k)), (".dgrad", (b, m, k, n)), (".wgrad", (b, k, n, m))):
+            first, second = (".dgrad", ".wgrad") if op.has_weights else (".grad_a", ".grad_b")
+            for suffix, shape in (("", (b, m, n, k)), (first, (b, m, k, n)), (second, (b, k, n, m))):
                 shapes.setdefault(shape, op.name + suffix)
     return [(name, shape) for shape, name in shapes.items()]
 

@@ -41,7 +41,7 @@ class CalibrationOptions:
     device: str = "cuda"
     quick: bool = False
     procs: int = 2
-    model: str = "llama2-7b"
+    model: str | ModelSpec = "llama2-7b"
     tp: int = 1
     micro_batch: int = 1
     seq_len: int = 4096
@@ -53,7 +53,7 @@ def _plan(options: CalibrationOptions, device_kind: str) -> dict[str, Any]:
         return {"model": QUICK_MODEL, "seq_len": 128, "squares": [64, 128, 256], "copy": [2**20, 2**23],
                 "sizes": [2**e for e in range(10, 21, 2)], "warmup": 1, "reps": 3, "comm_reps": 5,
                 "dtypes": ["fp32", "bf16", "fp16"]}
-    model = MODEL_PRESETS[options.model]
+    model = MODEL_PRESETS[options.model] if isinstance(options.model, str) else options.model
     dtypes = ["fp32", "tf32", "fp16", "bf16"] if device_kind == "cuda" else ["fp32", "bf16"]
     return {"model": model, "seq_len": options.seq_len, "squares": [2**e for e in range(8, 15)],
             "copy": [2**e for e in range(20, 31, 2)], "sizes": [2**e for e in range(10, 31)], "warmup": 5,
