@@ -43,7 +43,30 @@ def test_same_scenario_and_seed_give_byte_identical_traces(tmp_path):
     assert digests[0] == digests[1] and digests[2] == digests[3]
 
 
+def test_contention_run_writes_link_usage_timeline_and_counters(tmp_path):
+    args = ("--set", "network.model=contention", "--set", "ranks=all", "--link-timeline", "--chrome", "--no-plot",
+            "--format", "csv")
+    digests = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        done = sim("run", TINY, "-o", str(out), *args)
+        assert done.returncode == 0, done.stderr
+        digests.append(hashlib.sha256((out / "trace.csv").read_bytes() + (out / "links.csv").read_bytes()).digest())
+    assert digests[0] == digests[1]
+    out = tmp_path / "a"
+    links = (out / "links.csv").read_text().splitlines()
+    assert links[0].startswith("link,src,dst,tier,capacity_Bps,bytes,busy_s,saturated_s,utilization")
+    assert len(links) > 4 and (out / "link_timeline.csv").is_file()
+    chrome = json.loads((out / "trace.json").read_text())
+    assert any(e["ph"] == "C" and e["args"]["load"] > 0 for e in chrome["traceEvents"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["busiest_links"] and {"link", "tier", "utilization", "saturated_s"} <= set(summary["busiest_links"][0])
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--set", "network.algorithm=magic"], "error: network.algorithm: Input should be 'auto', 'ring', 'tree'"),
+    (["--set", "cluster.fabric.oversubscription=0.5"], "error: cluster.fabric.oversubscription: Input should be"),
+    (["--set", "costs.model=calibrated", "--set", "costs.profile=nope.json"], "error: costs.profile: no such file"),
     (["--set", "parallel.tpp=2"], "error: parallel.tpp: unknown key"),
     (["--set", "cluster.gpu.hbm_capacity=80 GX"], "error: cluster.gpu.hbm_capacity: unknown unit 'GX'"),
     (["--set", "parallel.dp=3"], "error: parallel: tp*pp*dp = 12 but the cluster has 4 GPUs"),
