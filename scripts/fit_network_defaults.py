@@ -13,6 +13,8 @@ What is fitted from what (sim.fitting does the fitting):
 - dgx-h100 InfiniBand: curve shape from nccl-tests #290's 2-node default all-reduce rows (relative to their own
   plateau); plateau 47/50 from the maintainer's "46-48 GB/s per NDR NIC" (the user's rows run below it);
   alpha from NCCL's tuning model (6.6 us, src/graph/tuning.cc NET/Ring/Simple), base latency the NVLink fit's.
+- Groups of 2 and 4 GPUs in a node: a bandwidth factor each (sim.fitting.fit_scale over their >= 16 MiB rows,
+  against the group-of-8 curve), since NCCL runs fewer channels for small groups.
 - dgx-b200 NVLink ring: XLA sm_100_B200, group of 8. gb200-nvl72 NVLink ring: XLA sm_100_GB200, groups of
   8..64 inside the 72-GPU domain.
 - dgx-a100: no size sweep in the reference data; the H100 curves' shapes with the A100 plateaus measured by
@@ -28,8 +30,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from sim.collectives import ring_latency
-from sim.fitting import Measurement, fit_link
+from sim.collectives import ring_latency, ring_time
+from sim.fitting import LinkFit, Measurement, fit_link, fit_scale
+from sim.hardware import LinkSpec
 from sim.units import GB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +58,21 @@ def nccl_rows(setting: str, num_nodes: int) -> list[Measurement]:
             for r in rows.itertuples()]
 
 
+def group_factors(platform: str, fit: LinkFit, line_rate: float, sizes: tuple[int, ...]) -> list[list[float]]:
+    """Bandwidth factor per smaller group size, over its messages of 16 MiB and more (where bandwidth rules)."""
+    link = LinkSpec(bandwidth=line_rate, **fit.as_link_fields())  # type: ignore[arg-type]
+    knots = []
+    for n in sizes:
+        rows = [r for r in xla_rows(platform, (n,)) if r.nbytes >= 2**24]
+
+        def seconds(row: Measurement, factor: float) -> float:
+            return link.base_latency + ring_time(row.op, row.nbytes, row.n, link.latency,
+                                                 link.bandwidth_at(row.nbytes) * factor)
+
+        knots.append([n, fit_scale(rows, seconds)])
+    return knots + [[8, 1.0]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the shipped file instead of writing")
@@ -75,12 +93,17 @@ def main() -> int:
         return {"base_latency": ib_shape.base_latency, "latency": IB_STEP_LATENCY, "efficiency": plateau,
                 "efficiency_curve": [list(knot) for knot in ib_shape.curve]}
 
+    h100_groups = group_factors("sm_90", h100_ring, 450 * GB, (2, 4))
+    b200_groups = group_factors("sm_100_B200", b200_ring, 900 * GB, (2, 4))
     fits = {
-        "dgx-h100": {"intra_node": h100_ring.as_link_fields(), "nvls": h100_nvls.as_link_fields(),
+        "dgx-h100": {"intra_node": {**h100_ring.as_link_fields(), "group_efficiency": h100_groups},
+                     "nvls": h100_nvls.as_link_fields(),
                      "inter_node": ib(47 / 50)},
-        "dgx-b200": {"intra_node": b200_ring.as_link_fields(), "inter_node": ib(47 / 50)},
+        "dgx-b200": {"intra_node": {**b200_ring.as_link_fields(), "group_efficiency": b200_groups},
+                     "inter_node": ib(47 / 50)},
         "gb200-nvl72": {"intra_node": gb200_ring.as_link_fields(), "inter_node": ib(47 / 50)},
-        "dgx-a100": {"intra_node": {**h100_ring.as_link_fields(), "efficiency": round(232.54 / 300, 6)},
+        "dgx-a100": {"intra_node": {**h100_ring.as_link_fields(), "efficiency": round(232.54 / 300, 6),
+                                    "group_efficiency": h100_groups},
                      "inter_node": ib(96 / 100)},
     }
     meta = {"_generated_by": "scripts/fit_network_defaults.py",

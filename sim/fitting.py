@@ -141,3 +141,18 @@ def fit_log_curve(x: Sequence[float], y: Sequence[float], knots: Sequence[float]
         raise ValueError("fit_log_curve: no measurement near any knot")
     fitted = pool_adjacent_violators(values, weights) if increasing else values
     return tuple((knot, float(value)) for knot, value in zip(kept, fitted))
+
+
+def fit_scale(rows: Sequence[Measurement], model_seconds: Callable[[Measurement, float], float],
+              grid: Sequence[float] = tuple(np.round(np.arange(0.30, 1.505, 0.005), 3))) -> float:
+    """The factor f (from ``grid``) minimizing the median |log(model_seconds(row, f) / row.seconds)|: e.g. the
+    bandwidth factor of a group size the tier's curve was not fitted on."""
+    if not rows:
+        raise ValueError("fit_scale: no measurements to fit")
+    seconds = np.array([r.seconds for r in rows])
+
+    def cost(factor: float) -> float:
+        model = np.array([model_seconds(r, factor) for r in rows])
+        return float(np.median(np.abs(np.log(model / seconds))))
+
+    return float(min(grid, key=cost))

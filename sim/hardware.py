@@ -58,6 +58,9 @@ class LinkSpec(FrozenSpec):
     base_latency: Seconds = Field(default=0.0, description="per collective: launch and synchronization")
     efficiency: float = Field(default=1.0, gt=0, le=1)
     efficiency_curve: tuple[tuple[float, float], ...] = ()
+    group_efficiency: tuple[tuple[int, float], ...] = Field(
+        default=(), description="knots (group size, bandwidth factor): a group of n GPUs takes the factor of the "
+        "largest knot <= n (the first knot's below it); 1 without knots. NCCL runs fewer channels for small groups")
 
     @field_validator("efficiency_curve")
     @classmethod
@@ -69,14 +72,30 @@ class LinkSpec(FrozenSpec):
             raise ValueError("efficiency_curve: each fraction of the plateau must be in (0, 1]")
         return curve
 
+    @field_validator("group_efficiency")
+    @classmethod
+    def _group_knots(cls, knots: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+        sizes = [n for n, _ in knots]
+        if sizes != sorted(set(sizes)) or any(n < 2 for n in sizes) or any(not 0 < f <= 2 for _, f in knots):
+            raise ValueError("group_efficiency: knots must be [group size >= 2, factor in (0, 2]] with increasing sizes")
+        return knots
+
     @property
     def effective_bandwidth(self) -> float:
         """Large-message bandwidth: the line rate times the plateau efficiency."""
         return self.bandwidth * self.efficiency
 
-    def bandwidth_at(self, nbytes: float) -> float:
-        """Effective bandwidth for a message of ``nbytes`` (line rate x plateau x curve(nbytes))."""
-        return self.effective_bandwidth * _interpolate_log2(self.efficiency_curve, nbytes)
+    def group_factor(self, group_size: int | None) -> float:
+        if not self.group_efficiency or group_size is None:
+            return 1.0
+        below = [factor for n, factor in self.group_efficiency if n <= group_size]
+        return below[-1] if below else self.group_efficiency[0][1]
+
+    def bandwidth_at(self, nbytes: float, group_size: int | None = None) -> float:
+        """Effective bandwidth for a message of ``nbytes`` in a group of ``group_size`` GPUs (line rate x
+        plateau x curve(nbytes) x the group's factor)."""
+        return (self.effective_bandwidth * _interpolate_log2(self.efficiency_curve, nbytes)
+                * self.group_factor(group_size))
 
 
 def _interpolate_log2(curve: tuple[tuple[float, float], ...], nbytes: float) -> float:

@@ -81,7 +81,7 @@ class AnalyticNetwork:
             return {"ring": self.p2p_time(nbytes, group[0], group[1])}
         intra = topo.intra_node
         if topo.in_one_domain(group):
-            base, bandwidth = intra.base_latency, intra.bandwidth_at(nbytes)
+            base, bandwidth = intra.base_latency, intra.bandwidth_at(nbytes, n)
             times = {"ring": base + ring_time(op, nbytes, n, intra.latency, bandwidth)}
             if op == "all_reduce":
                 times["tree"] = base + tree_time(nbytes, math.ceil(math.log2(n)) * intra.latency, bandwidth)
@@ -117,7 +117,8 @@ class AnalyticNetwork:
         intra = topo.intra_node
         inter = topo.inter_node.model_copy(update={"bandwidth": topo.rail_bandwidth(1, self.shared_nics)})
         part = nbytes / local
-        inner = {op_: intra.base_latency + ring_time(op_, nbytes, local, intra.latency, intra.bandwidth_at(nbytes))
+        inner_bw = intra.bandwidth_at(nbytes, local)
+        inner = {op_: intra.base_latency + ring_time(op_, nbytes, local, intra.latency, inner_bw)
                  for op_ in ("reduce_scatter", "all_gather")}
         outer = inter.base_latency + ring_time(op, part, domains, inter.latency, inter.bandwidth_at(part))
         if op == "all_reduce":
@@ -186,7 +187,9 @@ class ContentionNetwork(AnalyticNetwork):
             return (Phase(latency, tuple(self._channels([Channel((group,), nbytes)], bandwidth))),)
         algorithm = self.algorithm_for(op, nbytes, group)
         seconds = self.options(op, nbytes, group)[algorithm]
-        tier = topo.intra_node if topo.in_one_domain(group) else topo.tier(group, self.shared_nics)
+        inside = topo.in_one_domain(group)
+        tier = topo.intra_node if inside else topo.tier(group, self.shared_nics)
+        size = n if inside else None  # the group-size factor is NVLink's (fewer NCCL channels in small groups)
         if algorithm == "nvls":
             assert topo.nvls is not None
             bandwidth = topo.nvls.bandwidth_at(nbytes)
@@ -196,15 +199,14 @@ class ContentionNetwork(AnalyticNetwork):
                 loads += [(topo.link_index[(f"gpu{rank}", switch)], 1), (topo.link_index[(switch, f"gpu{rank}")], 1)]
             return (Phase(seconds - nbytes / bandwidth, (FlowChannel(tuple(loads), nbytes, bandwidth),)),)
         if algorithm == "tree":
-            bandwidth = tier.bandwidth_at(nbytes)
-            inside = topo.in_one_domain(group)
+            bandwidth = tier.bandwidth_at(nbytes, size)
             trees = tree_channels(nbytes, group, {rank: 0 if inside else topo.node_of(rank) for rank in group})
             per_node = len(trees) // 2
             channels = tuple(self._channels(trees, bandwidth / (4 * per_node)))
             return (Phase(seconds - 2 * nbytes / bandwidth, channels),)
         if algorithm == "hierarchical":
             return self._hierarchical_phases(op, nbytes, group)
-        return (self._ring_phase(op, nbytes, group, seconds, tier.bandwidth_at(nbytes)),)
+        return (self._ring_phase(op, nbytes, group, seconds, tier.bandwidth_at(nbytes, size)),)
 
     def _hierarchical_phases(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]:
         """The 2D algorithm's phases, each one ring per NVLink domain (inside) or per local rank (across)."""
@@ -226,7 +228,7 @@ class ContentionNetwork(AnalyticNetwork):
         inside = [tuple(d) for d in domains]
         across = [tuple(d[i] for d in domains) for i in range(local)]
         part = nbytes / local
-        inner_bw, outer_bw = intra.bandwidth_at(nbytes), inter.bandwidth_at(part)
+        inner_bw, outer_bw = intra.bandwidth_at(nbytes, local), inter.bandwidth_at(part)
         if op == "all_reduce":
             return (phase(inside, "reduce_scatter", nbytes, inner_bw), phase(across, op, part, outer_bw),
                     phase(inside, "all_gather", nbytes, inner_bw))

@@ -133,7 +133,9 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
         rate = line_rate if line_rate is not None else spec.bandwidth
         for u, v in ((a, b), (b, a)):
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
-            links.append(Link(u, v, tier, rate * spec.efficiency))
+            # A link carries at most what its best-measured group moves over it (factors above 1 included).
+            best = max([1.0] + [factor for _, factor in spec.group_efficiency])
+            links.append(Link(u, v, tier, rate * spec.efficiency * best))
 
     graph.add_node("spine", kind="spine")
     groups = -(-nodes // fabric.nodes_per_leaf)

@@ -138,3 +138,13 @@ def test_efficiency_curve_interpolates_in_log2_and_clamps():
     assert link.bandwidth_at(2**30) == pytest.approx(80e9)
     with pytest.raises(ValueError, match="efficiency_curve"):
         LinkSpec(bandwidth=1, latency=0, efficiency_curve=[[2**24, 0.5], [2**20, 1.0]])
+
+
+def test_group_size_factor_scales_the_nvlink_bandwidth_of_small_groups():
+    intra = LinkSpec(bandwidth=400e9, latency=1e-6, group_efficiency=[[2, 0.5], [8, 1.0]])
+    network = AnalyticNetwork(build(1, 8, intra, INTER), "ring")
+    assert network.collective_time("all_reduce", S, (0, 1)) == pytest.approx(2 * 1e-6 + S / (0.5 * 400e9))
+    assert network.collective_time("all_gather", S, (0, 1, 2, 3)) == pytest.approx(3e-6 + 0.75 * S / (0.5 * 400e9))
+    assert network.collective_time("all_gather", S, tuple(range(8))) == pytest.approx(7e-6 + 7 / 8 * S / 400e9)
+    with pytest.raises(ValueError, match="group_efficiency"):
+        LinkSpec(bandwidth=1, latency=0, group_efficiency=[[1, 0.5]])

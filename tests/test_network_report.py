@@ -17,7 +17,7 @@ def table():
 
 
 def test_one_node_h100_busbw_within_15_percent_median_from_16_mib(table):
-    one_node = table[table["nodes"] == 1]
+    one_node = table[(table["nodes"] == 1) & (table["gpus"] == 8)]
     assert set(one_node["op"]) == {"all_reduce", "all_gather", "reduce_scatter"}
     assert one_node["bytes"].min() == 2**20 and one_node["bytes"].max() == 2**30
     assert median_abs_error(table) < 0.15
@@ -27,8 +27,13 @@ def test_one_node_h100_busbw_within_15_percent_median_from_16_mib(table):
         assert rows["error"].abs().median() < 0.15, op
 
 
+def test_small_groups_inside_a_node_within_15_percent_median(table):
+    for gpus in (2, 4):
+        assert median_abs_error(table, gpus=gpus) < 0.15, gpus
+
+
 def test_busbw_follows_the_nccl_tests_convention(table):
-    row = table[(table["op"] == "all_reduce") & (table["nodes"] == 1)].iloc[-1]
+    row = table[(table["op"] == "all_reduce") & (table["nodes"] == 1) & (table["gpus"] == 8)].iloc[-1]
     assert row["measured_busbw_GBps"] == pytest.approx(row["bytes"] / row["seconds"] * 2 * 7 / 8 / 1e9)
 
 
