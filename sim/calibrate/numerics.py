@@ -52,6 +52,6 @@ def numerics_report(depth: int = 4096) -> list[dict[str, Any]]:
         scaled = _cast(gradient * LOSS_SCALE, dtype) / LOSS_SCALE
         rows.append({"check": "gradient 1e-8 without loss scaling", "dtype": dtype, "value": plain,
                      "note": "vanishes" if plain == 0 else "survives"})
-        rows.append({"check": f"gradient 1e-8 with loss scale 2^16, unscaled in fp32", "dtype": dtype, "value": scaled,
+        rows.append({"check": "gradient 1e-8 with loss scale 2^16, unscaled in fp32", "dtype": dtype, "value": scaled,
                      "note": f"relative error {abs(scaled - gradient) / gradient:.1e}"})
     return rows
