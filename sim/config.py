@@ -76,7 +76,8 @@ class OffloadSpec(FrozenSpec):
     optimizer: bool = False
     params: bool = False
     # Host memory bandwidth per GPU for the host Adam step: a DGX H100's two Xeon 8480C have 16 DDR5-4800
-    # channels (614 GB/s) for 8 GPUs; streaming Adam reaches about half of it.
+    # channels (614 GB/s) for 8 GPUs, 77 GB/s each; we assume Adam's mixed read/write stream reaches half of that
+    # (an assumption, not a measurement: set it from a STREAM run on the host).
     host_bandwidth: BytesPerSecond = Field(default=38e9, gt=0, description="per GPU, for the host Adam step")
 
 
