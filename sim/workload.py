@@ -62,13 +62,14 @@ class Task:
 class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
     streams: dict[tuple[int, str], list[int]] = field(default_factory=dict)
+    match_collectives: bool = True  # off in slice mode, where each group has one simulated member
     # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
 
     def add(self, **fields: object) -> int:
         task = Task(id=len(self.tasks), **fields)  # type: ignore[arg-type]
-        if task.collective < 0 and task.op and task.op != "send" and len(task.group) > 1:
+        if self.match_collectives and task.collective < 0 and task.op and task.op != "send" and len(task.group) > 1:
             issued = self._issued.get((task.rank, task.group), 0)
             self._issued[(task.rank, task.group)] = issued + 1
             task.collective = self._keys.setdefault((task.group, issued), len(self._keys))
@@ -113,6 +114,7 @@ class _StageEmitter:
         # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
         self.grad_ready: dict[int, int] = {}
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
+        self.flops_of: dict[tuple[int, str], float] = {}  # per (work, phase): the blocks recur every micro-batch
         self.dp = DataParallelEmitter(self)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
@@ -138,7 +140,10 @@ class _StageEmitter:
         duration = self.costs.compute_time(work, phase)
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
-        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=work.flops(phase))
+        key = (id(work), phase)
+        if key not in self.flops_of:
+            self.flops_of[key] = work.flops(phase)
+        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=self.flops_of[key])
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
         if self.tp == 1:
@@ -231,7 +236,7 @@ class _StageEmitter:
 
 
 def build(scenario: Scenario) -> TaskGraph:
-    graph = TaskGraph()
+    graph = TaskGraph(match_collectives=scenario.ranks == "all")
     costs = make_costs(scenario)
     grid = scenario.grid
     p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
