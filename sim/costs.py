@@ -84,7 +84,6 @@ class RooflineCosts:
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         self.profile = profile if profile is not None and dtype in profile.gemm else None
-        self._cache: dict[tuple[int, Phase], float] = {}
         self.scale = 1.0
         if self.profile is not None:
             profiled_peak = self.profile.gemm[dtype].peak_flops
@@ -100,12 +99,7 @@ class RooflineCosts:
         return max(compute, op.bytes / self.bytes_rate)
 
     def compute_time(self, work: Work, phase: Phase) -> float:
-        # The same few blocks recur for every micro-batch and layer: price each (work, phase) once. Keyed by
-        # identity: a Work lives as long as the graph being built, and hashing its ops costs more than pricing.
-        key = (id(work), phase)
-        if key not in self._cache:
-            self._cache[key] = sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
-        return self._cache[key]
+        return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
     def optimizer_time(self, params: float) -> float:
         return ADAM_BYTES_PER_PARAM * params / self.bytes_rate

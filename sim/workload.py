@@ -114,7 +114,7 @@ class _StageEmitter:
         # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
         self.grad_ready: dict[int, int] = {}
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
-        self.flops_of: dict[tuple[int, str], float] = {}  # per (work, phase): the blocks recur every micro-batch
+        self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.dp = DataParallelEmitter(self)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
@@ -137,13 +137,15 @@ class _StageEmitter:
 
     def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
                  phase: Phase = "forward") -> int | None:
-        duration = self.costs.compute_time(work, phase)
+        # The same few blocks recur for every micro-batch and layer: price each (block, phase) once. Keyed by
+        # identity, which is stable because this emitter owns its Work objects for as long as the cache lives.
+        key = (id(work), phase)
+        if key not in self.priced:
+            self.priced[key] = (self.costs.compute_time(work, phase), work.flops(phase))
+        duration, flops = self.priced[key]
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
-        key = (id(work), phase)
-        if key not in self.flops_of:
-            self.flops_of[key] = work.flops(phase)
-        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=self.flops_of[key])
+        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
         if self.tp == 1:

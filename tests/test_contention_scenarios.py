@@ -71,3 +71,25 @@ def test_without_contention_every_rank_agrees_with_the_analytic_slice(runs):
     all_ranks = runner.run(load_scenario(SPINE, ["network.model=analytic"]))
     assert all_ranks.summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-12)
     assert all_ranks.trace["rank"].nunique() == 32
+
+
+def test_every_replica_prices_its_work_like_the_representative_of_its_stage():
+    """ranks: all builds one pipeline per (tp, dp) replica; each rank's compute must cost exactly what its
+    stage's representative costs in slice mode (roofline costs, end stages with embedding and head)."""
+    sets = ["cluster.gpus_per_node=8", "parallel.pp=4", "parallel.dp=2", "training.microbatches=4",
+            "costs=roofline", "network=analytic"]
+    base = SCENARIOS / "pipeline-4x8.yaml"
+    slice_run = runner.run(load_scenario(base, sets))
+    all_run = runner.run(load_scenario(base, [*sets, "ranks=all"]))
+
+    def durations(result):
+        compute = result.trace[result.trace["stream"] == "compute"]
+        return {rank: sorted(rows["end_s"] - rows["start_s"]) for rank, rows in compute.groupby("rank")}
+
+    representative = durations(slice_run)
+    stage_of = all_run.trace.groupby("rank")["stage"].first()
+    reference = {int(slice_run.trace[slice_run.trace["rank"] == r]["stage"].iloc[0]): d
+                 for r, d in representative.items()}
+    for rank, values in durations(all_run).items():
+        assert values == pytest.approx(reference[int(stage_of[rank])], rel=1e-12), rank
+    assert all_run.summary["step_time_s"] == pytest.approx(slice_run.summary["step_time_s"], rel=1e-12)
