@@ -13,33 +13,31 @@ from __future__ import annotations
 
 import pandas as pd
 
+from sim import reference
 from sim.costs import RooflineCosts
-from sim.hardware import GPU_PRESETS
+from sim.hardware import GPU_PRESETS, bytes_per_element
 from sim.model import Op
 from sim.profile import default_for
 
-from analysis.data_paths import REFERENCE
 
 PLATFORMS = {"sm_90": "H100-SXM", "sm_100_B200": "B200"}
-DTYPES = {"bf16xbf16->bf16": "bf16", "f16xf16->f16": "fp16", "f32xf32->f32": "fp32"}
+DTYPES = ("bf16", "fp16", "fp32")
 LARGE = 1024
 
 
 def report() -> pd.DataFrame:
-    table = pd.read_csv(REFERENCE / "xla_matmul_perf_tables.csv")
-    table = table[table["platform"].isin(list(PLATFORMS)) & table["dtype(lhs x rhs -> out)"].isin(list(DTYPES))]
+    table = reference.xla_gemms()
+    table = table[table["platform"].isin(list(PLATFORMS)) & table["dtype"].isin(DTYPES)]
     rows = []
-    for (platform, label), part in table.groupby(["platform", "dtype(lhs x rhs -> out)"]):
-        gpu, dtype = PLATFORMS[platform], DTYPES[label]
+    for (platform, dtype), part in table.groupby(["platform", "dtype"]):
+        gpu = PLATFORMS[platform]
         costs = RooflineCosts(GPU_PRESETS[gpu], dtype, default_for(gpu))
-        elem = 4 if dtype == "fp32" else 2
+        elem = bytes_per_element(dtype)
         for r in part.itertuples():
-            flops = 2.0 * r.batch_b * r.m * r.n * r.k
-            moved = float(elem * r.batch_b * (r.m * r.k + r.k * r.n + r.m * r.n))
-            predicted = costs.kernel_time(Op("gemm", flops, moved, True, True, (r.batch_b, r.m, r.n, r.k)))
-            measured = r.implied_time_us * 1e-6
-            rows.append({"gpu": gpu, "dtype": dtype, "b": r.batch_b, "m": r.m, "n": r.n, "k": r.k,
-                         "measured_s": measured, "predicted_s": predicted, "error": predicted / measured - 1})
+            moved = float(elem * r.b * (r.m * r.k + r.k * r.n + r.m * r.n))
+            predicted = costs.kernel_time(Op("gemm", r.flops, moved, True, True, (r.b, r.m, r.n, r.k)))
+            rows.append({"gpu": gpu, "dtype": dtype, "b": r.b, "m": r.m, "n": r.n, "k": r.k,
+                         "measured_s": r.seconds, "predicted_s": predicted, "error": predicted / r.seconds - 1})
     return pd.DataFrame(rows)
 
 

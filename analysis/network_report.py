@@ -20,14 +20,13 @@ from functools import lru_cache
 
 import pandas as pd
 
+from sim import reference
 from sim.collectives import busbw
 from sim.hardware import NODE_PRESETS
 from sim.network import AnalyticNetwork
 from sim.topology import build
 
-from analysis.data_paths import REFERENCE
 
-OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
 MIN_SIZE, MAX_SIZE, BANDWIDTH_BOUND = 2**20, 2**30, 16 * 2**20
 
 
@@ -39,20 +38,14 @@ def _network(nodes: int, algorithm: str) -> AnalyticNetwork:
 
 
 def _measurements() -> pd.DataFrame:
-    xla = pd.read_csv(REFERENCE / "xla_collective_perf_tables.csv")
-    xla = xla[(xla["platform"] == "sm_90") & xla["opcode"].isin(list(OPS))]
-    rows = [{"source": "OpenXLA sm_90 table", "op": OPS[r.opcode], "gpus": int(r.group_size), "nodes": 1,
-             "algorithm": "ring",
-             "bytes": float(r.tensor_size_bytes), "seconds": r.median_time_us * 1e-6} for r in xla.itertuples()]
-    nccl = pd.read_csv(REFERENCE / "nccl_tests_measurements.csv")
-    nccl = nccl[nccl["gpu"].eq("H100 80GB HBM3") & nccl["time_us"].notna()]
-    for r in nccl.itertuples():
-        setting = str(r.nccl_algo_or_setting)
-        algorithm = "nvls" if "NVLS" in setting else "ring" if "RING" in setting else "auto"
-        rows.append({"source": f"nccl-tests #290 ({setting.split(',')[0]})", "op": "all_reduce",
-                     "gpus": int(r.num_gpus), "nodes": int(r.num_nodes), "algorithm": algorithm,
-                     "bytes": float(r.message_size_bytes), "seconds": float(r.time_us) * 1e-6})
-    return pd.DataFrame(rows)
+    xla = reference.xla_collectives()
+    xla = xla[xla["platform"] == "sm_90"].drop(columns="platform")
+    xla = xla.assign(source="OpenXLA sm_90 table", nodes=1, algorithm="ring").rename(columns={"n": "gpus"})
+    nccl = reference.nccl_tests().rename(columns={"n": "gpus"})
+    algorithm = nccl["setting"].map(lambda s: "nvls" if "NVLS" in s else "ring" if "RING" in s else "auto")
+    source = "nccl-tests #290 (" + nccl["setting"].str.split(",").str[0] + ")"
+    nccl = nccl.assign(source=source, algorithm=algorithm).drop(columns="setting")
+    return pd.concat([xla, nccl], ignore_index=True)
 
 
 def report() -> pd.DataFrame:

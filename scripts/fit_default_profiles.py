@@ -17,28 +17,26 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
+from sim import reference
 from sim.fitting import fit_log_curve
 from sim.hardware import GPU_PRESETS
 from sim.profile import FORMAT, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = ROOT / "sim" / "data" / "reference" / "xla_matmul_perf_tables.csv"
 OUT = ROOT / "sim" / "data" / "profiles"
-DTYPES = {"bf16": "bf16xbf16->bf16", "fp16": "f16xf16->f16", "fp32": "f32xf32->f32", "fp8": "f8e4m3fnxf8e4m3fn->bf16"}
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
 KNOTS = [2.0 ** e for e in range(24, 41)]
 A100_OVER_H100 = 271.2 / 794.5
 
 
 def gemm_curves(platform: str, peaks: dict[str, float]) -> dict[str, dict[str, object]]:
-    table = pd.read_csv(TABLE)
+    table = reference.xla_gemms()
     rows = table[table["platform"] == platform]
     curves = {}
-    for dtype, label in DTYPES.items():
-        part = rows[rows["dtype(lhs x rhs -> out)"] == label]
+    for dtype in DTYPES:
+        part = rows[rows["dtype"] == dtype]
         if len(part):
-            knots = fit_log_curve(part["flop_count(2*b*m*n*k)"], part["achieved_flops_per_s"], KNOTS)
+            knots = fit_log_curve(part["flops"], part["flops_per_s"], KNOTS)
             curves[dtype] = {"rate": [[x, round(y, 1)] for x, y in knots], "peak_flops": peaks.get(dtype)}
     return curves
 

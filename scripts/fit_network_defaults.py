@@ -28,34 +28,27 @@ import json
 import sys
 from pathlib import Path
 
-import pandas as pd
-
+from sim import reference
 from sim.collectives import ring_latency, ring_time
 from sim.fitting import LinkFit, Measurement, fit_link, fit_scale
 from sim.hardware import LinkSpec
 from sim.units import GB
 
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "sim" / "data" / "reference"
 OUT = ROOT / "sim" / "data" / "network_fit.json"
-OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
 IB_STEP_LATENCY = 6.6e-6
 
 
 def xla_rows(platform: str, group_sizes: tuple[int, ...]) -> list[Measurement]:
-    table = pd.read_csv(REFERENCE / "xla_collective_perf_tables.csv")
-    rows = table[(table["platform"] == platform) & table["group_size"].isin(group_sizes)
-                 & table["opcode"].isin(list(OPS))]
-    return [Measurement(OPS[r.opcode], int(r.group_size), float(r.tensor_size_bytes), r.median_time_us * 1e-6)
-            for r in rows.itertuples()]
+    table = reference.xla_collectives()
+    rows = table[(table["platform"] == platform) & table["n"].isin(group_sizes)]
+    return [Measurement(r.op, r.n, r.bytes, r.seconds) for r in rows.itertuples()]
 
 
 def nccl_rows(setting: str, num_nodes: int) -> list[Measurement]:
-    table = pd.read_csv(REFERENCE / "nccl_tests_measurements.csv")
-    rows = table[table["nccl_algo_or_setting"].eq(setting) & table["num_nodes"].astype(str).eq(str(num_nodes))
-                 & table["gpu"].eq("H100 80GB HBM3") & table["time_us"].notna()]
-    return [Measurement("all_reduce", int(r.num_gpus), float(r.message_size_bytes), float(r.time_us) * 1e-6)
-            for r in rows.itertuples()]
+    table = reference.nccl_tests()
+    rows = table[(table["setting"] == setting) & (table["nodes"] == num_nodes)]
+    return [Measurement(r.op, r.n, r.bytes, r.seconds) for r in rows.itertuples()]
 
 
 def group_factors(platform: str, fit: LinkFit, line_rate: float, sizes: tuple[int, ...]) -> list[list[float]]:

@@ -25,8 +25,6 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import pandas as pd
-
 from sim import runner, sweep, trace
 from sim.config import Scenario, load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
@@ -259,9 +257,10 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                                            scenario.seq_len)
     options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, model, tp, micro_batch, seq_len,
                                  not args.no_collectives)
-    measured = calibrate(options)
-    if measured is None:  # a non-zero torchrun rank: rank 0 reports
+    result = calibrate(options)
+    if result is None:  # a non-zero torchrun rank: rank 0 reports
         return 0
+    measured = result.profile
     table = Table(title=f"calibration: {measured.device.name}", header_style="bold")
     table.add_column("measurement")
     table.add_column("value", justify="right")
@@ -273,8 +272,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         if fields:
             table.add_row(f"collectives ({tier})", f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
                           f" GB/s, base {fields['base_latency'] * 1e6:.0f} us")
-    numerics = pd.read_csv(Path(args.output) / "numerics.csv")
-    for row in numerics.itertuples(index=False):
+    for row in result.numerics.itertuples(index=False):
         table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")
     console.print(table)
     console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))

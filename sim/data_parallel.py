@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.collectives import p2p_time
 from sim.costs import ADAM_BYTES_PER_PARAM
 from sim.memory import model_state_bytes, rank_params
 from sim.model import embedding_params, head_params, layer_params
@@ -68,7 +69,7 @@ class DataParallelEmitter:
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1) -> int:
         """A host <-> GPU copy of ``nbytes`` on the offload stream (PCIe latency + bytes / effective rate)."""
-        seconds = self.pcie.latency + nbytes / self.pcie.effective_bandwidth
+        seconds = p2p_time(nbytes, self.pcie.latency, self.pcie.effective_bandwidth)
         return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, duration=seconds, nbytes=nbytes)
 
     # ------------------------------------------------------------------------------------------ helpers

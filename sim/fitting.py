@@ -66,6 +66,22 @@ def pool_adjacent_violators(values: Sequence[float], weights: Sequence[float] | 
     return [mean for mean, _, count in blocks for _ in range(count)]
 
 
+def _per_knot(xs: np.ndarray, knots: Sequence[float],
+              estimate: Callable[[np.ndarray], float]) -> tuple[list[float], list[float], list[float]]:
+    """(knots kept, value, rows used) for each knot with rows within a factor sqrt(2) of it; ``estimate`` gets the
+    boolean mask of those rows."""
+    kept, values, weights = [], [], []
+    for knot in knots:
+        near = np.abs(np.log2(xs) - np.log2(knot)) <= 0.5
+        if near.any():
+            kept.append(float(knot))
+            values.append(estimate(near))
+            weights.append(float(near.sum()))
+    if not values:
+        raise ValueError("fitting: no measurement near any knot")
+    return kept, values, weights
+
+
 def fit_latency(steps: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
     """Non-negative least squares of seconds = base + steps * alpha -> (base, alpha)."""
     design = np.column_stack([np.ones_like(steps), steps])
@@ -109,15 +125,8 @@ def fit_link(rows: Iterable[Measurement], line_rate: float, algorithm: str = "ri
     base, alpha = latency
     fixed = np.array([latency_of(r) for r in rows]) if latency_of else base + steps * alpha
     moved = np.array([bytes_moved(algorithm, r.op, r.n, r.nbytes) for r in rows])
-    values, weights, kept = [], [], []
-    for knot in knots:
-        near = np.abs(np.log2(sizes) - np.log2(knot)) <= 0.5
-        if near.any():
-            values.append(_best_efficiency(fixed[near], moved[near], seconds[near], line_rate))
-            weights.append(float(near.sum()))
-            kept.append(float(knot))
-    if not values:
-        raise ValueError("fit_link: no measurement near any knot size")
+    kept, values, weights = _per_knot(sizes, knots, lambda near: _best_efficiency(
+        fixed[near], moved[near], seconds[near], line_rate))
     monotone = pool_adjacent_violators(values, weights)
     plateau = min(monotone[-1], 1.0)
     curve = tuple((knot, round(min(value / plateau, 1.0), 6)) for knot, value in zip(kept, monotone))
@@ -130,15 +139,7 @@ def fit_log_curve(x: Sequence[float], y: Sequence[float], knots: Sequence[float]
     sqrt(2) of x_k (knots with no row are dropped), made non-decreasing by pool-adjacent-violators when
     ``increasing`` (a larger GEMM is never slower per FLOP on the same GPU)."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    values, weights, kept = [], [], []
-    for knot in knots:
-        near = np.abs(np.log2(xs) - np.log2(knot)) <= 0.5
-        if near.any():
-            values.append(float(np.median(ys[near])))
-            weights.append(float(near.sum()))
-            kept.append(float(knot))
-    if not values:
-        raise ValueError("fit_log_curve: no measurement near any knot")
+    kept, values, weights = _per_knot(xs, knots, lambda near: float(np.median(ys[near])))
     fitted = pool_adjacent_violators(values, weights) if increasing else values
     return tuple((knot, float(value)) for knot, value in zip(kept, fitted))
 

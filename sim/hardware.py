@@ -17,6 +17,7 @@ import bisect
 import json
 import math
 from importlib import resources
+from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -94,20 +95,24 @@ class LinkSpec(FrozenSpec):
     def bandwidth_at(self, nbytes: float, group_size: int | None = None) -> float:
         """Effective bandwidth for a message of ``nbytes`` in a group of ``group_size`` GPUs (line rate x
         plateau x curve(nbytes) x the group's factor)."""
-        return (self.effective_bandwidth * _interpolate_log2(self.efficiency_curve, nbytes)
+        return (self.effective_bandwidth * interpolate_log2(self.efficiency_curve, nbytes)
                 * self.group_factor(group_size))
 
 
-def _interpolate_log2(curve: tuple[tuple[float, float], ...], nbytes: float) -> float:
+def interpolate_log2(curve: Sequence[tuple[float, float]], x: float, log_y: bool = False) -> float:
+    """Piecewise-linear interpolation of knots (x, y) in log2(x) (and in log2(y) with ``log_y``), clamped to the
+    end knots; 1.0 for no knots."""
     if not curve:
         return 1.0
-    if nbytes <= curve[0][0]:
+    if x <= curve[0][0]:
         return curve[0][1]
-    if nbytes >= curve[-1][0]:
+    if x >= curve[-1][0]:
         return curve[-1][1]
-    index = bisect.bisect_right([size for size, _ in curve], nbytes)
+    index = bisect.bisect_right([size for size, _ in curve], x)
     (x0, y0), (x1, y1) = curve[index - 1], curve[index]
-    share = (math.log2(nbytes) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+    share = (math.log2(x) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
+    if log_y:
+        return 2 ** (math.log2(y0) + share * (math.log2(y1) - math.log2(y0)))
     return y0 + share * (y1 - y0)
 
 

@@ -14,7 +14,6 @@ k >= 1024 the spread at equal FLOPs is under 10%), and a single axis interpolate
 from __future__ import annotations
 
 import json
-import math
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from sim.hardware import FrozenSpec, LinkSpec
+from sim.hardware import FrozenSpec, LinkSpec, interpolate_log2
 
 FORMAT = "clustersim-profile"
 VERSION = 1
@@ -62,16 +61,7 @@ class Profile(FrozenSpec):
         if dtype not in self.gemm:
             raise ProfileError(f"profile ({self.device.name}) has no {dtype} GEMM measurements "
                                f"(it has: {', '.join(sorted(self.gemm)) or 'none'})")
-        knots = self.gemm[dtype].rate
-        if flops <= knots[0][0]:
-            return knots[0][1]
-        if flops >= knots[-1][0]:
-            return knots[-1][1]
-        for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
-            if x0 <= flops <= x1:
-                share = (math.log2(flops) - math.log2(x0)) / (math.log2(x1) - math.log2(x0))
-                return 2 ** (math.log2(y0) + share * (math.log2(y1) - math.log2(y0)))
-        raise AssertionError("unreachable: knots are sorted")
+        return interpolate_log2(self.gemm[dtype].rate, flops, log_y=True)
 
     def link(self, tier: str, base: LinkSpec) -> LinkSpec:
         """``base`` with the fields this profile measured for ``tier`` (intra_node / inter_node) replaced."""

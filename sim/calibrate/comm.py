@@ -17,12 +17,17 @@ from sim.collectives import algbw, busbw
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
 
 
+def buffer_elements(nbytes: int, world: int) -> int:
+    """float32 elements of a buffer of about ``nbytes``, divisible by the group size (at least one per rank)."""
+    return max(world, nbytes // 4 // world * world)
+
+
 def _operation(op: str, nbytes: int, device: Any, group: Any = None) -> Callable[[], Any]:
     import torch
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    elements = max(world, nbytes // 4 // world * world)  # float32, divisible by the world size
+    elements = buffer_elements(nbytes, world)
     full = torch.ones(elements, dtype=torch.float32, device=device)
     shard = torch.ones(elements // world, dtype=torch.float32, device=device)
     if op == "all_reduce":
@@ -76,7 +81,7 @@ def bench_collectives(device: Any, ops: tuple[str, ...], sizes: list[int], warmu
     for op in ops:
         for size in sizes:
             fn = _operation(op, size, device, group)
-            nbytes = (max(world, size // 4 // world * world)) * 4
+            nbytes = buffer_elements(size, world) * 4
             for _ in range(warmup):
                 _timed(fn, device, group)
             times = sorted(_timed(fn, device, group) for _ in range(reps))

@@ -162,7 +162,14 @@ def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, co
     return Profile.model_validate(fields)
 
 
-def calibrate(options: CalibrationOptions) -> Profile:
+@dataclass(frozen=True)
+class Calibration:
+    profile: Profile
+    numerics: pd.DataFrame
+
+
+def calibrate(options: CalibrationOptions) -> Calibration | None:
+    """Measure, fit and write (see the module docstring); None on the torchrun ranks other than 0."""
     import torch
 
     device = torch.device(options.device)
@@ -174,7 +181,7 @@ def calibrate(options: CalibrationOptions) -> Profile:
     if distributed:  # torchrun: this process is one rank of the NCCL (or gloo) group
         comm = _torchrun_collectives(device, plan)
         if rank != 0:
-            return None  # type: ignore[return-value]
+            return None
         device = torch.device("cuda", 0) if device.type == "cuda" else device
     elif options.collectives and device.type == "cpu" and options.procs > 1:
         comm = _cpu_collectives(options, plan)
@@ -198,4 +205,4 @@ def calibrate(options: CalibrationOptions) -> Profile:
     if comm is not None:
         comm.to_csv(options.output / "collectives.csv", index=False)
     (options.output / "profile.json").write_text(measured.model_dump_json(indent=1) + "\n")
-    return measured
+    return Calibration(measured, numerics)

@@ -1,0 +1,49 @@
+"""The published measurements shipped in ``sim/data/reference/``, in the simulator's names and SI units.
+
+In: the CSVs copied from the project's reference set (each row names its source): OpenXLA's collective and GEMM
+tables, and nccl-tests results. Out: pandas DataFrames with one row per measurement and fixed columns:
+``xla_collectives`` (platform, op, n, bytes, seconds), ``nccl_tests`` (H100 rows with a time: setting, op, n,
+nodes, bytes, seconds), ``xla_gemms`` (platform, dtype, b, m, n, k, flops, flops_per_s, seconds).
+The fitting scripts and the analysis reports read these, never the CSVs' own column names.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+FOLDER = Path(str(resources.files("sim").joinpath("data/reference")))
+COLLECTIVE_OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
+GEMM_DTYPES = {"bf16xbf16->bf16": "bf16", "f16xf16->f16": "fp16", "f32xf32->f32": "fp32",
+               "f8e4m3fnxf8e4m3fn->bf16": "fp8"}
+
+
+def xla_collectives() -> pd.DataFrame:
+    table = pd.read_csv(FOLDER / "xla_collective_perf_tables.csv")
+    table = table[table["opcode"].isin(list(COLLECTIVE_OPS))]
+    return pd.DataFrame({"platform": table["platform"], "op": table["opcode"].map(COLLECTIVE_OPS),
+                         "n": table["group_size"].astype(int), "bytes": table["tensor_size_bytes"].astype(float),
+                         "seconds": table["median_time_us"] * 1e-6}).reset_index(drop=True)
+
+
+def nccl_tests() -> pd.DataFrame:
+    """The H100 all-reduce rows that give a time (the others are maintainers' guidance, in prose)."""
+    table = pd.read_csv(FOLDER / "nccl_tests_measurements.csv")
+    table = table[table["gpu"].eq("H100 80GB HBM3") & table["time_us"].notna()]
+    return pd.DataFrame({"setting": table["nccl_algo_or_setting"].astype(str), "op": "all_reduce",
+                         "n": table["num_gpus"].astype(int), "nodes": table["num_nodes"].astype(int),
+                         "bytes": table["message_size_bytes"].astype(float),
+                         "seconds": table["time_us"].astype(float) * 1e-6}).reset_index(drop=True)
+
+
+def xla_gemms() -> pd.DataFrame:
+    table = pd.read_csv(FOLDER / "xla_matmul_perf_tables.csv")
+    label = table["dtype(lhs x rhs -> out)"]
+    table = table[label.isin(list(GEMM_DTYPES))]
+    return pd.DataFrame({"platform": table["platform"], "dtype": table["dtype(lhs x rhs -> out)"].map(GEMM_DTYPES),
+                         "b": table["batch_b"], "m": table["m"], "n": table["n"], "k": table["k"],
+                         "flops": table["flop_count(2*b*m*n*k)"].astype(float),
+                         "flops_per_s": table["achieved_flops_per_s"].astype(float),
+                         "seconds": table["implied_time_us"] * 1e-6}).reset_index(drop=True)
