@@ -3,7 +3,8 @@ bare simpy loop of the same number of events, timed in the same run (so the rati
 is what to compare across machines).
 
 Run: python benchmarks/bench_engine.py [SCENARIO] [--repeat N]
-Prints tasks simulated, events, wall time per phase, events/s, and the ratio to bare simpy.
+Prints, for the default engine (exact longest-path evaluation on this scenario's analytic network) and for the
+simpy event replay: tasks, events, wall time per phase; for simpy also events/s and the ratio to bare simpy.
 """
 
 from __future__ import annotations
@@ -35,6 +36,19 @@ def bare_simpy(events: int) -> float:
     return time.perf_counter() - began
 
 
+def timed_run(scenario, replay) -> tuple[dict[str, float], object, int]:
+    t0 = time.perf_counter()
+    graph = workload.build(scenario)
+    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
+    t1 = time.perf_counter()
+    result = replay(graph, net)
+    t2 = time.perf_counter()
+    frame = trace.to_frame(graph, result.start, result.end)
+    trace.summarize(frame, scenario)
+    t3 = time.perf_counter()
+    return {"build": t1 - t0, "replay": t2 - t1, "summarize": t3 - t2}, result, len(graph.tasks)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenario", nargs="?", default=str(DEFAULT))
@@ -42,33 +56,23 @@ def main() -> None:
     args = parser.parse_args()
 
     scenario = load_scenario(args.scenario)
-    phases: dict[str, list[float]] = {"build": [], "simulate": [], "summarize": [], "bare": []}
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        graph = workload.build(scenario)
-        net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
-        t1 = time.perf_counter()
-        result = engine.simulate(graph, net)
-        t2 = time.perf_counter()
-        frame = trace.to_frame(graph, result.start, result.end)
-        trace.summarize(frame, scenario)
-        t3 = time.perf_counter()
-        phases["build"].append(t1 - t0)
-        phases["simulate"].append(t2 - t1)
-        phases["summarize"].append(t3 - t2)
-        phases["bare"].append(bare_simpy(result.events))
-
-    median = {name: statistics.median(values) for name, values in phases.items()}
-    total = median["build"] + median["simulate"] + median["summarize"]
+    engines = {"default (auto)": lambda g, n: runner.replay(scenario, g, n), "simpy event replay": engine.simulate}
     print(f"scenario          {scenario.name}")
-    print(f"tasks simulated   {len(graph.tasks):,}")
-    print(f"simpy events      {result.events:,}")
-    print(f"wall: build {median['build']:.3f} s, simulate {median['simulate']:.3f} s, "
-          f"summarize {median['summarize']:.3f} s, total {total:.3f} s (median of {args.repeat})")
-    print(f"engine events/s   {result.events / median['simulate']:,.0f}")
-    print(f"bare simpy        {median['bare']:.3f} s for the same events, {result.events / median['bare']:,.0f} events/s")
-    print(f"ratio engine/bare {median['simulate'] / median['bare']:.2f}x (simulate phase); "
-          f"{total / median['bare']:.2f}x (whole run)")
+    for label, replay in engines.items():
+        runs = [timed_run(scenario, replay) for _ in range(args.repeat)]
+        median = {phase: statistics.median(r[0][phase] for r in runs) for phase in runs[0][0]}
+        _, result, tasks = runs[-1]
+        total = sum(median.values())
+        print(f"--- {label}: {tasks:,} tasks, {result.events:,} events "
+              f"({'simpy events' if replay is engine.simulate else 'tasks evaluated, no event queue'})")
+        print(f"wall: build {median['build']:.3f} s, replay {median['replay']:.3f} s, summarize "
+              f"{median['summarize']:.3f} s, total {total:.3f} s (median of {args.repeat})")
+        if replay is engine.simulate:
+            bare = statistics.median(bare_simpy(result.events) for _ in range(args.repeat))
+            print(f"events/s          {result.events / median['replay']:,.0f}; bare simpy {result.events / bare:,.0f}")
+            print(f"ratio to bare     {median['replay'] / bare:.2f}x (replay); {total / bare:.2f}x (whole run)")
+        else:
+            print(f"tasks/s           {tasks / median['replay']:,.0f} (replay); {tasks / total:,.0f} (whole run)")
 
 
 if __name__ == "__main__":

@@ -137,6 +137,8 @@ class Scenario(FrozenSpec):
     network: NetworkSpec = NetworkSpec()
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
                                            "(symmetric groups costed whole); all: every rank")
+    engine: Literal["auto", "event"] = Field(default="auto", description="auto: exact longest-path evaluation "
+                                             "when no time depends on contention, else the simpy replay")
     fsdp: FsdpSpec | None = None
     offload: OffloadSpec = OffloadSpec()
     memory: MemorySpec = MemorySpec()

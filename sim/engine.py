@@ -56,6 +56,20 @@ def _describe(task: Task) -> str:
     return f"task {task.id} ({where})"
 
 
+def deadlock_error(graph: TaskGraph, end: list[float]) -> ScheduleDeadlock:
+    """The error for a replay that left tasks unfinished: the first stuck task of each stream and its waits."""
+    tasks = graph.tasks
+    stuck = [order[next(i for i, t in enumerate(order) if end[t] != end[t])]
+             for order in graph.streams.values() if any(end[t] != end[t] for t in order)]
+    lines = []
+    for task_id in stuck[:4]:
+        waiting = [d for d in tasks[task_id].deps if end[d] != end[d]]
+        on = ", ".join(_describe(tasks[d]) for d in waiting[:2]) or "a collective rendezvous"
+        lines.append(f"{_describe(tasks[task_id])} waits on {on}")
+    more = f" (+{len(stuck) - 4} more streams)" if len(stuck) > 4 else ""
+    return ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
+
+
 def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> EngineResult:
     env = _CountingEnvironment()
     tasks = graph.tasks
@@ -146,16 +160,8 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
         env.process(stream(graph.streams[key]))
     env.run()
 
-    stuck = [order[next(i for i, t in enumerate(order) if end[t] != end[t])]
-             for order in graph.streams.values() if any(end[t] != end[t] for t in order)]
-    if stuck:
-        lines = []
-        for task_id in stuck[:4]:
-            waiting = [d for d in tasks[task_id].deps if end[d] != end[d]]
-            on = ", ".join(_describe(tasks[d]) for d in waiting[:2]) or "a collective rendezvous"
-            lines.append(f"{_describe(tasks[task_id])} waits on {on}")
-        more = f" (+{len(stuck) - 4} more streams)" if len(stuck) > 4 else ""
-        raise ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
+    if any(t != t for t in end):
+        raise deadlock_error(graph, end)
     if flows is not None:
         flows.close(env.now)
     return EngineResult(start=start, end=end, events=env.scheduled, flows=flows)

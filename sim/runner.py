@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim import engine, link_usage, network, profile, topology, trace, workload
+from sim import engine, link_usage, longest_path, network, profile, topology, trace, workload
 from sim.config import CalibratedCostsSpec, Scenario
 
 
@@ -39,11 +39,20 @@ def build_topology(scenario: Scenario) -> topology.Topology:
                           nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls)
 
 
+def replay(scenario: Scenario, graph: workload.TaskGraph, net: network.Network,
+           record_links: bool = False) -> engine.EngineResult:
+    """The simpy replay where times depend on contention (or ``engine: event``), else the identical and much
+    cheaper longest-path evaluation (see ``sim.longest_path``)."""
+    if net.flow_level or scenario.engine == "event":
+        return engine.simulate(graph, net, record_links=record_links)
+    return longest_path.evaluate(graph, net)
+
+
 def run(scenario: Scenario, record_links: bool = False) -> RunResult:
     topo = build_topology(scenario)
     net = network.make(scenario.network.model, topo, scenario.network.algorithm)
     graph = workload.build(scenario)
-    result = engine.simulate(graph, net, record_links=record_links)
+    result = replay(scenario, graph, net, record_links)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = trace.summarize(frame, scenario)
     links = segments = None

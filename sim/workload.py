@@ -26,6 +26,7 @@ its group's members, matched by group and order of issue):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim import profile
 from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
@@ -67,15 +68,22 @@ class TaskGraph:
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
 
-    def add(self, **fields: object) -> int:
-        task = Task(id=len(self.tasks), **fields)  # type: ignore[arg-type]
-        if self.match_collectives and task.collective < 0 and task.op and task.op != "send" and len(task.group) > 1:
-            issued = self._issued.get((task.rank, task.group), 0)
-            self._issued[(task.rank, task.group)] = issued + 1
-            task.collective = self._keys.setdefault((task.group, issued), len(self._keys))
-        self.tasks.append(task)
-        self.streams.setdefault((task.rank, task.stream), []).append(task.id)
-        return task.id
+    def add(self, rank: int, stage: int, stream: str, kind: str, name: str, microbatch: int, layer: int,
+            deps: list[int], duration: float | None = None, op: str = "", nbytes: float = 0.0, flops: float = 0.0,
+            group: tuple[int, ...] = (), collective: int = -1) -> int:
+        task_id = len(self.tasks)
+        if collective < 0 and self.match_collectives and op and op != "send" and len(group) > 1:
+            issued = self._issued.get((rank, group), 0)
+            self._issued[(rank, group)] = issued + 1
+            collective = self._keys.setdefault((group, issued), len(self._keys))
+        # Positional: the build creates ~10^5 tasks per pipeline and keyword unpacking costs a third of it.
+        self.tasks.append(Task(task_id, rank, stage, stream, kind, name, microbatch, layer, deps, duration, op,
+                               nbytes, flops, group, collective))
+        order = self.streams.get((rank, stream))
+        if order is None:
+            order = self.streams[(rank, stream)] = []
+        order.append(task_id)
+        return task_id
 
 
 def make_costs(scenario: Scenario) -> CostModel:
@@ -127,13 +135,12 @@ class _StageEmitter:
         first = self._global_chunk(chunk) * self.layers_per_chunk
         return range(first, first + self.layers_per_chunk)
 
-    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: object) -> int:
+    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
         if self.pending_deps and stream not in (GATHER_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
-        return self.g.add(rank=self.rank, stage=self.stage, stream=stream, kind=kind, name=name, microbatch=mb,
-                          layer=layer, deps=deps, **extra)
+        return self.g.add(self.rank, self.stage, stream, kind, name, mb, layer, deps, **extra)
 
     def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
                  phase: Phase = "forward") -> int | None:
