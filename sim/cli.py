@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sim import runner, sweep, trace
+from sim import runner, search, sweep, trace
 from sim.config import Scenario, load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.memory_plan import PARTS, memory_plan
@@ -34,6 +34,7 @@ from sim.model import MODEL_PRESETS
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
 SWEEP_PLUGINS = "clustersim.sweep_outputs"
+SEARCH_PLUGINS = "clustersim.search_outputs"
 
 
 def _plugins(group: str) -> list[Callable[..., Any]]:
@@ -168,7 +169,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             if done:
                 console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
 
-        table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task))
+        table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
+                                executor=args.executor, scheduler=args.scheduler)
     counts = table["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.no_plot:
@@ -176,6 +178,44 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
             write(out, table, list(spec.grid))
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
     return 0
+
+
+def cmd_search(args: argparse.Namespace, console: Console) -> int:
+    out = Path(args.output)
+    columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("search", total=None)
+        found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
+                                  args.scheduler, not args.no_bound, on_row=lambda row: bar.advance(task))
+    screened, simulated = found.screened, found.simulated
+    counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
+    console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
+                  f"({len(screened) / found.screen_s:,.0f}/s): " + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
+    console.print(f"simulated {len(simulated):,} in {found.simulate_s:.1f} s")
+    table = Table(title=f"best layouts (of {len(simulated):,} simulated)", header_style="bold")
+    names = ("tp", "pp", "dp", "vpp", "mb", "schedule", "zero", "recompute", "sp", "step s", "est. s", "MFU",
+             "peak GiB")
+    for name in names:
+        table.add_column(name, justify="left" if name in ("schedule", "recompute") else "right")
+    estimates = screened.set_index(list(search.LAYOUT_FIELDS))["est_step_time_s"]
+    for _, row in simulated[simulated["status"] == "ok"].head(args.show).iterrows():
+        values = [row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS]
+        table.add_row(*(str(v) for v in values[:8]), "yes" if values[8] else "no", f"{row['step_time_s']:.3f}",
+                      f"{estimates.get(tuple(values), float('nan')):.3f}", f"{row['mfu']:.1%}",
+                      f"{row['peak_memory_bytes'] / 2**30:.1f}")
+    console.print(table)
+    if not args.no_plot:
+        for write in _plugins(SEARCH_PLUGINS):
+            write(out, screened, simulated)
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
+def executor_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel (processes or Dask workers)")
+    cmd.add_argument("--executor", choices=("process", "dask"), default="process",
+                     help="process: local worker processes; dask: a Dask cluster (local unless --scheduler)")
+    cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -216,10 +256,22 @@ def parser() -> argparse.ArgumentParser:
                            help="a grid axis (repeatable; later axes vary fastest)")
     sweep_cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
                            help="override a field of the base scenario (repeatable)")
-    sweep_cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel processes")
+    executor_args(sweep_cmd)
     sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
     sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
     sweep_cmd.set_defaults(handler=cmd_sweep)
+
+    search_cmd = commands.add_parser("search", help="find the best layout: screen every tp/pp/dp/vpp/micro-batch/"
+                                     "schedule/ZeRO/recompute/SP layout analytically, simulate the best")
+    scenario_args(search_cmd)
+    search_cmd.add_argument("--top", type=int, default=1000, help="layouts to confirm by simulation (default 1000)")
+    search_cmd.add_argument("--no-bound", action="store_true",
+                            help="simulate all --top layouts (default: skip those whose lower bound cannot win)")
+    search_cmd.add_argument("--show", type=int, default=10, help="rows of the printed table")
+    search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
+    search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
+    executor_args(search_cmd)
+    search_cmd.set_defaults(handler=cmd_search)
 
     cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
                               "into a profile for costs: calibrated")

@@ -12,19 +12,19 @@ scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sim.errors import ConfigError
-from sim.cluster import ClusterSpec, expand_preset
 from sim import profile
+from sim.cluster import ClusterSpec, expand_preset
+from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
-from sim.model import MODEL_PRESETS, ModelSpec, spec_from_hf_config
+from sim.model import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.parallel import RankGrid
+from sim.variation import VariationSpec, check_variation
 from sim.schedules import SCHEDULES
 from sim.units import Bytes, BytesPerSecond, Seconds
 
@@ -137,11 +137,14 @@ class Scenario(FrozenSpec):
     network: NetworkSpec = NetworkSpec()
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
                                            "(symmetric groups costed whole); all: every rank")
+    fold_tp: bool = Field(default=True, description="ranks: all: one process per TP group when its ranks are in "
+                          "lockstep (same times, 1/tp of the tasks); false keeps every rank in the trace")
     engine: Literal["auto", "event"] = Field(default="auto", description="auto: exact longest-path evaluation "
                                              "when no time depends on contention, else the simpy replay")
     fsdp: FsdpSpec | None = None
     offload: OffloadSpec = OffloadSpec()
     memory: MemorySpec = MemorySpec()
+    variation: VariationSpec = VariationSpec()
 
     @model_validator(mode="before")
     @classmethod
@@ -193,14 +196,14 @@ class Scenario(FrozenSpec):
             value = {"hf_config": value}
         if isinstance(value, dict) and "hf_config" in value:
             overrides = {k: v for k, v in value.items() if k != "hf_config"}
-            fields = _read_hf_config(str(value["hf_config"]), base_dir)
+            fields = read_hf_config(str(value["hf_config"]), base_dir)
             fields.update(overrides)
             return fields
         return expand_preset(value, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Scenario":
-        _check_rules(self)
+        check_rules(self)
         return self
 
     # Derived quantities used everywhere below the boundary.
@@ -247,22 +250,7 @@ class Scenario(FrozenSpec):
         return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
 
 
-def _read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
-    path = Path(path_text)
-    candidates = [path] if path.is_absolute() else [base_dir / path, path]
-    found = next((p for p in candidates if p.is_file()), None)
-    if found is None:
-        raise ValueError(f"Hugging Face config {path_text!r} not found")
-    try:
-        config = json.loads(found.read_text())
-        return spec_from_hf_config(config, name=config.get("_name_or_path") or found.parent.name or found.stem)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path_text!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except KeyError as exc:
-        raise ValueError(f"{path_text!r} lacks {exc.args[0]}") from None
-
-
-def _check_rules(s: Scenario) -> None:
+def check_rules(s: Scenario) -> None:
     """Cross-field rules; each message starts with the field(s) it concerns."""
     p, m = s.parallel, s.model
     gpus = s.num_gpus
@@ -310,6 +298,7 @@ def _check_rules(s: Scenario) -> None:
         if per_node < 1 or s.dp % per_node or s.dp == per_node:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
+    check_variation(s)
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")

@@ -116,3 +116,16 @@ class CalibratedCosts(RooflineCosts):
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth
+
+
+class ScaledCosts:
+    """Another cost model's times times ``factor``: a straggler GPU (``variation.slowdown``)."""
+
+    def __init__(self, inner: CostModel, factor: float) -> None:
+        self.inner, self.factor, self.name = inner, factor, inner.name
+
+    def compute_time(self, work: Work, phase: Phase) -> float:
+        return self.inner.compute_time(work, phase) * self.factor
+
+    def optimizer_time(self, params: float) -> float:
+        return self.inner.optimizer_time(params) * self.factor

@@ -16,7 +16,7 @@ the first stuck task of each stream and what it waits on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generator
 
 import simpy
@@ -45,6 +45,7 @@ class EngineResult:
     end: list[float]
     events: int
     flows: FlowNetwork | None = None  # link usage of a flow-level run
+    arrival: dict[int, float] = field(default_factory=dict)  # rendezvous member -> when its rank reached it
 
 
 def _describe(task: Task) -> str:
@@ -83,6 +84,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
             members[task.collective] = members.get(task.collective, 0) + 1
     arrived: dict[int, int] = {}
     released: dict[int, float] = {}
+    arrival: dict[int, float] = {}
     finished: dict[int, simpy.Event] = {key: env.event() for key, count in members.items() if count > 1}
 
     flow_level = getattr(network, "flow_level", False)
@@ -119,11 +121,20 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
             if waits:
                 yield env.all_of(waits)
 
+    def mirrored(task: Task) -> tuple[Phase, ...]:
+        """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
+        transfer = network.transfer  # type: ignore[attr-defined]
+        if graph.lockstep == 1 or task.kind == "tp":
+            return transfer(task.op, task.nbytes, task.group)
+        peers = [transfer(task.op, task.nbytes, tuple(r + t for r in task.group)) for t in range(graph.lockstep)]
+        return tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
+                     for same in zip(*peers, strict=True))
+
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
         if task.duration is not None:
             seconds = task.duration
         elif flows is not None:
-            yield from run_phases(network.transfer(task.op, task.nbytes, task.group))  # type: ignore[attr-defined]
+            yield from run_phases(mirrored(task))
             return
         elif task.op == "send":
             seconds = network.p2p_time(task.nbytes, task.group[0], task.group[1])
@@ -144,6 +155,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
                     yield done[dep]
             shared = finished.get(task.collective)
             if shared is not None:  # every member waits for the last; the last one runs the transfer once
+                arrival[task_id] = env.now
                 arrived[task.collective] = arrived.get(task.collective, 0) + 1
                 if arrived[task.collective] == members[task.collective]:
                     released[task.collective] = env.now
@@ -164,4 +176,4 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
         raise deadlock_error(graph, end)
     if flows is not None:
         flows.close(env.now)
-    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows)
+    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows, arrival=arrival)

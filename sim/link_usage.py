@@ -4,7 +4,7 @@ In: the ``Topology`` and the engine's ``FlowNetwork`` after the run (and the ste
 ``usage_frame`` (one row per link that carried traffic: its ends, tier, capacity, bytes, busy and saturated
 seconds, mean utilization over the step, peak load over capacity), ``segments_frame`` (per link, the
 piecewise-constant load between rate changes: the link lanes of a trace), and ``busiest`` (the summary's top
-links by utilization).
+links by utilization), and `critical` (the link saturated longest).
 """
 
 from __future__ import annotations
@@ -49,3 +49,12 @@ def busiest(usage: pd.DataFrame, top: int = 5) -> list[dict[str, Any]]:
     best = usage.sort_values(["utilization", "link"], ascending=[False, True]).head(top)
     return [{"link": f"{row.src}->{row.dst}", "tier": row.tier, "utilization": round(float(row.utilization), 4),
              "saturated_s": float(row.saturated_s)} for row in best.itertuples()]
+
+
+def critical(usage: pd.DataFrame) -> dict[str, Any] | None:
+    """The link that throttled transfers longest (most seconds at capacity), or None if none ever saturated."""
+    saturated = usage[usage["saturated_s"] > 0]
+    if saturated.empty:
+        return None
+    row = saturated.sort_values(["saturated_s", "link"], ascending=[False, True]).iloc[0]
+    return {"link": f"{row.src}->{row.dst}", "tier": row.tier, "saturated_s": float(row.saturated_s)}

@@ -34,6 +34,7 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
             members[task.collective] = members.get(task.collective, 0) + 1
     shared = {key for key, count in members.items() if count > 1}
     arrivals: dict[int, list[tuple[float, int]]] = {key: [] for key in shared}
+    arrival: dict[int, float] = {}
 
     orders = [graph.streams[key] for key in sorted(graph.streams)]
     position = [0] * len(orders)
@@ -78,6 +79,7 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
             if key in shared:
                 arrived = arrivals[key]
                 arrived.append((ready, task_id))
+                arrival[task_id] = ready
                 if len(arrived) < members[key]:
                     waiting.setdefault(task_id, []).append(s)
                     break
@@ -89,14 +91,16 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
                         wake(member)
                 del arrivals[key]
             else:
+                duration = tasks[task_id].duration
                 start[task_id] = ready
-                end[task_id] = ready + seconds(task_id)
+                end[task_id] = ready + (duration if duration is not None else seconds(task_id))
                 done[task_id] = 1
             ready_at = end[task_id]
-            wake(task_id)
+            if task_id in waiting:
+                wake(task_id)
             i += 1
         position[s], free_at[s] = i, ready_at
 
     if not all(done):
         raise deadlock_error(graph, end)
-    return EngineResult(start=start, end=end, events=len(tasks))
+    return EngineResult(start=start, end=end, events=len(tasks), arrival=arrival)

@@ -12,7 +12,9 @@ s x s score matrix as Megatron does): a GPT layer's forward is 24*b*s*h^2 + 4*b*
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -319,3 +321,18 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
         bias=bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
     )
     return fields
+
+
+def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+    path = Path(path_text)
+    candidates = [path] if path.is_absolute() else [base_dir / path, path]
+    found = next((p for p in candidates if p.is_file()), None)
+    if found is None:
+        raise ValueError(f"Hugging Face config {path_text!r} not found")
+    try:
+        config = json.loads(found.read_text())
+        return spec_from_hf_config(config, name=config.get("_name_or_path") or found.parent.name or found.stem)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path_text!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
+    except KeyError as exc:
+        raise ValueError(f"{path_text!r} lacks {exc.args[0]}") from None

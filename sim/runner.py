@@ -15,6 +15,8 @@ import pandas as pd
 
 from sim import engine, link_usage, longest_path, network, profile, topology, trace, workload
 from sim.config import CalibratedCostsSpec, Scenario
+from sim.critical_path import critical_path
+from sim.errors import ConfigError
 
 
 @dataclass
@@ -28,15 +30,32 @@ class RunResult:
     link_segments: pd.DataFrame | None = None  # per-link load over time, when asked for
 
 
+_TOPOLOGIES: dict[str, topology.Topology] = {}  # a sweep's or search's points mostly share one cluster
+
+
 def build_topology(scenario: Scenario) -> topology.Topology:
-    """The cluster's graph; with ``costs: calibrated``, the profile's measured link tiers replace the preset's."""
+    """The cluster's graph; with ``costs: calibrated``, the profile's measured link tiers replace the preset's.
+    Built once per distinct cluster in a process (building 1024 GPUs' links takes longer than evaluating a step)."""
+    key = scenario.cluster.model_dump_json() + scenario.costs.model_dump_json() + repr(scenario.variation.links)
+    if key not in _TOPOLOGIES:
+        if len(_TOPOLOGIES) >= 8:
+            _TOPOLOGIES.clear()
+        _TOPOLOGIES[key] = _build_topology(scenario)
+    return _TOPOLOGIES[key]
+
+
+def _build_topology(scenario: Scenario) -> topology.Topology:
     c = scenario.cluster
     intra, inter = c.intra_node, c.inter_node
     if isinstance(scenario.costs, CalibratedCostsSpec):
         measured = profile.load(scenario.costs.profile)
         intra, inter = measured.link("intra_node", intra), measured.link("inter_node", inter)
-    return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
-                          nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls)
+    try:
+        return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
+                              nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls,
+                              link_factors=scenario.variation.links)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def replay(scenario: Scenario, graph: workload.TaskGraph, net: network.Network,
@@ -55,10 +74,17 @@ def run(scenario: Scenario, record_links: bool = False) -> RunResult:
     result = replay(scenario, graph, net, record_links)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = trace.summarize(frame, scenario)
+    if scenario.ranks == "all":  # who decided the step (in the slice every stage is its own representative)
+        path = critical_path(graph, result.start, result.end, result.arrival)
+        summary["critical_rank"] = path.critical_rank
+        summary["critical_path_s"] = {"compute_by_rank": {str(r): s for r, s in sorted(path.compute_s.items())},
+                                      "comm_by_kind": path.comm_s}
+        summary["collective_wait_s"] = {str(r): s for r, s in sorted(path.wait_s.items())}
     links = segments = None
     if result.flows is not None:
         links = link_usage.usage_frame(topo, result.flows, summary["step_time_s"])
         summary["busiest_links"] = link_usage.busiest(links)
+        summary["critical_link"] = link_usage.critical(links)
         if record_links:
             segments = link_usage.segments_frame(topo, result.flows)
     return RunResult(scenario, graph, frame, summary, result.events, links, segments)

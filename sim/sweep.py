@@ -10,7 +10,8 @@ value of every swept key (as the scenario resolved it), a ``status`` (``ok``, ``
 ``error: <reason>``) and the summary metrics.
 
 Setting ``training.microbatches`` without ``training.global_batch`` lets the global batch follow m.
-Points run in worker processes with ``jobs > 1`` (the Dask executor belongs to the scale issue).
+Points run on an executor (sim.executors): in-process, worker processes with ``jobs > 1``, or a Dask cluster;
+the table is the same either way. A spec may also list its points explicitly (``sim search`` does).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import csv
 import itertools
 import json
 import os
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,6 +31,7 @@ import yaml
 from sim import runner
 from sim.config import apply_overrides, scenario_from_dict
 from sim.errors import ConfigError, SimError
+from sim.executors import Executor, run_all
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
@@ -46,6 +47,7 @@ class SweepSpec:
     grid: dict[str, list[Any]]
     overrides: list[str] = field(default_factory=list)
     base_data: dict[str, Any] = field(default_factory=dict)  # the base scenario file, read once
+    explicit: list[dict[str, Any]] | None = None  # the points themselves, instead of a grid's product
 
     def __post_init__(self) -> None:
         if not self.base_data:
@@ -53,6 +55,8 @@ class SweepSpec:
 
     def points(self) -> list[dict[str, Any]]:
         """Every combination of axis values, as {dotted key: value}, in grid order (last axis fastest)."""
+        if self.explicit is not None:
+            return [dict(point) for point in self.explicit]
         result = []
         for combo in itertools.product(*self.grid.values()):
             point: dict[str, Any] = {}
@@ -64,6 +68,8 @@ class SweepSpec:
     @property
     def keys(self) -> list[str]:
         keys: list[str] = []
+        for point in self.explicit or []:
+            keys += [key for key in point if key not in keys]
         for axis, values in self.grid.items():
             for value in values:
                 for key in (value if isinstance(value, dict) else {axis: value}):
@@ -191,15 +197,17 @@ def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
 
 
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
-              on_row: Callable[[dict[str, Any]], None] | None = None) -> pd.DataFrame:
-    """Run the missing points of ``spec`` into ``out``; return every row in grid order. ``on_start(total,
-    already_done)`` and ``on_row(row)`` let the caller draw progress."""
+              on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
+              scheduler: str | None = None, only: set[int] | None = None) -> pd.DataFrame:
+    """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
+    written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
+    progress."""
     out.mkdir(parents=True, exist_ok=True)
     points = spec.points()
     columns = ["point", "point_id", *spec.keys, "status", *METRICS]
     csv_path = out / RESULTS_CSV
     done = {row["point_id"] for row in _read_done(csv_path, columns)}
-    todo = [(i, p) for i, p in enumerate(points) if point_id(p) not in done]
+    todo = [(i, p) for i, p in enumerate(points) if point_id(p) not in done and (only is None or i in only)]
     new_file = not csv_path.is_file()
     with csv_path.open("a", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
@@ -216,16 +224,9 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
                 on_row(row)
 
         base = (spec.base_data, str(spec.base.parent))
-        if jobs <= 1:
-            for index, point in todo:
-                record(index, point, run_point(*base, spec.overrides, point, spec.keys))
-        else:
-            with ProcessPoolExecutor(max_workers=jobs) as pool:
-                futures: dict[Future[dict[str, Any]], tuple[int, dict[str, Any]]] = {
-                    pool.submit(run_point, *base, spec.overrides, point, spec.keys): (index, point)
-                    for index, point in todo}
-                for future in as_completed(futures):
-                    record(*futures[future], future.result())
+        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys)) for index, point in todo]
+        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler):
+            record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
     table.to_parquet(out / "results.parquet", index=False)
     return table

@@ -45,6 +45,7 @@ class Topology:
     graph: nx.DiGraph = field(repr=False)
     links: tuple[Link, ...] = field(repr=False)
     link_index: dict[tuple[str, str], int] = field(repr=False)
+    failed_nics: frozenset[str] = frozenset()  # NICs with capacity factor 0: routes go around them
 
     @property
     def num_gpus(self) -> int:
@@ -109,18 +110,36 @@ def _route(topology: Topology, src: int, dst: int) -> tuple[int, ...]:
         return index[(f"gpu{src}", switch)], index[(switch, f"gpu{dst}")]
     hops: list[str] = [f"gpu{src}"]
     rail = topology.rail_of(dst)
-    if topology.rail_of(src) != rail:  # PXN: hop over NVLink to the local GPU on the destination's rail
-        proxy = topology.node_of(src) * topology.gpus_per_node + rail * topology.gpus_per_node // topology.nics_per_node
-        hops += [f"nvswitch{topology.domain_of(src)}", f"gpu{proxy}"]
-    src_nic, dst_nic = f"nic{topology.node_of(src)}.{rail}", f"nic{topology.node_of(dst)}.{rail}"
-    fabric_path = nx.shortest_path(topology.graph, src_nic, dst_nic)
-    hops += fabric_path + [f"gpu{dst}"]
+    out_rail = _healthy_rail(topology, topology.node_of(src), rail)
+    if topology.rail_of(src) != out_rail:  # PXN: hop over NVLink to the local GPU on the rail it sends on
+        hops += [f"nvswitch{topology.domain_of(src)}", f"gpu{_rail_gpu(topology, topology.node_of(src), out_rail)}"]
+    in_rail = _healthy_rail(topology, topology.node_of(dst), rail)
+    src_nic, dst_nic = f"nic{topology.node_of(src)}.{out_rail}", f"nic{topology.node_of(dst)}.{in_rail}"
+    hops += nx.shortest_path(topology.graph, src_nic, dst_nic)
+    if topology.rail_of(dst) != in_rail:  # the destination's own NIC failed: in by another, then NVLink
+        hops += [f"gpu{_rail_gpu(topology, topology.node_of(dst), in_rail)}", f"nvswitch{topology.domain_of(dst)}"]
+    hops.append(f"gpu{dst}")
     return tuple(index[(a, b)] for a, b in zip(hops, hops[1:]))
+
+
+def _rail_gpu(topology: Topology, node: int, rail: int) -> int:
+    """The GPU of ``node`` attached to NIC ``rail`` (PCIe switch)."""
+    return node * topology.gpus_per_node + rail * topology.gpus_per_node // topology.nics_per_node
+
+
+def _healthy_rail(topology: Topology, node: int, rail: int) -> int:
+    """``rail``, or when that NIC failed the next working one of the node (NCCL uses the remaining rails)."""
+    for step in range(topology.nics_per_node):
+        candidate = (rail + step) % topology.nics_per_node
+        if f"nic{node}.{candidate}" not in topology.failed_nics:
+            return candidate
+    raise ValueError(f"variation.links: every NIC of node {node} has failed")
 
 
 def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: LinkSpec, *,
           nics_per_node: int | None = None, nvlink_domain: int | None = None, fabric: FabricSpec | None = None,
-          pcie: LinkSpec | None = None, nvls: LinkSpec | None = None) -> Topology:
+          pcie: LinkSpec | None = None, nvls: LinkSpec | None = None,
+          link_factors: dict[str, float] | None = None) -> Topology:
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
     fabric = fabric or FabricSpec()
@@ -163,5 +182,18 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
                     None if pcie else 4 * inter_node.bandwidth)
             if pcie is not None:
                 connect(gpu, f"host{node}", "host", pcie)
+    failed: set[str] = set()
+    for name, factor in (link_factors or {}).items():  # degraded / failed links (sim.variation)
+        if name in graph and name.startswith("nic"):
+            touched = [i for i, link in enumerate(links) if name in (link.src, link.dst)]
+            if factor == 0:
+                failed.add(name)
+        elif "->" in name and tuple(name.split("->", 1)) in graph.edges:
+            a, b = name.split("->", 1)
+            touched = [i for i, link in enumerate(links) if (link.src, link.dst) in ((a, b), (b, a))]
+        else:
+            raise ValueError(f"variation.links: no NIC or link named {name!r} (e.g. nic0.3 or leaf0.3->spine)")
+        for i in touched:  # a failed NIC keeps a tiny capacity so rates stay finite; no route uses it
+            links[i] = Link(links[i].src, links[i].dst, links[i].tier, links[i].capacity * max(factor, 1e-9))
     return Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric, nvls, graph, tuple(links),
-                    {(link.src, link.dst): i for i, link in enumerate(links)})
+                    {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed))

@@ -30,11 +30,12 @@ from typing import Any
 
 from sim import profile
 from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
-from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, Work
+from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
 from sim.data_parallel import GATHER_STREAM, HOST_STREAM, OFFLOAD_STREAM, DataParallelEmitter
-from sim.hardware import bytes_per_element
+from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
 from sim.model import ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
+from sim.variation import jitter_stream
 
 STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM, OFFLOAD_STREAM, HOST_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
@@ -64,6 +65,9 @@ class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
     streams: dict[tuple[int, str], list[int]] = field(default_factory=dict)
     match_collectives: bool = True  # off in slice mode, where each group has one simulated member
+    # ranks: all with TP ranks folded: each simulated rank (tp rank 0) stands for this many TP ranks in
+    # lockstep, and its DP/PP transfers stand for theirs too (ranks r+1..r+lockstep-1: tp is the fastest dim).
+    lockstep: int = 1
     # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
@@ -86,8 +90,9 @@ class TaskGraph:
         return task_id
 
 
-def make_costs(scenario: Scenario) -> CostModel:
-    spec, gpu, dtype = scenario.costs, scenario.cluster.gpu, scenario.training.dtype
+def make_costs(scenario: Scenario, gpu: GpuSpec | None = None) -> CostModel:
+    """The scenario's cost model, for its GPU or for ``gpu`` (a node of another type in a mixed cluster)."""
+    spec, gpu, dtype = scenario.costs, gpu or scenario.cluster.gpu, scenario.training.dtype
     if isinstance(spec, FixedCostsSpec):
         return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
     if isinstance(spec, CalibratedCostsSpec):
@@ -123,6 +128,7 @@ class _StageEmitter:
         self.grad_ready: dict[int, int] = {}
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
+        self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
         self.dp = DataParallelEmitter(self)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
@@ -152,6 +158,7 @@ class _StageEmitter:
         duration, flops = self.priced[key]
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
+        duration *= self.jitter()
         return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
@@ -244,17 +251,41 @@ class _StageEmitter:
                                                 "weight_grad")  # type: ignore[assignment]
 
 
-def build(scenario: Scenario) -> TaskGraph:
-    graph = TaskGraph(match_collectives=scenario.ranks == "all")
+def folds_tp(scenario: Scenario) -> bool:
+    """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same
+    times unless something tells them apart: a straggler or jitter on one of them, or a degraded link on one
+    member's rail (its DP transfers would then run at their own pace)."""
+    v = scenario.variation
+    return (scenario.ranks == "all" and scenario.fold_tp and scenario.parallel.tp > 1 and not v.slowdown
+            and not v.jitter and not v.links)
+
+
+def build(scenario: Scenario, fold: bool | None = None) -> TaskGraph:
+    """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
+    whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested)."""
+    fold = folds_tp(scenario) if fold is None else fold and folds_tp(scenario)
+    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=scenario.parallel.tp if fold else 1)
     costs = make_costs(scenario)
     grid = scenario.grid
     p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
     orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
-    replicas = [(t, d) for d in range(grid.dp) for t in range(grid.tp)] if scenario.ranks == "all" else [(0, 0)]
+    tp_ranks = range(1 if fold else grid.tp)
+    replicas = [(t, d) for d in range(grid.dp) for t in tp_ranks] if scenario.ranks == "all" else [(0, 0)]
+    variation = scenario.variation
+    priced: dict[tuple[str | None, float], CostModel] = {(None, 1.0): costs}
+
+    def costs_for(rank: int) -> CostModel:
+        key = (variation.gpus.get(grid.node(rank)), variation.compute_scale(rank))
+        if key not in priced:
+            base = priced[(key[0], 1.0)] if (key[0], 1.0) in priced else make_costs(scenario, GPU_PRESETS[key[0]])
+            priced[(key[0], 1.0)] = base
+            priced[key] = base if key[1] == 1.0 else ScaledCosts(base, key[1])
+        return priced[key]
+
     for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
         sends: dict[tuple[str, int, int], int] = {}
-        emitters = [_StageEmitter(graph, scenario, costs, grid.rank(tp_rank, dp_rank, stage), sends)
-                    for stage in range(p)]
+        emitters = [_StageEmitter(graph, scenario, costs_for(grid.rank(tp_rank, dp_rank, stage)),
+                                  grid.rank(tp_rank, dp_rank, stage), sends) for stage in range(p)]
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:

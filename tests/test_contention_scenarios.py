@@ -70,7 +70,10 @@ def test_without_contention_every_rank_agrees_with_the_analytic_slice(runs):
     assert runs[1].summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-9)
     all_ranks = runner.run(load_scenario(SPINE, ["network.model=analytic"]))
     assert all_ranks.summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-12)
-    assert all_ranks.trace["rank"].nunique() == 32
+    assert all_ranks.trace["rank"].nunique() == 4  # one process per TP group of 8 (lockstep folding)
+    unfolded = runner.run(load_scenario(SPINE, ["network.model=analytic", "fold_tp=false"]))
+    assert unfolded.trace["rank"].nunique() == 32
+    assert unfolded.summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-12)
 
 
 def test_every_replica_prices_its_work_like_the_representative_of_its_stage():

@@ -1,0 +1,49 @@
+"""The closed-form estimate (sim.estimate) against the event simulation: within 5% on every bundled scenario
+and on layouts of every schedule and ZeRO stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim import runner
+from sim.config import load_scenario
+from sim.estimate import Estimator, estimate
+
+SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
+GPT3 = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_estimate_within_5_percent_of_the_simulation(path: Path) -> None:
+    scenario = load_scenario(path)
+    simulated = runner.run(scenario).summary
+    est = estimate(scenario)
+    assert est.step_time_s == pytest.approx(simulated["step_time_s"], rel=0.05)
+    assert est.bound_s <= simulated["step_time_s"]
+    assert est.peak_memory_bytes == pytest.approx(simulated["peak_memory_bytes"]["max"], rel=0.05)  # sim check's plan
+
+
+@pytest.mark.parametrize("layout", [
+    ["schedule=gpipe"], ["schedule=interleaved", "parallel.vpp=3"], ["schedule=zb-h1"], ["schedule=zb-h2"],
+    ["schedule=zb-v", "parallel.vpp=2"], ["parallel.zero=1", "schedule=interleaved", "parallel.vpp=4"],
+    ["parallel.pp=16", "parallel.tp=4"], ["training.recompute=full", "parallel.pp=4"],
+    ["parallel.zero=3", "parallel.pp=1", "training.micro_batch=2"],
+], ids=lambda o: ",".join(o))
+def test_estimate_within_5_percent_across_layouts(layout: list[str]) -> None:
+    scenario = load_scenario(GPT3, ["training.global_batch=256", "parallel.dp=null", *layout])
+    simulated = runner.run(scenario).summary["step_time_s"]
+    assert Estimator(scenario).estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)
+
+
+@pytest.mark.parametrize("schedule, closed_form_ms", [
+    ("gpipe", (8 + 4 - 1) * (2 + 4)),  # (m + p - 1)(F + B), F = 2 layers x 1 ms, B = 2 layers x 2 ms
+    ("1f1b", (8 + 4 - 1) * (2 + 4)),
+    ("zb-h1", 8 * (2 + 2 + 2) + (4 - 1) * (2 + 2 - 2)),  # m(F+B+W) + (p-1)(F+B-W), Qi et al. Sec. 3.1
+])
+def test_estimate_is_the_closed_form_with_fixed_costs(schedule: str, closed_form_ms: int) -> None:
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "pipeline-4x8.yaml"
+    scenario = load_scenario(path, [f"schedule={schedule}"])
+    assert estimate(scenario).step_time_s == pytest.approx(closed_form_ms / 1e3, rel=1e-12)
+    assert runner.run(scenario).summary["step_time_s"] == pytest.approx(closed_form_ms / 1e3, rel=1e-12)

@@ -1,0 +1,43 @@
+"""ranks: all folds each TP group into one process (its ranks run in lockstep); the result is the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim import engine, network, runner, workload
+from sim.config import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"
+
+
+@pytest.mark.parametrize("extra", [[], ["cluster.fabric.oversubscription=1"], ["cluster.fabric.nodes_per_leaf=1"]],
+                         ids=lambda e: ",".join(e) or "4:1")
+def test_folding_tp_groups_keeps_times_and_link_bytes(extra: list[str]) -> None:
+    scenario = load_scenario(SPINE, extra)
+    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
+    every, folded = workload.build(scenario, fold=False), workload.build(scenario)
+    assert folded.lockstep == 8 and len(every.tasks) == 8 * len(folded.tasks)
+    a, b = engine.simulate(every, net), engine.simulate(folded, net)
+    assert max(b.end) == pytest.approx(max(a.end), rel=1e-12)
+    assert a.flows is not None and b.flows is not None
+    assert set(a.flows.links) == set(b.flows.links)
+    for link, usage in a.flows.links.items():  # every link carried the same bytes
+        assert b.flows.links[link].bytes == pytest.approx(usage.bytes, rel=1e-9, abs=1.0)
+    # The folded process of TP group g runs each stream's tasks exactly when rank 8g (tp rank 0) did unfolded.
+    for (rank, stream), order in folded.streams.items():
+        unfolded = every.streams[(rank, stream)]
+        assert [b.start[t] for t in order] == pytest.approx([a.start[t] for t in unfolded], rel=1e-9, abs=1e-12)
+        assert [folded.tasks[t].name for t in order] == [every.tasks[t].name for t in unfolded]
+
+
+def test_no_folding_when_ranks_of_a_group_differ() -> None:
+    assert workload.folds_tp(load_scenario(SPINE))
+    assert not workload.folds_tp(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"]))
+    assert not workload.folds_tp(load_scenario(SPINE, ["variation.jitter=0.01"]))
+    assert not workload.folds_tp(load_scenario(SPINE, ["variation.links={nic0.3: 0}"]))
+    assert not workload.folds_tp(load_scenario(SPINE, ["ranks=slice"]))
+    assert not workload.folds_tp(load_scenario(SPINE, ["fold_tp=false"]))
+    assert workload.build(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"])).lockstep == 1
