@@ -10,14 +10,17 @@ simulated members is a rendezvous: it starts when the last member arrives and al
 Communication time comes from the network model when the task starts. With a flow-level network
 (``contention``) a transfer instead runs its phases: a latency, then its channels as flows in a
 ``sim.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow fires at its predicted finish and
-is re-armed whenever other flows come or go. If the run ends with tasks not done, ``ScheduleDeadlock`` names
+is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
+(``private_tp_transfers``: NVLink ports of its own GPUs, not crossed by any DP/PP route) would run alone at its
+uncontended rate, which is its analytic time: it is timed so, and its bytes are booked on its links, without
+flows (not when a link timeline is recorded). If the run ends with tasks not done, ``ScheduleDeadlock`` names
 the first stuck task of each stream and what it waits on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generator
+from typing import Callable, Generator
 
 import simpy
 
@@ -71,10 +74,37 @@ def deadlock_error(graph: TaskGraph, end: list[float]) -> ScheduleDeadlock:
     return ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
 
 
+def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
+    """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
+    other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
+    others: set[int] = set()
+    seen: set[tuple[str, float, tuple[int, ...], str]] = set()
+    tp: dict[tuple[str, float, tuple[int, ...]], set[int]] = {}
+    for task in graph.tasks:
+        if not task.op or task.duration is not None:
+            continue
+        key = (task.op, task.nbytes, task.group, task.kind)
+        if key in seen:
+            continue
+        seen.add(key)
+        links = {link for phase in phases_of(task) for channel in phase.channels for link, _ in channel.loads}
+        if task.kind == "tp":
+            tp[key[:3]] = links
+        else:
+            others |= links
+    owner: dict[int, tuple[int, ...]] = {}
+    clash: set[tuple[int, ...]] = set()
+    for (_, _, group), links in tp.items():
+        for link in links:
+            if owner.setdefault(link, group) != group:
+                clash |= {group, owner[link]}
+    return {key for key, links in tp.items() if not links & others and key[2] not in clash}
+
+
 def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> EngineResult:
     env = _CountingEnvironment()
     tasks = graph.tasks
-    done = [env.event() for _ in tasks]
+    waiting: dict[int, simpy.Event] = {}  # task -> the event its dependants wait on, made on first need
     start = [float("nan")] * len(tasks)
     end = [float("nan")] * len(tasks)
 
@@ -118,7 +148,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
                 pending[key] = env.event()
                 waits.append(pending[key])
                 arm(flows.add(key, channel.loads, channel.nbytes, channel.rate_cap, env.now))
-            if waits:
+            if len(waits) == 1:
+                yield waits[0]
+            elif waits:
                 yield env.all_of(waits)
 
     def mirrored(task: Task) -> tuple[Phase, ...]:
@@ -130,9 +162,18 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
         return tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
                      for same in zip(*peers, strict=True))
 
+    private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
+
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
         if task.duration is not None:
             seconds = task.duration
+        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == "tp":
+            phases = mirrored(task)
+            seconds = sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
+                          for phase in phases)
+            for phase in phases:
+                for channel in phase.channels:
+                    flows.book_alone(channel.loads, channel.nbytes, channel.rate_cap)
         elif flows is not None:
             yield from run_phases(mirrored(task))
             return
@@ -151,8 +192,11 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
         for task_id in order:
             task = tasks[task_id]
             for dep in task.deps:
-                if not done[dep].processed:
-                    yield done[dep]
+                if end[dep] != end[dep]:  # not finished: wait for it (an event only for tasks waited on)
+                    waiter = waiting.get(dep)
+                    if waiter is None:
+                        waiter = waiting[dep] = env.event()
+                    yield waiter
             shared = finished.get(task.collective)
             if shared is not None:  # every member waits for the last; the last one runs the transfer once
                 arrival[task_id] = env.now
@@ -166,7 +210,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
                 start[task_id] = env.now
                 yield from communicate(task)
             end[task_id] = env.now
-            done[task_id].succeed()
+            waiter = waiting.pop(task_id, None)
+            if waiter is not None:
+                waiter.succeed()
 
     for key in sorted(graph.streams):
         env.process(stream(graph.streams[key]))

@@ -41,3 +41,23 @@ def test_no_folding_when_ranks_of_a_group_differ() -> None:
     assert not workload.folds_tp(load_scenario(SPINE, ["ranks=slice"]))
     assert not workload.folds_tp(load_scenario(SPINE, ["fold_tp=false"]))
     assert workload.build(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"])).lockstep == 1
+
+
+def test_tp_collectives_alone_on_their_links_are_timed_without_flows_with_the_same_result() -> None:
+    scenario = load_scenario(SPINE)
+    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
+    graph = workload.build(scenario)
+    mirrored = lambda task: net.transfer(task.op, task.nbytes, task.group)  # noqa: E731  (TP: no mirrors)
+    private = engine.private_tp_transfers(graph, mirrored)
+    assert private and all(group in {tuple(range(8 * g, 8 * g + 8)) for g in range(4)} for _, _, group in private)
+    fast = engine.simulate(graph, net)  # private TP collectives timed directly, bytes booked
+    full = engine.simulate(graph, net, record_links=True)  # every transfer as flows
+    assert fast.end == pytest.approx(full.end, rel=1e-12, abs=1e-15)
+    assert fast.events < full.events
+    assert fast.flows is not None and full.flows is not None
+    for link, usage in full.flows.links.items():
+        booked = fast.flows.links[link]
+        assert booked.bytes == pytest.approx(usage.bytes, rel=1e-9)
+        assert booked.busy_s == pytest.approx(usage.busy_s, rel=1e-9)
+        assert booked.saturated_s == pytest.approx(usage.saturated_s, rel=1e-9, abs=1e-12)
+        assert booked.peak_load == pytest.approx(usage.peak_load, rel=1e-9)
