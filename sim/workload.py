@@ -107,6 +107,8 @@ class _StageEmitter:
     def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, rank: int,
                  sends: dict[tuple[str, int, int], int]) -> None:
         grid, t = scenario.grid, scenario.training
+        here = grid.coord(rank)
+        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(scenario.parallel.pp)]
         self.g, self.sc, self.costs, self.rank, self.sends = graph, scenario, costs, rank, sends
         self.stage = grid.coord(rank).pp
         self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
@@ -160,7 +162,10 @@ class _StageEmitter:
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
         duration *= self.jitter()
-        return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
+        if self.pending_deps or after is None or self.g.tasks[after].stream == "compute":
+            return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
+        # The hot path: after a TP collective (or a receive), no extra dependencies.
+        return self.g.add(self.rank, self.stage, "compute", kind, name, mb, layer, [after], duration, "", 0.0, flops)
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
         if self.tp == 1:
@@ -183,8 +188,7 @@ class _StageEmitter:
         if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
             return
-        here = self.sc.grid.coord(self.rank)
-        dst = self.sc.grid.rank(here.tp, here.dp, to_stage)
+        dst = self.stage_rank[to_stage]
         name = "send_forward" if phase == "F" else "send_backward"
         task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
         self.sends[(phase, self._global_chunk(chunk), mb)] = task
