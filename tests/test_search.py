@@ -52,7 +52,6 @@ def test_search_simulates_the_best_and_prunes_by_the_bound(tmp_path: Path) -> No
 
 
 def test_a_sweep_on_a_local_dask_cluster_gives_the_process_executors_table(tmp_path: Path) -> None:
-    pytest.importorskip("dask.distributed")
     spec = sweep.SweepSpec(TINY, {"schedule": ["1f1b", "gpipe", "zb-h1"], "training.microbatches": [1, 2, 4, 5]})
     local = sweep.run_sweep(spec, tmp_path / "process", jobs=2)
     dask = sweep.run_sweep(spec, tmp_path / "dask", jobs=2, executor="dask")
@@ -61,7 +60,6 @@ def test_a_sweep_on_a_local_dask_cluster_gives_the_process_executors_table(tmp_p
 
 
 def test_an_unreachable_dask_scheduler_is_a_one_line_error(tmp_path: Path) -> None:
-    pytest.importorskip("dask.distributed")
     spec = sweep.SweepSpec(TINY, {"training.microbatches": [1]})
     with pytest.raises(ConfigError, match="--scheduler: cannot reach the Dask scheduler at 'tcp://127.0.0.1:1'"):
         sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1")
