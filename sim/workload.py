@@ -132,7 +132,12 @@ class _StageEmitter:
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
+        self.fixed_durations = scenario.variation.jitter == 0
+        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (see _layer)
+        self.orders: dict[str, list[int]] = {}  # stream -> this rank's ordered task list on it
         self.dp = DataParallelEmitter(self)
+        # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
+        self.dp_inert = not self.dp.multi or (not self.dp.sharded_units and self.dp.zero < 2)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -201,10 +206,7 @@ class _StageEmitter:
         if g == 0:
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
         for layer in self._layers(chunk):
-            self.dp.before_layer(mb, layer, "forward")
-            for block in ("attention", "mlp"):
-                after = self._block("forward", block, mb, layer, after, "forward")
-            self.dp.unit_compute_done(layer, "forward", after)  # type: ignore[arg-type]
+            after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
         if g > 0:
@@ -216,21 +218,12 @@ class _StageEmitter:
         """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
         g, last = self._global_chunk(chunk), self.p * self.v - 1
         phase: Phase = "input_grad" if self.splits_backward else "backward"
-        recompute = self.sc.training.recompute
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
         for layer in reversed(self._layers(chunk)):
-            self.dp.before_layer(mb, layer, "backward")
-            if recompute == "full":
-                for block in ("attention", "mlp"):
-                    after = self._block("recompute", block, mb, layer, after, "forward")
-            for block in ("mlp", "attention"):
-                if block == "attention" and recompute == "selective":
-                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
-                after = self._block("backward", block, mb, layer, after, phase)
-            self.dp.unit_compute_done(layer, "backward", after)  # type: ignore[arg-type]
+            after = self._layer("backward", mb, layer, after)
             if not self.splits_backward:
                 self.grad_ready[layer] = after  # type: ignore[assignment]
             if not (g == 0 and layer == 0):
@@ -244,6 +237,53 @@ class _StageEmitter:
             self.waits.append((first_task, ("B", g + 1, mb)))
         if g > 0:
             self._send("B", chunk, mb, g - 1, after)
+
+    def _layer(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's forward or backward (with recomputation), returning its last task. Every layer of a
+        stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
+        pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
+        stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
+        stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
+        chain = self.chains.get(direction) if stampable else None
+        if chain is not None:
+            tasks, rank, stage = self.g.tasks, self.rank, self.stage
+            if self.g.match_collectives and self.g.lockstep == 1:  # TP collectives need their rendezvous keys
+                add = self.g.add
+                for stream, kind, name, duration, op, nbytes, flops, group in chain:
+                    deps = [after] if after is not None and tasks[after].stream != stream else []
+                    after = add(rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes, flops, group)
+                return after
+            orders = self.orders
+            for stream, kind, name, duration, op, nbytes, flops, group in chain:  # TaskGraph.add, inlined
+                task_id = len(tasks)
+                deps = [after] if after is not None and tasks[after].stream != stream else []
+                tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
+                                  flops, group, -1))
+                orders[stream].append(task_id)
+                after = task_id
+            return after
+        first = len(self.g.tasks)
+        if direction == "forward":
+            self.dp.before_layer(mb, layer, "forward")
+            for block in ("attention", "mlp"):
+                after = self._block("forward", block, mb, layer, after, "forward")
+        else:
+            phase: Phase = "input_grad" if self.splits_backward else "backward"
+            recompute = self.sc.training.recompute
+            self.dp.before_layer(mb, layer, "backward")
+            if recompute == "full":
+                for block in ("attention", "mlp"):
+                    after = self._block("recompute", block, mb, layer, after, "forward")
+            for block in ("mlp", "attention"):
+                if block == "attention" and recompute == "selective":
+                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
+                after = self._block("backward", block, mb, layer, after, phase)
+        self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
+        if stampable and not self.pending_deps:
+            self.chains[direction] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group)
+                                      for t in self.g.tasks[first:]]
+            self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
+        return after
 
     def weight_grad(self, mb: int, chunk: int) -> None:
         """The weight-gradient pass (W) of zero-bubble schedules: GEMMs only, no communication."""
@@ -269,9 +309,10 @@ def folds_tp(scenario: Scenario) -> bool:
             and not v.jitter and not v.links)
 
 
-def build(scenario: Scenario, fold: bool | None = None) -> TaskGraph:
+def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
-    whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested)."""
+    whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
+    every layer one by one instead of stamping the first layer's chain (the same graph; for tests)."""
     fold = folds_tp(scenario) if fold is None else fold and folds_tp(scenario)
     graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=scenario.parallel.tp if fold else 1)
     costs = make_costs(scenario)
@@ -295,6 +336,8 @@ def build(scenario: Scenario, fold: bool | None = None) -> TaskGraph:
         sends: dict[tuple[str, int, int], int] = {}
         emitters = [_StageEmitter(graph, scenario, costs_for(grid.rank(tp_rank, dp_rank, stage)),
                                   grid.rank(tp_rank, dp_rank, stage), sends) for stage in range(p)]
+        for emitter in emitters:
+            emitter.fixed_durations = emitter.fixed_durations and stamp
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:

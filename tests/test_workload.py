@@ -83,3 +83,29 @@ def test_trace_flops_add_up_to_the_model_flops():
     result = runner.run(s)
     executed = result.trace["flops"].sum() * s.parallel.tp * s.dp
     assert executed == pytest.approx(model_flops_per_step(s.model, s.global_batch, s.seq_len), rel=1e-12)
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["schedule=zb-h1"], ["schedule=interleaved", "parallel.vpp=2", "training.microbatches=8"],
+    ["training.recompute=full"], ["training.recompute=none", "parallel.sequence_parallel=false"],
+    ["ranks=all"], ["ranks=all", "fold_tp=false"],
+], ids=lambda o: ",".join(o) or "base")
+def test_stamping_a_layer_chain_builds_the_same_graph(overrides):
+    from pathlib import Path
+
+    from sim.config import load_scenario
+    path = Path(__file__).resolve().parent.parent / "scenarios" / "tiny.yaml"
+    scenario = load_scenario(path, overrides)
+    stamped, emitted = workload.build(scenario), workload.build(scenario, stamp=False)
+    assert stamped.tasks == emitted.tasks
+    assert stamped.streams == emitted.streams
+
+
+@pytest.mark.parametrize("name", ["gpt3-175b_a100-1024", "llama2-7b_h100-16_fsdp", "llama2-7b_h100-8_dp"])
+def test_stamping_matches_on_the_bundled_scenarios(name):
+    from pathlib import Path
+
+    from sim.config import load_scenario
+    scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / f"{name}.yaml",
+                             ["training.global_batch=64"] if name.startswith("gpt3") else [])
+    assert workload.build(scenario).tasks == workload.build(scenario, stamp=False).tasks
