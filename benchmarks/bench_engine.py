@@ -59,7 +59,8 @@ def main() -> None:
     engines = {"default (auto)": lambda g, n: runner.replay(scenario, g, n), "simpy event replay": engine.simulate}
     print(f"scenario          {scenario.name}")
     for label, replay in engines.items():
-        runs = [timed_run(scenario, replay) for _ in range(args.repeat)]
+        with runner.without_gc():  # as runner.run does
+            runs = [timed_run(scenario, replay) for _ in range(args.repeat)]
         median = {phase: statistics.median(r[0][phase] for r in runs) for phase in runs[0][0]}
         _, result, tasks = runs[-1]
         total = sum(median.values())
@@ -68,7 +69,8 @@ def main() -> None:
         print(f"wall: build {median['build']:.3f} s, replay {median['replay']:.3f} s, summarize "
               f"{median['summarize']:.3f} s, total {total:.3f} s (median of {args.repeat})")
         if replay is engine.simulate:
-            bare = statistics.median(bare_simpy(result.events) for _ in range(args.repeat))
+            with runner.without_gc():  # the same conditions as the engine's
+                bare = statistics.median(bare_simpy(result.events) for _ in range(args.repeat))
             print(f"events/s          {result.events / median['replay']:,.0f}; bare simpy {result.events / bare:,.0f}")
             print(f"ratio to bare     {median['replay'] / bare:.2f}x (replay); {total / bare:.2f}x (whole run)")
         else:

@@ -25,6 +25,11 @@ SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a10
 
 
 def every_rank() -> None:
+    with runner.without_gc():  # as runner.run does
+        _every_rank()
+
+
+def _every_rank() -> None:
     scenario = load_scenario(SCENARIO, ["ranks=all", "network.model=contention"])
     began = time.perf_counter()
     graph = workload.build(scenario)

@@ -42,13 +42,19 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
     waiting: dict[int, list[int]] = {}  # task -> streams suspended until it ends
     work = list(range(len(orders) - 1, -1, -1))
 
+    priced: dict[tuple[str, float, tuple[int, ...]], float] = {}  # a step repeats a few transfers many times
+
     def seconds(task_id: int) -> float:
         task = tasks[task_id]
         if task.duration is not None:
             return task.duration
-        if task.op == "send":
-            return network.p2p_time(task.nbytes, task.group[0], task.group[1])
-        return network.collective_time(task.op, task.nbytes, task.group)
+        key = (task.op, task.nbytes, task.group)
+        if key not in priced:
+            if task.op == "send":
+                priced[key] = network.p2p_time(task.nbytes, task.group[0], task.group[1])
+            else:
+                priced[key] = network.collective_time(task.op, task.nbytes, task.group)
+        return priced[key]
 
     def wake(task_id: int) -> None:
         streams = waiting.pop(task_id, None)
