@@ -2,7 +2,8 @@
 
 In: ``sim search``'s screened table (every layout with its closed-form estimate and status) and its simulated
 table (the sweep results of the layouts confirmed by event simulation). Out: ``DIR/search.png``: screened
-layouts as small grey points (estimate), simulated ones coloured by pipeline degree, the best marked, and the
+layouts as small points (estimate; grey if they fit, pink if over HBM), simulated ones coloured by pipeline
+degree, both axes logarithmic, the best marked, and the
 HBM capacity as a line (layouts above it do not fit). ``write_search_plot`` is the ``clustersim.search_outputs``
 entry point.
 """
@@ -21,9 +22,12 @@ import pandas as pd  # noqa: E402
 def plot_search(screened: pd.DataFrame, simulated: pd.DataFrame, path: Path | str,
                 hbm_bytes: float | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(9, 6))
-    est = screened[screened["status"].isin(["ok", "oom", "pruned"])]
-    ax.scatter(est["est_step_time_s"], est["est_peak_memory_bytes"] / 2**30, s=4, c="0.75",
-               label=f"screened (estimate), {len(est):,}")
+    fit = screened[screened["status"].isin(["ok", "pruned"])]
+    over = screened[screened["status"] == "oom"]
+    ax.scatter(over["est_step_time_s"], over["est_peak_memory_bytes"] / 2**30, s=3, c="#f3c1c1",
+               label=f"screened, over HBM (estimate), {len(over):,}")
+    ax.scatter(fit["est_step_time_s"], fit["est_peak_memory_bytes"] / 2**30, s=4, c="0.6",
+               label=f"screened, fits (estimate), {len(fit):,}")
     ok = simulated[simulated["status"].isin(["ok", "oom"])]
     if len(ok):
         points = ax.scatter(ok["step_time_s"], ok["peak_memory_bytes"] / 2**30, s=10, c=ok["parallel.pp"],
@@ -36,6 +40,7 @@ def plot_search(screened: pd.DataFrame, simulated: pd.DataFrame, path: Path | st
     if hbm_bytes:
         ax.axhline(hbm_bytes / 2**30, color="black", linestyle="--", linewidth=1, label="HBM")
     ax.set_xscale("log")
+    ax.set_yscale("log")  # memory spans 10 GiB to terabytes across the space
     ax.set_xlabel("step time (s)")
     ax.set_ylabel("peak memory per GPU (GiB)")
     ax.set_title("layout search: memory against step time")

@@ -78,6 +78,17 @@ def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table
                                 + ("" if summary["fits_in_memory"] else "  [does not fit]")),
         ("tasks simulated", f"{summary['tasks']:,}"),
     ]
+    if "critical_rank" in summary:  # ranks: all
+        rank = str(summary["critical_rank"])
+        waits = summary["collective_wait_s"]
+        rows.append(("critical rank", f"{rank}: {summary['critical_path_s']['compute_by_rank'].get(rank, 0.0):.4f} s "
+                                      f"of compute on the critical path"))
+        worst = max(waits, key=lambda r: waits[r]) if waits else None
+        if worst is not None and waits[worst] > 0:
+            rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))
+    if summary.get("critical_link"):
+        link = summary["critical_link"]
+        rows.append(("critical link", f"{link['link']}: saturated {link['saturated_s'] * 1e3:.1f} ms"))
     for link in summary.get("busiest_links", [])[:3]:
         rows.append((f"busy link {link['link']}", f"{link['utilization']:.0%} of the step, "
                                                   f"saturated {link['saturated_s'] * 1e3:.1f} ms"))
@@ -193,16 +204,17 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
                   f"({len(screened) / found.screen_s:,.0f}/s): " + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
     console.print(f"simulated {len(simulated):,} in {found.simulate_s:.1f} s")
     table = Table(title=f"best layouts (of {len(simulated):,} simulated)", header_style="bold")
-    names = ("tp", "pp", "dp", "vpp", "mb", "schedule", "zero", "recompute", "sp", "step s", "est. s", "MFU",
-             "peak GiB")
-    for name in names:
-        table.add_column(name, justify="left" if name in ("schedule", "recompute") else "right")
+    for name in ("layout", "mb", "schedule", "ZeRO", "recompute", "SP", "step s", "est. s", "MFU", "GiB"):
+        table.add_column(name, justify="left" if name in ("layout", "schedule", "recompute") else "right",
+                         no_wrap=True)
     estimates = screened.set_index(list(search.LAYOUT_FIELDS))["est_step_time_s"]
     for _, row in simulated[simulated["status"] == "ok"].head(args.show).iterrows():
-        values = [row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS]
-        table.add_row(*(str(v) for v in values[:8]), "yes" if values[8] else "no", f"{row['step_time_s']:.3f}",
-                      f"{estimates.get(tuple(values), float('nan')):.3f}", f"{row['mfu']:.1%}",
-                      f"{row['peak_memory_bytes'] / 2**30:.1f}")
+        v = {name: row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS}
+        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "")
+        estimate = estimates.get(tuple(v.values()), float("nan"))
+        table.add_row(layout, str(v["micro_batch"]), str(v["schedule"]), str(v["zero"]), str(v["recompute"]),
+                      "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.2f}", f"{estimate:.2f}",
+                      f"{row['mfu']:.1%}", f"{row['peak_memory_bytes'] / 2**30:.0f}")
     console.print(table)
     if not args.no_plot:
         for write in _plugins(SEARCH_PLUGINS):
