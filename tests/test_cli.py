@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import re
 import subprocess
 import sys
 
@@ -120,3 +121,25 @@ def test_plot_a_window_of_some_ranks(tmp_path):
     assert out.read_bytes()[:4] == b"\x89PNG"
     missing = sim("plot", str(tmp_path / "nothing"), "-o", str(out))
     assert missing.returncode == 2 and "no trace.parquet or trace.csv" in missing.stderr
+
+
+def test_search_prints_the_best_layouts_and_writes_its_tables_and_plot(tmp_path):
+    out = tmp_path / "search"
+    result = sim("search", str(SCENARIOS / "llama2-7b_h100-8_dp.yaml"), "--set", "model.num_layers=8",
+                 "--set", "training.global_batch=8", "--top", "12", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "screened" in result.stdout and "best layouts" in result.stdout
+    for name in ("screen.parquet", "results.csv", "results.parquet", "search.png"):
+        assert (out / name).is_file(), name
+    # Resumable like a sweep: a second run simulates nothing new and gives the same table.
+    first = (out / "results.csv").read_text()
+    assert sim("search", str(SCENARIOS / "llama2-7b_h100-8_dp.yaml"), "--set", "model.num_layers=8", "--set",
+               "training.global_batch=8", "--top", "12", "-o", str(out)).returncode == 0
+    assert (out / "results.csv").read_text() == first
+
+
+def test_run_names_the_straggler(tmp_path):
+    result = sim("run", str(SCENARIOS / "llama2-7b_h100-8_dp.yaml"), "--set", "ranks=all", "--set",
+                 "variation.slowdown={3: 1.2}", "--set", "model.num_layers=4", "-o", str(tmp_path), "--no-plot")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"critical rank\s+│\s+3: ", result.stdout), result.stdout
