@@ -153,14 +153,19 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
             elif waits:
                 yield env.all_of(waits)
 
+    merged: dict[tuple[str, float, tuple[int, ...]], tuple[Phase, ...]] = {}
+
     def mirrored(task: Task) -> tuple[Phase, ...]:
         """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
         transfer = network.transfer  # type: ignore[attr-defined]
         if graph.lockstep == 1 or task.kind == "tp":
             return transfer(task.op, task.nbytes, task.group)
-        peers = [transfer(task.op, task.nbytes, tuple(r + t for r in task.group)) for t in range(graph.lockstep)]
-        return tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
-                     for same in zip(*peers, strict=True))
+        key = (task.op, task.nbytes, task.group)
+        if key not in merged:
+            peers = [transfer(task.op, task.nbytes, tuple(r + t for r in task.group)) for t in range(graph.lockstep)]
+            merged[key] = tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
+                                for same in zip(*peers, strict=True))
+        return merged[key]
 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
 
