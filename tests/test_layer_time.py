@@ -1,0 +1,58 @@
+"""One transformer layer's forward and backward time against Korthikanti et al. 2022 Table 4 (22B layer, tp 8,
+micro-batch 4, sequence 2048, A100 80GB; Megatron-LM on Selene).
+
+The roofline cost model plus the analytic NVLink all-reduce predicts 6.1-6.6 ms forward against 7.2-7.7 ms
+measured (14-15% fast) and 10.5-18.1 ms backward against 11.8-19.5 ms (3-13% fast). The tolerance (17%) states
+today's fidelity; the fidelity work is to narrow it, not to widen it. The orderings the paper reports must hold
+exactly: sequence parallelism shortens the forward, full recomputation adds about a forward to the backward,
+selective recomputation adds a few percent.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from conftest import DATA
+from sim import runner
+from sim.config import scenario_from_dict
+
+ROWS = list(csv.DictReader(open(DATA / "korthikanti2022_layer_time.csv", encoding="utf-8")))
+EXPERIMENTS = {"Baseline no recompute": (False, "none"), "Sequence Parallelism": (True, "none"),
+               "Baseline with recompute": (False, "full"), "Selective Recompute": (False, "selective"),
+               "Selective + Sequence": (True, "selective")}
+
+
+def layer_times(sequence_parallel: bool, recompute: str) -> tuple[float, float]:
+    """(forward, backward) ms of a middle layer: from its first task to the next layer's first task."""
+    scenario = scenario_from_dict({
+        "name": "korthikanti-22b-layer", "cluster": {"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": {"name": "22B", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64,
+                  "vocab_size": 51200, "max_seq_len": 2048},
+        "training": {"microbatches": 1, "micro_batch": 4, "seq_len": 2048, "recompute": recompute},
+        "parallel": {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": sequence_parallel},
+    })
+    trace = runner.run(scenario).trace
+    compute = trace[trace["stream"] == "compute"]
+    first = compute.groupby(["layer", compute["kind"].eq("forward")])["start_s"].min()
+    forward = first[(4, True)] - first[(3, True)]
+    backward = first[(2, False)] - first[(3, False)]
+    return forward * 1e3, backward * 1e3
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: r["experiment"])
+def test_layer_time_within_the_stated_tolerance(row: dict[str, str]) -> None:
+    forward, backward = layer_times(*EXPERIMENTS[row["experiment"]])
+    assert forward == pytest.approx(float(row["forward_ms"]), rel=0.17)
+    assert backward == pytest.approx(float(row["backward_ms"]), rel=0.17)
+
+
+def test_the_papers_orderings_hold() -> None:
+    base_f, base_b = layer_times(False, "none")
+    sp_f, _ = layer_times(True, "none")
+    _, full_b = layer_times(False, "full")
+    _, selective_b = layer_times(False, "selective")
+    assert sp_f < base_f  # sequence parallelism: 7.7 -> 7.2 ms
+    assert full_b == pytest.approx(base_b + base_f, rel=1e-9)  # the recomputed forward runs before the backward
+    assert 1.0 < selective_b / base_b < 1.15  # 11.9 -> 13.2 ms: +11% measured
