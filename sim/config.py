@@ -52,6 +52,9 @@ class ParallelSpec(FrozenSpec):
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
                                    "buckets (else the buckets are a second copy of the gradients, torch's default)")
+    tp_comm_overlap: bool = Field(default=False, description="false: a TP collective blocks the compute stream in "
+                                  "issue order (Megatron-LM's synchronous all-reduce / reduce-scatter); true: only "
+                                  "its consumer waits (asynchronous TP communication)")
 
 
 class FsdpSpec(FrozenSpec):

@@ -135,6 +135,10 @@ class _StageEmitter:
         self.fixed_durations = scenario.variation.jitter == 0
         self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (see _layer)
         self.orders: dict[str, list[int]] = {}  # stream -> this rank's ordered task list on it
+        # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
+        # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
+        self.tp_blocks = not scenario.parallel.tp_comm_overlap
+        self.blocking_tp: int | None = None
         self.dp = DataParallelEmitter(self)
         # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
         self.dp_inert = not self.dp.multi or (not self.dp.sharded_units and self.dp.zero < 2)
@@ -154,7 +158,14 @@ class _StageEmitter:
         if self.pending_deps and stream not in (GATHER_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
-        return self.g.add(self.rank, self.stage, stream, kind, name, mb, layer, deps, **extra)
+        if stream == "compute" and self.blocking_tp is not None:
+            if self.blocking_tp not in deps:
+                deps.append(self.blocking_tp)
+            self.blocking_tp = None
+        task = self.g.add(self.rank, self.stage, stream, kind, name, mb, layer, deps, **extra)
+        if stream == "tp" and self.tp_blocks:
+            self.blocking_tp = task
+        return task
 
     def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
                  phase: Phase = "forward") -> int | None:
@@ -167,9 +178,10 @@ class _StageEmitter:
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
         duration *= self.jitter()
-        if self.pending_deps or after is None or self.g.tasks[after].stream == "compute":
+        if self.pending_deps or after is None or after != self.blocking_tp:
             return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
-        # The hot path: after a TP collective (or a receive), no extra dependencies.
+        # The hot path: right after the TP collective it consumes, no other dependencies.
+        self.blocking_tp = None
         return self.g.add(self.rank, self.stage, "compute", kind, name, mb, layer, [after], duration, "", 0.0, flops)
 
     def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
@@ -178,8 +190,11 @@ class _StageEmitter:
         if self.pending_deps or after is None or self.g.tasks[after].stream == "tp":
             return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=self.tp_bytes, group=self.tp_group)
         # The hot path (10^5..10^6 calls): after a compute task, no extra dependencies.
-        return self.g.add(self.rank, self.stage, "tp", "tp", op, mb, layer, [after], None, op, self.tp_bytes, 0.0,
+        task = self.g.add(self.rank, self.stage, "tp", "tp", op, mb, layer, [after], None, op, self.tp_bytes, 0.0,
                           self.tp_group)
+        if self.tp_blocks:
+            self.blocking_tp = task
+        return task
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: Phase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
@@ -238,6 +253,15 @@ class _StageEmitter:
         if g > 0:
             self._send("B", chunk, mb, g - 1, after)
 
+    def _blocking(self, stream: str, deps: list[int]) -> bool:
+        """Synchronous TP communication: a compute task also waits for the last TP collective issued before
+        it. Returns whether the task about to be added is a TP collective that blocks what follows."""
+        if stream == "compute" and self.blocking_tp is not None:
+            if self.blocking_tp not in deps:
+                deps.append(self.blocking_tp)
+            self.blocking_tp = None
+        return stream == "tp" and self.tp_blocks
+
     def _layer(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
         """One layer's forward or backward (with recomputation), returning its last task. Every layer of a
         stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
@@ -251,16 +275,20 @@ class _StageEmitter:
                 add = self.g.add
                 for stream, kind, name, duration, op, nbytes, flops, group in chain:
                     deps = [after] if after is not None and tasks[after].stream != stream else []
+                    blocking = self._blocking(stream, deps)
                     after = add(rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes, flops, group)
+                    self.blocking_tp = after if blocking else self.blocking_tp
                 return after
             orders = self.orders
             for stream, kind, name, duration, op, nbytes, flops, group in chain:  # TaskGraph.add, inlined
                 task_id = len(tasks)
                 deps = [after] if after is not None and tasks[after].stream != stream else []
+                blocking = self._blocking(stream, deps)
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
                                   flops, group, -1))
                 orders[stream].append(task_id)
                 after = task_id
+                self.blocking_tp = after if blocking else self.blocking_tp
             return after
         first = len(self.g.tasks)
         if direction == "forward":

@@ -45,6 +45,7 @@ def test_search_simulates_the_best_and_prunes_by_the_bound(tmp_path: Path) -> No
     # Simulated and estimated agree where the closed forms hold (enough micro-batches to fill the pipeline).
     merged = simulated.merge(found.screened, left_on=[search.LAYOUT_KEYS[f] for f in search.LAYOUT_FIELDS],
                              right_on=list(search.LAYOUT_FIELDS))
+    assert (merged["bound_step_time_s"] <= merged["step_time_s"] * (1 + 1e-9)).all()  # a true lower bound
     filled = merged[(merged["pp"] == 1) | (merged["microbatches_x"] >= 2 * merged["pp"])]
     assert len(filled) > 10
     assert ((filled["est_step_time_s"] / filled["step_time_s"] - 1).abs() < 0.05).all()

@@ -53,3 +53,24 @@ def test_summary_is_consistent(run):
         assert s["hfu"] >= s["mfu"] - 1e-12
     assert s["tokens_per_s"] == pytest.approx(
         run.scenario.global_batch * run.scenario.seq_len / s["step_time_s"])
+
+
+def _overlap_s(trace, rank: int) -> float:
+    """Seconds a rank's compute runs while one of its TP collectives does."""
+    rows = trace[trace["rank"] == rank]
+    compute = rows[rows["stream"] == "compute"][["start_s", "end_s"]].to_numpy()
+    tp = rows[rows["stream"] == "tp"][["start_s", "end_s"]].to_numpy()
+    return float(sum(max(0.0, min(c1, t1) - max(c0, t0)) for c0, c1 in compute for t0, t1 in tp))
+
+
+def test_synchronous_tp_collectives_block_the_compute_stream():
+    # Megatron's TP all-reduce / reduce-scatter is synchronous: nothing computes on the GPU while it runs, even
+    # a task that does not consume it (the next micro-batch's first block after a chunk ends).
+    from sim import runner
+    from sim.config import load_scenario
+    base = ["schedule=interleaved", "parallel.vpp=2", "training.microbatches=4", "training.global_batch=null"]
+    blocking = runner.run(load_scenario(SCENARIOS / "tiny.yaml", base)).trace
+    assert all(_overlap_s(blocking, rank) == 0.0 for rank in blocking["rank"].unique())
+    overlapped = runner.run(load_scenario(SCENARIOS / "tiny.yaml", [*base, "parallel.tp_comm_overlap=true"])).trace
+    assert max(_overlap_s(overlapped, rank) for rank in overlapped["rank"].unique()) > 0
+    assert overlapped["end_s"].max() < blocking["end_s"].max()
