@@ -230,17 +230,25 @@ class Estimator:
             for c in range(v - 1, -1, -1):  # interleaved: chunk c's last backward ran c*p chunk-passes earlier
                 start = backward_end - chunk_backward * (1 + c * p.pp)
                 ready_at += [start + (i + 1) * st.layer_backward for i in range(chunk_layers)]
-            free_at = 0.0
+            free_at = per_microbatch = 0.0
             done = 0
             while done < st.layers:  # buckets fill as the last backward frees each layer's gradients
                 n = min(layers_per_bucket, st.layers - done)
                 done += n
                 nbytes = n * per_layer + (extra if done == st.layers else 0.0)
-                free_at = max(free_at, ready_at[done - 1]) + self._dp_collective(sc, op, nbytes, group)
+                seconds = self._dp_collective(sc, op, nbytes, group)
                 if sharded and sc.fsdp is not None and sc.fsdp.sharding == "HYBRID_SHARD":
                     replicas = tuple(sc.grid.dp_group(0)[len(group)::len(group)])
-                    free_at += self.net.collective_time("all_reduce", nbytes / len(group), (0, *replicas))
+                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), (0, *replicas))
+                free_at = max(free_at, ready_at[done - 1]) + seconds
+                per_microbatch += seconds
             exposed = max(0.0, free_at - backward_end)
+            if zero >= 2 and sc.microbatches > 1:
+                # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
+                # from the first backward on. When that is longer than the backward passes, it sets the end.
+                first_backward = backward_end - (sc.microbatches - 1) * (st.forward + st.backward + st.weight) \
+                    - st.backward
+                exposed = max(exposed, first_backward + sc.microbatches * per_microbatch - backward_end)
         off = sc.offload
         if off.optimizer:
             pcie = sc.cluster.pcie

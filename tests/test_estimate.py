@@ -30,6 +30,7 @@ def test_estimate_within_5_percent_of_the_simulation(path: Path) -> None:
     ["schedule=zb-v", "parallel.vpp=2"], ["parallel.zero=1", "schedule=interleaved", "parallel.vpp=4"],
     ["parallel.pp=16", "parallel.tp=4"], ["training.recompute=full", "parallel.pp=4"],
     ["parallel.zero=3", "parallel.pp=1", "training.micro_batch=2"],
+    ["parallel.zero=2", "parallel.pp=1", "training.global_batch=1536"],  # 12 micro-batches: reduce-scatter bound
 ], ids=lambda o: ",".join(o))
 def test_estimate_within_5_percent_across_layouts(layout: list[str]) -> None:
     scenario = load_scenario(GPT3, ["training.global_batch=256", "parallel.dp=null", *layout])
