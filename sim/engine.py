@@ -108,14 +108,11 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
     start = [float("nan")] * len(tasks)
     end = [float("nan")] * len(tasks)
 
-    members: dict[int, int] = {}
-    for task in tasks:
-        if task.collective >= 0:
-            members[task.collective] = members.get(task.collective, 0) + 1
+    members = graph.shared_collectives()
     arrived: dict[int, int] = {}
     released: dict[int, float] = {}
     arrival: dict[int, float] = {}
-    finished: dict[int, simpy.Event] = {key: env.event() for key, count in members.items() if count > 1}
+    finished: dict[int, simpy.Event] = {key: env.event() for key in members}
 
     flow_level = getattr(network, "flow_level", False)
     flows = FlowNetwork(network.capacities, record_links) if flow_level else None  # type: ignore[attr-defined]

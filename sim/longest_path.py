@@ -28,11 +28,8 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
     end = [nan] * len(tasks)
     done = bytearray(len(tasks))
 
-    members: dict[int, int] = {}
-    for task in tasks:
-        if task.collective >= 0:
-            members[task.collective] = members.get(task.collective, 0) + 1
-    shared = {key for key, count in members.items() if count > 1}
+    members = graph.shared_collectives()
+    shared = set(members)
     arrivals: dict[int, list[tuple[float, int]]] = {key: [] for key in shared}
     arrival: dict[int, float] = {}
 

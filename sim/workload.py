@@ -72,15 +72,30 @@ class TaskGraph:
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
 
+    def rendezvous_key(self, rank: int, kind: str, op: str, group: tuple[int, ...]) -> int:
+        """The key shared by every simulated member of this collective (-1: nothing to meet: slice mode, a send,
+        a group of one, or a folded TP group)."""
+        if not (self.match_collectives and op and op != "send" and len(group) > 1
+                and (self.lockstep == 1 or kind != "tp")):
+            return -1
+        issued = self._issued.get((rank, group), 0)
+        self._issued[(rank, group)] = issued + 1
+        return self._keys.setdefault((group, issued), len(self._keys))
+
+    def shared_collectives(self) -> dict[int, int]:
+        """Rendezvous key -> simulated members, for the collectives with more than one (the engines' meets)."""
+        members: dict[int, int] = {}
+        for task in self.tasks:
+            if task.collective >= 0:
+                members[task.collective] = members.get(task.collective, 0) + 1
+        return {key: count for key, count in members.items() if count > 1}
+
     def add(self, rank: int, stage: int, stream: str, kind: str, name: str, microbatch: int, layer: int,
             deps: list[int], duration: float | None = None, op: str = "", nbytes: float = 0.0, flops: float = 0.0,
             group: tuple[int, ...] = (), collective: int = -1) -> int:
         task_id = len(self.tasks)
-        if (collective < 0 and self.match_collectives and op and op != "send" and len(group) > 1
-                and (self.lockstep == 1 or kind != "tp")):  # a folded TP group has one member: no rendezvous
-            issued = self._issued.get((rank, group), 0)
-            self._issued[(rank, group)] = issued + 1
-            collective = self._keys.setdefault((group, issued), len(self._keys))
+        if collective < 0:
+            collective = self.rendezvous_key(rank, kind, op, group)
         # Positional: the build creates ~10^5 tasks per pipeline and keyword unpacking costs a third of it.
         self.tasks.append(Task(task_id, rank, stage, stream, kind, name, microbatch, layer, deps, duration, op,
                                nbytes, flops, group, collective))
@@ -105,12 +120,12 @@ class _StageEmitter:
     """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
 
     def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, rank: int,
-                 sends: dict[tuple[str, int, int], int]) -> None:
+                 sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
         grid, t = scenario.grid, scenario.training
         here = grid.coord(rank)
         self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(scenario.parallel.pp)]
         self.g, self.sc, self.costs, self.rank, self.sends = graph, scenario, costs, rank, sends
-        self.stage = grid.coord(rank).pp
+        self.stage = here.pp
         self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
         self.tp_group = grid.tp_group(self.rank)
         self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
@@ -132,7 +147,7 @@ class _StageEmitter:
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
-        self.fixed_durations = scenario.variation.jitter == 0
+        self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
         self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (see _layer)
         self.orders: dict[str, list[int]] = {}  # stream -> this rank's ordered task list on it
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
@@ -158,12 +173,9 @@ class _StageEmitter:
         if self.pending_deps and stream not in (GATHER_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
-        if stream == "compute" and self.blocking_tp is not None:
-            if self.blocking_tp not in deps:
-                deps.append(self.blocking_tp)
-            self.blocking_tp = None
+        blocking = self._blocking(stream, deps)
         task = self.g.add(self.rank, self.stage, stream, kind, name, mb, layer, deps, **extra)
-        if stream == "tp" and self.tp_blocks:
+        if blocking:
             self.blocking_tp = task
         return task
 
@@ -269,26 +281,19 @@ class _StageEmitter:
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
         chain = self.chains.get(direction) if stampable else None
-        if chain is not None:
-            tasks, rank, stage = self.g.tasks, self.rank, self.stage
-            if self.g.match_collectives and self.g.lockstep == 1:  # TP collectives need their rendezvous keys
-                add = self.g.add
-                for stream, kind, name, duration, op, nbytes, flops, group in chain:
-                    deps = [after] if after is not None and tasks[after].stream != stream else []
-                    blocking = self._blocking(stream, deps)
-                    after = add(rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes, flops, group)
-                    self.blocking_tp = after if blocking else self.blocking_tp
-                return after
-            orders = self.orders
-            for stream, kind, name, duration, op, nbytes, flops, group in chain:  # TaskGraph.add, inlined
+        if chain is not None:  # TaskGraph.add, inlined
+            graph, rank, stage = self.g, self.rank, self.stage
+            tasks, orders, key = graph.tasks, self.orders, graph.rendezvous_key
+            for stream, kind, name, duration, op, nbytes, flops, group in chain:
                 task_id = len(tasks)
                 deps = [after] if after is not None and tasks[after].stream != stream else []
                 blocking = self._blocking(stream, deps)
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, -1))
+                                  flops, group, key(rank, kind, op, group) if op else -1))
                 orders[stream].append(task_id)
                 after = task_id
-                self.blocking_tp = after if blocking else self.blocking_tp
+                if blocking:
+                    self.blocking_tp = after
             return after
         first = len(self.g.tasks)
         if direction == "forward":
@@ -363,9 +368,7 @@ def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> T
     for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
         sends: dict[tuple[str, int, int], int] = {}
         emitters = [_StageEmitter(graph, scenario, costs_for(grid.rank(tp_rank, dp_rank, stage)),
-                                  grid.rank(tp_rank, dp_rank, stage), sends) for stage in range(p)]
-        for emitter in emitters:
-            emitter.fixed_durations = emitter.fixed_durations and stamp
+                                  grid.rank(tp_rank, dp_rank, stage), sends, stamp) for stage in range(p)]
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:
