@@ -283,13 +283,13 @@ class _StageEmitter:
         chain = self.chains.get(direction) if stampable else None
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
-            tasks, orders, key = graph.tasks, self.orders, graph.rendezvous_key
+            tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
             for stream, kind, name, duration, op, nbytes, flops, group in chain:
                 task_id = len(tasks)
                 deps = [after] if after is not None and tasks[after].stream != stream else []
                 blocking = self._blocking(stream, deps)
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, key(rank, kind, op, group) if op else -1))
+                                  flops, group, key(rank, kind, op, group) if op and meets else -1))
                 orders[stream].append(task_id)
                 after = task_id
                 if blocking:
