@@ -84,6 +84,8 @@ class RooflineCosts:
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         self.profile = profile if profile is not None and dtype in profile.gemm else None
+        if self.profile is not None and self.profile.memory_efficiency is not None:
+            self.bytes_rate = gpu.hbm_bandwidth * self.profile.memory_efficiency
         self.scale = 1.0
         if self.profile is not None:
             profiled_peak = self.profile.gemm[dtype].peak_flops

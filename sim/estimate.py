@@ -37,7 +37,7 @@ from sim.costs import ADAM_BYTES_PER_PARAM, CostModel, Phase, Work
 from sim.hardware import bytes_per_element
 from sim.memory import model_state_bytes, rank_params
 from sim.memory_plan import stage_memory
-from sim.model import (ATTENTION_CORE, embedding_forward_ops, head_forward_ops,
+from sim.model import (ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops,
                        layer_forward_ops, layer_params, model_flops_per_step)
 from sim.schedules import SCHEDULES, Action, Layout, chunk_location, model_chunk
 
@@ -87,10 +87,12 @@ class Estimator:
         if key not in self._compute:
             elem = bytes_per_element(t.dtype)
             b, s = t.micro_batch, sc.seq_len
-            if what in ("attention", "mlp", "selective"):
+            if what in ("attention", "mlp", "selective", "attention_column", "mlp_column"):
                 blocks = layer_forward_ops(sc.model, b, s, p.tp, p.sequence_parallel, elem, t.flash_attention)
                 if what == "selective":
                     work = Work(tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE), 0.0)
+                elif what.endswith("_column"):
+                    work = Work(tuple(op for op in blocks[what[:-7]] if op.name in COLUMN_PARALLEL), 0.0)
                 else:
                     work = Work(blocks[what], 0.5)
             elif what == "embedding":
@@ -107,12 +109,16 @@ class Estimator:
         group = grid.tp_group(0)
         if p.tp > 1:
             ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-            tp_comm = sum(self.net.collective_time(op, tp_bytes, group) for op in ops)  # per block
+            times = [self.net.collective_time(op, tp_bytes, group) for op in ops]  # per block
         else:
-            tp_comm = 0.0
+            times = [0.0]
+        tp_comm = sum(times)
         bwd: Phase = "input_grad" if split else "backward"
         fwd_layer = sum(self._price(sc, b, "forward") for b in ("attention", "mlp")) + 2 * tp_comm
-        bwd_layer = sum(self._price(sc, b, bwd) for b in ("attention", "mlp")) + 2 * tp_comm
+        if p.tp > 1 and not split and self._price(sc, "mlp_column", "weight_grad") > 0:
+            bwd_layer = sum(self._overlapped_backward(sc, b, times) for b in ("attention", "mlp"))
+        else:
+            bwd_layer = sum(self._price(sc, b, bwd) for b in ("attention", "mlp")) + 2 * tp_comm
         if t.recompute == "full":
             bwd_layer += fwd_layer
         elif t.recompute == "selective":
@@ -135,6 +141,17 @@ class Estimator:
                 w += self._price(sc, "head", "weight_grad") if split else 0.0
             stages.append(_Stage(f, b, w, bwd_layer + fsdp_b, layers))
         return stages
+
+    def _overlapped_backward(self, sc: Scenario, block: str, times: list[float]) -> float:
+        """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
+        ``_overlapped_backward``): the column-parallel GEMM's weight gradient hides the input-gradient reduction,
+        and with SP the input all-gather runs beside the input-gradient GEMMs."""
+        weight = self._price(sc, f"{block}_column", "weight_grad")
+        dgrad = self._price(sc, block, "backward") - weight
+        if sc.parallel.sequence_parallel:
+            gather, reduce = times
+            return gather + max(dgrad, gather) + max(reduce, weight)
+        return dgrad + max(times[0], weight)
 
     def _sharded_unit_overhead(self, sc: Scenario, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
         """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""

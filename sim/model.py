@@ -161,6 +161,9 @@ class Op:
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
 ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+# The column-parallel GEMM of each block (Megatron's ColumnParallelLinear): the one whose input gradient is
+# all-reduced (reduce-scattered with SP) across the TP group in the backward.
+COLUMN_PARALLEL = frozenset({"qkv_proj", "mlp_up"})
 
 
 def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:

@@ -53,6 +53,8 @@ class Profile(FrozenSpec):
     device: DeviceInfo
     gemm: dict[str, GemmCurve] = Field(description="per dtype (fp32, tf32, fp16, bf16, fp8)")
     copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
+    memory_efficiency: float | None = Field(default=None, gt=0, le=1, description=(
+        "achieved fraction of HBM bandwidth on memory-bound kernels, where the profile fixes it (else the preset's)"))
     intra_node: dict[str, Any] | None = None
     inter_node: dict[str, Any] | None = None
     source: str = ""

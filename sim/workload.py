@@ -14,18 +14,21 @@ its group's members, matched by group and order of issue):
   V-shaped zb-v chunk s (c = 0) and 2p-1-s (c = 1);
 - tensor parallel (Megatron, Narayanan et al. SC21 Sec. 2.3): an all-reduce of b*s*h after each block's
   forward and each block's backward (2 + 2 per layer); with sequence parallelism an all-gather before and a
-  reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); full recomputation replays
-  the forward, collectives included, before each layer's backward;
+  reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); forward collectives block the
+  compute stream (Megatron's synchronous calls), while in the backward the column-parallel GEMM's
+  input-gradient reduction runs under its weight gradient, and SP all-gathers the stored sharded input again
+  beside the input-gradient GEMMs (Megatron-LM's asynchronous linear layers); full recomputation replays the
+  forward, collectives included, before each layer's backward;
 - pipeline parallel: one send per chunk boundary and micro-batch each way, b*s*h/t per rank (Megatron's
   scatter/gather of p2p tensors; the last stage's chunk c feeds stage 0's chunk c+1); the receiver's first task
   of that micro-batch depends on it;
 - data parallel (sim.data_parallel, called through hooks): DDP buckets, ZeRO-1/2/3 and FSDP collectives and
   the optimizer step.
+The graph's types live in sim.task_graph (re-exported here).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from sim import profile
@@ -33,77 +36,13 @@ from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
 from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
 from sim.data_parallel import GATHER_STREAM, HOST_STREAM, OFFLOAD_STREAM, DataParallelEmitter
 from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
-from sim.model import ATTENTION_CORE, embedding_forward_ops, head_forward_ops, layer_forward_ops
+from sim.model import ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
+from sim.task_graph import Task, TaskGraph
 from sim.variation import jitter_stream
 
 STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM, OFFLOAD_STREAM, HOST_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
-
-
-@dataclass(slots=True)
-class Task:
-    id: int
-    rank: int
-    stage: int
-    stream: str
-    kind: str
-    name: str
-    microbatch: int
-    layer: int
-    deps: list[int]
-    duration: float | None = None  # compute tasks; communication is timed by the network model
-    op: str = ""  # all_reduce | all_gather | reduce_scatter | send
-    nbytes: float = 0.0
-    flops: float = 0.0
-    group: tuple[int, ...] = ()  # collective group (global ranks), or (src, dst) of a send
-    collective: int = -1  # rendezvous key shared by the simulated members of one collective
-
-
-@dataclass
-class TaskGraph:
-    tasks: list[Task] = field(default_factory=list)
-    streams: dict[tuple[int, str], list[int]] = field(default_factory=dict)
-    match_collectives: bool = True  # off in slice mode, where each group has one simulated member
-    # ranks: all with TP ranks folded: each simulated rank (tp rank 0) stands for this many TP ranks in
-    # lockstep, and its DP/PP transfers stand for theirs too (ranks r+1..r+lockstep-1: tp is the fastest dim).
-    lockstep: int = 1
-    # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
-    _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
-    _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
-
-    def rendezvous_key(self, rank: int, kind: str, op: str, group: tuple[int, ...]) -> int:
-        """The key shared by every simulated member of this collective (-1: nothing to meet: slice mode, a send,
-        a group of one, or a folded TP group)."""
-        if not (self.match_collectives and op and op != "send" and len(group) > 1
-                and (self.lockstep == 1 or kind != "tp")):
-            return -1
-        issued = self._issued.get((rank, group), 0)
-        self._issued[(rank, group)] = issued + 1
-        return self._keys.setdefault((group, issued), len(self._keys))
-
-    def shared_collectives(self) -> dict[int, int]:
-        """Rendezvous key -> simulated members, for the collectives with more than one (the engines' meets)."""
-        members: dict[int, int] = {}
-        for task in self.tasks:
-            if task.collective >= 0:
-                members[task.collective] = members.get(task.collective, 0) + 1
-        return {key: count for key, count in members.items() if count > 1}
-
-    def add(self, rank: int, stage: int, stream: str, kind: str, name: str, microbatch: int, layer: int,
-            deps: list[int], duration: float | None = None, op: str = "", nbytes: float = 0.0, flops: float = 0.0,
-            group: tuple[int, ...] = (), collective: int = -1) -> int:
-        task_id = len(self.tasks)
-        if collective < 0:
-            collective = self.rendezvous_key(rank, kind, op, group)
-        # Positional: the build creates ~10^5 tasks per pipeline and keyword unpacking costs a third of it.
-        self.tasks.append(Task(task_id, rank, stage, stream, kind, name, microbatch, layer, deps, duration, op,
-                               nbytes, flops, group, collective))
-        order = self.streams.get((rank, stream))
-        if order is None:
-            order = self.streams[(rank, stream)] = []
-        order.append(task_id)
-        return task_id
 
 
 def make_costs(scenario: Scenario, gpu: GpuSpec | None = None) -> CostModel:
@@ -136,6 +75,9 @@ class _StageEmitter:
         b, s = t.micro_batch, scenario.seq_len
         blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention)
         self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
+        self.column_work = {name: Work(tuple(op for op in ops if op.name in COLUMN_PARALLEL), 0.0)
+                            for name, ops in blocks.items()}
+        self.flags: dict[int, tuple[bool, bool, tuple[int, ...]]] = {}  # task -> non-default chain dependencies
         core = tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE)
         self.selective_work = Work(core, 0.0)
         self.embed_work = Work(embedding_forward_ops(scenario.model, b, s, elem), 0.0)
@@ -179,14 +121,17 @@ class _StageEmitter:
             self.blocking_tp = task
         return task
 
-    def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
-                 phase: Phase = "forward") -> int | None:
+    def _price(self, work: Work, phase: Phase) -> tuple[float, float]:
         # The same few blocks recur for every micro-batch and layer: price each (block, phase) once. Keyed by
         # identity, which is stable because this emitter owns its Work objects for as long as the cache lives.
         key = (id(work), phase)
         if key not in self.priced:
             self.priced[key] = (self.costs.compute_time(work, phase), work.flops(phase))
-        duration, flops = self.priced[key]
+        return self.priced[key]
+
+    def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
+                 phase: Phase = "forward", cost: tuple[float, float] | None = None) -> int | None:
+        duration, flops = cost or self._price(work, phase)
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
         duration *= self.jitter()
@@ -212,8 +157,41 @@ class _StageEmitter:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
         if self.sp:
             after = self._tp("all_gather", mb, layer, after)
+        if phase == "backward" and self.tp > 1 and self._price(self.column_work[block], "weight_grad")[0] > 0:
+            return self._overlapped_backward(block, mb, layer, after)
         after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
         return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
+
+    def _overlapped_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """A block's fused backward as Megatron-LM runs it (LinearWithGradAccumulationAndAsyncCommunication): the
+        column-parallel GEMM's input-gradient all-reduce (reduce-scatter with SP) is issued asynchronously and
+        runs while that GEMM's weight gradient is computed; with SP, the layer input, stored sharded, is
+        all-gathered again during the input-gradient GEMMs (Korthikanti et al. 2022 Sec. 4.2.2). Returns the
+        weight-gradient task; the collective is left as the one the next compute waits for."""
+        work, column = self.block_work[block], self.column_work[block]
+        total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
+        gathered = None
+        if self.sp:  # issued right after the output-gradient all-gather, which still gates the compute
+            gate = self.blocking_tp
+            gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
+            self.blocking_tp, after = gate, gate
+        dgrad = self._compute("backward", block, mb, layer, work, after, cost=(total[0] - weight[0], total[1] - weight[1]))
+        if gathered is not None:
+            self._flagged(dgrad, False, True, ())
+        reduce = self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad)
+        extra = [gathered] if gathered is not None else []
+        wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,
+                           weight[0] * self.jitter(), "", 0.0, weight[1])
+        self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
+        self.blocking_tp = reduce  # the next block consumes the reduced input gradient
+        return wgrad
+
+    def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...]) -> int | None:
+        """Marks a task whose dependencies differ from the chain default, for stamping (see ``_layer``): ``prev``
+        depends on the task emitted just before it (other stream), ``touch`` takes or sets the blocking TP
+        collective, ``extra`` depends on the tasks that many places earlier in the chain."""
+        self.flags[task] = (prev, touch, extra)  # type: ignore[index]
+        return task
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
         to_stage, _ = chunk_location(self.layout, self.p, to_global_chunk)
@@ -284,10 +262,16 @@ class _StageEmitter:
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
-            for stream, kind, name, duration, op, nbytes, flops, group in chain:
+            for stream, kind, name, duration, op, nbytes, flops, group, flags in chain:
                 task_id = len(tasks)
-                deps = [after] if after is not None and tasks[after].stream != stream else []
-                blocking = self._blocking(stream, deps)
+                if flags is None:
+                    deps = [after] if after is not None and tasks[after].stream != stream else []
+                    blocking = self._blocking(stream, deps)
+                else:
+                    prev, touch, extra = flags
+                    deps = [after] if prev and after is not None and tasks[after].stream != stream else []
+                    deps += [task_id - back for back in extra]
+                    blocking = self._blocking(stream, deps) if touch else False
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
                                   flops, group, key(rank, kind, op, group) if op and meets else -1))
                 orders[stream].append(task_id)
@@ -313,8 +297,8 @@ class _StageEmitter:
                 after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[direction] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group)
-                                      for t in self.g.tasks[first:]]
+            self.chains[direction] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
+                                       self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after
 

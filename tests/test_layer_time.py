@@ -1,11 +1,13 @@
 """One transformer layer's forward and backward time against Korthikanti et al. 2022 Table 4 (22B layer, tp 8,
 micro-batch 4, sequence 2048, A100 80GB; Megatron-LM on Selene).
 
-The roofline cost model plus the analytic NVLink all-reduce predicts 6.1-6.6 ms forward against 7.2-7.7 ms
-measured (14-15% fast) and 10.5-18.1 ms backward against 11.8-19.5 ms (3-13% fast). The tolerance (17%) states
-today's fidelity; the fidelity work is to narrow it, not to widen it. The orderings the paper reports must hold
-exactly: sequence parallelism shortens the forward, full recomputation adds about a forward to the backward,
-selective recomputation adds a few percent.
+These ten numbers are the A100 calibration: the shipped A100 profile's one factor on kernel times (1.23) is
+fitted to them by ``scripts/fit_default_profiles.py`` (RMS error 1.4%, worst 3%), so this test checks that
+the shipped profile is the fitted one and that the layer's structure (Megatron's synchronous forward
+collectives, the asynchronous input-gradient reduction under the weight gradient, SP's second all-gather)
+reproduces every variant with one factor. The paper's iteration times stay blind: ``sim validate``.
+The orderings the paper reports must hold exactly: sequence parallelism shortens the forward, full
+recomputation adds about a forward to the backward, selective recomputation adds a few percent.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def layer_times(sequence_parallel: bool, recompute: str) -> tuple[float, float]:
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["experiment"])
 def test_layer_time_within_the_stated_tolerance(row: dict[str, str]) -> None:
     forward, backward = layer_times(*EXPERIMENTS[row["experiment"]])
-    assert forward == pytest.approx(float(row["forward_ms"]), rel=0.17)
-    assert backward == pytest.approx(float(row["backward_ms"]), rel=0.17)
+    assert forward == pytest.approx(float(row["forward_ms"]), rel=0.05)
+    assert backward == pytest.approx(float(row["backward_ms"]), rel=0.05)
 
 
 def test_the_papers_orderings_hold() -> None:

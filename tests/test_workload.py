@@ -40,7 +40,9 @@ def test_tp_all_reduces_two_forward_two_backward_per_layer():
 def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gather():
     g = workload.build(layout(tp=4, pp=1, dp=1, sp=True))
     ops = [t.op for t in tasks_of(g, kind="tp", microbatch=0, layer=0)]
-    assert ops.count("all_gather") == 4 and ops.count("reduce_scatter") == 4 and "all_reduce" not in ops
+    # Forward: all-gather + reduce-scatter per block. Backward: the output gradient's all-gather, the stored
+    # sharded input's all-gather for the weight gradient (Korthikanti et al. 2022 Sec. 4.2.2), reduce-scatter.
+    assert ops.count("all_gather") == 6 and ops.count("reduce_scatter") == 4 and "all_reduce" not in ops
 
 
 def test_full_recompute_replays_the_forward_collectives():
