@@ -5,6 +5,7 @@
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
+  validate [--folder DIR] [--out DIR]  run the validation set; write DIR/validation.md and the parity plot
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     net.add_argument("-o", "--output", help="also write the markdown table here")
     gemm = commands.add_parser("gemm-report", help="predicted vs measured GEMM times (default profiles)")
     gemm.add_argument("-o", "--output", help="also write the markdown table here")
+    val = commands.add_parser("validate", help="run scenarios/validation; write the report and parity plot")
+    val.add_argument("--folder", default="scenarios/validation")
+    val.add_argument("--out", default="docs", help="validation.md goes here, the plot under OUT/images/")
     args = top.parse_args(argv)
     reports = {"fsdp-report": fsdp_report, "network-report": network_report, "gemm-report": gemm_report}
     try:
@@ -49,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.output:
                 Path(args.output).write_text(markdown)
                 print(f"wrote {args.output}")
+            return 0
+        if args.command == "validate":
+            from analysis.validation_report import to_markdown, write_validation_report
+            from sim.validate import run_validation
+
+            table = run_validation(args.folder)
+            write_validation_report(args.out, table, Path(args.out) / "images")
+            print(to_markdown(table, "images/parity.png"))
+            print(f"wrote {args.out}/validation.md, {args.out}/images/parity.png")
             return 0
         if args.command == "compare":
             compare_schedules(args.scenario, args.output)

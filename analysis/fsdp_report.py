@@ -25,11 +25,16 @@ DATA = Path(__file__).resolve().parent / "data" / "fsdp_ibm_llama2.csv"
 
 
 def scenario_for(row: pd.Series) -> Scenario:
+    return scenario_from_dict(scenario_dict(row))
+
+
+def scenario_dict(row: pd.Series) -> dict[str, Any]:
+    """The scenario of one published run, as a dict (also written to ``scenarios/validation/``)."""
     a100 = "A100" in str(row["gpu"])
     gpus = int(row["num_gpus"])
     per_node = 400e9 if a100 else 800e9  # the blog's inter-node bandwidth per node, in bits/s
     recompute = "none" if str(row["activation_checkpointing"]) == "no" else "full"
-    return scenario_from_dict({
+    return {
         "name": f"ibm-fsdp-{row['model']}-{'a100' if a100 else 'h100'}",
         "cluster": {"gpu": "A100-80GB-SXM" if a100 else "H100-SXM", "nodes": gpus // 8, "gpus_per_node": 8,
                     "inter_node": {"bandwidth": per_node / 8 / 8}},
@@ -42,7 +47,7 @@ def scenario_for(row: pd.Series) -> Scenario:
                      "seq_len": int(row["seq_len"]), "recompute": recompute, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 1, "dp": gpus},
         "fsdp": {"sharding": "FULL_SHARD"},
-    })
+    }
 
 
 def report(rows: pd.DataFrame | None = None) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot | sweep``.
+"""Command line: ``sim run | check | plot | sweep | search | validate | calibrate``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -7,7 +7,8 @@ chart), a summary table on the terminal, and the exit code: 0 on success, non-ze
 
 Charts live in the ``analysis`` package, which ``sim`` never imports: ``analysis`` registers its writers
 under the ``clustersim.outputs`` (after ``sim run``), ``clustersim.plot`` (``sim plot``) and
-``clustersim.sweep_outputs`` (after ``sim sweep``) entry-point groups in pyproject.toml, and this module calls
+``clustersim.sweep_outputs`` (after ``sim sweep``), ``clustersim.search_outputs`` and
+``clustersim.validate_outputs`` entry-point groups in pyproject.toml, and this module calls
 whatever is registered.
 """
 
@@ -30,11 +31,13 @@ from sim.config import Scenario, load_scenario, resolved_yaml
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.memory_plan import PARTS, memory_plan
 from sim.model import MODEL_PRESETS
+from sim.validate import DEFAULT_FOLDER, error_stats, run_validation
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
 SWEEP_PLUGINS = "clustersim.sweep_outputs"
 SEARCH_PLUGINS = "clustersim.search_outputs"
+VALIDATE_PLUGINS = "clustersim.validate_outputs"
 
 
 def _plugins(group: str) -> list[Callable[..., Any]]:
@@ -285,6 +288,11 @@ def parser() -> argparse.ArgumentParser:
     executor_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
 
+    val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
+    val.add_argument("folder", nargs="?", default=str(DEFAULT_FOLDER), help="scenarios + published.csv")
+    val.add_argument("--only", action="append", help="one scenario file name (repeatable)")
+    val.add_argument("-o", "--output", help="write validation.csv here")
+    val.set_defaults(handler=cmd_validate)
     cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
                               "into a profile for costs: calibrated")
     cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
@@ -300,6 +308,32 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--seq-len", type=int, default=4096)
     cal.set_defaults(handler=cmd_calibrate)
     return top
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    table = run_validation(args.folder, args.only)
+    view = Table(title="predicted vs published (iteration time; MFU where published)", header_style="bold")
+    for column in ("scenario", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
+        view.add_column(column, justify="left" if column == "scenario" else "right")
+    for r in table.to_dict("records"):
+        if r.get("error"):
+            view.add_row(r["scenario"], "", f"{r['published_iteration_time_s']:.3f}", "failed", r["error"][:60], "")
+            continue
+        published_mfu = r["published_mfu"]
+        mfu = f"{published_mfu:.3f} / {r['predicted_mfu']:.3f}" if published_mfu == published_mfu else ""  # not NaN
+        view.add_row(r["scenario"], str(r["gpus"]), f"{r['published_iteration_time_s']:.3f}",
+                     f"{r['predicted_iteration_time_s']:.3f}", f"{r['iteration_time_error']:+.1%}", mfu)
+    console.print(view)
+    for key, value in error_stats(table).items():
+        if key != "rows":
+            console.print(f"{key.replace('_abs', ' absolute error')}: {value:.1%}")
+    if args.output:
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+        table.to_csv(Path(args.output) / "validation.csv", index=False)
+        for write in _plugins(VALIDATE_PLUGINS):
+            write(args.output, table)
+        console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))
+    return 1 if (table["error"] != "").any() else 0
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
