@@ -48,7 +48,8 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
     """One published run against its scenario's simulation."""
     out: dict[str, Any] = {"scenario": row["scenario"], "group": row["group"], "source": row["source"],
                            "published_iteration_time_s": float(row["iteration_time_s"]),
-                           "published_mfu": row.get("mfu"), "published_tokens_per_s_per_gpu": row.get("tokens_per_s_per_gpu")}
+                           "published_mfu": row.get("mfu"),
+                           "published_tokens_per_s_per_gpu": row.get("tokens_per_s_per_gpu")}
     try:
         scenario = load_scenario(folder / str(row["scenario"]))
         summary = runner.run(scenario).summary

@@ -175,7 +175,8 @@ class _StageEmitter:
             gate = self.blocking_tp
             gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
             self.blocking_tp, after = gate, gate
-        dgrad = self._compute("backward", block, mb, layer, work, after, cost=(total[0] - weight[0], total[1] - weight[1]))
+        dgrad = self._compute("backward", block, mb, layer, work, after,
+                              cost=(total[0] - weight[0], total[1] - weight[1]))
         if gathered is not None:
             self._flagged(dgrad, False, True, ())
         reduce = self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad)
