@@ -59,29 +59,16 @@ def a100_layer_times(profile_data: dict[str, object]) -> list[tuple[float, float
     import csv
     import tempfile
 
-    from sim import runner
-    from sim.config import scenario_from_dict
+    from sim.validate import LAYER_EXPERIMENTS, layer_times
 
-    modes = {"Baseline no recompute": (False, "none"), "Sequence Parallelism": (True, "none"),
-             "Baseline with recompute": (False, "full"), "Selective Recompute": (False, "selective"),
-             "Selective + Sequence": (True, "selective")}
     pairs = []
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "a100.json"
         path.write_text(json.dumps(profile_data))
         for row in csv.DictReader(open(ROOT / "tests" / "data" / "korthikanti2022_layer_time.csv")):
-            sp, recompute = modes[row["experiment"]]
-            trace = runner.run(scenario_from_dict({
-                "name": "korthikanti-22b-layer", "cluster": {"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
-                "model": {"name": "22B", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64,
-                          "vocab_size": 51200, "max_seq_len": 2048},
-                "training": {"microbatches": 1, "micro_batch": 4, "seq_len": 2048, "recompute": recompute},
-                "parallel": {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": sp},
-                "costs": {"model": "calibrated", "profile": str(path)}})).trace
-            compute = trace[trace["stream"] == "compute"]
-            first = compute.groupby(["layer", compute["kind"].eq("forward")])["start_s"].min()
-            pairs += [((first[(4, True)] - first[(3, True)]) * 1e3, float(row["forward_ms"])),
-                      ((first[(2, False)] - first[(3, False)]) * 1e3, float(row["backward_ms"]))]
+            forward, backward = layer_times(*LAYER_EXPERIMENTS[row["experiment"]],
+                                            costs={"model": "calibrated", "profile": str(path)})
+            pairs += [(forward, float(row["forward_ms"])), (backward, float(row["backward_ms"]))]
     return pairs
 
 

@@ -7,7 +7,8 @@ costs between calls, so screening thousands of layouts of one model on one clust
 
 The same cost model and network as the event simulation price the pieces; what differs is the composition:
 - a micro-batch's forward (backward) on stage s = its layers' blocks plus their Megatron TP collectives, which
-  the compute stream waits for (Narayanan et al. SC21 Sec. 3.3), plus the embedding / head on the end stages;
+  the compute stream waits for (Narayanan et al. SC21 Sec. 3.3), except the backward's input-gradient
+  reduction, which hides under the column-parallel weight gradient; plus the embedding / head on the end stages;
 - pipeline makespan by schedule, with F_s, B_s, W_s per stage and c one p2p send: GPipe / 1F1B
   sum_s(F_s+B_s) + (m-1) max_s(F_s+B_s) + 2(p-1)c (Narayanan et al. 2021 Sec. 2.2); interleaved with v
   chunks the warm-up/cool-down shrink to (p-1)(F+B)/v; ZB-H1 (p-1)(F+B-W) and ZB-H2 max(0,(p-1)(F+B-2W))

@@ -6,6 +6,8 @@ where the source gives them, the source (paper and table) and notes. Out: a Data
 run: predicted and published iteration time, MFU and tokens/s per GPU, the relative errors (predicted /
 published - 1), peak memory and whether it fits; a scenario that fails to load or run keeps its row with the
 one-line error and no prediction. ``error_stats`` gives the mean and maximum absolute iteration-time error.
+``layer_times`` simulates the 22B layer of Korthikanti et al. 2022 Table 4 (the A100 calibration's target,
+shared by its fitting script and its test).
 
 Nothing here is tuned to these rows: the scenarios use the shipped presets and default profiles (one
 calibration per GPU type, see ``scripts/fit_default_profiles.py``).
@@ -19,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
-from sim.config import load_scenario
+from sim.config import load_scenario, scenario_from_dict
 from sim.errors import ConfigError, SimError
 
 DEFAULT_FOLDER = Path("scenarios") / "validation"
@@ -85,3 +87,24 @@ def error_stats(table: pd.DataFrame, column: str = "iteration_time_error") -> di
     for group, part in ran.groupby("group"):
         stats[f"{group}: mean_abs"] = float(part[column].abs().mean())
     return stats
+
+
+# Korthikanti et al. 2022 Table 4's experiments: (sequence parallel, recompute).
+LAYER_EXPERIMENTS = {"Baseline no recompute": (False, "none"), "Sequence Parallelism": (True, "none"),
+                     "Baseline with recompute": (False, "full"), "Selective Recompute": (False, "selective"),
+                     "Selective + Sequence": (True, "selective")}
+
+
+def layer_times(sequence_parallel: bool, recompute: str, costs: Any = "roofline") -> tuple[float, float]:
+    """(forward, backward) ms of a middle layer of the paper's 22B model (tp 8, micro-batch 4, sequence 2048,
+    A100): from its first task to the next layer's first task."""
+    trace = runner.run(scenario_from_dict({
+        "name": "korthikanti-22b-layer", "cluster": {"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": {"name": "22B", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64,
+                  "vocab_size": 51200, "max_seq_len": 2048},
+        "training": {"microbatches": 1, "micro_batch": 4, "seq_len": 2048, "recompute": recompute},
+        "parallel": {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": sequence_parallel}, "costs": costs,
+    })).trace
+    compute = trace[trace["stream"] == "compute"]
+    first = compute.groupby(["layer", compute["kind"].eq("forward")])["start_s"].min()
+    return (first[(4, True)] - first[(3, True)]) * 1e3, (first[(2, False)] - first[(3, False)]) * 1e3

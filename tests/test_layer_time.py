@@ -17,30 +17,10 @@ import csv
 import pytest
 
 from conftest import DATA
-from sim import runner
-from sim.config import scenario_from_dict
+from sim.validate import LAYER_EXPERIMENTS, layer_times
 
 ROWS = list(csv.DictReader(open(DATA / "korthikanti2022_layer_time.csv", encoding="utf-8")))
-EXPERIMENTS = {"Baseline no recompute": (False, "none"), "Sequence Parallelism": (True, "none"),
-               "Baseline with recompute": (False, "full"), "Selective Recompute": (False, "selective"),
-               "Selective + Sequence": (True, "selective")}
-
-
-def layer_times(sequence_parallel: bool, recompute: str) -> tuple[float, float]:
-    """(forward, backward) ms of a middle layer: from its first task to the next layer's first task."""
-    scenario = scenario_from_dict({
-        "name": "korthikanti-22b-layer", "cluster": {"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": {"name": "22B", "num_layers": 8, "hidden_size": 6144, "num_attention_heads": 64,
-                  "vocab_size": 51200, "max_seq_len": 2048},
-        "training": {"microbatches": 1, "micro_batch": 4, "seq_len": 2048, "recompute": recompute},
-        "parallel": {"tp": 8, "pp": 1, "dp": 1, "sequence_parallel": sequence_parallel},
-    })
-    trace = runner.run(scenario).trace
-    compute = trace[trace["stream"] == "compute"]
-    first = compute.groupby(["layer", compute["kind"].eq("forward")])["start_s"].min()
-    forward = first[(4, True)] - first[(3, True)]
-    backward = first[(2, False)] - first[(3, False)]
-    return forward * 1e3, backward * 1e3
+EXPERIMENTS = LAYER_EXPERIMENTS
 
 
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r["experiment"])
