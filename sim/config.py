@@ -18,14 +18,13 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sim import profile
 from sim.cluster import ClusterSpec, expand_preset
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
 from sim.model import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.parallel import RankGrid
-from sim.variation import VariationSpec, check_variation
-from sim.schedules import SCHEDULES
+from sim.rules import check_rules
+from sim.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds
 
 MiB = 2**20
@@ -38,7 +37,12 @@ class TrainingSpec(FrozenSpec):
     seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
+    recompute_num_layers: int | None = Field(default=None, ge=0, description=(
+        "with full recompute: layers of each model chunk recomputed, the first ones (Megatron-LM's "
+        "--recompute-method block); the rest keep their activations. Default: all"))
     flash_attention: bool = False
+    fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
+                                "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
 
 
 class ParallelSpec(FrozenSpec):
@@ -206,7 +210,7 @@ class Scenario(FrozenSpec):
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> "Scenario":
-        check_rules(self)
+        check_rules(self)  # sim.rules: the cross-field rules, each naming its field
         return self
 
     # Derived quantities used everywhere below the boundary.
@@ -249,78 +253,26 @@ class Scenario(FrozenSpec):
         return 3 if self.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
 
     @property
+    def layers_per_chunk(self) -> int:
+        return self.model.num_layers // (self.parallel.pp * self.parallel.vpp)
+
+    def recomputes(self, layer: int) -> bool:
+        """Whether full recomputation rebuilds this layer's activations in its backward (the first
+        ``recompute_num_layers`` layers of each model chunk)."""
+        n = self.training.recompute_num_layers
+        return self.training.recompute == "full" and (n is None or layer % self.layers_per_chunk < n)
+
+    @property
+    def recomputed_fraction(self) -> float:
+        """Share of a chunk's layers whose forward runs twice."""
+        if self.training.recompute != "full":
+            return 0.0
+        n = self.training.recompute_num_layers
+        return 1.0 if n is None else n / self.layers_per_chunk
+
+    @property
     def grid(self) -> RankGrid:
         return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
-
-
-def check_rules(s: Scenario) -> None:
-    """Cross-field rules; each message starts with the field(s) it concerns."""
-    p, m = s.parallel, s.model
-    gpus = s.num_gpus
-    if p.dp is None and gpus % (p.tp * p.pp):
-        raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
-    if p.tp * p.pp * s.dp != gpus:
-        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
-    if m.num_layers % (p.pp * p.vpp):
-        what = "pp" if p.vpp == 1 else "pp*vpp"
-        raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
-    if m.num_attention_heads % p.tp:
-        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_attention_heads = {m.num_attention_heads}")
-    if m.kv_heads % p.tp:
-        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
-    if m.ffn % p.tp:
-        raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
-    t = s.training
-    if t.global_batch is None and t.microbatches is None:
-        raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")
-    if t.global_batch is not None and t.global_batch % (s.dp * t.micro_batch):
-        raise ValueError(
-            f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
-            f"{s.dp}*{t.micro_batch} = {s.dp * t.micro_batch}"
-        )
-    if t.global_batch is not None and t.microbatches is not None and t.global_batch != s.global_batch:
-        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
-                         f"= m*dp*micro_batch would need m = {t.global_batch // (s.dp * t.micro_batch)}")
-    if m.position_embedding == "learned" and s.seq_len > m.max_seq_len:
-        raise ValueError(f"training.seq_len: {s.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
-    if p.sequence_parallel and s.seq_len % p.tp:
-        raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
-    if t.dtype not in s.cluster.gpu.peak_flops:
-        raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
-    if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
-        raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
-    if (s.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
-        raise ValueError(f"parallel.zero: ZeRO-{s.zero_stage}/FSDP is not combined with pipeline parallelism "
-                         f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
-    if s.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
-        raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{s.zero_stage}/FSDP use 1f1b or gpipe")
-    if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
-        raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
-    if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
-        per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
-        if per_node < 1 or s.dp % per_node or s.dp == per_node:
-            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
-                             f"({max(per_node, 1)} per node)")
-    check_variation(s)
-    reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
-    if reason:
-        raise ValueError(f"schedule: {reason}")
-    if s.offload.params and not s.offload.optimizer:
-        raise ValueError("offload.params: the host keeps the master weights only with offload.optimizer: true "
-                         "(FSDP's CPUOffload and ZeRO-Infinity offload both)")
-    if s.offload.params and s.zero_stage < 3:
-        raise ValueError(f"offload.params: offloading the weights needs ZeRO-3/FSDP FULL_SHARD (zero stage is "
-                         f"{s.zero_stage})")
-    if s.offload.optimizer and s.zero_stage < 1 and s.dp > 1:
-        raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
-    if isinstance(s.costs, CalibratedCostsSpec):
-        measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
-        if t.dtype not in measured.gemm:
-            raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements "
-                             f"(it has: {', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
-
-
-# ------------------------------------------------------------------------------------------ loading, errors
 
 
 def _format_error(error: ValidationError) -> str:

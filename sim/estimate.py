@@ -84,12 +84,13 @@ class Estimator:
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, sc: Scenario, what: str, phase: Phase) -> float:
         t, p = sc.training, sc.parallel
-        key = (what, phase, t.micro_batch, sc.seq_len, p.tp, p.sequence_parallel, t.flash_attention)
+        key = (what, phase, t.micro_batch, sc.seq_len, p.tp, p.sequence_parallel, t.flash_attention, t.fused_kernels)
         if key not in self._compute:
             elem = bytes_per_element(t.dtype)
             b, s = t.micro_batch, sc.seq_len
             if what in ("attention", "mlp", "selective", "attention_column", "mlp_column"):
-                blocks = layer_forward_ops(sc.model, b, s, p.tp, p.sequence_parallel, elem, t.flash_attention)
+                blocks = layer_forward_ops(sc.model, b, s, p.tp, p.sequence_parallel, elem, t.flash_attention,
+                                           t.fused_kernels)
                 if what == "selective":
                     work = Work(tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE), 0.0)
                 elif what.endswith("_column"):
@@ -121,7 +122,7 @@ class Estimator:
         else:
             bwd_layer = sum(self._price(sc, b, bwd) for b in ("attention", "mlp")) + 2 * tp_comm
         if t.recompute == "full":
-            bwd_layer += fwd_layer
+            bwd_layer += sc.recomputed_fraction * fwd_layer
         elif t.recompute == "selective":
             bwd_layer += self._price(sc, "selective", "forward")
         w_layer = sum(self._price(sc, b, "weight_grad") for b in ("attention", "mlp")) if split else 0.0

@@ -42,8 +42,15 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     per_layer = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel,
                                            t.recompute, t.flash_attention)
     chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)
-    activations = chunks_in_flight * per_layer * model.num_layers // (p.pp * p.vpp)
-    if t.recompute == "full":
+    recomputed = scenario.layers_per_chunk
+    if t.recompute == "full" and t.recompute_num_layers is not None:  # the other layers keep everything
+        recomputed = t.recompute_num_layers
+        per_chunk_rest = (scenario.layers_per_chunk - recomputed) * activation_bytes_per_layer(
+            model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel, "none", t.flash_attention)
+    else:
+        per_chunk_rest = 0.0
+    activations = chunks_in_flight * (per_layer * recomputed + per_chunk_rest)
+    if t.recompute == "full" and recomputed > 0:
         activations += activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp,
                                                   p.sequence_parallel, "none", t.flash_attention)
     elem = bytes_per_element(t.dtype)

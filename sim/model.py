@@ -176,6 +176,23 @@ def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int,
     return Op(name, 0.0, float(elements * (elem * (reads + writes) + masks)), False)
 
 
+# Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
+# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out:
+# cast to fp32 (2+4), pow (4+4), mean (4), multiply by rsqrt (4+4), cast back (4+2), multiply by weight (2+2).
+EAGER_RMSNORM_BYTES = 36.0
+# Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
+# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
+EAGER_ROPE_BYTES = 36.0
+
+
+def _eager_norm(name: str, elements: float, elem: int, reads: int, writes: int) -> Op:
+    return Op(name, 0.0, float(elements * EAGER_RMSNORM_BYTES * elem / 2), False)
+
+
+def _eager_rope(elements: float) -> Op:
+    return Op("rotary_embedding", 0.0, float(elements * EAGER_ROPE_BYTES), False)
+
+
 def layer_forward_ops(
     spec: ModelSpec,
     micro_batch: int,
@@ -184,10 +201,13 @@ def layer_forward_ops(
     sequence_parallel: bool,
     elem_bytes: int,
     flash_attention: bool,
+    fused_kernels: bool = True,
 ) -> dict[str, tuple[Op, ...]]:
     """Forward kernels of one layer on one TP rank, as two blocks (``attention``, ``mlp``) separated by the
     Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
-    parallelism (without it every TP rank repeats it)."""
+    parallelism (without it every TP rank repeats it). ``fused_kernels``: Megatron-LM's fused norm, bias-
+    activation and dropout-add kernels (one read and one write per tensor); without it, the unfused element-wise
+    kernels of a PyTorch eager Llama (``eager_norm`` and friends below)."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
     tokens = b * s
     heads = spec.num_attention_heads / tp
@@ -196,10 +216,13 @@ def layer_forward_ops(
     replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
 
+    norm = _elementwise if fused_kernels else _eager_norm
     attention: list[Op] = [
-        _elementwise("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
         _gemm("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
     ]
+    if not fused_kernels and spec.position_embedding == "rope":
+        attention.append(_eager_rope(tokens * (h / tp + kv_local)))
     if flash_attention:
         # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
         attention.append(
@@ -217,19 +240,28 @@ def layer_forward_ops(
             _elementwise("softmax_dropout", score_elems, elem_bytes, reads=1, writes=2, masks=1),
             _gemm("attention_values", s, spec.head_dim, s, elem_bytes, batch=b * heads, weights=False),
         ]
+    if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
+        attention.append(_elementwise("attention_transpose", tokens * h / tp, elem_bytes, reads=1, writes=1))
     attention += [
         _gemm("out_proj", tokens, h, h / tp, elem_bytes),
-        _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1, masks=1),
+        _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
     ]
 
     up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
     activation_reads = 2 if spec.mlp == "swiglu" else 1
+    if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
+        activation_reads, activation_writes = 3, 2
+    else:
+        activation_writes = 1
     mlp = (
-        _elementwise("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
         _gemm("mlp_up", tokens, up_width, h, elem_bytes),
-        _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads, writes=1),
+        _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads,
+                     writes=activation_writes),
         _gemm("mlp_down", tokens, h, ffn_local, elem_bytes),
-        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1, masks=1),
+        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
     )
     return {"attention": tuple(attention), "mlp": mlp}
 

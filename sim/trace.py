@@ -111,9 +111,10 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
     per_layer = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
                                            p.sequence_parallel, t.recompute, t.flash_attention)
     working = 0.0
-    if t.recompute == "full":  # one layer's activations are rebuilt during its backward
-        working = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
-                                             p.sequence_parallel, "none", t.flash_attention)
+    kept_whole = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
+                                            p.sequence_parallel, "none", t.flash_attention)
+    if t.recompute == "full" and t.recompute_num_layers != 0:  # a layer's activations rebuilt in its backward
+        working = kept_whole
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
     # weight-gradient pass W when the schedule splits the backward).
     layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
@@ -127,7 +128,11 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
         resident, host = states_and_buffers(scenario, int(stage))
         stash = ends.loc[(rank, "forward")].to_numpy()
         free = ends.loc[(rank, "backward")].to_numpy()
-        parts = {"activations": (stash, free, np.full(len(stash), per_layer))}
+        sizes = np.full(len(stash), per_layer)
+        if t.recompute == "full" and t.recompute_num_layers is not None:  # layers past the first n keep all
+            layers = ends.loc[(rank, "forward")].index.get_level_values("layer").to_numpy()
+            sizes[layers % scenario.layers_per_chunk >= t.recompute_num_layers] = kept_whole
+        parts = {"activations": (stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)
         dynamic = peak_usage(parts)

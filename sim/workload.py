@@ -73,7 +73,7 @@ class _StageEmitter:
         self.layout = SCHEDULES[scenario.schedule].layout
         elem = bytes_per_element(t.dtype)
         b, s = t.micro_batch, scenario.seq_len
-        blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention)
+        blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention, t.fused_kernels)
         self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
         self.column_work = {name: Work(tuple(op for op in ops if op.name in COLUMN_PARALLEL), 0.0)
                             for name, ops in blocks.items()}
@@ -259,7 +259,9 @@ class _StageEmitter:
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
-        chain = self.chains.get(direction) if stampable else None
+        recomputes = direction == "backward" and self.sc.recomputes(layer)
+        chain_key = f"{direction}+recompute" if recomputes else direction
+        chain = self.chains.get(chain_key) if stampable else None
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
@@ -289,7 +291,7 @@ class _StageEmitter:
             phase: Phase = "input_grad" if self.splits_backward else "backward"
             recompute = self.sc.training.recompute
             self.dp.before_layer(mb, layer, "backward")
-            if recompute == "full":
+            if recomputes:
                 for block in ("attention", "mlp"):
                     after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
@@ -298,7 +300,7 @@ class _StageEmitter:
                 after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[direction] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
+            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
                                        self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after
