@@ -1,14 +1,15 @@
 """Predicted versus published MFU for the PyTorch FSDP runs of IBM and Meta's blog "Maximizing training
 throughput using PyTorch FSDP" (2024), Table 1: Llama-2 7B/13B/34B/70B on 128 A100 and 96 H100.
 
-In: the rows in ``analysis/data/fsdp_ibm_llama2.csv`` (copied from the team's reference data, with their source).
-Out: a DataFrame and a markdown table, one row per published run: the scenario we build for it (FSDP
-FULL_SHARD over every GPU, FlashAttention, 2 x 4096-token sequences per GPU and step, the inter-node
-bandwidth of the blog's cluster per GPU), predicted and published MFU and tokens/s per GPU, and the
-relative error.
+In: the validation set's FSDP rows (``scenarios/validation/published.csv``, group "PyTorch FSDP ...") and their
+scenarios (the same files ``sim validate`` runs: one source for both). Out: a DataFrame and a markdown table,
+one row per published run: recomputation, predicted and published MFU and tokens/s per GPU, the relative MFU
+error, and the exposed data-parallel communication.
 
-Mapping notes: "selective (every n blocks)" checkpointing is modelled as full recomputation of every layer
-(our recompute modes are per model); the 34B dimensions are CodeLlama-34B's (marked unverified in the data).
+Mapping notes (in each scenario's header too): FSDP FULL_SHARD over every GPU, FlashAttention, 2 x 4096-token
+sequences per GPU and step, the blog's inter-node bandwidth per node split over its 8 GPUs, PyTorch eager
+element-wise kernels (the blog lists kernel fusion / torch.compile as not used); "selective (every n blocks)"
+checkpointing recomputes every second block; the 34B dimensions are CodeLlama-34B's (unverified).
 """
 
 from __future__ import annotations
@@ -19,50 +20,37 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
-from sim.config import Scenario, scenario_from_dict
+from sim.config import Scenario, load_scenario
+from sim.validate import DEFAULT_FOLDER, published
 
-DATA = Path(__file__).resolve().parent / "data" / "fsdp_ibm_llama2.csv"
-
-
-def scenario_for(row: pd.Series) -> Scenario:
-    return scenario_from_dict(scenario_dict(row))
+GROUP = "PyTorch FSDP"
 
 
-def scenario_dict(row: pd.Series) -> dict[str, Any]:
-    """The scenario of one published run, as a dict (also written to ``scenarios/validation/``)."""
-    a100 = "A100" in str(row["gpu"])
-    gpus = int(row["num_gpus"])
-    per_node = 400e9 if a100 else 800e9  # the blog's inter-node bandwidth per node, in bits/s
-    recompute = "none" if str(row["activation_checkpointing"]) == "no" else "full"
-    return {
-        "name": f"ibm-fsdp-{row['model']}-{'a100' if a100 else 'h100'}",
-        "cluster": {"gpu": "A100-80GB-SXM" if a100 else "H100-SXM", "nodes": gpus // 8, "gpus_per_node": 8,
-                    "inter_node": {"bandwidth": per_node / 8 / 8}},
-        "model": {"name": str(row["model"]), "num_layers": int(row["num_layers"]),
-                  "hidden_size": int(row["hidden_size"]), "num_attention_heads": int(row["attention_heads"]),
-                  "num_kv_heads": int(row["kv_heads"]), "ffn_hidden_size": int(row["ffn_hidden_size"]),
-                  "vocab_size": int(row["vocab_size"]), "max_seq_len": int(row["seq_len"]), "mlp": "swiglu",
-                  "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False, "bias": False},
-        "training": {"microbatches": 1, "micro_batch": int(row["micro_batch_per_gpu"]),
-                     "seq_len": int(row["seq_len"]), "recompute": recompute, "flash_attention": True},
-        "parallel": {"tp": 1, "pp": 1, "dp": gpus},
-        "fsdp": {"sharding": "FULL_SHARD"},
-    }
+def fsdp_rows(folder: Path | str = DEFAULT_FOLDER) -> pd.DataFrame:
+    rows = published(folder)
+    return rows[rows["group"].str.startswith(GROUP)].reset_index(drop=True)
 
 
-def report(rows: pd.DataFrame | None = None) -> pd.DataFrame:
-    rows = pd.read_csv(DATA) if rows is None else rows
+def scenario_for(row: pd.Series, folder: Path | str = DEFAULT_FOLDER) -> Scenario:
+    return load_scenario(Path(folder) / str(row["scenario"]))
+
+
+def report(rows: pd.DataFrame | None = None, folder: Path | str = DEFAULT_FOLDER) -> pd.DataFrame:
+    rows = fsdp_rows(folder) if rows is None else rows
     out: list[dict[str, Any]] = []
     for _, row in rows.iterrows():
-        scenario = scenario_for(row)
+        scenario = scenario_for(row, folder)
         summary = runner.run(scenario).summary
-        tokens = summary["tokens_per_s"] / scenario.num_gpus
+        t = scenario.training
+        recompute = t.recompute if t.recompute_num_layers is None else \
+            f"{t.recompute} ({t.recompute_num_layers}/{scenario.layers_per_chunk} layers)"
         out.append({
-            "model": row["model"], "gpu": row["gpu"], "gpus": int(row["num_gpus"]),
-            "recompute": scenario.training.recompute, "published_mfu": float(row["MFU"]),
-            "predicted_mfu": summary["mfu"], "mfu_error": summary["mfu"] / float(row["MFU"]) - 1,
-            "published_tokens_per_s_per_gpu": float(row["tokens_per_sec_per_gpu"]),
-            "predicted_tokens_per_s_per_gpu": tokens, "exposed_dp_s": summary["exposed_comm_s"]["dp"],
+            "model": scenario.model.name, "gpu": scenario.cluster.gpu.name, "gpus": scenario.num_gpus,
+            "recompute": recompute, "published_mfu": float(row["mfu"]),
+            "predicted_mfu": summary["mfu"], "mfu_error": summary["mfu"] / float(row["mfu"]) - 1,
+            "published_tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
+            "predicted_tokens_per_s_per_gpu": summary["tokens_per_s"] / scenario.num_gpus,
+            "exposed_dp_s": summary["exposed_comm_s"]["dp"],
             "step_time_s": summary["step_time_s"], "fits_in_memory": summary["fits_in_memory"],
         })
     return pd.DataFrame(out)

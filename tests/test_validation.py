@@ -20,14 +20,15 @@ from sim.validate import error_stats, published, run_validation
 
 FOLDER = SCENARIOS / "validation"
 ROWS = list(published(FOLDER)["scenario"])
-H100_FSDP = ("the IBM H100 runs are 1.6-2x slower than FSDP's compute and line-rate communication: the model "
-             "lacks NCCL/GEMM SM contention and the exposed FSDP communication it causes")
-OUTSIDE = {
-    "ibm-fsdp-llama2-7b-a100-128.yaml": "no recomputation at 7B: the model misses the eager-mode element-wise "
-                                        "and FSDP overheads that recomputed rows hide",
-    "ibm-fsdp-llama2-7b-h100-96.yaml": H100_FSDP, "ibm-fsdp-llama2-13b-h100-96.yaml": H100_FSDP,
-    "ibm-fsdp-llama2-34b-h100-96.yaml": H100_FSDP, "ibm-fsdp-llama2-70b-h100-96.yaml": H100_FSDP,
-}
+# The blog's authors say of these runs: "for H100s, both MFU and HFU are relatively low", with "a 10% gap due
+# to network 'peeking' out" and H100's HBM bandwidth (under 2x A100's) as their hypothesis. Eager element-wise
+# kernels (priced at HBM bandwidth) take the gap from -37..-51% to -29..-37%; the rest is not explained by
+# anything the blog publishes (its speedup over the A100 runs, 2.0-2.2x, tracks the 2x network, not the 3.2x
+# peak), so these stay outside the band until a mechanism with a source closes it.
+H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compute with line-rate, overlapped "
+             "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
+OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
+                                        "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
     assert row["predicted_iteration_time_s"] == pytest.approx(row["published_iteration_time_s"], rel=0.10)
 
 
-@pytest.mark.xfail(strict=True, reason="the H100 FSDP rows (-37% to -51%) pull the mean to 13%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the H100 FSDP rows (-29% to -37%) pull the mean to 11%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
@@ -58,6 +59,12 @@ def test_megatron_rows_mean_absolute_error_under_5_percent(table: pd.DataFrame) 
     megatron = table[table["group"].str.startswith("Megatron")]
     assert len(megatron) == 9
     assert megatron["iteration_time_error"].abs().mean() <= 0.05
+
+
+def test_a100_fsdp_rows_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
+    a100 = table[table["group"].str.startswith("PyTorch FSDP") & (table["gpu"] == "A100-80GB-SXM")]
+    assert len(a100) == 4
+    assert a100["iteration_time_error"].abs().mean() <= 0.05
 
 
 def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys) -> None:
