@@ -207,7 +207,7 @@ def layer_forward_ops(
     Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
     parallelism (without it every TP rank repeats it). ``fused_kernels``: Megatron-LM's fused norm, bias-
     activation and dropout-add kernels (one read and one write per tensor); without it, the unfused element-wise
-    kernels of a PyTorch eager Llama (``eager_norm`` and friends below)."""
+    kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above)."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
     tokens = b * s
     heads = spec.num_attention_heads / tp
