@@ -1,8 +1,8 @@
 """The validation report: predicted against published iteration time, as markdown and a parity plot.
 
 In: ``sim validate``'s table (``sim.validate.run_validation``: one row per published run). Out:
-``DIR/validation.md`` (every row with its error, then the mean and maximum absolute error overall and per
-source, and the rows outside the 10% band) and ``DIR/parity.png`` (predicted against published iteration
+``DIR/validation.md`` (every row with its iteration-time error, MFU and peak memory where published, then the
+mean and maximum absolute error overall and per source, the memory error, and the rows outside the 10% band) and ``DIR/parity.png`` (predicted against published iteration
 time, log-log, the y = x line with a +-10% band, one marker per source). ``write_validation_report`` is the
 ``clustersim.validate_outputs`` entry point (``sim validate -o DIR``); ``python -m analysis validate``
 regenerates ``docs/validation.md`` and ``docs/images/parity.png`` in one command.
@@ -55,20 +55,28 @@ def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
              "Regenerate: `python -m analysis validate` (runs `scenarios/validation/`, writes this file and the "
              "plot). Error = predicted / published - 1. Every scenario uses the shipped presets and default "
              "profiles: no per-row tuning.", "", f"![parity plot]({image})", "",
-             "| scenario | GPUs | GPU | published s | predicted s | error | MFU published | MFU predicted | source |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| scenario | GPUs | GPU | published s | predicted s | error | MFU published | MFU predicted | "
+             "memory published GB | predicted GB | source |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in table.to_dict("records"):
         if r.get("error"):
-            lines.append(f"| {r['scenario']} | | | {r['published_iteration_time_s']:.3f} | failed: {r['error']} | | | | |")
+            lines.append(f"| {r['scenario']} | | | {r['published_iteration_time_s']:.3f} | failed: {r['error']} "
+                         "| | | | | | |")
             continue
         mfu = f"{r['published_mfu']:.3f}" if pd.notna(r["published_mfu"]) else ""
+        memory = r.get("published_peak_memory_gb")
+        memory = f"{memory:.0f} | {r['peak_memory_gib'] * 2**30 / 1e9:.1f}" if pd.notna(memory) else " | "
         lines.append(f"| {r['scenario']} | {r['gpus']} | {r['gpu']} | {r['published_iteration_time_s']:.3f} | "
                      f"{r['predicted_iteration_time_s']:.3f} | {r['iteration_time_error']:+.1%} | {mfu} | "
-                     f"{r['predicted_mfu']:.3f} | {r['source']} |")
+                     f"{r['predicted_mfu']:.3f} | {memory} | {r['source']} |")
     stats = error_stats(table)
     lines += ["", f"Over {stats['rows']:.0f} rows: mean absolute error {stats['mean_abs']:.1%}, "
                   f"maximum {stats['max_abs']:.1%}."]
     lines += [f"- {key.split(':')[0]}: mean absolute error {value:.1%}" for key, value in stats.items() if ":" in key]
+    if "memory_error" in table and table["memory_error"].notna().any():
+        memory = table["memory_error"].dropna().abs()
+        lines += [f"- peak memory, {len(memory)} rows where published: mean absolute error {memory.mean():.1%}, "
+                  f"maximum {memory.max():.1%}"]
     outside = table[table["iteration_time_error"].abs() > BAND] if "iteration_time_error" in table else table.iloc[0:0]
     if len(outside):
         lines += ["", f"Outside the {BAND:.0%} band: " + ", ".join(

@@ -12,6 +12,7 @@ scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overr
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -22,7 +23,7 @@ from sim.cluster import ClusterSpec, expand_preset
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
 from sim.model import MODEL_PRESETS, ModelSpec, read_hf_config
-from sim.parallel import RankGrid
+from sim.parallel import RankGrid, chunk_sizes, chunk_starts, stage_layer_counts
 from sim.rules import check_rules
 from sim.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds
@@ -51,6 +52,10 @@ class ParallelSpec(FrozenSpec):
     dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
     vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
     sequence_parallel: bool = False
+    first_stage_layers: int | None = Field(default=None, ge=1, description="layers of the first pipeline stage, "
+                                           "when it differs (Megatron's --decoder-first-pipeline-num-layers)")
+    last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
+                                          "(--decoder-last-pipeline-num-layers); the rest split evenly")
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
@@ -253,22 +258,49 @@ class Scenario(FrozenSpec):
         return 3 if self.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
 
     @property
+    def _layer_split(self) -> tuple[int, int, int, int | None, int | None]:
+        p = self.parallel
+        return self.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        return chunk_sizes(*self._layer_split)
+
+    @property
     def layers_per_chunk(self) -> int:
-        return self.model.num_layers // (self.parallel.pp * self.parallel.vpp)
+        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
+        return max(self.chunk_sizes)
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        """First layer of each of the pp*vpp model chunks, plus num_layers at the end."""
+        return chunk_starts(*self._layer_split)
+
+    def chunk_layers(self, global_chunk: int) -> range:
+        starts = self.chunk_starts
+        return range(starts[global_chunk], starts[global_chunk + 1])
+
+    def stage_layers(self, stage: int) -> int:
+        """Transformer layers held by a pipeline stage (over its vpp chunks)."""
+        return stage_layer_counts(*self._layer_split)[stage]
 
     def recomputes(self, layer: int) -> bool:
         """Whether full recomputation rebuilds this layer's activations in its backward (the first
         ``recompute_num_layers`` layers of each model chunk)."""
         n = self.training.recompute_num_layers
-        return self.training.recompute == "full" and (n is None or layer % self.layers_per_chunk < n)
+        if self.training.recompute != "full" or n is None:
+            return self.training.recompute == "full"
+        starts = self.chunk_starts
+        return layer - starts[bisect.bisect_right(starts, layer) - 1] < n
 
-    @property
-    def recomputed_fraction(self) -> float:
-        """Share of a chunk's layers whose forward runs twice."""
+    def recomputed_layers(self, stage: int) -> int:
+        """Layers of a stage whose forward runs twice (over its chunks)."""
         if self.training.recompute != "full":
-            return 0.0
-        n = self.training.recompute_num_layers
-        return 1.0 if n is None else n / self.layers_per_chunk
+            return 0
+        n, p = self.training.recompute_num_layers, self.parallel
+        if n is None:
+            return self.stage_layers(stage)
+        return sum(min(n, size) for size in self.chunk_sizes[stage::p.pp])
 
     @property
     def grid(self) -> RankGrid:

@@ -140,7 +140,7 @@ class DataParallelEmitter:
     # ------------------------------------------------------------------------------------------ end of step
     def finish(self) -> None:
         st, sc = self.st, self.sc
-        params = rank_params(sc.model, st.stage, st.p, st.tp)
+        params = rank_params(sc.model, st.stage, st.p, st.tp, sc.stage_layers(st.stage))
         if self.multi and self.zero < 2:
             self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
         shards = sc.zero_shards if self.zero >= 1 else 1

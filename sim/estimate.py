@@ -121,16 +121,18 @@ class Estimator:
             bwd_layer = sum(self._overlapped_backward(sc, b, times) for b in ("attention", "mlp"))
         else:
             bwd_layer = sum(self._price(sc, b, bwd) for b in ("attention", "mlp")) + 2 * tp_comm
-        if t.recompute == "full":
-            bwd_layer += sc.recomputed_fraction * fwd_layer
-        elif t.recompute == "selective":
+        if t.recompute == "selective":
             bwd_layer += self._price(sc, "selective", "forward")
         w_layer = sum(self._price(sc, b, "weight_grad") for b in ("attention", "mlp")) if split else 0.0
-        fsdp_f, fsdp_b = self._sharded_unit_overhead(sc, fwd_layer, bwd_layer)
-        layers = sc.model.num_layers // p.pp
         stages = []
         for s in range(p.pp):
-            f, b, w = layers * (fwd_layer + fsdp_f), layers * (bwd_layer + fsdp_b), layers * w_layer
+            layers = sc.stage_layers(s)
+            # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
+            # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
+            recomputed = sc.recomputed_layers(s)
+            layer_bwd = bwd_layer + fwd_layer * recomputed / layers
+            fsdp_f, fsdp_b = self._sharded_unit_overhead(sc, fwd_layer, layer_bwd)
+            f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * w_layer
             holds_first = s == 0
             holds_last = (s == p.pp - 1) if SCHEDULES[sc.schedule].layout != "v" else s == 0
             if holds_first:
@@ -141,7 +143,7 @@ class Estimator:
                 f += self._price(sc, "head", "forward")
                 b += self._price(sc, "head", bwd)
                 w += self._price(sc, "head", "weight_grad") if split else 0.0
-            stages.append(_Stage(f, b, w, bwd_layer + fsdp_b, layers))
+            stages.append(_Stage(f, b, w, layer_bwd + fsdp_b, layers))
         return stages
 
     def _overlapped_backward(self, sc: Scenario, block: str, times: list[float]) -> float:
@@ -238,7 +240,7 @@ class Estimator:
     def _tail(self, sc: Scenario, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
         p, model, zero = sc.parallel, sc.model, sc.zero_stage
-        params = rank_params(model, stage, p.pp, p.tp)
+        params = rank_params(model, stage, p.pp, p.tp, sc.stage_layers(stage))
         grad_elem = model_state_bytes(1.0, sc.training.dtype).gradients
         shards = sc.zero_shards if zero >= 1 else 1
         exposed = 0.0
@@ -303,6 +305,8 @@ class Estimator:
         flops = model_flops_per_step(sc.model, sc.global_batch, sc.seq_len)
         tflops = flops / gpus / step / 1e12
         ends_of_pipe = {0, sc.parallel.pp - 1}
+        if sc.parallel.first_stage_layers is not None and sc.parallel.pp > 2:  # a fuller second stage may peak
+            ends_of_pipe.add(1)
         peak = max(stage_memory(sc, s)["total"] for s in ends_of_pipe)
         bound = sc.microbatches * max(st.forward + st.backward + st.weight for st in stages)
         return Estimate(step, pipeline, exposed_dp, optimizer, tflops * 1e12 / sc.cluster.gpu.peak(sc.training.dtype),

@@ -79,10 +79,11 @@ def with_allocator(parts: dict[str, float], reserved: float, overhead: float) ->
     return {**{k: v for k, v in parts.items() if k != "total"}, **extra, "total": allocated + sum(extra.values())}
 
 
-def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int) -> float:
-    """Parameters held by one TP rank of pipeline ``stage`` (embedding on the first stage, head on the last;
-    a tied output layer keeps its own copy of the word embeddings on the last stage, as Megatron does)."""
-    per_stage = spec.num_layers // pp
+def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int, layers: int | None = None) -> float:
+    """Parameters held by one TP rank of pipeline ``stage`` with ``layers`` transformer layers (default an even
+    split) (embedding on the first stage, head on the last; a tied output layer keeps its own copy of the word
+    embeddings on the last stage, as Megatron does)."""
+    per_stage = spec.num_layers // pp if layers is None else layers
     params = per_stage * layer_params(spec).per_tp_rank(tp)
     if stage == 0:
         params += embedding_params(spec) / tp

@@ -24,7 +24,7 @@ def states_and_buffers(scenario: Scenario, stage: int) -> tuple[dict[str, float]
     """The resident model states (after ZeRO sharding and CPU offload) and communication buffers of a rank of
     ``stage``, and the bytes it keeps in host memory. Shared with the trace's memory timeline (sim.trace)."""
     t, p = scenario.training, scenario.parallel
-    params = rank_params(scenario.model, stage, p.pp, p.tp)
+    params = rank_params(scenario.model, stage, p.pp, p.tp, scenario.stage_layers(stage))
     states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards),
                           scenario.offload.optimizer, scenario.offload.params)
     gradients = model_state_bytes(params, t.dtype).gradients
@@ -42,13 +42,12 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     per_layer = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel,
                                            t.recompute, t.flash_attention)
     chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)
-    recomputed = scenario.layers_per_chunk
-    if t.recompute == "full" and t.recompute_num_layers is not None:  # the other layers keep everything
-        recomputed = t.recompute_num_layers
-        per_chunk_rest = (scenario.layers_per_chunk - recomputed) * activation_bytes_per_layer(
-            model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel, "none", t.flash_attention)
-    else:
-        per_chunk_rest = 0.0
+    # Per chunk of this stage (all its chunks have one size): recomputed layers keep their input only (per_layer),
+    # the others under recompute_num_layers keep everything.
+    chunk = scenario.stage_layers(stage) // p.vpp
+    recomputed = scenario.recomputed_layers(stage) // p.vpp if t.recompute == "full" else chunk
+    per_chunk_rest = (chunk - recomputed) * activation_bytes_per_layer(
+        model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel, "none", t.flash_attention)
     activations = chunks_in_flight * (per_layer * recomputed + per_chunk_rest)
     if t.recompute == "full" and recomputed > 0:
         activations += activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp,
@@ -63,10 +62,10 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
         unreduced = unit
     elif scenario.dp > 1 and zero == 2:
         if scenario.fsdp is not None:  # SHARD_GRAD_OP: the whole model stays gathered through the backward
-            gathered = rank_params(model, stage, p.pp, p.tp) * elem
+            gathered = rank_params(model, stage, p.pp, p.tp, scenario.stage_layers(stage)) * elem
             unreduced = unit
         else:
-            unreduced = min(p.dp_bucket_size + unit, rank_params(model, stage, p.pp, p.tp) * elem)
+            unreduced = min(p.dp_bucket_size + unit, rank_params(model, stage, p.pp, p.tp, scenario.stage_layers(stage)) * elem)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
                         "unreduced_gradients": unreduced}
     memory = scenario.memory

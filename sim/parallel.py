@@ -1,7 +1,8 @@
 """Rank grid of a tp x dp x pp layout.
 
 In: tp, pp, dp and GPUs per node. Out: a ``RankGrid`` mapping global ranks to (tp, dp, pp) coordinates and
-back, the process group of any rank along each dimension, and the node that holds a rank.
+back, the process group of any rank along each dimension, and the node that holds a rank; ``chunk_sizes``,
+the layers of each of the pp*vpp model chunks (even, or with other counts on the first and last stage).
 
 Placement follows Megatron-LM's default order with tensor parallelism fastest, then data, then pipeline:
 ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``. With tp equal to the GPUs of a node, a TP group is one
@@ -10,7 +11,9 @@ node (NVLink) and DP/PP groups span nodes (InfiniBand).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -58,3 +61,35 @@ class RankGrid:
     def stage_representative(self, stage: int) -> int:
         """The rank simulated for a pipeline stage in representative-slice mode (tp 0, dp 0)."""
         return self.rank(0, 0, stage)
+
+
+# Cached: the search's screen asks for these per stage of thousands of layouts (pure functions of five ints).
+@lru_cache(maxsize=4096)
+def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
+                last: int | None = None) -> tuple[int, ...]:
+    """Layers of each model chunk, in model order. Even by default; ``first``/``last`` give the first and last
+    pipeline stage other counts (vpp = 1) and split the rest evenly over the other stages, as Megatron-LM's
+    --decoder-first/last-pipeline-num-layers do (Qi et al. 2024 give the embedding and head stages one layer
+    fewer). The scenario rules guarantee the split is whole."""
+    if first is None and last is None:
+        return (layers // (pp * vpp),) * (pp * vpp)
+    if pp == 1:
+        return (layers,)
+    given = (first is not None) + (last is not None)
+    rest = layers - (first or 0) - (last or 0)
+    per = rest // (pp - given) if pp - given else 0
+    return (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
+
+
+@lru_cache(maxsize=4096)
+def chunk_starts(*split: int | None) -> tuple[int, ...]:
+    """First layer of each model chunk, plus the layer count at the end (arguments as ``chunk_sizes``)."""
+    return tuple(itertools.accumulate(chunk_sizes(*split), initial=0))  # type: ignore[arg-type]
+
+
+@lru_cache(maxsize=4096)
+def stage_layer_counts(layers: int, pp: int, vpp: int = 1, first: int | None = None,
+                       last: int | None = None) -> tuple[int, ...]:
+    """Layers of each pipeline stage over its vpp chunks (stage s holds chunks s, s + pp, ...)."""
+    sizes = chunk_sizes(layers, pp, vpp, first, last)
+    return tuple(sum(sizes[stage::pp]) for stage in range(pp))

@@ -25,7 +25,10 @@ def check_rules(s: "Scenario") -> None:
         raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
     if p.tp * p.pp * s.dp != gpus:
         raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
-    if m.num_layers % (p.pp * p.vpp):
+    uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    if uneven:
+        _check_uneven_stages(s)
+    elif m.num_layers % (p.pp * p.vpp):
         what = "pp" if p.vpp == 1 else "pp*vpp"
         raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
     if m.num_attention_heads % p.tp:
@@ -88,3 +91,16 @@ def check_rules(s: "Scenario") -> None:
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements "
                              f"(it has: {', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+
+
+def _check_uneven_stages(s: "Scenario") -> None:
+    p, layers = s.parallel, s.model.num_layers
+    field = "parallel.first_stage_layers" if p.first_stage_layers is not None else "parallel.last_stage_layers"
+    if p.pp < 2 or p.vpp != 1:
+        raise ValueError(f"{field}: needs pp >= 2 and vpp = 1 (pp = {p.pp}, vpp = {p.vpp})")
+    given = (p.first_stage_layers is not None) + (p.last_stage_layers is not None)
+    rest = layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
+    others = p.pp - given
+    if rest < others or (others and rest % others) or (not others and rest):
+        raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
+                         f"model.num_layers = {layers} evenly")

@@ -131,7 +131,9 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
         sizes = np.full(len(stash), per_layer)
         if t.recompute == "full" and t.recompute_num_layers is not None:  # layers past the first n keep all
             layers = ends.loc[(rank, "forward")].index.get_level_values("layer").to_numpy()
-            sizes[layers % scenario.layers_per_chunk >= t.recompute_num_layers] = kept_whole
+            starts = np.asarray(scenario.chunk_starts)
+            position = layers - starts[np.searchsorted(starts, layers, side="right") - 1]
+            sizes[position >= t.recompute_num_layers] = kept_whole
         parts = {"activations": (stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)

@@ -1,10 +1,10 @@
 """Predicted against published: the validation set's scenarios run and compared row by row.
 
 In: a folder (default ``scenarios/validation``) holding one scenario YAML per published run and
-``published.csv``: one row per scenario with its published iteration time (seconds), MFU and tokens/s per GPU
-where the source gives them, the source (paper and table) and notes. Out: a DataFrame, one row per published
-run: predicted and published iteration time, MFU and tokens/s per GPU, the relative errors (predicted /
-published - 1), peak memory and whether it fits; a scenario that fails to load or run keeps its row with the
+``published.csv``: one row per scenario with its published iteration time (seconds), MFU, tokens/s per GPU and
+peak memory (GB = 1e9 bytes) where the source gives them, the source (paper and table) and notes. Out: a DataFrame, one row per published
+run: predicted and published iteration time, MFU, tokens/s per GPU and peak memory, the relative errors
+(predicted / published - 1), and whether it fits; a scenario that fails to load or run keeps its row with the
 one-line error and no prediction. ``error_stats`` gives the mean and maximum absolute iteration-time error.
 ``layer_times`` simulates the 22B layer of Korthikanti et al. 2022 Table 4 (the A100 calibration's target,
 shared by its fitting script and its test).
@@ -51,7 +51,8 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
     out: dict[str, Any] = {"scenario": row["scenario"], "group": row["group"], "source": row["source"],
                            "published_iteration_time_s": float(row["iteration_time_s"]),
                            "published_mfu": row.get("mfu"),
-                           "published_tokens_per_s_per_gpu": row.get("tokens_per_s_per_gpu")}
+                           "published_tokens_per_s_per_gpu": row.get("tokens_per_s_per_gpu"),
+                           "published_peak_memory_gb": row.get("peak_memory_gb")}
     try:
         scenario = load_scenario(folder / str(row["scenario"]))
         summary = runner.run(scenario).summary
@@ -65,6 +66,7 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
     out["iteration_time_error"] = _relative(summary["step_time_s"], row["iteration_time_s"])
     out["mfu_error"] = _relative(summary["mfu"], row.get("mfu"))
     out["tokens_error"] = _relative(tokens, row.get("tokens_per_s_per_gpu"))
+    out["memory_error"] = _relative(summary["peak_memory_bytes"]["max"] / 1e9, row.get("peak_memory_gb"))
     return out
 
 

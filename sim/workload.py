@@ -68,7 +68,6 @@ class _StageEmitter:
         self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
         self.tp_group = grid.tp_group(self.rank)
         self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
-        self.layers_per_chunk = scenario.model.num_layers // (self.p * self.v)
         self.splits_backward = SCHEDULES[scenario.schedule].splits_backward
         self.layout = SCHEDULES[scenario.schedule].layout
         elem = bytes_per_element(t.dtype)
@@ -103,12 +102,11 @@ class _StageEmitter:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
-        """The model chunk g (layers [g*L/(pv), (g+1)*L/(pv))) this stage's local chunk holds."""
+        """The model chunk g (layers ``scenario.chunk_layers(g)``) this stage's local chunk holds."""
         return model_chunk(self.layout, self.p, self.stage, chunk)
 
     def _layers(self, chunk: int) -> range:
-        first = self._global_chunk(chunk) * self.layers_per_chunk
-        return range(first, first + self.layers_per_chunk)
+        return self.sc.chunk_layers(self._global_chunk(chunk))
 
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []

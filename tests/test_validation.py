@@ -29,6 +29,12 @@ H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compu
              "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
 OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
                                         "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
+# Qi et al.'s measured per-stage times (their Table 5: 1.5B T_F 18.5 ms, T_B 18.1, T_W 9.3) put the forward
+# at 1.5x the model's (12.5 ms; B and W are within 10%): their forward costs about as much as the input
+# gradient, where the model's costs 0.77x. Their peak memory matches the model within 3.3% on every row.
+QI_FORWARD = ("Qi et al.'s A100s run the forward 1.5x slower than the Korthikanti-calibrated model (their "
+              "Table 5 T_F vs T_B, T_W); all 36 rows land 17-27% fast, memory within 3.3%")
+OUTSIDE |= {name: QI_FORWARD for name in ROWS if name.startswith("qi2024-")}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +56,7 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
     assert row["predicted_iteration_time_s"] == pytest.approx(row["published_iteration_time_s"], rel=0.10)
 
 
-@pytest.mark.xfail(strict=True, reason="the H100 FSDP rows (-29% to -37%) pull the mean to 11%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the H100 FSDP and zero-bubble rows pull the mean to 19%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
@@ -65,6 +71,27 @@ def test_a100_fsdp_rows_mean_absolute_error_under_5_percent(table: pd.DataFrame)
     a100 = table[table["group"].str.startswith("PyTorch FSDP") & (table["gpu"] == "A100-80GB-SXM")]
     assert len(a100) == 4
     assert a100["iteration_time_error"].abs().mean() <= 0.05
+
+
+def test_peak_memory_within_5_percent_where_published(table: pd.DataFrame) -> None:
+    with_memory = table[table["published_peak_memory_gb"].notna()]
+    assert len(with_memory) == 36  # Qi et al. 2024 Tables 3 + 4
+    assert (with_memory["memory_error"].abs() <= 0.05).all(), with_memory["memory_error"].abs().max()
+
+
+def test_zero_bubble_speedups_over_1f1b_within_10_percent(table: pd.DataFrame) -> None:
+    """The schedules' relative throughput, which the per-layer cost gap above cancels out of."""
+    qi = table[table["group"].str.startswith("Zero bubble")]
+    pairs = 0
+    for name, row in qi.iterrows():
+        if "-1f1b-" in name:
+            continue
+        base = qi.loc[name.replace("-zb-1p-", "-1f1b-").replace("-zb-2p-", "-1f1b-")]
+        published = base["published_iteration_time_s"] / row["published_iteration_time_s"]
+        predicted = base["predicted_iteration_time_s"] / row["predicted_iteration_time_s"]
+        assert predicted == pytest.approx(published, rel=0.10), name
+        pairs += 1
+    assert pairs == 24
 
 
 def test_cli_prints_the_table_and_writes_the_report(tmp_path, capsys) -> None:
