@@ -95,7 +95,8 @@ def check_rules(s: "Scenario") -> None:
 
 def _check_uneven_stages(s: "Scenario") -> None:
     p, layers = s.parallel, s.model.num_layers
-    field = "parallel.first_stage_layers" if p.first_stage_layers is not None else "parallel.last_stage_layers"
+    given_fields = [name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None]
+    field = "parallel." + "/".join(given_fields)
     if p.pp < 2 or p.vpp != 1:
         raise ValueError(f"{field}: needs pp >= 2 and vpp = 1 (pp = {p.pp}, vpp = {p.vpp})")
     given = (p.first_stage_layers is not None) + (p.last_stage_layers is not None)

@@ -60,9 +60,12 @@ def test_estimate_and_memory_plan_agree_with_the_simulation(run) -> None:
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["parallel.first_stage_layers=3"], "parallel.first_stage_layers: the other 6 stage(s) cannot split the "
-                                        "remaining 17 of model.num_layers = 22 evenly"),
-    (["schedule=interleaved", "parallel.vpp=2"], "parallel.first_stage_layers: needs pp >= 2 and vpp = 1"),
+    (["parallel.first_stage_layers=3"], "parallel.first_stage_layers/last_stage_layers: the other 6 stage(s) "
+                                        "cannot split the remaining 17 of model.num_layers = 22 evenly"),
+    (["parallel.first_stage_layers=null", "parallel.last_stage_layers=4"],
+     "parallel.last_stage_layers: the other 7 stage(s) cannot split the remaining 18 of model.num_layers = 22"),
+    (["schedule=interleaved", "parallel.vpp=2"], "parallel.first_stage_layers/last_stage_layers: needs pp >= 2 "
+                                                 "and vpp = 1"),
     (["parallel.first_stage_layers=null", "parallel.last_stage_layers=null"],
      "parallel.pp: 8 does not divide model.num_layers = 22"),
 ])
