@@ -30,7 +30,8 @@ from typing import Any
 
 from sim.collectives import p2p_time
 from sim.costs import ADAM_BYTES_PER_PARAM
-from sim.memory import model_state_bytes, rank_params
+from sim.memory import model_state_bytes
+from sim.memory_plan import stage_params
 from sim.model import embedding_params, head_params, layer_params
 
 GATHER_STREAM = "dp_gather"
@@ -140,7 +141,7 @@ class DataParallelEmitter:
     # ------------------------------------------------------------------------------------------ end of step
     def finish(self) -> None:
         st, sc = self.st, self.sc
-        params = rank_params(sc.model, st.stage, st.p, st.tp, sc.stage_layers(st.stage))
+        params = stage_params(sc, st.stage)
         if self.multi and self.zero < 2:
             self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
         shards = sc.zero_shards if self.zero >= 1 else 1

@@ -36,8 +36,8 @@ from sim.config import Scenario
 from sim.flows import FlowNetwork
 from sim.costs import ADAM_BYTES_PER_PARAM, CostModel, Phase, Work
 from sim.hardware import bytes_per_element
-from sim.memory import model_state_bytes, rank_params
-from sim.memory_plan import stage_memory
+from sim.memory import model_state_bytes
+from sim.memory_plan import stage_memory, stage_params
 from sim.model import (ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops,
                        layer_forward_ops, layer_params, model_flops_per_step)
 from sim.schedules import SCHEDULES, Action, Layout, chunk_location, model_chunk
@@ -240,7 +240,7 @@ class Estimator:
     def _tail(self, sc: Scenario, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
         p, model, zero = sc.parallel, sc.model, sc.zero_stage
-        params = rank_params(model, stage, p.pp, p.tp, sc.stage_layers(stage))
+        params = stage_params(sc, stage)
         grad_elem = model_state_bytes(1.0, sc.training.dtype).gradients
         shards = sc.zero_shards if zero >= 1 else 1
         exposed = 0.0
@@ -304,10 +304,11 @@ class Estimator:
         gpus = sc.num_gpus
         flops = model_flops_per_step(sc.model, sc.global_batch, sc.seq_len)
         tflops = flops / gpus / step / 1e12
-        ends_of_pipe = {0, sc.parallel.pp - 1}
-        if sc.parallel.first_stage_layers is not None and sc.parallel.pp > 2:  # a fuller second stage may peak
-            ends_of_pipe.add(1)
-        peak = max(stage_memory(sc, s)["total"] for s in ends_of_pipe)
+        # Even stages peak at an end of the pipe (most in flight, or the head); uneven ones may peak anywhere.
+        p = sc.parallel
+        uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+        candidates = range(p.pp) if uneven else {0, p.pp - 1}
+        peak = max(stage_memory(sc, s)["total"] for s in candidates)
         bound = sc.microbatches * max(st.forward + st.backward + st.weight for st in stages)
         return Estimate(step, pipeline, exposed_dp, optimizer, tflops * 1e12 / sc.cluster.gpu.peak(sc.training.dtype),
                         tflops, peak, peak <= sc.cluster.gpu.hbm_capacity, bound)

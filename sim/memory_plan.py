@@ -20,11 +20,17 @@ PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights",
          "allocator_overhead", "reserved")
 
 
+def stage_params(scenario: Scenario, stage: int) -> float:
+    """Parameters held by one TP rank of ``stage``: its own layer count (uneven first/last stages included)."""
+    p = scenario.parallel
+    return rank_params(scenario.model, stage, p.pp, p.tp, scenario.stage_layers(stage))
+
+
 def states_and_buffers(scenario: Scenario, stage: int) -> tuple[dict[str, float], float]:
     """The resident model states (after ZeRO sharding and CPU offload) and communication buffers of a rank of
     ``stage``, and the bytes it keeps in host memory. Shared with the trace's memory timeline (sim.trace)."""
     t, p = scenario.training, scenario.parallel
-    params = rank_params(scenario.model, stage, p.pp, p.tp, scenario.stage_layers(stage))
+    params = stage_params(scenario, stage)
     states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards),
                           scenario.offload.optimizer, scenario.offload.params)
     gradients = model_state_bytes(params, t.dtype).gradients
@@ -44,14 +50,13 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     chunks_in_flight = SCHEDULES[scenario.schedule].in_flight(p.pp, scenario.microbatches, p.vpp, stage)
     # Per chunk of this stage (all its chunks have one size): recomputed layers keep their input only (per_layer),
     # the others under recompute_num_layers keep everything.
+    whole = activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel, "none",
+                                       t.flash_attention)
     chunk = scenario.stage_layers(stage) // p.vpp
     recomputed = scenario.recomputed_layers(stage) // p.vpp if t.recompute == "full" else chunk
-    per_chunk_rest = (chunk - recomputed) * activation_bytes_per_layer(
-        model, t.micro_batch, scenario.seq_len, p.tp, p.sequence_parallel, "none", t.flash_attention)
-    activations = chunks_in_flight * (per_layer * recomputed + per_chunk_rest)
-    if t.recompute == "full" and recomputed > 0:
-        activations += activation_bytes_per_layer(model, t.micro_batch, scenario.seq_len, p.tp,
-                                                  p.sequence_parallel, "none", t.flash_attention)
+    activations = chunks_in_flight * (per_layer * recomputed + whole * (chunk - recomputed))
+    if t.recompute == "full" and recomputed > 0:  # the layer being rebuilt in its backward
+        activations += whole
     elem = bytes_per_element(t.dtype)
     unit_layers = scenario.fsdp.unit_layers if scenario.fsdp is not None else 1
     biggest_extra = max(embedding_params(model), head_params(model)) / p.tp
@@ -62,10 +67,10 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
         unreduced = unit
     elif scenario.dp > 1 and zero == 2:
         if scenario.fsdp is not None:  # SHARD_GRAD_OP: the whole model stays gathered through the backward
-            gathered = rank_params(model, stage, p.pp, p.tp, scenario.stage_layers(stage)) * elem
+            gathered = stage_params(scenario, stage) * elem
             unreduced = unit
         else:
-            unreduced = min(p.dp_bucket_size + unit, rank_params(model, stage, p.pp, p.tp, scenario.stage_layers(stage)) * elem)
+            unreduced = min(p.dp_bucket_size + unit, stage_params(scenario, stage) * elem)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
                         "unreduced_gradients": unreduced}
     memory = scenario.memory

@@ -89,8 +89,8 @@ def check_rules(s: "Scenario") -> None:
     if s.costs.model == "calibrated":
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
         if t.dtype not in measured.gemm:
-            raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements "
-                             f"(it has: {', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+            raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
+                             f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
 
 
 def _check_uneven_stages(s: "Scenario") -> None:

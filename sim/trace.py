@@ -115,6 +115,9 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
                                             p.sequence_parallel, "none", t.flash_attention)
     if t.recompute == "full" and t.recompute_num_layers != 0:  # a layer's activations rebuilt in its backward
         working = kept_whole
+    rebuilt = None  # per layer, whether full recomputation rebuilds it (only some with recompute_num_layers)
+    if t.recompute == "full" and t.recompute_num_layers is not None:
+        rebuilt = np.array([scenario.recomputes(layer) for layer in range(scenario.model.num_layers)])
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
     # weight-gradient pass W when the schedule splits the backward).
     layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
@@ -129,11 +132,9 @@ def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, floa
         stash = ends.loc[(rank, "forward")].to_numpy()
         free = ends.loc[(rank, "backward")].to_numpy()
         sizes = np.full(len(stash), per_layer)
-        if t.recompute == "full" and t.recompute_num_layers is not None:  # layers past the first n keep all
+        if rebuilt is not None:  # layers full recomputation skips keep all their activations
             layers = ends.loc[(rank, "forward")].index.get_level_values("layer").to_numpy()
-            starts = np.asarray(scenario.chunk_starts)
-            position = layers - starts[np.searchsorted(starts, layers, side="right") - 1]
-            sizes[position >= t.recompute_num_layers] = kept_whole
+            sizes[~rebuilt[layers]] = kept_whole
         parts = {"activations": (stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)
