@@ -28,6 +28,7 @@ from rich.table import Table
 
 from sim import runner, search, sweep, trace
 from sim.config import Scenario, load_scenario, resolved_yaml
+from sim.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.memory_plan import PARTS, memory_plan
 from sim.model import MODEL_PRESETS
@@ -379,7 +380,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    console = Console()
+    console = TableConsole()
     try:
         return int(args.handler(args, console))
     except SimError as error:
