@@ -196,6 +196,27 @@ def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
     return rows
 
 
+MANIFEST = "sweep.json"
+
+
+def _check_same_base(spec: SweepSpec, out: Path) -> None:
+    """Resume only what the same base scenario and overrides produced: ``DIR/sweep.json`` records them, and a
+    directory holding another scenario's results is refused rather than mixed into this one's table."""
+    manifest = out / MANIFEST
+    mine = json.loads(json.dumps({"base": spec.base_data, "overrides": spec.overrides}, default=str))
+    if manifest.is_file():
+        theirs = json.loads(manifest.read_text())
+        if theirs != mine:
+            name = theirs.get("base", {}).get("name", "?")
+            raise ConfigError(f"sweep: {out} holds results of another base scenario or overrides (scenario "
+                              f"{name!r}); use another output directory or delete it")
+        return
+    if (out / RESULTS_CSV).is_file():
+        raise ConfigError(f"sweep: {out} holds results without a {MANIFEST} (written by an older clustersim, or "
+                          "not a sweep); use another output directory or delete it")
+    manifest.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+
+
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
               scheduler: str | None = None, only: set[int] | None = None) -> pd.DataFrame:
@@ -203,6 +224,7 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
     written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
     progress."""
     out.mkdir(parents=True, exist_ok=True)
+    _check_same_base(spec, out)
     points = spec.points()
     columns = ["point", "point_id", *spec.keys, "status", *METRICS]
     csv_path = out / RESULTS_CSV

@@ -112,3 +112,19 @@ def test_base_that_is_not_a_scenario_is_one_error(tmp_path):
     base.write_text("- not\n- a scenario\n")
     with pytest.raises(ConfigError, match="sweep.base: .* must be a scenario mapping"):
         make_spec(base, ["schedule=1f1b"], [])
+
+
+def test_a_directory_of_another_scenarios_results_is_refused_not_mixed(tmp_path):
+    """Resuming adds only the missing points, so a directory that holds another base scenario's (or other
+    overrides') rows must be refused: their rows would otherwise join this sweep's table as if they were its."""
+    out = tmp_path / "sweep"
+    run_sweep(make_spec(TINY, ["training.microbatches=2,4"], []), out)
+    again = run_sweep(make_spec(TINY, ["training.microbatches=2,4"], []), out)  # the same sweep resumes
+    assert len(again) == 2
+    with pytest.raises(ConfigError, match="holds results of another base scenario or overrides"):
+        run_sweep(make_spec(TINY, ["training.microbatches=2,4"], ["parallel.tp=1", "parallel.dp=2"]), out)
+    with pytest.raises(ConfigError, match="holds results of another base scenario"):
+        run_sweep(make_spec(SCENARIOS / "pipeline-4x8.yaml", ["training.microbatches=2,4"], []), out)
+    (out / "sweep.json").unlink()  # results with no record of what made them
+    with pytest.raises(ConfigError, match="without a sweep.json"):
+        run_sweep(make_spec(TINY, ["training.microbatches=2,4"], []), out)
