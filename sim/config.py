@@ -72,7 +72,8 @@ class FsdpSpec(FrozenSpec):
 
     sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
     unit_layers: int = Field(default=1, ge=1, description="transformer layers per FSDP unit")
-    prefetch: bool = Field(default=True, description="gather the next unit's weights during this unit's compute")
+    prefetch: bool = Field(default=True, description="backward prefetch (FSDP BACKWARD_PRE): issue the next unit's "
+                           "gather before this unit's reduce-scatter; false = backward_prefetch=None")
 
     @property
     def zero_stage(self) -> int:

@@ -13,8 +13,9 @@ The same cost model and network as the event simulation price the pieces; what d
   sum_s(F_s+B_s) + (m-1) max_s(F_s+B_s) + 2(p-1)c (Narayanan et al. 2021 Sec. 2.2); interleaved with v
   chunks the warm-up/cool-down shrink to (p-1)(F+B)/v; ZB-H1 (p-1)(F+B-W) and ZB-H2 max(0,(p-1)(F+B-2W))
   of bubble (Qi et al. ICLR 2024 Sec. 3.1); ZB-V the bubble of H2 at chunk granularity;
-- ZeRO-3 / FSDP: each unit takes max(compute, all-gather) with prefetch (the gather of the next unit hides
-  behind this one's compute) and compute + all-gather without;
+- ZeRO-3 / FSDP: the data-parallel group's collectives share one NCCL stream, so a unit's forward takes
+  max(compute, all-gather) (the next unit's gather hides behind this one's compute) and its backward
+  max(compute, all-gather + reduce-scatter) with backward prefetch, compute + all-gather + reduce-scatter without;
 - the data-parallel tail: the step's gradient buckets (or units) replayed in the order the last backward frees
   them on a sequential stream, then the optimizer (on the GPU, or the host under offload) and ZeRO-1/2's weight
   all-gather; the step ends at the latest stage.
@@ -165,13 +166,16 @@ class Estimator:
         unit_layers = sc.fsdp.unit_layers if sc.fsdp is not None else 1
         group = self._shard_group(sc)
         elem = model_state_bytes(1.0, sc.training.dtype).weights
-        gather = self.net.collective_time("all_gather", unit_layers * layer_params(sc.model).per_tp_rank(
-            sc.parallel.tp) * elem, group) / unit_layers
+        unit_params = unit_layers * layer_params(sc.model).per_tp_rank(sc.parallel.tp)
+        gather = self.net.collective_time("all_gather", unit_params * elem, group) / unit_layers
+        grad_elem = model_state_bytes(1.0, sc.training.dtype).gradients
+        reduce = self.net.collective_time("reduce_scatter", unit_params * grad_elem, group) / unit_layers
         prefetch = sc.fsdp.prefetch if sc.fsdp is not None else True
-        backward_gathers = sc.zero_stage >= 3
-        if prefetch:
-            return max(0.0, gather - fwd_layer), max(0.0, gather - bwd_layer) if backward_gathers else 0.0
-        return gather, gather if backward_gathers else 0.0
+        forward = max(0.0, gather - fwd_layer)
+        if sc.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
+            return forward, max(0.0, reduce - bwd_layer)
+        both = gather + reduce  # one stream: the next unit's gather and this unit's reduce-scatter queue
+        return forward, max(0.0, both - bwd_layer) if prefetch else both
 
     def _dp_collective(self, sc: Scenario, op: str, nbytes: float, group: tuple[int, ...]) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same

@@ -2,7 +2,7 @@
 
 In: a ``Scenario``. Out: for each pipeline stage, the bytes of weights, gradients and optimizer states (ZeRO
 sharding applied), activations (the schedule's in-flight bound x the Korthikanti bytes of a layer x layers
-per chunk), the weights ZeRO-3/FSDP gathers at once (two units with prefetch, one without, all of them for
+per chunk), the weights ZeRO-3/FSDP gathers at once (two units: the forward gathers one ahead; all of them for
 SHARD_GRAD_OP) and the gradients not yet reduce-scattered (one unit or one bucket), the total and whether it
 fits. ``sim run`` measures the same quantities from the trace; this is the upper bound a user checks first.
 """
@@ -63,7 +63,7 @@ def stage_memory(scenario: Scenario, stage: int) -> dict[str, float]:
     unit = (unit_layers * layer_params(model).per_tp_rank(p.tp) + biggest_extra) * elem
     gathered = unreduced = 0.0
     if scenario.dp > 1 and zero >= 3:
-        gathered = unit * (2 if scenario.fsdp is None or scenario.fsdp.prefetch else 1)
+        gathered = 2 * unit  # the forward gathers one unit ahead (FSDP's rate limiter: two at most)
         unreduced = unit
     elif scenario.dp > 1 and zero == 2:
         if scenario.fsdp is not None:  # SHARD_GRAD_OP: the whole model stays gathered through the backward

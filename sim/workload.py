@@ -34,14 +34,14 @@ from typing import Any
 from sim import profile
 from sim.config import CalibratedCostsSpec, FixedCostsSpec, Scenario
 from sim.costs import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
-from sim.data_parallel import GATHER_STREAM, HOST_STREAM, OFFLOAD_STREAM, DataParallelEmitter
+from sim.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
 from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
 from sim.model import ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.schedules import SCHEDULES, Action, chunk_location, model_chunk
 from sim.task_graph import Task, TaskGraph
 from sim.variation import jitter_stream
 
-STREAMS = ("compute", "tp", "pp", "dp", GATHER_STREAM, OFFLOAD_STREAM, HOST_STREAM)
+STREAMS = ("compute", "tp", "pp", NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, HOST_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
@@ -110,7 +110,7 @@ class _StageEmitter:
 
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
-        if self.pending_deps and stream not in (GATHER_STREAM, OFFLOAD_STREAM):
+        if self.pending_deps and stream not in (NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
         blocking = self._blocking(stream, deps)

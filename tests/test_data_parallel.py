@@ -54,30 +54,45 @@ def test_step_difference_is_the_exposed_communication():
     assert d_step == pytest.approx(d_exposed + d_compute, rel=1e-9)
 
 
-def unit_rows(trace, mb=0):
-    forward = trace[(trace["rank"] == 0) & (trace["kind"] == "forward") & (trace["microbatch"] == mb)
-                    & (trace["layer"] >= 0)]
-    spans = forward.groupby("layer").agg(first=("start_s", "min"), last=("end_s", "max"))
-    gathers = trace[(trace["name"] == "param_gather_fwd") & (trace["microbatch"] == mb)].set_index("layer")
+def unit_rows(trace, kind="forward", mb=0):
+    rows = trace[(trace["rank"] == 0) & (trace["kind"] == kind) & (trace["microbatch"] == mb) & (trace["layer"] >= 0)]
+    spans = rows.groupby("layer").agg(first=("start_s", "min"), last=("end_s", "max"))
+    name = "param_gather_fwd" if kind == "forward" else "param_gather_bwd"
+    gathers = trace[(trace["rank"] == 0) & (trace["name"] == name) & (trace["microbatch"] == mb)].set_index("layer")
     return spans, gathers
 
 
-def test_prefetch_runs_all_gathers_ahead_of_the_compute_that_needs_them():
-    on = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "prefetch": True},
-                               training={"global_batch": 16, "micro_batch": 1, "seq_len": 1024}))
-    off = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "prefetch": False},
-                                training={"global_batch": 16, "micro_batch": 1, "seq_len": 1024}))
-    spans, gathers = unit_rows(on.trace)
-    for layer in range(1, 8):  # unit k's weights are gathered while unit k-1 computes
-        assert gathers.loc[layer, "start_s"] < spans.loc[layer - 1, "last"]
-        assert gathers.loc[layer, "end_s"] <= spans.loc[layer, "first"]
-    spans, gathers = unit_rows(off.trace)
-    for layer in range(1, 8):  # without prefetch the gather only starts when the unit is reached
-        assert gathers.loc[layer, "start_s"] >= spans.loc[layer - 1, "last"]
-    exposed_on, exposed_off = (r.summary["exposed_comm_s"]["dp"] for r in (on, off))
+def test_backward_prefetch_issues_the_next_gather_ahead_of_the_reduce_scatter():
+    """FSDP's collectives share the process group's one NCCL stream (torch.distributed.fsdp.BackwardPrefetch):
+    with BACKWARD_PRE the next unit's gather runs during this unit's backward; without it, it queues behind
+    this unit's reduce-scatter. The forward gathers a unit ahead either way (the CPU runs ahead)."""
+    runs = {prefetch: runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD", "prefetch": prefetch},
+                                            training={"global_batch": 16, "micro_batch": 1, "seq_len": 1024}))
+            for prefetch in (True, False)}
+    for result in runs.values():
+        spans, gathers = unit_rows(result.trace)
+        for layer in range(1, 8):  # unit k's weights are gathered while unit k-1 computes
+            assert gathers.loc[layer, "start_s"] < spans.loc[layer - 1, "last"]
+            assert gathers.loc[layer, "end_s"] <= spans.loc[layer, "first"]
+        dp = result.trace[(result.trace["rank"] == 0) & (result.trace["kind"] == "dp")]
+        assert set(dp["stream"]) == {"dp"}
+    trace = runs[True].trace
+    spans, gathers = unit_rows(trace, "backward")
+    reduces = trace[(trace["rank"] == 0) & (trace["name"] == "grad_reduce_scatter")
+                    & (trace["microbatch"] == 0)].set_index("layer")
+    for layer in range(0, 7):  # unit k's backward gather runs while unit k+1's backward computes
+        assert gathers.loc[layer, "start_s"] < spans.loc[layer + 1, "last"]
+        assert gathers.loc[layer, "end_s"] <= reduces.loc[layer + 1, "start_s"]
+    trace = runs[False].trace
+    spans, gathers = unit_rows(trace, "backward")
+    reduces = trace[(trace["rank"] == 0) & (trace["name"] == "grad_reduce_scatter")
+                    & (trace["microbatch"] == 0)].set_index("layer")
+    for layer in range(0, 7):  # without it the gather waits for unit k+1's compute and reduce-scatter
+        assert gathers.loc[layer, "start_s"] >= reduces.loc[layer + 1, "end_s"] >= spans.loc[layer + 1, "last"]
+    exposed_on, exposed_off = (runs[p].summary["exposed_comm_s"]["dp"] for p in (True, False))
     assert exposed_off > exposed_on  # and the step grows by exactly the extra exposure:
-    assert off.summary["step_time_s"] - on.summary["step_time_s"] == pytest.approx(exposed_off - exposed_on,
-                                                                                    rel=1e-9)
+    step_on, step_off = (runs[p].summary["step_time_s"] for p in (True, False))
+    assert step_off - step_on == pytest.approx(exposed_off - exposed_on, rel=1e-9)
 
 
 def test_reduce_scatter_follows_each_units_backward():
@@ -97,7 +112,7 @@ def test_sharded_memory_and_fit():
     parts = summary["memory_breakdown_bytes"]["0"]
     states = model_state_bytes(rank_params(scenario.model, 0, 1, 1), "bf16", 3, 16)
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(states.total)
-    gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks if t.stream == "dp_gather" and t.rank == 0)
+    gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks if t.name.startswith("param_gather") and t.rank == 0)
     # One unit computing, one gathered ahead, one gather in flight (FSDP's limit of two all-gathers).
     assert 0 < parts["gathered_weights"] <= sum(gathers[-3:])
     sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary["memory_breakdown_bytes"]["0"]
