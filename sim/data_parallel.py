@@ -24,9 +24,9 @@ backward prefetch is about issue order, and it is what this module replays:
   limiter): in the backward it is issued before this unit's reduce-scatter, so it does not queue behind it.
   Without prefetch (FSDP's backward_prefetch=None) the forward still runs a unit ahead, but in the backward a
   unit's all-gather is issued when its compute is reached, after the previous unit's reduce-scatter: both are
-  exposed. Zhao et al. VLDB 2023 Sec. 5.2 measured backward prefetch as ~18% faster on GPT-175B. SHARD_GRAD_OP keeps the forward's gather until the
-  unit's backward. HYBRID_SHARD shards inside a node and adds an all-reduce of each reduced shard across nodes,
-  on its own process group's stream.
+  exposed. Zhao et al. VLDB 2023 Sec. 5.2 measured backward prefetch as ~18% faster on GPT-175B.
+  SHARD_GRAD_OP keeps the forward's gather until the unit's backward. HYBRID_SHARD shards inside a node and
+  adds an all-reduce of each reduced shard across nodes, on its own process group's stream.
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
@@ -111,9 +111,10 @@ class DataParallelEmitter:
         task = self.prefetched.pop((mb, unit), None) if backward else None
         if task is None:
             # The forward always gathers a unit ahead (the CPU runs ahead of the GPU; FSDP's rate limiter keeps at
-            # most two units gathered), so the gather waits for the unit two back to be freed. In the backward
-            # without prefetch it is issued when the previous unit's compute and reduce-scatter are done.
-            task = self._gather(mb, unit, backward, 1 if backward else 2)
+            # most two units gathered), so the gather waits for the unit two back to be freed; so does the
+            # backward's first gather under prefetch. Without prefetch a backward gather is issued when its unit
+            # is reached, and the stream runs it after the previous unit's reduce-scatter.
+            task = self._gather(mb, unit, backward, 2 if self.prefetch or not backward else 1)
         self.st.pending_deps.append(task)
         if not backward:
             self.gathered[(mb, unit)] = task
