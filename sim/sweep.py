@@ -4,8 +4,9 @@ In: a base scenario file, base overrides, and a grid (ordered axes; each axis a 
 is a scalar for the axis' dotted key, or a mapping of several dotted keys set together, e.g.
 ``{schedule: interleaved, parallel.vpp: 2}``); or a sweep YAML file holding the same (``base``, ``set``,
 ``grid``). Out: ``DIR/results.csv``, one row per point written and flushed as soon as it finishes (so an
-interrupted sweep keeps what finished, and running the same command again runs only the missing points), and
-``DIR/results.parquet`` with all rows in grid order at the end. Each row has the point's id and index, the
+interrupted sweep keeps what finished, and running the same command again runs only the missing points),
+``DIR/sweep.json`` (the base scenario and overrides, so a directory of another sweep's rows is refused, not
+resumed), and ``DIR/results.parquet`` with all rows in grid order at the end. Each row has the point's id and index, the
 value of every swept key (as the scenario resolved it), a ``status`` (``ok``, ``oom``, ``invalid: <reason>``,
 ``error: <reason>``) and the summary metrics.
 
