@@ -165,11 +165,10 @@ class Estimator:
             return 0.0, 0.0
         unit_layers = sc.fsdp.unit_layers if sc.fsdp is not None else 1
         group = self._shard_group(sc)
-        elem = model_state_bytes(1.0, sc.training.dtype).weights
+        per_param = model_state_bytes(1.0, sc.training.dtype)
         unit_params = unit_layers * layer_params(sc.model).per_tp_rank(sc.parallel.tp)
-        gather = self.net.collective_time("all_gather", unit_params * elem, group) / unit_layers
-        grad_elem = model_state_bytes(1.0, sc.training.dtype).gradients
-        reduce = self.net.collective_time("reduce_scatter", unit_params * grad_elem, group) / unit_layers
+        gather = self.net.collective_time("all_gather", unit_params * per_param.weights, group) / unit_layers
+        reduce = self.net.collective_time("reduce_scatter", unit_params * per_param.gradients, group) / unit_layers
         prefetch = sc.fsdp.prefetch if sc.fsdp is not None else True
         forward = max(0.0, gather - fwd_layer)
         if sc.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone

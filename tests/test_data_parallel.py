@@ -62,6 +62,11 @@ def unit_rows(trace, kind="forward", mb=0):
     return spans, gathers
 
 
+def reduce_scatters(trace, mb=0):
+    return trace[(trace["rank"] == 0) & (trace["name"] == "grad_reduce_scatter")
+                 & (trace["microbatch"] == mb)].set_index("layer")
+
+
 def test_backward_prefetch_issues_the_next_gather_ahead_of_the_reduce_scatter():
     """FSDP's collectives share the process group's one NCCL stream (torch.distributed.fsdp.BackwardPrefetch):
     with BACKWARD_PRE the next unit's gather runs during this unit's backward; without it, it queues behind
@@ -76,17 +81,13 @@ def test_backward_prefetch_issues_the_next_gather_ahead_of_the_reduce_scatter():
             assert gathers.loc[layer, "end_s"] <= spans.loc[layer, "first"]
         dp = result.trace[(result.trace["rank"] == 0) & (result.trace["kind"] == "dp")]
         assert set(dp["stream"]) == {"dp"}
-    trace = runs[True].trace
-    spans, gathers = unit_rows(trace, "backward")
-    reduces = trace[(trace["rank"] == 0) & (trace["name"] == "grad_reduce_scatter")
-                    & (trace["microbatch"] == 0)].set_index("layer")
+    spans, gathers = unit_rows(runs[True].trace, "backward")
+    reduces = reduce_scatters(runs[True].trace)
     for layer in range(0, 7):  # unit k's backward gather runs while unit k+1's backward computes
         assert gathers.loc[layer, "start_s"] < spans.loc[layer + 1, "last"]
         assert gathers.loc[layer, "end_s"] <= reduces.loc[layer + 1, "start_s"]
-    trace = runs[False].trace
-    spans, gathers = unit_rows(trace, "backward")
-    reduces = trace[(trace["rank"] == 0) & (trace["name"] == "grad_reduce_scatter")
-                    & (trace["microbatch"] == 0)].set_index("layer")
+    spans, gathers = unit_rows(runs[False].trace, "backward")
+    reduces = reduce_scatters(runs[False].trace)
     for layer in range(0, 7):  # without it the gather waits for unit k+1's compute and reduce-scatter
         assert gathers.loc[layer, "start_s"] >= reduces.loc[layer + 1, "end_s"] >= spans.loc[layer + 1, "last"]
     exposed_on, exposed_off = (runs[p].summary["exposed_comm_s"]["dp"] for p in (True, False))
@@ -112,7 +113,8 @@ def test_sharded_memory_and_fit():
     parts = summary["memory_breakdown_bytes"]["0"]
     states = model_state_bytes(rank_params(scenario.model, 0, 1, 1), "bf16", 3, 16)
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(states.total)
-    gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks if t.name.startswith("param_gather") and t.rank == 0)
+    gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks
+                     if t.name.startswith("param_gather") and t.rank == 0)
     # One unit computing, one gathered ahead, one gather in flight (FSDP's limit of two all-gathers).
     assert 0 < parts["gathered_weights"] <= sum(gathers[-3:])
     sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary["memory_breakdown_bytes"]["0"]

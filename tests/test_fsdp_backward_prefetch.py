@@ -15,11 +15,11 @@ reduce-scatter, and both are exposed (sim.data_parallel). Measured here: 20.1%, 
 import pytest
 
 from sim import runner
+from sim.model import MODEL_PRESETS
 
 from conftest import make_scenario
 
-GPT_175B = {"name": "minGPT-175B", "num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96,
-            "ffn_hidden_size": 49152, "vocab_size": 50000, "max_seq_len": 2048}
+GPT_175B = MODEL_PRESETS["gpt3-175b"].model_dump() | {"name": "minGPT-175B", "vocab_size": 50000}
 
 
 def zhao_fsdp(nodes: int, prefetch: bool):
