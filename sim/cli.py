@@ -217,7 +217,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "")
         estimate = estimates.get(tuple(v.values()), float("nan"))
         table.add_row(layout, str(v["micro_batch"]), str(v["schedule"]), str(v["zero"]), str(v["recompute"]),
-                      "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.2f}", f"{estimate:.2f}",
+                      "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",
                       f"{row['mfu']:.1%}", f"{row['peak_memory_bytes'] / 2**30:.0f}")
     console.print(table)
     if not args.no_plot:
