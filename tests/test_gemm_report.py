@@ -36,6 +36,22 @@ def test_the_profile_curve_slows_small_gemms_and_reaches_mamf_on_large_ones():
     assert RooflineCosts(GPU_PRESETS["H200"], "bf16", default_for("H200")).gemm_rate(1e10) == costs.gemm_rate(1e10)
 
 
+def test_fp16_is_priced_on_the_bf16_curve_where_the_peaks_are_equal():
+    # The shipped A100 profile measured bf16 only; fp16 runs on the same tensor cores at the same 312 TFLOP/s.
+    a100 = GPU_PRESETS["A100-80GB-SXM"]
+    profile = default_for("A100-80GB-SXM")
+    assert "fp16" not in profile.gemm
+    bf16, fp16 = RooflineCosts(a100, "bf16", profile), RooflineCosts(a100, "fp16", profile)
+    for flops in (2 * 1024**3, 2 * 6144 * 6912 * 2304, 2 * 8192**3):
+        assert fp16.gemm_rate(flops) == bf16.gemm_rate(flops)
+    assert fp16.bytes_rate == bf16.bytes_rate == a100.hbm_bandwidth * profile.memory_efficiency
+    # The fitted curve tops out at 71% of peak, not the flat large-GEMM rate fp16 used to fall back to (87%).
+    assert fp16.gemm_rate(2 * 8192**3) == pytest.approx(0.711 * 312e12, rel=0.01)
+    # Where the two peaks differ there is no shared curve: the flat rate of the preset stays.
+    uneven = a100.model_copy(update={"peak_flops": {**a100.peak_flops, "fp16": 624e12}})
+    assert RooflineCosts(uneven, "fp16", profile).gemm_rate(1e12) == 624e12 * a100.matmul_efficiency
+
+
 def test_shipped_profiles_are_a_fresh_fit_of_the_shipped_rows():
     done = subprocess.run([sys.executable, "scripts/fit_default_profiles.py", "--check"], cwd=ROOT,
                           capture_output=True, text=True)

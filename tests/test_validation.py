@@ -29,12 +29,6 @@ H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compu
              "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
 OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
                                         "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
-# Qi et al.'s measured per-stage times (their Table 5: 1.5B T_F 18.5 ms, T_B 18.1, T_W 9.3) put the forward
-# at 1.5x the model's (12.5 ms; B and W are within 10%): their forward costs about as much as the input
-# gradient, where the model's costs 0.77x. Their peak memory matches the model within 3.3% on every row.
-QI_FORWARD = ("Qi et al.'s A100s run the forward 1.5x slower than the Korthikanti-calibrated model (their "
-              "Table 5 T_F vs T_B, T_W); all 36 rows land 17-27% fast, memory within 3.3%")
-OUTSIDE |= {name: QI_FORWARD for name in ROWS if name.startswith("qi2024-")}
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +50,8 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
     assert row["predicted_iteration_time_s"] == pytest.approx(row["published_iteration_time_s"], rel=0.10)
 
 
-@pytest.mark.xfail(strict=True, reason="the H100 FSDP and zero-bubble rows pull the mean to 19%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) pull the mean to 6.5%; the other 49 "
+                                       "rows average 4.4%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
