@@ -21,7 +21,7 @@ from sim.profile import default_for
 
 
 PLATFORMS = {"sm_90": "H100-SXM", "sm_100_B200": "B200"}
-DTYPES = ("bf16", "fp16", "fp32")
+DTYPES = ("bf16", "fp16", "tf32")
 LARGE = 1024
 
 

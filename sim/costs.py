@@ -100,8 +100,8 @@ class RooflineCosts:
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         self.dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
         self.profile = profile if profile is not None and self.dtype in profile.gemm else None
-        if self.profile is not None and self.profile.memory_efficiency is not None:
-            self.bytes_rate = gpu.hbm_bandwidth * self.profile.memory_efficiency
+        if profile is not None and profile.memory_efficiency is not None:  # HBM's, whatever the GEMM dtype
+            self.bytes_rate = gpu.hbm_bandwidth * profile.memory_efficiency
         self.scale = 1.0
         if self.profile is not None:
             profiled_peak = self.profile.gemm[self.dtype].peak_flops

@@ -52,6 +52,18 @@ def test_fp16_is_priced_on_the_bf16_curve_where_the_peaks_are_equal():
     assert RooflineCosts(uneven, "fp16", profile).gemm_rate(1e12) == 624e12 * a100.matmul_efficiency
 
 
+@pytest.mark.parametrize("gpu", sorted(GPU_PRESETS))
+def test_no_dtype_is_priced_above_its_dense_peak(gpu):
+    # XLA's f32 rows ran as TF32 (403 TFLOP/s on H100, 6x the 67 of fp32) and its sm_90 fp8 rows beat the
+    # 1,979 TFLOP/s fp8 peak; neither may price a dtype above what the GPU can do.
+    spec = GPU_PRESETS[gpu]
+    for dtype, peak in spec.peak_flops.items():
+        costs = RooflineCosts(spec, dtype, default_for(gpu))
+        assert max(costs.gemm_rate(2.0 ** e) for e in range(20, 44)) <= peak, dtype
+    fp32 = RooflineCosts(spec, "fp32", default_for(gpu))
+    assert fp32.gemm_rate(2 * 8192**3) == pytest.approx(spec.peak("fp32") * spec.matmul_efficiency)
+
+
 def test_shipped_profiles_are_a_fresh_fit_of_the_shipped_rows():
     done = subprocess.run([sys.executable, "scripts/fit_default_profiles.py", "--check"], cwd=ROOT,
                           capture_output=True, text=True)
