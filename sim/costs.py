@@ -98,19 +98,20 @@ class RooflineCosts:
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None) -> None:
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
-        self.dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
-        self.profile = profile if profile is not None and self.dtype in profile.gemm else None
+        # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
+        self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
+        self.profile = profile if profile is not None and self.curve_dtype in profile.gemm else None
         if profile is not None and profile.memory_efficiency is not None:  # HBM's, whatever the GEMM dtype
             self.bytes_rate = gpu.hbm_bandwidth * profile.memory_efficiency
         self.scale = 1.0
         if self.profile is not None:
-            profiled_peak = self.profile.gemm[self.dtype].peak_flops
+            profiled_peak = self.profile.gemm[self.curve_dtype].peak_flops
             self.scale = gpu.peak(dtype) / profiled_peak if profiled_peak else 1.0
 
     def gemm_rate(self, flops: float) -> float:
         if self.profile is None:
             return self.flops_rate
-        return self.profile.gemm_rate(self.dtype, flops) * self.scale
+        return self.profile.gemm_rate(self.curve_dtype, flops) * self.scale
 
     def kernel_time(self, op: Op) -> float:
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
