@@ -42,6 +42,10 @@ class TrainingSpec(FrozenSpec):
         "with full recompute: layers of each model chunk recomputed, the first ones (Megatron-LM's "
         "--recompute-method block); the rest keep their activations. Default: all"))
     flash_attention: bool = False
+    grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
+        "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
+        "(Megatron-LM forces fp32 accumulation and all-reduce for bf16; PyTorch AMP keeps fp32 grads), the "
+        "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
 
@@ -181,6 +185,9 @@ class Scenario(FrozenSpec):
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel
+        training = dict(data.get("training") or {})  # DeepSpeed reduces in the model's dtype by default
+        training.setdefault("grad_dtype", training.get("dtype", TrainingSpec.model_fields["dtype"].default))
+        data["training"] = training
         offload = dict(data.get("offload") or {})
         for key, field in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
             device = (block.get(key) or {}).get("device", "none") if isinstance(block.get(key), dict) else "none"
@@ -244,6 +251,20 @@ class Scenario(FrozenSpec):
     @property
     def zero_stage(self) -> int:
         return self.fsdp.zero_stage if self.fsdp is not None else self.parallel.zero
+
+    @property
+    def grad_dtype(self) -> str:
+        """The dtype gradients are accumulated and reduced in (``training.grad_dtype``, ``auto`` resolved).
+        Megatron-LM: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"
+        (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
+        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the training dtype."""
+        t = self.training
+        if t.grad_dtype != "auto":
+            return t.grad_dtype
+        if t.dtype in ("fp32", "tf32"):
+            return "fp32"
+        sharded_grads = self.fsdp is not None or self.zero_stage >= 2
+        return "fp32" if t.dtype == "bf16" and not sharded_grads else t.dtype
 
     @property
     def zero_shards(self) -> int:

@@ -16,8 +16,8 @@ al. 2009). A GEMM's achievable FLOP/s comes from the GPU's shipped default profi
 FLOP/s over GEMM size, fitted to OpenXLA's measured tables; scaled by this GPU's peak over the profiled one),
 or, without one (or with ``shape_efficiency: false``), the preset's flat large-GEMM efficiency (MAMF).
 ``calibrated``: the same roofline with a measured profile's GEMM curve and copy bandwidth (``sim calibrate``).
-The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read 16-bit grad, fp32 master,
-m, v; write master, m, v and the 16-bit weight).
+The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
+m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from sim.model import Op
 from sim.profile import Profile
 
 Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
-ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2
+ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient
 
 
 def phase_scale(op: Op, phase: Phase) -> float:
@@ -58,7 +58,7 @@ class CostModel(Protocol):
 
     def compute_time(self, work: Work, phase: Phase) -> float: ...
 
-    def optimizer_time(self, params: float) -> float: ...
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
 
 
 class FixedCosts:
@@ -72,7 +72,7 @@ class FixedCosts:
     def compute_time(self, work: Work, phase: Phase) -> float:
         return self.per_layer[phase] * work.layer_share
 
-    def optimizer_time(self, params: float) -> float:
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return self.optimizer
 
 
@@ -120,8 +120,8 @@ class RooflineCosts:
     def compute_time(self, work: Work, phase: Phase) -> float:
         return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
-    def optimizer_time(self, params: float) -> float:
-        return ADAM_BYTES_PER_PARAM * params / self.bytes_rate
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+        return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate
 
 
 class CalibratedCosts(RooflineCosts):
@@ -146,5 +146,5 @@ class ScaledCosts:
     def compute_time(self, work: Work, phase: Phase) -> float:
         return self.inner.compute_time(work, phase) * self.factor
 
-    def optimizer_time(self, params: float) -> float:
-        return self.inner.optimizer_time(params) * self.factor
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+        return self.inner.optimizer_time(params, grad_bytes) * self.factor

@@ -65,7 +65,7 @@ class DataParallelEmitter:
             local = self.shard_group.index(stage.rank)
             per_node = len(self.shard_group)
             self.replica_group = tuple(self.dp_group[i] for i in range(local, len(self.dp_group), per_node))
-        self.grad_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).gradients
+        self.grad_bytes_per_param = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype).gradients
         self.weight_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).weights
         self.layer_params = layer_params(sc.model).per_tp_rank(stage.tp)
         self.unit_layers = self.fsdp.unit_layers if self.fsdp is not None else 1
@@ -176,7 +176,7 @@ class DataParallelEmitter:
             optimizer = self._host_step(params / shards)
         else:
             optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
-                                duration=st.costs.optimizer_time(params / shards))
+                                duration=st.costs.optimizer_time(params / shards, self.grad_bytes_per_param))
             st.g.tasks[optimizer].deps.extend(self.reduce_tasks)
         if self.multi and self.zero in (1, 2):  # bring every rank the updated 16-bit weights
             st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather",

@@ -165,7 +165,7 @@ class Estimator:
             return 0.0, 0.0
         unit_layers = sc.fsdp.unit_layers if sc.fsdp is not None else 1
         group = self._shard_group(sc)
-        per_param = model_state_bytes(1.0, sc.training.dtype)
+        per_param = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype)
         unit_params = unit_layers * layer_params(sc.model).per_tp_rank(sc.parallel.tp)
         gather = self.net.collective_time("all_gather", unit_params * per_param.weights, group) / unit_layers
         reduce = self.net.collective_time("reduce_scatter", unit_params * per_param.gradients, group) / unit_layers
@@ -244,7 +244,7 @@ class Estimator:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
         p, model, zero = sc.parallel, sc.model, sc.zero_stage
         params = stage_params(sc, stage)
-        grad_elem = model_state_bytes(1.0, sc.training.dtype).gradients
+        grad_elem = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype).gradients
         shards = sc.zero_shards if zero >= 1 else 1
         exposed = 0.0
         if sc.dp > 1:
@@ -289,7 +289,7 @@ class Estimator:
                          + p2p_time(shard * model_state_bytes(1.0, sc.training.dtype).weights, pcie.latency,
                                     pcie.effective_bandwidth))
         else:
-            optimizer = self.costs.optimizer_time(params / shards)
+            optimizer = self.costs.optimizer_time(params / shards, grad_elem)
         if sc.dp > 1 and zero in (1, 2):
             weights = params * model_state_bytes(1.0, sc.training.dtype).weights
             optimizer += self.net.collective_time("all_gather", weights, sc.grid.dp_group(0))

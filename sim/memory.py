@@ -2,8 +2,9 @@
 
 In: a ``ModelSpec``, the layout (tp, pp, stage), training dtype, micro-batch, sequence length, recompute
 mode, ZeRO stage. Out: bytes of weights, gradients and optimizer states on one rank (mixed precision with
-Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1; fp32: 4 + 4 + 8; divided over the
-data-parallel ranks by ZeRO stage), the activation bytes one
+Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1, or 2 + 4 + 12 with fp32 gradients as
+Megatron-LM keeps them for bf16; fp32: 4 + 4 + 8; divided over the data-parallel ranks by ZeRO stage), the
+activation bytes one
 layer stashes per micro-batch (Korthikanti et al. 2022 Table 2), and the peak of activations in flight given
 when each (micro-batch, layer) was stashed and freed (taken from the trace).
 
@@ -20,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from sim.hardware import bytes_per_element
 from sim.model import ModelSpec, embedding_params, head_params, layer_params
 
 Recompute = Literal["none", "selective", "full"]
@@ -36,12 +38,16 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
-def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: int = 1) -> ModelStates:
+def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: int = 1,
+                      grad_dtype: str | None = None) -> ModelStates:
     """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) that one rank keeps
     for ``params`` parameters, with ZeRO stage 1 sharding the optimizer states over ``shards`` data-parallel
     ranks, stage 2 also the gradients and stage 3 also the weights (Rajbhandari et al. SC20 Sec. 5:
-    (4 + 12/N), (2 + 14/N) and 16/N bytes per parameter for mixed precision)."""
+    (4 + 12/N), (2 + 14/N) and 16/N bytes per parameter for mixed precision). ``grad_dtype``: gradients kept
+    in another dtype than the weights (``Scenario.grad_dtype``: fp32 for Megatron-LM's bf16, 18 bytes each)."""
     weights, gradients, optimizer = (4, 4, 8) if dtype in ("fp32", "tf32") else (2, 2, 12)
+    if grad_dtype is not None:
+        gradients = bytes_per_element(grad_dtype)
     return ModelStates(
         weights=weights * params / (shards if zero_stage >= 3 else 1),
         gradients=gradients * params / (shards if zero_stage >= 2 else 1),

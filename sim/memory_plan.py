@@ -31,9 +31,9 @@ def states_and_buffers(scenario: Scenario, stage: int) -> tuple[dict[str, float]
     ``stage``, and the bytes it keeps in host memory. Shared with the trace's memory timeline (sim.trace)."""
     t, p = scenario.training, scenario.parallel
     params = stage_params(scenario, stage)
-    states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards),
-                          scenario.offload.optimizer, scenario.offload.params)
-    gradients = model_state_bytes(params, t.dtype).gradients
+    states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards,
+                                            scenario.grad_dtype), scenario.offload.optimizer, scenario.offload.params)
+    gradients = model_state_bytes(params, t.dtype, grad_dtype=scenario.grad_dtype).gradients
     sharded = scenario.zero_stage >= 3 or scenario.fsdp is not None
     buffers = comm_buffer_bytes(scenario.zero_stage, scenario.dp, sharded, gradients, p.dp_bucket_size,
                                 p.grad_bucket_view)

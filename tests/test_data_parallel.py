@@ -36,9 +36,15 @@ def compute_busy(trace, rank=0):
 
 
 def test_zero3_moves_one_and_a_half_times_ddp_bytes():
-    ddp = runner.run(comm_bound())
+    """SC20's 1.5x holds for gradients reduced in the weights' dtype (bf16 here, as FSDP's reduce_dtype); DDP's
+    bf16 default reduces fp32 gradients (Megatron-LM, PyTorch AMP), which is 2x the gradient bytes."""
+    bf16_training = {"global_batch": 16, "micro_batch": 1, "seq_len": 512}
+    ddp = runner.run(comm_bound(training={**bf16_training, "grad_dtype": "bf16"}))
     zero3 = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD"}))
     assert dp_bus_bytes(zero3) / dp_bus_bytes(ddp) == pytest.approx(1.5, rel=1e-12)
+    fp32_grads = runner.run(comm_bound())
+    assert fp32_grads.scenario.grad_dtype == "fp32"
+    assert dp_bus_bytes(fp32_grads) / dp_bus_bytes(ddp) == pytest.approx(2.0, rel=1e-12)
 
 
 def test_step_difference_is_the_exposed_communication():

@@ -1,0 +1,57 @@
+"""The dtype gradients are accumulated and reduced in: fp32 for Megatron-LM's bf16 (arguments.py: "bfloat16
+requires gradient accumulation and all-reduce to be done in fp32"), the training dtype where gradients are
+sharded (FSDP's MixedPrecision reduce_dtype, DeepSpeed's communication_data_type default), and what memory,
+communication and the optimizer step make of it."""
+
+import pytest
+
+from sim import workload
+from sim.costs import RooflineCosts
+from sim.hardware import GPU_PRESETS
+from sim.memory import model_state_bytes, rank_params
+from sim.memory_plan import stage_memory
+
+from conftest import make_scenario
+
+TRAINING = {"global_batch": 8, "micro_batch": 1, "seq_len": 512}
+
+
+@pytest.mark.parametrize(("sections", "expected"), [
+    ({}, "fp32"),  # Megatron-LM / PyTorch AMP DDP with bf16
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 1}}, "fp32"),  # Megatron's distributed optimizer
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 2}}, "bf16"),  # sharded gradients
+    ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3}}, "bf16"),
+    ({"fsdp": {"sharding": "FULL_SHARD"}}, "bf16"),
+    ({"fsdp": {"sharding": "NO_SHARD"}}, "bf16"),  # FSDP's MixedPrecision reduce_dtype, whatever the sharding
+    ({"zero_optimization": {"stage": 1}}, "bf16"),  # DeepSpeed: communication_data_type = the model's dtype
+    ({"training": {**TRAINING, "dtype": "fp16"}}, "fp16"),  # Megatron keeps fp16 gradients for fp16
+    ({"training": {**TRAINING, "dtype": "fp32"}}, "fp32"),
+    ({"training": {**TRAINING, "grad_dtype": "bf16"}}, "bf16"),  # Megatron's --grad-reduce-in-bf16
+    ({"training": {**TRAINING, "grad_dtype": "fp32"}, "fsdp": {"sharding": "FULL_SHARD"}}, "fp32"),
+])
+def test_auto_grad_dtype_follows_the_framework_default(sections, expected):
+    assert make_scenario(**sections).grad_dtype == expected
+
+
+def test_fp32_gradients_make_mixed_precision_18_bytes_per_param():
+    psi, n = 1.0, 64
+    assert model_state_bytes(psi, "bf16", grad_dtype="fp32").total == 2 + 4 + 12
+    assert model_state_bytes(psi, "bf16", 1, n, grad_dtype="fp32").total == pytest.approx(2 + 4 + 12 / n)
+    assert model_state_bytes(psi, "bf16", 2, n, grad_dtype="bf16").total == pytest.approx(2 + 14 / n)
+    assert model_state_bytes(7e9, "bf16").total == 112e9  # the textbook 16 bytes without it
+
+
+def test_memory_and_buckets_carry_fp32_gradients_for_megatron_bf16():
+    megatron = make_scenario()
+    bf16 = make_scenario(training={**TRAINING, "grad_dtype": "bf16"})
+    params = rank_params(megatron.model, 0, 1, 1)
+    assert stage_memory(megatron, 0)["gradients"] == pytest.approx(4 * params)
+    assert stage_memory(bf16, 0)["gradients"] == pytest.approx(2 * params)
+    for scenario, elem in ((megatron, 4), (bf16, 2)):
+        buckets = [t for t in workload.build(scenario).tasks if t.kind == "dp" and t.rank == 0]
+        assert sum(t.nbytes for t in buckets) == pytest.approx(elem * params)
+
+
+def test_the_optimizer_reads_the_gradient_in_its_dtype():
+    costs = RooflineCosts(GPU_PRESETS["A100-80GB-SXM"], "bf16")
+    assert costs.optimizer_time(1e9, 4.0) / costs.optimizer_time(1e9) == pytest.approx(30 / 28)
