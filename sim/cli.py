@@ -135,8 +135,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 def memory_table(scenario: Scenario) -> Table:
     rows = memory_plan(scenario)
-    table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)})",
-                  header_style="bold")
+    table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
+                        f"{scenario.grad_dtype} gradients)", header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
     host = any(row["host"] for row in rows)
     for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):

@@ -44,7 +44,7 @@ class TrainingSpec(FrozenSpec):
     flash_attention: bool = False
     grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
-        "(Megatron-LM forces fp32 accumulation and all-reduce for bf16; PyTorch AMP keeps fp32 grads), the "
+        "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
         "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")

@@ -17,7 +17,7 @@ TRAINING = {"global_batch": 8, "micro_batch": 1, "seq_len": 512}
 
 
 @pytest.mark.parametrize(("sections", "expected"), [
-    ({}, "fp32"),  # Megatron-LM / PyTorch AMP DDP with bf16
+    ({}, "fp32"),  # Megatron-LM with bf16
     ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 1}}, "fp32"),  # Megatron's distributed optimizer
     ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 2}}, "bf16"),  # sharded gradients
     ({"parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 3}}, "bf16"),
@@ -47,6 +47,9 @@ def test_memory_and_buckets_carry_fp32_gradients_for_megatron_bf16():
     params = rank_params(megatron.model, 0, 1, 1)
     assert stage_memory(megatron, 0)["gradients"] == pytest.approx(4 * params)
     assert stage_memory(bf16, 0)["gradients"] == pytest.approx(2 * params)
+    # Megatron's buckets are views of its fp32 grad buffer; torch DDP's default copies the gradients into them
+    assert stage_memory(megatron, 0)["comm_buffers"] == 0.0
+    assert stage_memory(bf16, 0)["comm_buffers"] == pytest.approx(2 * params)
     for scenario, elem in ((megatron, 4), (bf16, 2)):
         buckets = [t for t in workload.build(scenario).tasks if t.kind == "dp" and t.rank == 0]
         assert sum(t.nbytes for t in buckets) == pytest.approx(elem * params)

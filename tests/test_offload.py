@@ -70,13 +70,16 @@ def test_deepspeed_offload_keys():
 
 
 def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_bucket_views():
-    ddp = memory_plan(comm_bound())[0]
-    assert ddp["comm_buffers"] == ddp["gradients"]
-    assert memory_plan(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "grad_bucket_view": True}))[0][
-        "comm_buffers"] == 0
+    bf16_grads = {"global_batch": 16, "micro_batch": 1, "seq_len": 512, "grad_dtype": "bf16"}
+    ddp = memory_plan(comm_bound(training=bf16_grads))[0]  # torch DDP: buckets copy the gradients
+    assert ddp["comm_buffers"] == ddp["gradients"] > 0
+    assert memory_plan(comm_bound(training=bf16_grads, parallel={"tp": 1, "pp": 1, "dp": 16,
+                                                                 "grad_bucket_view": True}))[0]["comm_buffers"] == 0
+    megatron = memory_plan(comm_bound())[0]  # fp32 main grads: the buckets are views of Megatron's grad buffer
+    assert megatron["comm_buffers"] == 0 and megatron["gradients"] == 2 * ddp["gradients"]
     zero2 = memory_plan(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2}))[0]
     assert zero2["comm_buffers"] == 2 * 25 * 2**20  # two reduce buckets (overlap_comm double buffer)
-    traced = runner.run(comm_bound()).summary["memory_breakdown_bytes"]["0"]
+    traced = runner.run(comm_bound(training=bf16_grads)).summary["memory_breakdown_bytes"]["0"]
     assert traced["comm_buffers"] == ddp["comm_buffers"]
 
 
