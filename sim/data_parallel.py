@@ -40,6 +40,7 @@ from typing import Any
 
 from sim.collectives import p2p_time
 from sim.costs import ADAM_BYTES_PER_PARAM
+from sim.hardware import bytes_per_element
 from sim.memory import model_state_bytes
 from sim.memory_plan import stage_params
 from sim.model import embedding_params, head_params, layer_params
@@ -65,7 +66,7 @@ class DataParallelEmitter:
             local = self.shard_group.index(stage.rank)
             per_node = len(self.shard_group)
             self.replica_group = tuple(self.dp_group[i] for i in range(local, len(self.dp_group), per_node))
-        self.grad_bytes_per_param = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype).gradients
+        self.grad_bytes_per_param = bytes_per_element(sc.grad_dtype)
         self.weight_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).weights
         self.layer_params = layer_params(sc.model).per_tp_rank(stage.tp)
         self.unit_layers = self.fsdp.unit_layers if self.fsdp is not None else 1

@@ -244,7 +244,7 @@ class Estimator:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
         p, model, zero = sc.parallel, sc.model, sc.zero_stage
         params = stage_params(sc, stage)
-        grad_elem = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype).gradients
+        grad_elem = bytes_per_element(sc.grad_dtype)
         shards = sc.zero_shards if zero >= 1 else 1
         exposed = 0.0
         if sc.dp > 1:

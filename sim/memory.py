@@ -65,12 +65,14 @@ def placed(states: ModelStates, offload_optimizer: bool, offload_params: bool) -
 
 
 def comm_buffer_bytes(zero_stage: int, dp: int, sharded_units: bool, gradient_bytes: float, bucket_size: float,
-                      bucket_view: bool) -> float:
+                      bucket_view: bool, main_grad_buffer: bool = False) -> float:
     """Communication buffers beside the model states. DDP copies gradients into flat buckets (a second copy of
     every gradient unless gradient_as_bucket_view); ZeRO-1/2 reduce through two buckets (DeepSpeed's
     overlap_comm double buffer); ZeRO-3/FSDP's flat parameters are the gathered and unreduced buffers the trace
-    already counts."""
-    if dp <= 1 or sharded_units:
+    already counts. ``main_grad_buffer``: Megatron-LM's wider-than-the-weights (fp32) gradients live in one
+    contiguous buffer that its buckets and its distributed optimizer's reduce-scatter are views of
+    (megatron/core/distributed/param_and_grad_buffer.py), so without sharded gradients there is no copy."""
+    if dp <= 1 or sharded_units or (main_grad_buffer and zero_stage <= 1):
         return 0.0
     if zero_stage == 0:
         return 0.0 if bucket_view else gradient_bytes

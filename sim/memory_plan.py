@@ -33,13 +33,10 @@ def states_and_buffers(scenario: Scenario, stage: int) -> tuple[dict[str, float]
     params = stage_params(scenario, stage)
     states, host = placed(model_state_bytes(params, t.dtype, scenario.zero_stage_at_rest, scenario.zero_shards,
                                             scenario.grad_dtype), scenario.offload.optimizer, scenario.offload.params)
-    unsharded = model_state_bytes(params, t.dtype, grad_dtype=scenario.grad_dtype)
+    grad_elem = bytes_per_element(scenario.grad_dtype)
     sharded = scenario.zero_stage >= 3 or scenario.fsdp is not None
-    # Megatron-LM's fp32 main grads live in one contiguous buffer that its buckets (and its distributed
-    # optimizer's reduce-scatter) are views of (megatron/core/distributed/param_and_grad_buffer.py): no copy.
-    main_grad_buffer = unsharded.gradients != model_state_bytes(params, t.dtype).gradients
-    buffers = 0.0 if main_grad_buffer and scenario.zero_stage <= 1 else comm_buffer_bytes(
-        scenario.zero_stage, scenario.dp, sharded, unsharded.gradients, p.dp_bucket_size, p.grad_bucket_view)
+    buffers = comm_buffer_bytes(scenario.zero_stage, scenario.dp, sharded, params * grad_elem, p.dp_bucket_size,
+                                p.grad_bucket_view, main_grad_buffer=grad_elem > bytes_per_element(t.dtype))
     return {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
             "comm_buffers": buffers}, host
 
