@@ -90,6 +90,8 @@ def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         if worst is not None and waits[worst] > 0:
             rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))
+    if "nccl_sm_stretch_s" in summary:  # network.nccl_sms
+        rows.append(("compute lost to NCCL's SMs", f"{summary['nccl_sm_stretch_s'] * 1e3:.1f} ms (worst rank)"))
     if summary.get("critical_link"):
         link = summary["critical_link"]
         rows.append(("critical link", f"{link['link']}: saturated {link['saturated_s'] * 1e3:.1f} ms"))

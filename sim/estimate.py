@@ -170,11 +170,12 @@ class Estimator:
         gather = self.net.collective_time("all_gather", unit_params * per_param.weights, group) / unit_layers
         reduce = self.net.collective_time("reduce_scatter", unit_params * per_param.gradients, group) / unit_layers
         prefetch = sc.fsdp.prefetch if sc.fsdp is not None else True
-        forward = max(0.0, gather - fwd_layer)
+        held = sc.network.nccl_sms / (sc.cluster.gpu.sms or 1) if sc.network.nccl_sms else 0.0
+        forward = _overlap_cost(fwd_layer, gather, held)
         if sc.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
-            return forward, max(0.0, reduce - bwd_layer)
+            return forward, _overlap_cost(bwd_layer, reduce, held)
         both = gather + reduce  # one stream: the next unit's gather and this unit's reduce-scatter queue
-        return forward, max(0.0, both - bwd_layer) if prefetch else both
+        return forward, _overlap_cost(bwd_layer, both, held) if prefetch else both
 
     def _dp_collective(self, sc: Scenario, op: str, nbytes: float, group: tuple[int, ...]) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
@@ -315,6 +316,14 @@ class Estimator:
         bound = sc.microbatches * max(st.forward + st.backward + st.weight for st in stages)
         return Estimate(step, pipeline, exposed_dp, optimizer, tflops * 1e12 / sc.cluster.gpu.peak(sc.training.dtype),
                         tflops, peak, peak <= sc.cluster.gpu.hbm_capacity, bound)
+
+
+def _overlap_cost(compute: float, comm: float, held: float) -> float:
+    """Time a layer's compute and the collective beside it add to the compute alone: the compute loses ``held``
+    (NCCL's share of the SMs, sim.sm_contention) of the seconds it overlaps, and what the compute cannot hide
+    of the collective is exposed."""
+    stretched = compute / (1.0 - held) if comm * (1.0 - held) >= compute else compute + held * comm
+    return stretched - compute + max(0.0, comm - stretched)
 
 
 def stage_level_replay(orders: list[list[Action]], layout: Layout, stages: list[_Stage],

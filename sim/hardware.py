@@ -39,6 +39,7 @@ class GpuSpec(FrozenSpec):
     hbm_bandwidth: BytesPerSecond
     matmul_efficiency: float = Field(gt=0, le=1)
     memory_efficiency: float = Field(gt=0, le=1)
+    sms: int | None = Field(default=None, ge=1, description="streaming multiprocessors (for NCCL SM contention)")
     source: str = ""
 
     def peak(self, dtype: str) -> float:
@@ -146,6 +147,9 @@ T = 1e12
 # Copy efficiency measured on H100 (3.0 of 3.35 TB/s) and H200 (4.3 of 4.8 TB/s), measured_gpu_figures.csv;
 # their mean stands in for A100 and B200, for which no device-copy measurement is in the reference data.
 _COPY_EFFICIENCY_MEASURED_MEAN = (3.0 / 3.35 + 4.3 / 4.8) / 2
+# SM counts: 108 on A100 (NVIDIA A100 Tensor Core GPU Architecture whitepaper), 132 on H100 SXM and H200
+# (CUDA device properties in measured_gpu_figures.csv); none is given for Blackwell, so sm contention there
+# needs ``sms`` set by hand.
 # Dense tensor-core peaks shared by the SKUs of one chip (A100 40/80 GB; H100 SXM and H200 share GH100).
 _AMPERE_PEAKS = {"fp32": 19.5 * T, "tf32": 156 * T, "fp16": 312 * T, "bf16": 312 * T}
 _HOPPER_PEAKS = {"fp32": 67 * T, "tf32": 494.5 * T, "fp16": 989 * T, "bf16": 989 * T, "fp8": 1979 * T}
@@ -160,6 +164,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=1555 * GB,
             matmul_efficiency=271.2 / 312,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            sms=108,
             source="NVIDIA A100 datasheet via ml-engineering (peaks, 1,555 GB/s); MAMF bf16 271.2 TFLOP/s",
         ),
         GpuSpec(
@@ -169,6 +174,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=2039 * GB,
             matmul_efficiency=271.2 / 312,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            sms=108,
             source="NVIDIA A100 datasheet via ml-engineering (peaks, 2,039 GB/s); MAMF bf16 271.2 TFLOP/s",
         ),
         GpuSpec(
@@ -178,6 +184,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=3.35e12,
             matmul_efficiency=794.5 / 989,
             memory_efficiency=3.0 / 3.35,
+            sms=132,
             source="NVIDIA H100 SXM datasheet via ml-engineering; MAMF bf16 794.5 TFLOP/s; copy 3.0 TB/s",
         ),
         GpuSpec(
@@ -187,6 +194,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=4.8e12,
             matmul_efficiency=788 / 989,
             memory_efficiency=4.3 / 4.8,
+            sms=132,
             source="NVIDIA H200 datasheet via ml-engineering; bf16 8192^3 matmul 788 TFLOP/s; copy 4.3 TB/s",
         ),
         GpuSpec(

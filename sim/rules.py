@@ -74,6 +74,7 @@ def check_rules(s: "Scenario") -> None:
         if per_node < 1 or s.dp % per_node or s.dp == per_node:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
+    _check_sm_contention(s)
     check_variation(s)
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
     if reason:
@@ -91,6 +92,17 @@ def check_rules(s: "Scenario") -> None:
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+
+
+def _check_sm_contention(s: "Scenario") -> None:
+    net, gpu = s.network, s.cluster.gpu
+    if not net.nccl_sms:
+        return
+    if gpu.sms is None:
+        raise ValueError(f"network.nccl_sms: {gpu.name} has no SM count; set cluster.gpu.sms")
+    if max(net.nccl_sms, net.nccl_p2p_sms) >= gpu.sms:
+        raise ValueError(f"network.nccl_sms: {max(net.nccl_sms, net.nccl_p2p_sms)} SMs must leave some of "
+                         f"{gpu.name}'s {gpu.sms} to compute")
 
 
 def _check_uneven_stages(s: "Scenario") -> None:

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from sim import engine, link_usage, longest_path, network, profile, topology, trace, workload
+from sim import engine, link_usage, longest_path, network, profile, sm_contention, topology, trace, workload
 from sim.config import CalibratedCostsSpec, Scenario
 from sim.critical_path import critical_path
 from sim.errors import ConfigError
@@ -94,8 +94,18 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
     net = network.make(scenario.network.model, topo, scenario.network.algorithm)
     graph = workload.build(scenario)
     result = replay(scenario, graph, net, record_links)
+    sm_stretch = 0.0
+    if scenario.network.nccl_sms:  # NCCL's SMs slow the compute they overlap: replay to a fixed point
+        def again() -> tuple[list[float], list[float]]:
+            nonlocal result
+            result = replay(scenario, graph, net, record_links)
+            return result.start, result.end
+        sm_stretch = sm_contention.settle(graph, (result.start, result.end), again, scenario.cluster.gpu.sms or 1,
+                                          scenario.network.nccl_sms, scenario.network.nccl_p2p_sms)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = trace.summarize(frame, scenario)
+    if scenario.network.nccl_sms:
+        summary["nccl_sm_stretch_s"] = sm_stretch  # compute time NCCL's SMs added on the rank that lost most
     if scenario.ranks == "all":  # who decided the step (in the slice every stage is its own representative)
         path = critical_path(graph, result.start, result.end, result.arrival)
         summary["critical_rank"] = path.critical_rank
