@@ -8,8 +8,7 @@ chart), a summary table on the terminal, and the exit code: 0 on success, non-ze
 Charts live in the ``analysis`` package, which ``sim`` never imports: ``analysis`` registers its writers
 under the ``clustersim.outputs`` (after ``sim run``), ``clustersim.plot`` (``sim plot``) and
 ``clustersim.sweep_outputs`` (after ``sim sweep``), ``clustersim.search_outputs`` and
-``clustersim.validate_outputs`` entry-point groups in pyproject.toml, and this module calls
-whatever is registered.
+``clustersim.validate_outputs`` entry-point groups in pyproject.toml, and this module calls whatever is registered.
 """
 
 from __future__ import annotations
