@@ -29,21 +29,29 @@ MAX_ROUNDS = 12
 TOLERANCE_S = 1e-6  # the rounds stop once no compute task moves by more than a microsecond
 
 
-def _held_profiles(graph: TaskGraph, start: np.ndarray, end: np.ndarray, collective_sms: int,
-                   p2p_sms: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per rank: the times where the held-SM count changes and the integral of held SMs up to each of them."""
-    events: dict[int, list[tuple[float, int]]] = {}
+def _holders(graph: TaskGraph, collective_sms: int, p2p_sms: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank: the ids of the NCCL tasks that hold SMs beside its compute stream, and how many each holds."""
+    held: dict[int, tuple[list[int], list[int]]] = {}
     for task in graph.tasks:
-        if not task.op or task.stream == COMPUTE_STREAM or end[task.id] <= start[task.id]:
+        if not task.op or task.stream == COMPUTE_STREAM:
             continue  # a blocking collective on the compute stream overlaps no compute on that stream
         sms = p2p_sms if task.op == "send" else collective_sms
         if sms:
-            events.setdefault(task.rank, []).extend(((start[task.id], sms), (end[task.id], -sms)))
+            ids, counts = held.setdefault(task.rank, ([], []))
+            ids.append(task.id)
+            counts.append(sms)
+    return {rank: (np.array(ids), np.array(counts, dtype=float)) for rank, (ids, counts) in held.items()}
+
+
+def _held_profiles(holders: dict[int, tuple[np.ndarray, np.ndarray]], start: np.ndarray,
+                   end: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank: the times where the held-SM count changes and the integral of held SMs up to each of them."""
     profiles = {}
-    for rank, changes in events.items():
-        changes.sort()
-        times = np.array([t for t, _ in changes])
-        held = np.cumsum([d for _, d in changes], dtype=float)  # SMs held from times[i] to times[i+1]
+    for rank, (ids, counts) in holders.items():
+        times = np.concatenate((start[ids], end[ids]))
+        order = np.argsort(times, kind="stable")
+        times = times[order]
+        held = np.cumsum(np.concatenate((counts, -counts))[order])  # SMs held from times[i] to times[i+1]
         area = np.concatenate(([0.0], np.cumsum(held[:-1] * np.diff(times))))
         profiles[rank] = (times, area)
     return profiles
@@ -62,12 +70,12 @@ def _compute_by_rank(graph: TaskGraph, base: dict[int, float]) -> dict[int, tupl
     return {rank: (np.array(group), np.array([base[i] for i in group])) for rank, group in ids.items()}
 
 
-def stretch(graph: TaskGraph, compute: dict[int, tuple[np.ndarray, np.ndarray]], start: list[float],
-            end: list[float], sms: int, collective_sms: int, p2p_sms: int) -> float:
+def stretch(graph: TaskGraph, compute: dict[int, tuple[np.ndarray, np.ndarray]],
+            holders: dict[int, tuple[np.ndarray, np.ndarray]], start: list[float], end: list[float], sms: int) -> float:
     """Set each compute task's duration from its base and the SMs held during its span in this replay;
     returns the largest change of any duration (seconds)."""
     starts, ends = np.asarray(start), np.asarray(end)
-    profiles = _held_profiles(graph, starts, ends, collective_sms, p2p_sms)
+    profiles = _held_profiles(holders, starts, ends)
     moved = 0.0
     for rank, (index, base) in compute.items():
         if rank not in profiles:
@@ -91,10 +99,10 @@ def settle(graph: TaskGraph, first: tuple[list[float], list[float]],
     are stable (at most ``MAX_ROUNDS`` replays). Returns the compute seconds added on the rank that gained most;
     the caller keeps the last replay."""
     base = {t.id: t.duration for t in graph.tasks if t.stream == COMPUTE_STREAM and t.duration is not None}
-    compute = _compute_by_rank(graph, base)
+    compute, holders = _compute_by_rank(graph, base), _holders(graph, collective_sms, p2p_sms)
     start, end = first
     for _ in range(MAX_ROUNDS):
-        if stretch(graph, compute, start, end, sms, collective_sms, p2p_sms) <= TOLERANCE_S:
+        if stretch(graph, compute, holders, start, end, sms) <= TOLERANCE_S:
             break
         start, end = replay()
     added: dict[int, float] = {}
