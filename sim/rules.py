@@ -100,9 +100,9 @@ def _check_sm_contention(s: "Scenario") -> None:
         return
     if gpu.sms is None:
         raise ValueError(f"network.nccl_sms: {gpu.name} has no SM count; set cluster.gpu.sms")
-    if max(net.nccl_sms, net.nccl_p2p_sms) >= gpu.sms:
-        raise ValueError(f"network.nccl_sms: {max(net.nccl_sms, net.nccl_p2p_sms)} SMs must leave some of "
-                         f"{gpu.name}'s {gpu.sms} to compute")
+    for field, held in (("nccl_sms", net.nccl_sms), ("nccl_p2p_sms", net.nccl_p2p_sms)):
+        if held >= gpu.sms:
+            raise ValueError(f"network.{field}: {held} SMs must leave some of {gpu.name}'s {gpu.sms} to compute")
 
 
 def _check_uneven_stages(s: "Scenario") -> None:

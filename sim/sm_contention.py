@@ -62,18 +62,20 @@ def _integral(times: np.ndarray, area: np.ndarray, at: np.ndarray) -> np.ndarray
     return np.interp(at, times, area, left=0.0, right=float(area[-1]))
 
 
-def _compute_by_rank(graph: TaskGraph, base: dict[int, float]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def _compute_by_rank(graph: TaskGraph) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per rank: its compute tasks' ids and base durations."""
     ids: dict[int, list[int]] = {}
-    for task_id in base:
-        ids.setdefault(graph.tasks[task_id].rank, []).append(task_id)
-    return {rank: (np.array(group), np.array([base[i] for i in group])) for rank, group in ids.items()}
+    for task in graph.tasks:
+        if task.stream == COMPUTE_STREAM and task.duration is not None:
+            ids.setdefault(task.rank, []).append(task.id)
+    return {rank: (np.array(group), np.array([graph.tasks[i].duration for i in group]))
+            for rank, group in ids.items()}
 
 
-def stretch(graph: TaskGraph, compute: dict[int, tuple[np.ndarray, np.ndarray]],
+def stretch(compute: dict[int, tuple[np.ndarray, np.ndarray]], current: dict[int, np.ndarray],
             holders: dict[int, tuple[np.ndarray, np.ndarray]], start: list[float], end: list[float], sms: int) -> float:
-    """Set each compute task's duration from its base and the SMs held during its span in this replay;
-    returns the largest change of any duration (seconds)."""
+    """Each rank's compute durations (``current``, updated in place) from their base and the SMs held during
+    their spans in this replay; returns the largest change of any duration (seconds)."""
     starts, ends = np.asarray(start), np.asarray(end)
     profiles = _held_profiles(holders, starts, ends)
     moved = 0.0
@@ -85,10 +87,8 @@ def stretch(graph: TaskGraph, compute: dict[int, tuple[np.ndarray, np.ndarray]],
         held = _integral(times, area, ends[index]) - _integral(times, area, starts[index])
         mean_held = np.divide(held, span, out=np.zeros_like(span), where=span > 0)
         new = base / (1.0 - np.minimum(mean_held, sms - 1) / sms)  # at least one SM keeps computing
-        old = np.array([graph.tasks[i].duration for i in index.tolist()])
-        moved = max(moved, float(np.abs(new - old).max()))
-        for task_id, seconds in zip(index.tolist(), new.tolist()):
-            graph.tasks[task_id].duration = seconds
+        moved = max(moved, float(np.abs(new - current[rank]).max()))
+        current[rank] = new
     return moved
 
 
@@ -97,16 +97,15 @@ def settle(graph: TaskGraph, first: tuple[list[float], list[float]],
            p2p_sms: int) -> float:
     """From a first replay at the base durations: stretch the compute durations, replay, and repeat until they
     are stable (at most ``MAX_ROUNDS`` replays). Returns the compute seconds added on the rank that gained most;
-    the caller keeps the last replay."""
-    base = {t.id: t.duration for t in graph.tasks if t.stream == COMPUTE_STREAM and t.duration is not None}
-    compute, holders = _compute_by_rank(graph, base), _holders(graph, collective_sms, p2p_sms)
+    the caller keeps the last replay, and the graph keeps the stretched durations."""
+    compute, holders = _compute_by_rank(graph), _holders(graph, collective_sms, p2p_sms)
+    current = {rank: base.copy() for rank, (_, base) in compute.items()}
     start, end = first
     for _ in range(MAX_ROUNDS):
-        if stretch(graph, compute, holders, start, end, sms) <= TOLERANCE_S:
+        if stretch(compute, current, holders, start, end, sms) <= TOLERANCE_S:
             break
+        for rank, (index, _) in compute.items():
+            for task_id, seconds in zip(index.tolist(), current[rank].tolist()):
+                graph.tasks[task_id].duration = seconds
         start, end = replay()
-    added: dict[int, float] = {}
-    for task_id, seconds in base.items():
-        task = graph.tasks[task_id]
-        added[task.rank] = added.get(task.rank, 0.0) + task.duration - seconds
-    return max(added.values(), default=0.0)
+    return max((float((current[rank] - base).sum()) for rank, (_, base) in compute.items()), default=0.0)

@@ -7,6 +7,7 @@ import pytest
 from sim import longest_path, runner, sm_contention
 from sim.config import load_scenario
 from sim.errors import ConfigError
+from sim.estimate import estimate
 from sim.task_graph import TaskGraph
 
 from conftest import SCENARIOS
@@ -94,10 +95,11 @@ def test_more_held_sms_never_make_the_step_faster():
 @pytest.mark.parametrize("override, message", [
     ("network.nccl_sms=132", "network.nccl_sms: 132 SMs must leave some of H100-SXM's 132 to compute"),
     ("network.nccl_sms=-1", "network.nccl_sms"),
+    ("network.nccl_sms=8 network.nccl_p2p_sms=140", "network.nccl_p2p_sms: 140 SMs must leave some of H100-SXM's"),
 ])
 def test_bad_sm_counts_are_one_line_errors(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_scenario(SCENARIOS / "llama2-7b_h100-8_dp.yaml", [override])
+        load_scenario(SCENARIOS / "llama2-7b_h100-8_dp.yaml", override.split())
 
 
 @pytest.mark.parametrize("path, overrides", [
@@ -108,7 +110,6 @@ def test_bad_sm_counts_are_one_line_errors(override, message):
 def test_estimate_follows_the_contended_simulation(path, overrides):
     """The closed-form estimate stretches a sharded layer's compute the same way (within 1%), so the search
     screens with it."""
-    from sim.estimate import estimate
     scenario = load_scenario(SCENARIOS / path, overrides)
     simulated = runner.run(scenario).summary["step_time_s"]
     plain = runner.run(load_scenario(SCENARIOS / path, overrides[1:])).summary["step_time_s"]
