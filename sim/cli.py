@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from sim import runner, search, sweep, trace
 from sim.config import Scenario, load_scenario, resolved_yaml
@@ -65,9 +65,7 @@ def summary_title(summary: dict[str, Any]) -> str:
 
 
 def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
+    table = Table("metric", Column("value", justify="right"), header_style="bold")
     peak = summary["peak_memory_bytes"]
     exposed = summary["exposed_comm_s"]
     rows = [
@@ -197,12 +195,12 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
-    out = Path(args.output)
+    out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
-                                  args.scheduler, not args.no_bound, on_row=lambda row: bar.advance(task))
+                                  args.scheduler, not args.no_bound, lambda row: bar.advance(task), only)
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
@@ -287,6 +285,8 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--show", type=int, default=10, help="rows of the printed table")
     search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
     search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
+    search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
+                            help="search only these values of a knob, e.g. zero=0,1 or schedule=1f1b (repeatable)")
     executor_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
 

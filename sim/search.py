@@ -14,7 +14,8 @@ divide the heads and the FFN; pp over the divisors of the layer count; dp the re
 count divides the global batch; every schedule (interleaved with each vpp that divides the layers per stage);
 ZeRO 0-3 (2 and 3 with pp = 1, as DeepSpeed allows); recompute none / selective / full; sequence parallel on
 or off when tp > 1. Validity uses the scenario rules of sim.config, so a layout the search keeps is one
-``sim run`` accepts.
+``sim run`` accepts. ``parse_only`` narrows the space to what a framework offers (``--only zero=0``: Megatron-LM
+before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
 """
 
 from __future__ import annotations
@@ -23,20 +24,22 @@ import itertools
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import pandas as pd
 
 from sim.config import Scenario, check_rules, load_scenario
+from sim.errors import ConfigError
 from sim.estimate import Estimator
 from sim.executors import Executor
 from sim.schedules import SCHEDULES
-from sim.sweep import RESULTS_CSV, SweepSpec, run_sweep
+from sim.sweep import RESULTS_CSV, SweepSpec, point_id, run_sweep
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
                "recompute": "training.recompute", "sequence_parallel": "parallel.sequence_parallel"}
 LAYOUT_FIELDS = tuple(LAYOUT_KEYS)
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -56,14 +59,55 @@ class Layout:
         return {LAYOUT_KEYS[name]: value for name, value in asdict(self).items()}
 
 
+Only = Mapping[str, frozenset[Any]]  # knob -> the values the search may use
+
+
+def parse_only(specs: list[str]) -> Only:
+    """``["zero=0,1", "schedule=1f1b"]`` -> the allowed values per knob; ConfigError naming the bad part."""
+    only: dict[str, frozenset[Any]] = {}
+    for spec in specs:
+        knob, _, values = spec.partition("=")
+        knob = knob.strip().replace("-", "_")
+        if knob not in LAYOUT_KEYS or not values.strip():
+            raise ConfigError(f"--only {spec!r}: expected KNOB=v1,v2 with KNOB one of {', '.join(LAYOUT_KEYS)}")
+        only[knob] = frozenset(_knob_value(knob, value.strip()) for value in values.split(","))
+    return only
+
+
+def _knob_value(knob: str, text: str) -> Any:
+    if knob == "schedule" or knob == "recompute":
+        known = tuple(SCHEDULES) if knob == "schedule" else RECOMPUTE_MODES
+        if text not in known:
+            raise ConfigError(f"--only {knob}: {text!r} is not one of {', '.join(known)}")
+        return text
+    if knob == "sequence_parallel":
+        flags = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+        if text.lower() not in flags:
+            raise ConfigError(f"--only sequence_parallel: {text!r} is not true or false")
+        return flags[text.lower()]
+    if knob == "zero":
+        if text not in ("0", "1", "2", "3"):
+            raise ConfigError(f"--only zero: {text!r} is not a ZeRO stage (0, 1, 2 or 3)")
+    elif not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"--only {knob}: {text!r} is not a positive integer")
+    return int(text)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def layouts(base: Scenario, schedules: tuple[str, ...] = tuple(SCHEDULES), max_micro_batch: int = 16,
-            zero_stages: tuple[int, ...] = (0, 1, 2, 3),
-            recompute: tuple[str, ...] = ("none", "selective", "full")) -> Iterator[Layout]:
-    """Every combination of the knobs; rule checks come later (``candidate``)."""
+            zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: tuple[str, ...] = RECOMPUTE_MODES,
+            only: Only | None = None) -> Iterator[Layout]:
+    """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
+    for layout in _every_layout(base, schedules, max_micro_batch, zero_stages, recompute):
+        if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
+            yield layout
+
+
+def _every_layout(base: Scenario, schedules: tuple[str, ...], max_micro_batch: int, zero_stages: tuple[int, ...],
+                  recompute: tuple[str, ...]) -> Iterator[Layout]:
     gpus, model = base.num_gpus, base.model
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
@@ -148,17 +192,24 @@ class SearchResult:
 
 def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000, jobs: int = 1,
                executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
-               on_row: Callable[[dict[str, Any]], None] | None = None) -> SearchResult:
-    """Screen the whole space, then simulate the ``top`` layouts in waves of best estimates first; with
-    ``use_bound`` a layout whose lower bound cannot beat the best simulated step is skipped (``pruned``)."""
+               on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None) -> SearchResult:
+    """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
+    estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
+    skipped (``pruned``)."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
-    screened = screen(base, list(layouts(base)))
+    space = list(layouts(base, only=only))
+    if not space:
+        raise ConfigError(f"--only: no layout of {base.model.name} on {base.num_gpus} GPUs has "
+                          + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
+    screened = screen(base, space)
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)
     fixed = [f"training.global_batch={base.global_batch}", "training.microbatches=null", "fsdp=null"]
-    spec = SweepSpec(base_path, {}, overrides + fixed, explicit=to_points(chosen))
+    points = to_points(chosen)
+    spec = SweepSpec(base_path, {}, overrides + fixed, explicit=points)
+    ours = {point_id(point) for point in points}  # a resumed directory may hold layouts an earlier --only searched
     # Waves let the bound prune with the best step found so far; without it, one batch keeps the workers busy.
     wave = max(32, 16 * jobs) if use_bound else max(1, len(chosen))
     best_step, pruned = float("inf"), []
@@ -169,10 +220,12 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
         pruned += [i for i in batch.index if i not in keep.index]
         table = run_sweep(spec, out, jobs, on_row=on_row, executor=executor, scheduler=scheduler,
                           only=set(int(i) for i in keep.index))
-        done = table[table["status"] == "ok"]
+        done = table[(table["status"] == "ok") & table["point_id"].isin(ours)]
         if len(done):
             best_step = min(best_step, float(done["step_time_s"].min()))
-    simulated = pd.read_csv(out / RESULTS_CSV).sort_values("step_time_s", kind="stable").reset_index(drop=True)
+    simulated = pd.read_csv(out / RESULTS_CSV)
+    simulated = simulated[simulated["point_id"].isin(ours)]
+    simulated = simulated.sort_values("step_time_s", kind="stable").reset_index(drop=True)
     chosen_index = chosen.index.to_numpy()
     screened.loc[chosen_index[pruned], "status"] = "pruned"
     screened.to_parquet(out / "screen.parquet", index=False)

@@ -64,3 +64,57 @@ def test_an_unreachable_dask_scheduler_is_a_one_line_error(tmp_path: Path) -> No
     spec = sweep.SweepSpec(TINY, {"training.microbatches": [1]})
     with pytest.raises(ConfigError, match="--scheduler: cannot reach the Dask scheduler at 'tcp://127.0.0.1:1'"):
         sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1")
+
+
+def test_only_keeps_exactly_the_layouts_with_the_named_values() -> None:
+    base = load_scenario(DDP8, ["model.num_layers=8", "training.global_batch=8"])
+    every = list(search.layouts(base))
+    only = search.parse_only(["zero=0,1", "schedule=1f1b,interleaved", "sequence_parallel=no"])
+    assert only == {"zero": {0, 1}, "schedule": {"1f1b", "interleaved"}, "sequence_parallel": {False}}
+    narrowed = list(search.layouts(base, only=only))
+    expected = [layout for layout in every if layout.zero in (0, 1) and not layout.sequence_parallel
+                and layout.schedule in ("1f1b", "interleaved")]
+    assert narrowed == expected
+    assert 0 < len(narrowed) < len(every) / 4
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("foo=1", "--only 'foo=1': expected KNOB=v1,v2 with KNOB one of tp, pp, dp"),
+    ("tp=", "--only 'tp=': expected KNOB=v1,v2"),
+    ("zero=4", "--only zero: '4' is not a ZeRO stage"),
+    ("tp=0", "--only tp: '0' is not a positive integer"),
+    ("schedule=pipedream", "--only schedule: 'pipedream' is not one of gpipe, 1f1b"),
+    ("recompute=some", "--only recompute: 'some' is not one of none, selective, full"),
+    ("sequence_parallel=maybe", "--only sequence_parallel: 'maybe' is not true or false"),
+])
+def test_a_bad_only_is_a_one_line_error_naming_the_knob(spec: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        search.parse_only([spec])
+
+
+def test_a_search_resumed_with_another_only_reports_and_prunes_with_its_own_layouts(tmp_path: Path) -> None:
+    first = search.run_search(TINY, [], tmp_path, only=search.parse_only(["zero=0"]))
+    second = search.run_search(TINY, [], tmp_path, only=search.parse_only(["zero=1"]))
+    assert len(first.simulated) > 0 and (first.simulated["parallel.zero"] == 0).all()
+    assert len(second.simulated) > 0 and (second.simulated["parallel.zero"] == 1).all()
+    best = float(second.simulated["step_time_s"].min())  # the bound pruned against ZeRO-1's best, not ZeRO-0's
+    assert (second.screened.loc[second.screened["status"] == "pruned", "bound_step_time_s"] >= best).all()
+    assert len(pd.read_csv(tmp_path / "results.csv")) == len(first.simulated) + len(second.simulated)
+
+
+def test_an_empty_space_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"--only: no layout of tiny-gpt on 4 GPUs has tp in \[3\]"):
+        search.run_search(TINY, [], tmp_path, only=search.parse_only(["tp=3"]))
+
+
+def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining() -> None:
+    """Narayanan et al. SC21 (Sec. 5.4.1, Fig. 13, takeaway #1): tensor parallelism up to the node's 8 GPUs, then
+    pipeline parallelism. Their Megatron-LM had no distributed optimizer (ZeRO 0): with 18 bytes per parameter
+    t x p = 32 does not fit, and at t x p = 64 the estimate ranks tp 8 pp 8 ahead of tp 4 pp 16, whose pipeline
+    is twice as deep (the simulation agrees: 18.80 s against 18.90 s)."""
+    base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
+    table = search.screen(base, list(search.layouts(base, only=search.parse_only(["zero=0"]))))
+    fits = table[table["status"] == "ok"]
+    assert (fits["tp"] * fits["pp"] >= 64).all()  # nothing with t x p = 32 fits without sharded optimizer states
+    first = fits.iloc[0]
+    assert (first["tp"], first["pp"], first["schedule"]) == (8, 8, "interleaved")
