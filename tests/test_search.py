@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim import search, sweep
+from sim import runner, search, sweep
 from sim.config import load_scenario
 from sim.errors import ConfigError
 
@@ -118,3 +118,8 @@ def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining()
     assert (fits["tp"] * fits["pp"] >= 64).all()  # nothing with t x p = 32 fits without sharded optimizer states
     first = fits.iloc[0]
     assert (first["tp"], first["pp"], first["schedule"]) == (8, 8, "interleaved")
+    deeper = fits[(fits["tp"] == 4) & (fits["pp"] == 16)].iloc[0]  # the best layout with tp 4
+    steps = [runner.run(search.candidate(base, search.Layout(**{k: search._native(row[k])
+                                                                 for k in search.LAYOUT_FIELDS})))
+             .summary["step_time_s"] for row in (first, deeper)]
+    assert steps[0] < steps[1]
