@@ -286,7 +286,7 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
     search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
     search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
-                            help="search only these values of a knob, e.g. zero=0,1 or schedule=1f1b (repeatable)")
+                            help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
 

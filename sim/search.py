@@ -33,7 +33,7 @@ from sim.errors import ConfigError
 from sim.estimate import Estimator
 from sim.executors import Executor
 from sim.schedules import SCHEDULES
-from sim.sweep import RESULTS_CSV, SweepSpec, point_id, run_sweep
+from sim.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
@@ -63,51 +63,41 @@ Only = Mapping[str, frozenset[Any]]  # knob -> the values the search may use
 
 
 def parse_only(specs: list[str]) -> Only:
-    """``["zero=0,1", "schedule=1f1b"]`` -> the allowed values per knob; ConfigError naming the bad part."""
+    """``["zero=0,1", "tp=4..8"]`` (values read as ``--grid`` reads them) -> the allowed values per knob;
+    ConfigError naming the bad part."""
     only: dict[str, frozenset[Any]] = {}
     for spec in specs:
         knob, _, values = spec.partition("=")
-        knob = knob.strip().replace("-", "_")
-        if knob not in LAYOUT_KEYS or not values.strip():
+        if knob.strip() not in LAYOUT_KEYS or not values.strip():
             raise ConfigError(f"--only {spec!r}: expected KNOB=v1,v2 with KNOB one of {', '.join(LAYOUT_KEYS)}")
-        only[knob] = frozenset(_knob_value(knob, value.strip()) for value in values.split(","))
+        try:
+            knob, parsed = parse_axis(spec)
+        except ConfigError:
+            raise ConfigError(f"--only {spec!r}: a range a..b needs integers") from None
+        only[knob] = frozenset(_checked(knob, value) for value in parsed)
     return only
 
 
-def _knob_value(knob: str, text: str) -> Any:
-    if knob == "schedule" or knob == "recompute":
-        known = tuple(SCHEDULES) if knob == "schedule" else RECOMPUTE_MODES
-        if text not in known:
-            raise ConfigError(f"--only {knob}: {text!r} is not one of {', '.join(known)}")
-        return text
-    if knob == "sequence_parallel":
-        flags = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
-        if text.lower() not in flags:
-            raise ConfigError(f"--only sequence_parallel: {text!r} is not true or false")
-        return flags[text.lower()]
-    if knob == "zero":
-        if text not in ("0", "1", "2", "3"):
-            raise ConfigError(f"--only zero: {text!r} is not a ZeRO stage (0, 1, 2 or 3)")
-    elif not text.isdigit() or int(text) < 1:
-        raise ConfigError(f"--only {knob}: {text!r} is not a positive integer")
-    return int(text)
+_CHOICES: dict[str, tuple[Any, ...]] = {"schedule": tuple(SCHEDULES), "recompute": RECOMPUTE_MODES,
+                                        "zero": (0, 1, 2, 3), "sequence_parallel": (True, False)}
+
+
+def _checked(knob: str, value: Any) -> Any:
+    choices = _CHOICES.get(knob)
+    if choices is None:  # a degree or a micro-batch size
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"--only {knob}: {value!r} is not a positive integer")
+    elif type(value) is not type(choices[0]) or value not in choices:  # type(): True is not ZeRO stage 1
+        raise ConfigError(f"--only {knob}: {value!r} is not one of {', '.join(map(str, choices))}")
+    return value
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(base: Scenario, schedules: tuple[str, ...] = tuple(SCHEDULES), max_micro_batch: int = 16,
-            zero_stages: tuple[int, ...] = (0, 1, 2, 3), recompute: tuple[str, ...] = RECOMPUTE_MODES,
-            only: Only | None = None) -> Iterator[Layout]:
+def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
-    for layout in _every_layout(base, schedules, max_micro_batch, zero_stages, recompute):
-        if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
-            yield layout
-
-
-def _every_layout(base: Scenario, schedules: tuple[str, ...], max_micro_batch: int, zero_stages: tuple[int, ...],
-                  recompute: tuple[str, ...]) -> Iterator[Layout]:
     gpus, model = base.num_gpus, base.model
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
@@ -121,14 +111,16 @@ def _every_layout(base: Scenario, schedules: tuple[str, ...], max_micro_batch: i
             for mb in _divisors(base.global_batch // dp):
                 if mb > max_micro_batch:
                     break
-                for schedule in (schedules if pp > 1 else ("1f1b",)):
+                for schedule in (tuple(SCHEDULES) if pp > 1 else ("1f1b",)):
                     vpps = [v for v in _divisors(model.num_layers // pp) if v > 1] if schedule == "interleaved" \
                         else [2] if schedule == "zb-v" else [1]
-                    for vpp, zero, rc, sp in itertools.product(vpps, zero_stages, recompute,
+                    for vpp, zero, rc, sp in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                (False, True) if tp > 1 else (False,)):
                         if zero >= 2 and pp > 1:
                             continue
-                        yield Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp)
+                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp)
+                        if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
+                            yield layout
 
 
 def candidate(base: Scenario, layout: Layout) -> Scenario:
@@ -198,7 +190,7 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     skipped (``pruned``)."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
-    space = list(layouts(base, only=only))
+    space = list(layouts(base, only))
     if not space:
         raise ConfigError(f"--only: no layout of {base.model.name} on {base.num_gpus} GPUs has "
                           + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))

@@ -69,7 +69,7 @@ def test_an_unreachable_dask_scheduler_is_a_one_line_error(tmp_path: Path) -> No
 def test_only_keeps_exactly_the_layouts_with_the_named_values() -> None:
     base = load_scenario(DDP8, ["model.num_layers=8", "training.global_batch=8"])
     every = list(search.layouts(base))
-    only = search.parse_only(["zero=0,1", "schedule=1f1b,interleaved", "sequence_parallel=no"])
+    only = search.parse_only(["zero=0..1", "schedule=1f1b,interleaved", "sequence_parallel=no"])
     assert only == {"zero": {0, 1}, "schedule": {"1f1b", "interleaved"}, "sequence_parallel": {False}}
     narrowed = list(search.layouts(base, only=only))
     expected = [layout for layout in every if layout.zero in (0, 1) and not layout.sequence_parallel
@@ -81,11 +81,13 @@ def test_only_keeps_exactly_the_layouts_with_the_named_values() -> None:
 @pytest.mark.parametrize("spec, message", [
     ("foo=1", "--only 'foo=1': expected KNOB=v1,v2 with KNOB one of tp, pp, dp"),
     ("tp=", "--only 'tp=': expected KNOB=v1,v2"),
-    ("zero=4", "--only zero: '4' is not a ZeRO stage"),
-    ("tp=0", "--only tp: '0' is not a positive integer"),
+    ("zero=4", "--only zero: 4 is not one of 0, 1, 2, 3"),
+    ("zero=yes", "--only zero: True is not one of 0, 1, 2, 3"),
+    ("tp=0", "--only tp: 0 is not a positive integer"),
+    ("tp=a..8", "--only 'tp=a..8': a range a..b needs integers"),
     ("schedule=pipedream", "--only schedule: 'pipedream' is not one of gpipe, 1f1b"),
     ("recompute=some", "--only recompute: 'some' is not one of none, selective, full"),
-    ("sequence_parallel=maybe", "--only sequence_parallel: 'maybe' is not true or false"),
+    ("sequence_parallel=maybe", "--only sequence_parallel: 'maybe' is not one of True, False"),
 ])
 def test_a_bad_only_is_a_one_line_error_naming_the_knob(spec: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
