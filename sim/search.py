@@ -161,8 +161,13 @@ def best(table: pd.DataFrame, top: int) -> pd.DataFrame:
     return table[table["status"] == "ok"].head(top)
 
 
+def layout_of(row: pd.Series) -> Layout:
+    """The layout of one screened row."""
+    return Layout(**{name: _native(row[name]) for name in LAYOUT_KEYS})
+
+
 def to_points(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    return [Layout(**{name: _native(row[name]) for name in LAYOUT_KEYS}).point() for _, row in rows.iterrows()]
+    return [layout_of(row).point() for _, row in rows.iterrows()]
 
 
 def _native(value: Any) -> Any:
