@@ -76,7 +76,7 @@ class _StageEmitter:
         self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
         self.column_work = {name: Work(tuple(op for op in ops if op.name in COLUMN_PARALLEL), 0.0)
                             for name, ops in blocks.items()}
-        self.flags: dict[int, tuple[bool, bool, tuple[int, ...]]] = {}  # task -> non-default chain dependencies
+        self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
         core = tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE)
         self.selective_work = Work(core, 0.0)
         self.embed_work = Work(embedding_forward_ops(scenario.model, b, s, elem), 0.0)
@@ -169,15 +169,16 @@ class _StageEmitter:
         work, column = self.block_work[block], self.column_work[block]
         total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
         gathered = None
-        if self.sp:  # issued right after the output-gradient all-gather, which still gates the compute
-            gate = self.blocking_tp
+        if self.sp:  # issued right after the output-gradient all-gather (``after``), which still gates the compute
+            gate = self._flagged(after, True, True, (), consumed=True)
             gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
             self.blocking_tp, after = gate, gate
         dgrad = self._compute("backward", block, mb, layer, work, after,
                               cost=(total[0] - weight[0], total[1] - weight[1]))
         if gathered is not None:
             self._flagged(dgrad, False, True, ())
-        reduce = self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad)
+        reduce = self._flagged(self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad), True, True,
+                               (), consumed=True)
         extra = [gathered] if gathered is not None else []
         wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,
                            weight[0] * self.jitter(), "", 0.0, weight[1])
@@ -185,11 +186,13 @@ class _StageEmitter:
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
         return wgrad
 
-    def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...]) -> int | None:
+    def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
+                 consumed: bool = False) -> int | None:
         """Marks a task whose dependencies differ from the chain default, for stamping (see ``_layer``): ``prev``
         depends on the task emitted just before it (other stream), ``touch`` takes or sets the blocking TP
-        collective, ``extra`` depends on the tasks that many places earlier in the chain."""
-        self.flags[task] = (prev, touch, extra)  # type: ignore[index]
+        collective, ``extra`` depends on the tasks that many places earlier in the chain, and a ``consumed`` TP
+        collective is one the next compute reads, so it waits for it even with asynchronous TP communication."""
+        self.flags[task] = (prev, touch, extra, consumed)  # type: ignore[index]
         return task
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
@@ -269,10 +272,10 @@ class _StageEmitter:
                     deps = [after] if after is not None and tasks[after].stream != stream else []
                     blocking = self._blocking(stream, deps)
                 else:
-                    prev, touch, extra = flags
+                    prev, touch, extra, consumed = flags
                     deps = [after] if prev and after is not None and tasks[after].stream != stream else []
                     deps += [task_id - back for back in extra]
-                    blocking = self._blocking(stream, deps) if touch else False
+                    blocking = (self._blocking(stream, deps) if touch else False) or consumed
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
                                   flops, group, key(rank, kind, op, group) if op and meets else -1))
                 orders[stream].append(task_id)
