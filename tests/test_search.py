@@ -126,3 +126,22 @@ def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining()
     steps = [runner.run(search.candidate(base, search.layout_of(row))).summary["step_time_s"]
              for row in (first, deeper)]
     assert steps[0] < steps[1]
+
+
+def test_with_the_distributed_optimizer_the_175b_search_picks_nvidias_mlperf_layout() -> None:
+    """NVIDIA's MLPerf Training GPT-3 175B submissions (mlcommons/training_results_v3.0 and v3.1,
+    NVIDIA/benchmarks/gpt3/implementations/pytorch: config_DGXH100_*x4x8_mbs1.sh, conf/custom.yaml) run Megatron
+    with its distributed optimizer (distributed_fused_adam) at tp 4, pp 8, 12 interleaved chunks, micro-batch 1 and
+    sequence parallelism, having moved off their base config's tp 8 pp 8. With ZeRO-1 (the distributed
+    optimizer) the estimate ranks that layout first, and the simulation puts it ahead of the best tp 8 layout
+    (18.33 s against 18.49 s for tp 8 pp 4 v 24)."""
+    base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
+    table = search.screen(base, list(search.layouts(base, only=search.parse_only(["zero=1"]))))
+    fits = table[table["status"] == "ok"]
+    first = fits.iloc[0]
+    layout = ("tp", "pp", "dp", "vpp", "micro_batch", "schedule", "sequence_parallel")
+    assert tuple(first[list(layout)]) == (4, 8, 32, 12, 1, "interleaved", True)
+    wider = fits[fits["tp"] == 8].iloc[0]
+    steps = [runner.run(search.candidate(base, search.layout_of(row))).summary["step_time_s"]
+             for row in (first, wider)]
+    assert steps[0] < steps[1]
