@@ -164,8 +164,15 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: 
     gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit, "last"),
                 gathers["bytes"].to_numpy(float))
     reduces = rows[rows["name"] == "grad_reduce_scatter"]
-    grads = (span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers, "first"),
-             reduces["end_s"].to_numpy(), reduces["bytes"].to_numpy(float))
+    units = reduces["layer"] // unit_layers
+    freed = reduces["end_s"].to_numpy()
+    if scenario.zero_stage == 2 and scenario.fsdp is None:
+        # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
+        # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
+        # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
+        # lag, fresh gradients do not pile up.
+        freed = np.minimum(freed, span(reduces["microbatch"], "bwd", units, "last"))
+    grads = (span(reduces["microbatch"], "bwd", units, "first"), freed, reduces["bytes"].to_numpy(float))
     return {"gathered_weights": gathered, "unreduced_gradients": grads}
 
 
