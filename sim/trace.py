@@ -150,29 +150,29 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: 
                              unit_layers: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
     its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
-    until their reduce-scatter ends."""
-    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series, column: str) -> np.ndarray:
+    until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
+    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series) -> pd.DataFrame:
         keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
                                           unit])
-        return spans[column].reindex(keys).to_numpy()
+        return spans.reindex(keys)
 
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
     unit = gathers["layer"] // unit_layers
     keep_to_backward = scenario.zero_stage < 3
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
-    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit, "last"),
+    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
     reduces = rows[rows["name"] == "grad_reduce_scatter"]
-    units = reduces["layer"] // unit_layers
+    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if scenario.zero_stage == 2 and scenario.fsdp is None:
         # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
         # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
         # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
         # lag, fresh gradients do not pile up.
-        freed = np.minimum(freed, span(reduces["microbatch"], "bwd", units, "last"))
-    grads = (span(reduces["microbatch"], "bwd", units, "first"), freed, reduces["bytes"].to_numpy(float))
+        freed = np.minimum(freed, backward["last"].to_numpy())
+    grads = (backward["first"].to_numpy(), freed, reduces["bytes"].to_numpy(float))
     return {"gathered_weights": gathered, "unreduced_gradients": grads}
 
 

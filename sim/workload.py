@@ -170,15 +170,15 @@ class _StageEmitter:
         total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
         gathered = None
         if self.sp:  # issued right after the output-gradient all-gather (``after``), which still gates the compute
-            gate = self._flagged(after, True, True, (), consumed=True)
+            self._flagged(after, True, False, (), consumed=True)
             gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
-            self.blocking_tp, after = gate, gate
+            self.blocking_tp = after  # the gather just issued does not gate it
         dgrad = self._compute("backward", block, mb, layer, work, after,
                               cost=(total[0] - weight[0], total[1] - weight[1]))
         if gathered is not None:
             self._flagged(dgrad, False, True, ())
-        reduce = self._flagged(self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad), True, True,
-                               (), consumed=True)
+        reduce = self._flagged(self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad), True,
+                               False, (), consumed=True)
         extra = [gathered] if gathered is not None else []
         wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,
                            weight[0] * self.jitter(), "", 0.0, weight[1])
