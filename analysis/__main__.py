@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "validate":
             from analysis.validation_report import to_markdown, write_validation_report
-            from sim.validate import run_validation
+            from sim.validation.validate import run_validation
 
             table = run_validation(args.folder)
             write_validation_report(args.out, table, Path(args.out) / "images")

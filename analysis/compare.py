@@ -19,7 +19,7 @@ from matplotlib.patches import Patch  # noqa: E402
 
 from analysis.gantt import COLORS, compute_blocks  # noqa: E402
 from sim import runner  # noqa: E402
-from sim.config import load_scenario  # noqa: E402
+from sim.spec.scenario import load_scenario  # noqa: E402
 
 DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
     ("GPipe", ["schedule=gpipe"]),

@@ -20,8 +20,8 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
-from sim.config import Scenario, load_scenario
-from sim.validate import DEFAULT_FOLDER, published
+from sim.spec.scenario import Scenario, load_scenario
+from sim.validation.validate import DEFAULT_FOLDER, published
 
 GROUP = "PyTorch FSDP"
 

@@ -1,6 +1,6 @@
 """Gantt chart of a trace.
 
-In: a trace DataFrame (sim.trace schema), optionally a set of ranks and a time window. Out: an image file
+In: a trace DataFrame (sim.output.trace schema), optionally a set of ranks and a time window. Out: an image file
 (PNG/SVG/PDF by extension) with one lane per (rank, stream), stages top to bottom, blocks coloured by kind.
 Consecutive compute tasks of the same micro-batch and kind (its layers, with the TP collectives between them)
 are drawn as one block labelled with the micro-batch number, split where the stream waits long enough to see,
@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from sim.workload import STREAMS  # noqa: E402
+from sim.workload.build import STREAMS  # noqa: E402
 
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",

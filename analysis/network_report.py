@@ -20,11 +20,11 @@ from functools import lru_cache
 
 import pandas as pd
 
-from sim import reference
-from sim.collectives import busbw
+from sim.calibrate import reference
+from sim.network.collectives import busbw
 from sim.hardware import NODE_PRESETS
-from sim.network import AnalyticNetwork
-from sim.topology import build
+from sim.network.models import AnalyticNetwork
+from sim.network.topology import build
 
 
 MIN_SIZE, MAX_SIZE, BANDWIDTH_BOUND = 2**20, 2**30, 16 * 2**20

@@ -1,6 +1,6 @@
 """Plots of a sweep's results table.
 
-In: the results DataFrame of ``sim sweep`` (sim.sweep: one row per point, swept keys as columns, ``status``,
+In: the results DataFrame of ``sim sweep`` (sim.explore.sweep: one row per point, swept keys as columns, ``status``,
 metrics), a swept key for the x axis, optionally one for the lines (hue), and the metrics to show. Out: an
 image with one panel per metric, one line per hue value; points that are not ``ok``/``oom`` (invalid, error)
 are left out and counted in the legend, ``oom`` points are drawn hollow.

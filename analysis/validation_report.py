@@ -1,6 +1,6 @@
 """The validation report: predicted against published iteration time, as markdown and a parity plot.
 
-In: ``sim validate``'s table (``sim.validate.run_validation``: one row per published run). Out:
+In: ``sim validate``'s table (``sim.validation.validate.run_validation``: one row per published run). Out:
 ``DIR/validation.md`` (every row with its iteration-time error, MFU and peak memory where published, then the
 mean and maximum absolute error overall and per source, the memory error, and the rows outside the 10% band) and ``DIR/parity.png`` (predicted against published iteration
 time, log-log, the y = x line with a +-10% band, one marker per source). ``write_validation_report`` is the
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from sim.validate import error_stats  # noqa: E402
+from sim.validation.validate import error_stats  # noqa: E402
 
 BAND = 0.10  # issue 8: a row fails past 10% iteration-time error
 

@@ -16,8 +16,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim import engine, network, runner, search, trace, workload
-from sim.config import load_scenario
+from sim import runner
+
+from sim.engine import event as engine
+
+from sim.network import models as network
+
+from sim.explore import search
+
+from sim.output import trace
+
+from sim.workload import build as workload
+from sim.spec.scenario import load_scenario
 
 from bench_engine import bare_simpy
 

@@ -97,12 +97,12 @@ def cases() -> list[tuple[str, Path, list[str]]]:
 
 def answers(path: Path, sets: list[str]) -> dict[str, Any]:
     import sim  # noqa: F401  (imported lazily so --help works without the package)
-    from sim.config import load_scenario
+    from sim.spec.scenario import load_scenario
     from sim.errors import SimError
 
     try:
         from sim import runner
-        from sim.estimate import estimate
+        from sim.explore.estimate import estimate
         scenario = load_scenario(path, sets)
         result = runner.run(scenario)
         est = estimate(scenario)

@@ -3,9 +3,9 @@
 In: ``sim/data/reference/xla_matmul_perf_tables.csv`` (OpenXLA's measured GEMM throughput on H100 (sm_90) and
 B200 (sm_100) by (b, m, n, k, dtype), Apache-2.0, ROCm/xla@dc66032), and the GPU presets. Out: one profile per
 GPU: per dtype, the achieved FLOP/s as a monotone curve over GEMM FLOPs (knots every factor 2, the median of
-the rows within a factor sqrt(2), then pool-adjacent-violators: sim.fitting.fit_log_curve), and the device-copy
+the rows within a factor sqrt(2), then pool-adjacent-violators: sim.calibrate.fitting.fit_log_curve), and the device-copy
 bandwidth of the preset (measured on H100/H200, ``measured_gpu_figures.csv``). A dtype any of whose rows beats
-the GPU's dense peak for it gets no curve (H100 fp8), and XLA's f32 rows are TF32 (``sim.reference``).
+the GPU's dense peak for it gets no curve (H100 fp8), and XLA's f32 rows are TF32 (``sim.calibrate.reference``).
 A100: no GEMM sweep in the reference data, so the H100 curve scaled by the published MAMF ratio
 (271.2 / 794.5 TFLOP/s bf16, ml-engineering): the shape of the size dependence is assumed to carry over.
 Then one A100 calibration: a single factor k on every kernel's time (GEMM curve / k, HBM efficiency / k),
@@ -24,10 +24,10 @@ import json
 import sys
 from pathlib import Path
 
-from sim import reference
-from sim.fitting import fit_log_curve
+from sim.calibrate import reference
+from sim.calibrate.fitting import fit_log_curve
 from sim.hardware import GPU_PRESETS
-from sim.profile import FORMAT, VERSION
+from sim.costs.profile import FORMAT, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sim" / "data" / "profiles"
@@ -62,7 +62,7 @@ def a100_layer_times(profile_data: dict[str, object]) -> list[tuple[float, float
     import csv
     import tempfile
 
-    from sim.validate import LAYER_EXPERIMENTS, layer_times
+    from sim.validation.validate import LAYER_EXPERIMENTS, layer_times
 
     pairs = []
     with tempfile.TemporaryDirectory() as folder:

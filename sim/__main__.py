@@ -1,7 +1,7 @@
-"""``python -m sim`` runs the command line (see sim.cli)."""
+"""``python -m sim`` runs the command line (see sim.cli.commands)."""
 
 import sys
 
-from sim.cli import main
+from sim.cli.commands import main
 
 sys.exit(main())

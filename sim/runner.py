@@ -15,9 +15,25 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from sim import engine, link_usage, longest_path, network, profile, sm_contention, topology, trace, workload
-from sim.config import CalibratedCostsSpec, Scenario
-from sim.critical_path import critical_path
+from sim.engine import event as engine
+
+from sim.output import link_usage
+
+from sim.engine import longest_path
+
+from sim.network import models as network
+
+from sim.costs import profile
+
+from sim.engine import sm_contention
+
+from sim.network import topology
+
+from sim.output import trace
+
+from sim.workload import build as workload
+from sim.spec.scenario import CalibratedCostsSpec, Scenario
+from sim.engine.critical_path import critical_path
 from sim.errors import ConfigError
 
 
@@ -63,7 +79,7 @@ def _build_topology(scenario: Scenario) -> topology.Topology:
 def replay(scenario: Scenario, graph: workload.TaskGraph, net: network.Network,
            record_links: bool = False) -> engine.EngineResult:
     """The simpy replay where times depend on contention (or ``engine: event``), else the identical and much
-    cheaper longest-path evaluation (see ``sim.longest_path``)."""
+    cheaper longest-path evaluation (see ``sim.engine.longest_path``)."""
     if net.flow_level or scenario.engine == "event":
         return engine.simulate(graph, net, record_links=record_links)
     return longest_path.evaluate(graph, net)

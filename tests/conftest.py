@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from sim.config import Scenario, scenario_from_dict
+from sim.spec.scenario import Scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

@@ -2,10 +2,10 @@
 
 import pytest
 
-from sim.collectives import busbw, nvls_time, p2p_time, ring_latency, ring_time, tree_time
+from sim.network.collectives import busbw, nvls_time, p2p_time, ring_latency, ring_time, tree_time
 from sim.hardware import FabricSpec, LinkSpec
-from sim.network import AnalyticNetwork, IdealNetwork
-from sim.topology import build
+from sim.network.models import AnalyticNetwork, IdealNetwork
+from sim.network.topology import build
 
 ALPHA, B, S = 5e-6, 100e9, 1e9
 

@@ -3,7 +3,7 @@ import copy
 import pytest
 import yaml
 
-from sim.config import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
+from sim.spec.scenario import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 from sim.errors import ConfigError
 from sim.hardware import NODE_PRESETS
 

@@ -5,7 +5,7 @@ import io
 
 from rich.table import Table
 
-from sim.console import TableConsole
+from sim.cli.console import TableConsole
 
 
 def _table() -> Table:

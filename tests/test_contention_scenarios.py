@@ -7,8 +7,8 @@ leaf, ranks: all, network: contention, ring).
 import pytest
 
 from sim import runner
-from sim.config import load_scenario
-from sim.network import ContentionNetwork
+from sim.spec.scenario import load_scenario
+from sim.network.models import ContentionNetwork
 
 from conftest import SCENARIOS
 

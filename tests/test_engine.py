@@ -2,10 +2,10 @@
 
 import pytest
 
-from sim.engine import simulate
+from sim.engine.event import simulate
 from sim.errors import ScheduleDeadlock
-from sim.network import IdealNetwork
-from sim.workload import TaskGraph
+from sim.network.models import IdealNetwork
+from sim.workload.build import TaskGraph
 
 
 class ConstantNetwork:

@@ -1,4 +1,4 @@
-"""The closed-form estimate (sim.estimate) against the event simulation: within 5% on every bundled scenario
+"""The closed-form estimate (sim.explore.estimate) against the event simulation: within 5% on every bundled scenario
 and on layouts of every schedule and ZeRO stage."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-from sim.config import load_scenario
-from sim.estimate import Estimator, estimate
+from sim.spec.scenario import load_scenario
+from sim.explore.estimate import Estimator, estimate
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 GPT3 = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"

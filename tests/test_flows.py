@@ -2,12 +2,12 @@
 
 import pytest
 
-from sim.engine import simulate
-from sim.flows import FlowNetwork, max_min_rates
+from sim.engine.event import simulate
+from sim.network.flows import FlowNetwork, max_min_rates
 from sim.hardware import LinkSpec
-from sim.network import AnalyticNetwork, ContentionNetwork
-from sim.topology import build
-from sim.workload import TaskGraph
+from sim.network.models import AnalyticNetwork, ContentionNetwork
+from sim.network.topology import build
+from sim.workload.build import TaskGraph
 
 LINE = LinkSpec(bandwidth=1e9, latency=0.0)  # 1 GB/s, no latency, no efficiency loss: times read as bytes/1e9
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from analysis.gemm_report import large, report, to_markdown
-from sim.costs import RooflineCosts
+from sim.costs.models import RooflineCosts
 from sim.hardware import GPU_PRESETS
-from sim.profile import default_for
+from sim.costs.profile import default_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

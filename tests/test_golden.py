@@ -6,8 +6,10 @@ import os
 import pandas as pd
 from pandas.testing import assert_frame_equal
 
-from sim import runner, trace
-from sim.config import load_scenario
+from sim import runner
+
+from sim.output import trace
+from sim.spec.scenario import load_scenario
 
 from conftest import DATA, SCENARIOS
 

@@ -5,11 +5,11 @@ communication and the optimizer step make of it."""
 
 import pytest
 
-from sim import workload
-from sim.costs import RooflineCosts
+from sim.workload import build as workload
+from sim.costs.models import RooflineCosts
 from sim.hardware import GPU_PRESETS
-from sim.memory import model_state_bytes, rank_params
-from sim.memory_plan import stage_memory
+from sim.model.memory import model_state_bytes, rank_params
+from sim.workload.memory_plan import stage_memory
 
 from conftest import make_scenario
 

@@ -8,12 +8,13 @@ import pandas as pd
 import pytest
 
 from conftest import SCENARIOS
-from sim import cli, runner
-from sim.config import load_scenario
-from sim.estimate import estimate
-from sim.memory import activation_bytes_per_layer
-from sim.memory_plan import stage_memory
-from sim.model import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
+from sim import runner
+from sim.cli import commands as cli
+from sim.spec.scenario import load_scenario
+from sim.explore.estimate import estimate
+from sim.model.memory import activation_bytes_per_layer
+from sim.workload.memory_plan import stage_memory
+from sim.model.transformer import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
 
 LLAMA_13B = SCENARIOS / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
 

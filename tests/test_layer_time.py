@@ -17,7 +17,7 @@ import csv
 import pytest
 
 from conftest import DATA
-from sim.validate import LAYER_EXPERIMENTS, layer_times
+from sim.validation.validate import LAYER_EXPERIMENTS, layer_times
 
 ROWS = list(csv.DictReader(open(DATA / "korthikanti2022_layer_time.csv", encoding="utf-8")))
 EXPERIMENTS = LAYER_EXPERIMENTS

@@ -6,8 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from sim import engine, network, runner, workload
-from sim.config import load_scenario
+from sim import runner
+
+from sim.engine import event as engine
+
+from sim.network import models as network
+
+from sim.workload import build as workload
+from sim.spec.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"

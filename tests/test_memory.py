@@ -6,8 +6,8 @@ import csv
 import numpy as np
 import pytest
 
-from sim.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
-from sim.model import MODEL_PRESETS, total_params
+from sim.model.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
+from sim.model.transformer import MODEL_PRESETS, total_params
 
 from conftest import DATA
 

@@ -3,7 +3,7 @@
 
 import pytest
 
-from sim.model import (
+from sim.model.transformer import (
     MODEL_PRESETS, layer_forward_flops, logits_forward_flops, model_flops_per_step, total_params,
 )
 

@@ -3,8 +3,8 @@
 import pytest
 
 from sim import runner
-from sim.memory import model_state_bytes, rank_params
-from sim.memory_plan import memory_plan
+from sim.model.memory import model_state_bytes, rank_params
+from sim.workload.memory_plan import memory_plan
 
 from test_data_parallel import comm_bound
 

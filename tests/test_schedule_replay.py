@@ -5,7 +5,7 @@ chunk's forward ended, and its backward only after the next chunk's backward end
 from hypothesis import given, settings, strategies as st
 
 from sim import runner
-from sim.schedules import SCHEDULES
+from sim.parallel.schedules import SCHEDULES
 
 from conftest import pipeline_scenario
 

@@ -3,7 +3,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sim.schedules import SCHEDULES, in_flight_peak, interleaved, one_f_one_b, zb_h1
+from sim.parallel.schedules import SCHEDULES, in_flight_peak, interleaved, one_f_one_b, zb_h1
 
 
 def valid_point(name, p, m, v):
@@ -69,7 +69,7 @@ def test_rules():
 
 
 def test_v_layout_places_chunks_in_a_v():
-    from sim.schedules import chunk_location, model_chunk
+    from sim.parallel.schedules import chunk_location, model_chunk
     p = 4
     assert [model_chunk("v", p, s, 0) for s in range(p)] == [0, 1, 2, 3]
     assert [model_chunk("v", p, s, 1) for s in range(p)] == [7, 6, 5, 4]

@@ -1,4 +1,4 @@
-"""Layout search (sim.search) and the Dask executor of sweeps."""
+"""Layout search (sim.explore.search) and the Dask executor of sweeps."""
 
 from __future__ import annotations
 
@@ -7,8 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim import runner, search, sweep
-from sim.config import load_scenario
+from sim import runner
+
+from sim.explore import search
+
+from sim.explore import sweep
+from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

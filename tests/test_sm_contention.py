@@ -1,14 +1,18 @@
-"""NCCL's SMs slow overlapped compute (sim.sm_contention): closed forms, the fixed point on real traces, the
+"""NCCL's SMs slow overlapped compute (sim.engine.sm_contention): closed forms, the fixed point on real traces, the
 rules, and that the feature is off unless asked for."""
 
 import numpy as np
 import pytest
 
-from sim import longest_path, runner, sm_contention
-from sim.config import load_scenario
+from sim import runner
+
+from sim.engine import longest_path
+
+from sim.engine import sm_contention
+from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
-from sim.estimate import estimate
-from sim.task_graph import TaskGraph
+from sim.explore.estimate import estimate
+from sim.workload.ir import TaskGraph
 
 from conftest import SCENARIOS
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from sim import runner
-from sim.config import load_scenario
-from sim.schedules import SCHEDULES
+from sim.spec.scenario import load_scenario
+from sim.parallel.schedules import SCHEDULES
 
 from conftest import SCENARIOS
 
@@ -77,7 +77,7 @@ def test_synchronous_tp_collectives_block_the_compute_stream():
     # a task that does not consume it (the next micro-batch's first block after a chunk ends). The one exception
     # is the backward's input-gradient reduction, which Megatron issues asynchronously under the weight gradient.
     from sim import runner
-    from sim.config import load_scenario
+    from sim.spec.scenario import load_scenario
     base = ["schedule=interleaved", "parallel.vpp=2", "training.microbatches=4", "training.global_batch=null"]
     blocking = runner.run(load_scenario(SCENARIOS / "tiny.yaml", base)).trace
     ranks = blocking["rank"].unique()

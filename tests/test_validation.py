@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from conftest import SCENARIOS
-from sim import cli
-from sim.validate import error_stats, published, run_validation
+from sim.cli import commands as cli
+from sim.validation.validate import error_stats, published, run_validation
 
 FOLDER = SCENARIOS / "validation"
 ROWS = list(published(FOLDER)["scenario"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-from sim.config import load_scenario
+from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

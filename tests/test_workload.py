@@ -3,9 +3,11 @@ volumes of Narayanan et al. SC21 Sec. 2.3 and of the model's gradient bytes."""
 
 import pytest
 
-from sim import runner, workload
-from sim.memory import rank_params
-from sim.model import model_flops_per_step
+from sim import runner
+
+from sim.workload import build as workload
+from sim.model.memory import rank_params
+from sim.model.transformer import model_flops_per_step
 
 from conftest import make_scenario
 
@@ -97,7 +99,7 @@ def test_trace_flops_add_up_to_the_model_flops():
 def test_stamping_a_layer_chain_builds_the_same_graph(overrides):
     from pathlib import Path
 
-    from sim.config import load_scenario
+    from sim.spec.scenario import load_scenario
     path = Path(__file__).resolve().parent.parent / "scenarios" / "tiny.yaml"
     scenario = load_scenario(path, overrides)
     stamped, emitted = workload.build(scenario), workload.build(scenario, stamp=False)
@@ -136,7 +138,7 @@ def test_a_backward_waits_for_the_tp_collective_it_reads_even_when_tp_communicat
 def test_stamping_matches_on_the_bundled_scenarios(name):
     from pathlib import Path
 
-    from sim.config import load_scenario
+    from sim.spec.scenario import load_scenario
     scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / f"{name}.yaml",
                              ["training.global_batch=64"] if name.startswith("gpt3") else [])
     assert workload.build(scenario).tasks == workload.build(scenario, stamp=False).tasks

@@ -9,7 +9,7 @@ import csv
 import pytest
 
 from sim import runner
-from sim.config import scenario_from_dict
+from sim.spec.scenario import scenario_from_dict
 
 from conftest import DATA
 

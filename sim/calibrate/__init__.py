@@ -3,7 +3,7 @@
 In: a device (``cuda``, or ``cpu`` with the CPU build of torch), a model shape to take GEMM shapes from, and the
 number of processes for the collectives (gloo processes on CPU; under ``torchrun`` the launched NCCL group).
 Out, in the output directory: ``gemm.csv``, ``copy.csv``, ``collectives.csv`` and ``numerics.csv`` (raw
-measurements), and ``profile.json`` (sim.profile: GEMM FLOP/s over size per dtype, copy bandwidth, the link tier
+measurements), and ``profile.json`` (sim.costs.profile: GEMM FLOP/s over size per dtype, copy bandwidth, the link tier
 fitted from the collectives), which ``costs: {model: calibrated, profile: DIR/profile.json}`` loads.
 
 torch is imported only inside these modules' functions (the ``calibrate`` extra), never by the simulator.

@@ -2,7 +2,7 @@
 
 import sys
 
-from sim.cli import main
+from sim.cli.commands import main
 
 if __name__ == "__main__":
     sys.exit(main(["calibrate", *sys.argv[1:]]))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from sim.collectives import algbw, busbw
+from sim.network.collectives import algbw, busbw
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Any, Callable, Iterable
 
-from sim.model import ModelSpec, layer_forward_ops
+from sim.model.transformer import ModelSpec, layer_forward_ops
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 

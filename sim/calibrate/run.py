@@ -2,11 +2,11 @@
 
 In: ``CalibrationOptions`` (device, quick or full sweep, output directory, processes for the collectives, the
 model shape the GEMM shapes come from). Out: ``gemm.csv``, ``copy.csv``, ``collectives.csv``, ``numerics.csv``
-and ``profile.json`` in the output directory, and the ``Profile`` (sim.profile) returned.
+and ``profile.json`` in the output directory, and the ``Profile`` (sim.costs.profile) returned.
 
 On the CPU the collectives run in ``procs`` gloo processes spawned here. On GPUs, run under torchrun (one
 process per GPU, ``torchrun --nproc-per-node 8 -m sim.calibrate -o DIR``): every rank joins the collectives,
-rank 0 also times the GEMMs and writes the files. Fitting: sim.fitting (GEMM FLOP/s over size per dtype; the
+rank 0 also times the GEMMs and writes the files. Fitting: sim.calibrate.fitting (GEMM FLOP/s over size per dtype; the
 link tier's latencies and efficiency curve from all-reduce, all-gather and reduce-scatter).
 """
 
@@ -26,10 +26,10 @@ import pandas as pd
 from sim.calibrate.comm import OPS, bench_collectives
 from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, supports_fp8, transformer_shapes
 from sim.calibrate.numerics import numerics_report
-from sim.fitting import Measurement, fit_link, fit_log_curve
+from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
 from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
-from sim.model import MODEL_PRESETS, ModelSpec
-from sim.profile import FORMAT, VERSION, Profile
+from sim.model.transformer import MODEL_PRESETS, ModelSpec
+from sim.costs.profile import FORMAT, VERSION, Profile
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
                         ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)

@@ -1,0 +1,406 @@
+"""Command line: ``sim run | check | plot | sweep | search | validate | calibrate``.
+
+In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
+``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
+chart), a summary table on the terminal, and the exit code: 0 on success, non-zero with a one-line
+``error: ...`` (no traceback) on a bad scenario, a deadlock, or out-of-memory with ``--fail-on-oom``.
+
+Charts live in the ``analysis`` package, which ``sim`` never imports: ``analysis`` registers its writers
+under the ``clustersim.outputs`` (after ``sim run``), ``clustersim.plot`` (``sim plot``) and
+``clustersim.sweep_outputs`` (after ``sim sweep``), ``clustersim.search_outputs`` and
+``clustersim.validate_outputs`` entry-point groups in pyproject.toml, and this module calls whatever is registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column, Table
+
+from sim import runner
+
+from sim.explore import search
+
+from sim.explore import sweep
+
+from sim.output import trace
+from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
+from sim.cli.console import TableConsole
+from sim.errors import ConfigError, OutOfMemory, SimError
+from sim.workload.memory_plan import PARTS, memory_plan
+from sim.model.transformer import MODEL_PRESETS
+from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+
+OUTPUT_PLUGINS = "clustersim.outputs"
+PLOT_PLUGINS = "clustersim.plot"
+SWEEP_PLUGINS = "clustersim.sweep_outputs"
+SEARCH_PLUGINS = "clustersim.search_outputs"
+VALIDATE_PLUGINS = "clustersim.validate_outputs"
+
+
+def _plugins(group: str) -> list[Callable[..., Any]]:
+    return [entry.load() for entry in sorted(entry_points(group=group), key=lambda e: e.name)]
+
+
+def _gib(value: float) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def _memory_problem(summary: dict[str, Any]) -> str:
+    per_rank = summary["peak_memory_bytes"]["per_rank"]
+    rank = max(per_rank, key=per_rank.get)
+    parts = summary["memory_breakdown_bytes"][rank]
+    largest = sorted((k for k in parts if k not in ("total", "host")), key=lambda k: -parts[k])[:3]
+    detail = ", ".join(f"{k} {_gib(parts[k])}" for k in largest)
+    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary['hbm_capacity_bytes'])} "
+            f"(largest: {detail})")
+
+
+def summary_title(summary: dict[str, Any]) -> str:
+    layout = summary["layout"]
+    return (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
+            f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
+
+
+def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+    table = Table("metric", Column("value", justify="right"), header_style="bold")
+    peak = summary["peak_memory_bytes"]
+    exposed = summary["exposed_comm_s"]
+    rows = [
+        ("step time", f"{summary['step_time_s']:.4f} s"),
+        ("tokens/s", f"{summary['tokens_per_s']:,.0f}"),
+        ("TFLOP/s per GPU (model)", f"{summary['tflops_per_gpu']:.1f}"),
+        ("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%}"),
+        ("bubble fraction", f"{summary['bubble_fraction']:.2%}"),
+        ("exposed comm tp / pp / dp", " / ".join(f"{exposed[k] * 1e3:.1f}" for k in ("tp", "pp", "dp")) + " ms"),
+        ("peak memory per GPU", f"{_gib(peak['max'])} of {_gib(summary['hbm_capacity_bytes'])}"
+                                + ("" if summary["fits_in_memory"] else "  [does not fit]")),
+        ("tasks simulated", f"{summary['tasks']:,}"),
+    ]
+    if "critical_rank" in summary:  # ranks: all
+        rank = str(summary["critical_rank"])
+        waits = summary["collective_wait_s"]
+        rows.append(("critical rank", f"{rank}: {summary['critical_path_s']['compute_by_rank'].get(rank, 0.0):.4f} s "
+                                      f"of compute on the critical path"))
+        worst = max(waits, key=lambda r: waits[r]) if waits else None
+        if worst is not None and waits[worst] > 0:
+            rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))
+    if "nccl_sm_stretch_s" in summary:  # network.nccl_sms
+        rows.append(("compute lost to NCCL's SMs", f"{summary['nccl_sm_stretch_s'] * 1e3:.1f} ms (worst rank)"))
+    if summary.get("critical_link"):
+        link = summary["critical_link"]
+        rows.append(("critical link", f"{link['link']}: saturated {link['saturated_s'] * 1e3:.1f} ms"))
+    for link in summary.get("busiest_links", [])[:3]:
+        rows.append((f"busy link {link['link']}", f"{link['utilization']:.0%} of the step, "
+                                                  f"saturated {link['saturated_s'] * 1e3:.1f} ms"))
+    if wall_s is not None:
+        rows.append(("wall time", f"{wall_s:.2f} s"))
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    scenario = load_scenario(args.scenario, args.set)
+    began = time.perf_counter()
+    result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
+    wall = time.perf_counter() - began
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
+    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
+    trace.write_trace(result.trace, out / f"trace.{args.format}")
+    if result.links is not None:  # contention network: which links carried what
+        result.links.to_csv(out / "links.csv", index=False)
+    if result.link_segments is not None and args.link_timeline:
+        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
+    console.print(summary_title(result.summary), markup=False, highlight=False)
+    console.print(summary_table(result.summary, wall))
+    if args.chrome:
+        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
+    if not args.no_plot:
+        for write in _plugins(OUTPUT_PLUGINS):
+            write(out, result.trace, result.summary)
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    if not result.summary["fits_in_memory"]:
+        problem = _memory_problem(result.summary)
+        if args.fail_on_oom:
+            raise OutOfMemory(problem)
+        console.print(f"[yellow]warning: out of memory: {problem}[/yellow]")
+    return 0
+
+
+def memory_table(scenario: Scenario) -> Table:
+    rows = memory_plan(scenario)
+    table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
+                        f"{scenario.grad_dtype} gradients)", header_style="bold")
+    columns = [part for part in PARTS if any(row[part] for row in rows)]
+    host = any(row["host"] for row in rows)
+    for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):
+        table.add_column(name.replace("_", " "), justify="right")
+    for row in rows:
+        total = f"{row['total'] / 2**30:.1f}" + ("" if row["fits"] else " (does not fit)")
+        table.add_row(str(row["stage"]), str(row["rank"]), *(f"{row[c] / 2**30:.1f}" for c in columns), total,
+                      *([f"{row['host'] / 2**30:.1f}"] if host else []))
+    return table
+
+
+def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    scenario = load_scenario(args.scenario, args.set)
+    console.print(resolved_yaml(scenario), markup=False, highlight=False)
+    console.print(memory_table(scenario))
+    console.print(f"ok: {scenario.name}: {scenario.num_gpus} GPUs, {scenario.microbatches} micro-batches per step")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, console: Console) -> int:
+    run_dir = Path(args.run_dir)
+    found = [p for p in (run_dir / "trace.parquet", run_dir / "trace.csv") if p.is_file()]
+    if not found:
+        raise ConfigError(f"run_dir: no trace.parquet or trace.csv in {str(run_dir)!r}")
+    frame = trace.read_trace(found[0])
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else None
+    plotters = _plugins(PLOT_PLUGINS)
+    if not plotters:
+        raise SimError("plot: no chart plugin installed (pip install -e . installs the analysis package)")
+    for plot in plotters:
+        plot(frame, Path(args.output), ranks=ranks, start=args.start, end=args.end)
+    console.print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    spec = sweep.make_spec(Path(args.target), args.grid, args.set)
+    out = Path(args.output)
+    columns = [TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task("sweep", total=None)
+
+        def started(total: int, done: int) -> None:
+            bar.update(task, total=total, completed=done)
+            if done:
+                console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
+
+        table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
+                                executor=args.executor, scheduler=args.scheduler)
+    counts = table["status"].str.split(":").str[0].value_counts().to_dict()
+    console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    if not args.no_plot:
+        for write in _plugins(SWEEP_PLUGINS):
+            write(out, table, list(spec.grid))
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
+def cmd_search(args: argparse.Namespace, console: Console) -> int:
+    out, only = Path(args.output), search.parse_only(args.only)
+    columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("search", total=None)
+        found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
+                                  args.scheduler, not args.no_bound, lambda row: bar.advance(task), only)
+    screened, simulated = found.screened, found.simulated
+    counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
+    console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
+                  f"({len(screened) / found.screen_s:,.0f}/s): " + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
+    console.print(f"simulated {len(simulated):,} in {found.simulate_s:.1f} s")
+    table = Table(title=f"best layouts (of {len(simulated):,} simulated)", header_style="bold")
+    for name in ("layout", "mb", "schedule", "ZeRO", "recompute", "SP", "step s", "est. s", "MFU", "GiB"):
+        table.add_column(name, justify="left" if name in ("layout", "schedule", "recompute") else "right",
+                         no_wrap=True)
+    estimates = screened.set_index(list(search.LAYOUT_FIELDS))["est_step_time_s"]
+    for _, row in simulated[simulated["status"] == "ok"].head(args.show).iterrows():
+        v = {name: row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS}
+        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "")
+        estimate = estimates.get(tuple(v.values()), float("nan"))
+        table.add_row(layout, str(v["micro_batch"]), str(v["schedule"]), str(v["zero"]), str(v["recompute"]),
+                      "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",
+                      f"{row['mfu']:.1%}", f"{row['peak_memory_bytes'] / 2**30:.0f}")
+    console.print(table)
+    if not args.no_plot:
+        for write in _plugins(SEARCH_PLUGINS):
+            write(out, screened, simulated)
+    console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
+def executor_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel (processes or Dask workers)")
+    cmd.add_argument("--executor", choices=("process", "dask"), default="process",
+                     help="process: local worker processes; dask: a Dask cluster (local unless --scheduler)")
+    cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="sim", description="clustersim: simulate one LLM training step.")
+    commands = top.add_subparsers(dest="command", required=True)
+
+    def scenario_args(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("scenario", help="scenario YAML file")
+        cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                         help="override a scenario field (repeatable)")
+
+    run = commands.add_parser("run", help="simulate a scenario and write summary, trace and Gantt chart")
+    scenario_args(run)
+    run.add_argument("-o", "--output", default="runs/latest", help="run directory (default runs/latest)")
+    run.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="trace file format")
+    run.add_argument("--chrome", action="store_true", help="also write trace.json for Perfetto (with link loads)")
+    run.add_argument("--link-timeline", action="store_true",
+                     help="contention network: also write link_timeline.csv, each link's load over time")
+    run.add_argument("--no-plot", action="store_true", help="skip the Gantt chart")
+    run.add_argument("--fail-on-oom", action="store_true", help="exit non-zero if a rank does not fit")
+    run.set_defaults(handler=cmd_run)
+
+    check = commands.add_parser("check", help="validate a scenario and print it with every default filled")
+    scenario_args(check)
+    check.set_defaults(handler=cmd_check)
+
+    plot = commands.add_parser("plot", help="draw the Gantt chart of a run directory")
+    plot.add_argument("run_dir")
+    plot.add_argument("--ranks", help="comma-separated global ranks to show")
+    plot.add_argument("--start", type=float, help="window start, seconds")
+    plot.add_argument("--end", type=float, help="window end, seconds")
+    plot.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+    plot.set_defaults(handler=cmd_plot)
+
+    sweep_cmd = commands.add_parser("sweep", help="run a grid of scenario variants into a results table")
+    sweep_cmd.add_argument("target", help="a scenario YAML (with --grid) or a sweep file (base, set, grid)")
+    sweep_cmd.add_argument("--grid", action="append", default=[], metavar="a.b=v1,v2|a..b",
+                           help="a grid axis (repeatable; later axes vary fastest)")
+    sweep_cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
+                           help="override a field of the base scenario (repeatable)")
+    executor_args(sweep_cmd)
+    sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
+    sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
+    sweep_cmd.set_defaults(handler=cmd_sweep)
+
+    search_cmd = commands.add_parser("search", help="find the best layout: screen every tp/pp/dp/vpp/micro-batch/"
+                                     "schedule/ZeRO/recompute/SP layout analytically, simulate the best")
+    scenario_args(search_cmd)
+    search_cmd.add_argument("--top", type=int, default=1000, help="layouts to confirm by simulation (default 1000)")
+    search_cmd.add_argument("--no-bound", action="store_true",
+                            help="simulate all --top layouts (default: skip those whose lower bound cannot win)")
+    search_cmd.add_argument("--show", type=int, default=10, help="rows of the printed table")
+    search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
+    search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
+    search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
+                            help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
+    executor_args(search_cmd)
+    search_cmd.set_defaults(handler=cmd_search)
+
+    val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
+    val.add_argument("folder", nargs="?", default=str(DEFAULT_FOLDER), help="scenarios + published.csv")
+    val.add_argument("--only", action="append", help="one scenario file name (repeatable)")
+    val.add_argument("-o", "--output", help="write validation.csv here")
+    val.set_defaults(handler=cmd_validate)
+    cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
+                              "into a profile for costs: calibrated")
+    cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
+    cal.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when a GPU is visible")
+    cal.add_argument("--quick", action="store_true", help="small fixed shapes and sizes (a CI smoke run, seconds; "
+                     "ignores --model/--scenario)")
+    cal.add_argument("--procs", type=int, default=2, help="CPU: gloo processes for the collectives")
+    cal.add_argument("--no-collectives", action="store_true", help="skip the collectives")
+    cal.add_argument("--model", default="llama2-7b", help="model preset whose layer GEMM shapes are timed")
+    cal.add_argument("--scenario", help="take the model, tp, micro-batch and sequence length from this scenario")
+    cal.add_argument("--tp", type=int, default=1)
+    cal.add_argument("--micro-batch", type=int, default=1)
+    cal.add_argument("--seq-len", type=int, default=4096)
+    cal.set_defaults(handler=cmd_calibrate)
+    return top
+
+
+def cmd_validate(args: argparse.Namespace, console: Console) -> int:
+    table = run_validation(args.folder, args.only)
+    view = Table(title="predicted vs published (iteration time; MFU where published)", header_style="bold")
+    for column in ("scenario", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
+        view.add_column(column, justify="left" if column == "scenario" else "right")
+    for r in table.to_dict("records"):
+        if r.get("error"):
+            view.add_row(r["scenario"], "", f"{r['published_iteration_time_s']:.3f}", "failed", r["error"][:60], "")
+            continue
+        published_mfu = r["published_mfu"]
+        mfu = f"{published_mfu:.3f} / {r['predicted_mfu']:.3f}" if published_mfu == published_mfu else ""  # not NaN
+        view.add_row(r["scenario"], str(r["gpus"]), f"{r['published_iteration_time_s']:.3f}",
+                     f"{r['predicted_iteration_time_s']:.3f}", f"{r['iteration_time_error']:+.1%}", mfu)
+    console.print(view)
+    for key, value in error_stats(table).items():
+        if key != "rows":
+            console.print(f"{key.replace('_abs', ' absolute error')}: {value:.1%}")
+    if args.output:
+        Path(args.output).mkdir(parents=True, exist_ok=True)
+        table.to_csv(Path(args.output) / "validation.csv", index=False)
+        for write in _plugins(VALIDATE_PLUGINS):
+            write(args.output, table)
+        console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))
+    return 1 if (table["error"] != "").any() else 0
+
+
+def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
+    from sim.calibrate.run import CalibrationOptions, calibrate
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    if not args.scenario and args.model not in MODEL_PRESETS:
+        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
+    model, tp, micro_batch, seq_len = args.model, args.tp, args.micro_batch, args.seq_len
+    if args.scenario:  # the GEMM shapes of that scenario's layer
+        scenario = load_scenario(args.scenario)
+        model, tp, micro_batch, seq_len = (scenario.model, scenario.parallel.tp, scenario.training.micro_batch,
+                                           scenario.seq_len)
+    options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, model, tp, micro_batch, seq_len,
+                                 not args.no_collectives)
+    result = calibrate(options)
+    if result is None:  # a non-zero torchrun rank: rank 0 reports
+        return 0
+    measured = result.profile
+    table = Table(title=f"calibration: {measured.device.name}", header_style="bold")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    for dtype, curve in sorted(measured.gemm.items()):
+        table.add_row(f"GEMM {dtype}", f"{curve.rate[0][1] / 1e9:,.1f} .. {curve.rate[-1][1] / 1e9:,.1f} GFLOP/s")
+    table.add_row("device copy", f"{(measured.copy_bandwidth or 0) / 1e9:,.1f} GB/s")
+    for tier in ("intra_node", "inter_node"):
+        fields = getattr(measured, tier)
+        if fields:
+            table.add_row(f"collectives ({tier})", f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
+                          f" GB/s, base {fields['base_latency'] * 1e6:.0f} us")
+    for row in result.numerics.itertuples(index=False):
+        table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")
+    console.print(table)
+    console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    console = TableConsole()
+    try:
+        return int(args.handler(args, console))
+    except SimError as error:
+        Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        return error.exit_code
+    except OSError as error:  # an output path that cannot be written, a disk that is full
+        target = f" {error.filename!r}" if error.filename else ""
+        Console(stderr=True).print(f"error: cannot write{target}: {error.strerror or error}", markup=False,
+                                   highlight=False, soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Calibration profiles and the compute cost models (fixed, roofline, calibrated)."""

@@ -1,0 +1,150 @@
+"""Cost models: how long a piece of compute takes on one GPU.
+
+In: ``Work`` (the kernels of a block of a layer, from sim.model.transformer, and the share of a transformer layer it
+represents) and a phase; the optimizer step by parameter count. Out: seconds, and the FLOPs executed.
+
+Phases: ``forward``; ``backward`` (the whole backward, as 1F1B and GPipe run it); ``input_grad`` (B) and
+``weight_grad`` (W), the two halves that zero-bubble schedules run separately. A GEMM with weights costs its
+forward once in B and once in W; ops without weights cost twice their forward in B and nothing in W; so
+B + W = backward = 2x forward (Qi et al. ICLR 2024 Table 1).
+
+``fixed``: the scenario gives one layer's forward, input-gradient (``backward``) and weight-gradient
+(``weight_grad``, default 0) times; a block costs its share, a fused backward costs backward + weight_grad,
+and the embedding, head and selective recomputation cost nothing (for exact schedule tests).
+``roofline``: each kernel takes max(FLOPs / achievable FLOP/s, bytes / achievable HBM bandwidth) (Williams et
+al. 2009). A GEMM's achievable FLOP/s comes from the GPU's shipped default profile (sim.costs.profile: achieved
+FLOP/s over GEMM size, fitted to OpenXLA's measured tables; scaled by this GPU's peak over the profiled one),
+or, without one (or with ``shape_efficiency: false``), the preset's flat large-GEMM efficiency (MAMF).
+``calibrated``: the same roofline with a measured profile's GEMM curve and copy bandwidth (``sim calibrate``).
+The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
+m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from sim.hardware import GpuSpec
+from sim.model.transformer import Op
+from sim.costs.profile import Profile
+
+Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
+ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient
+
+
+def phase_scale(op: Op, phase: Phase) -> float:
+    """How many forward-equivalents of ``op`` a phase runs."""
+    if phase == "forward":
+        return 1.0
+    if phase == "backward":
+        return 2.0
+    if phase == "input_grad":
+        return 1.0 if op.has_weights else 2.0
+    return 1.0 if op.has_weights else 0.0
+
+
+@dataclass(frozen=True)
+class Work:
+    ops: tuple[Op, ...]
+    layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
+
+    def flops(self, phase: Phase) -> float:
+        return sum(op.flops * phase_scale(op, phase) for op in self.ops)
+
+
+class CostModel(Protocol):
+    name: str
+
+    def compute_time(self, work: Work, phase: Phase) -> float: ...
+
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
+
+
+class FixedCosts:
+    name = "fixed"
+
+    def __init__(self, forward: float, backward: float, weight_grad: float = 0.0, optimizer: float = 0.0) -> None:
+        self.per_layer = {"forward": forward, "backward": backward + weight_grad, "input_grad": backward,
+                          "weight_grad": weight_grad}
+        self.optimizer = optimizer
+
+    def compute_time(self, work: Work, phase: Phase) -> float:
+        return self.per_layer[phase] * work.layer_share
+
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+        return self.optimizer
+
+
+# The other 16-bit type of each: fp16 and bf16 GEMMs run on the same tensor cores, at the same dense peak on every
+# GPU preset of sim.hardware (A100 312, H100 and H200 989, B200 2250 TFLOP/s for both, from the datasheets).
+_SAME_TENSOR_CORES = {"fp16": "bf16", "bf16": "fp16"}
+
+
+def profiled_dtype(profile: Profile, gpu: GpuSpec, dtype: str) -> str:
+    """The profile curve that prices ``dtype``'s GEMMs: its own, or, where the profile measured only the other
+    16-bit type and the GPU's peaks for the two are equal, that one. Without this an fp16 scenario on a
+    bf16-only default profile (A100's) fell back to the flat large-GEMM rate and the preset's memory efficiency:
+    87% of peak on every GEMM, against the fitted curve's 71% at most (Qi et al.'s fp16 rows ran ~20% fast)."""
+    other = _SAME_TENSOR_CORES.get(dtype)
+    if dtype in profile.gemm or other is None or other not in profile.gemm:
+        return dtype
+    return other if gpu.peak(other) == gpu.peak(dtype) else dtype
+
+
+class RooflineCosts:
+    name = "roofline"
+
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None) -> None:
+        self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
+        self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
+        # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
+        self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
+        self.profile = profile if profile is not None and self.curve_dtype in profile.gemm else None
+        if profile is not None and profile.memory_efficiency is not None:  # HBM's, whatever the GEMM dtype
+            self.bytes_rate = gpu.hbm_bandwidth * profile.memory_efficiency
+        self.scale = 1.0
+        if self.profile is not None:
+            profiled_peak = self.profile.gemm[self.curve_dtype].peak_flops
+            self.scale = gpu.peak(dtype) / profiled_peak if profiled_peak else 1.0
+
+    def gemm_rate(self, flops: float) -> float:
+        if self.profile is None:
+            return self.flops_rate
+        return self.profile.gemm_rate(self.curve_dtype, flops) * self.scale
+
+    def kernel_time(self, op: Op) -> float:
+        compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
+        return max(compute, op.bytes / self.bytes_rate)
+
+    def compute_time(self, work: Work, phase: Phase) -> float:
+        return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+        return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate
+
+
+class CalibratedCosts(RooflineCosts):
+    """Roofline on a measured profile: its GEMM curve as measured (no peak scaling) and its copy bandwidth."""
+
+    name = "calibrated"
+
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile) -> None:
+        profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
+        super().__init__(gpu, dtype, profile)
+        self.scale = 1.0
+        if profile.copy_bandwidth is not None:
+            self.bytes_rate = profile.copy_bandwidth
+
+
+class ScaledCosts:
+    """Another cost model's times times ``factor``: a straggler GPU (``variation.slowdown``)."""
+
+    def __init__(self, inner: CostModel, factor: float) -> None:
+        self.inner, self.factor, self.name = inner, factor, inner.name
+
+    def compute_time(self, work: Work, phase: Phase) -> float:
+        return self.inner.compute_time(work, phase) * self.factor
+
+    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+        return self.inner.optimizer_time(params, grad_bytes) * self.factor

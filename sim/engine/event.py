@@ -1,0 +1,227 @@
+"""Discrete-event replay of a task graph (the only module that imports simpy).
+
+In: a ``TaskGraph`` and a network model. Out: ``EngineResult``: the start and end time of every task and the
+number of simpy events processed.
+
+One simpy process per (rank, stream) walks that stream's ordered task list like a CUDA stream: wait until
+every dependency has finished, run the task, record its start and end, signal done. A rank's streams run
+concurrently, which is where compute/communication overlap comes from. A collective whose group has several
+simulated members is a rendezvous: it starts when the last member arrives and all members end together.
+Communication time comes from the network model when the task starts. With a flow-level network
+(``contention``) a transfer instead runs its phases: a latency, then its channels as flows in a
+``sim.network.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow fires at its predicted finish and
+is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
+(``private_tp_transfers``: NVLink ports of its own GPUs, not crossed by any DP/PP route) would run alone at its
+uncontended rate, which is its analytic time: it is timed so, and its bytes are booked on its links, without
+flows (not when a link timeline is recorded). If the run ends with tasks not done, ``ScheduleDeadlock`` names
+the first stuck task of each stream and what it waits on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Generator
+
+import simpy
+
+from sim.errors import ScheduleDeadlock
+from sim.network.flows import FlowNetwork
+from sim.network.models import Network, Phase
+from sim.workload.build import Task, TaskGraph
+
+
+class _CountingEnvironment(simpy.Environment):
+    """simpy environment that counts scheduled events (for the benchmark's events/s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event: simpy.Event, priority: int = 1, delay: float = 0) -> None:  # type: ignore[override]
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+@dataclass
+class EngineResult:
+    start: list[float]
+    end: list[float]
+    events: int
+    flows: FlowNetwork | None = None  # link usage of a flow-level run
+    arrival: dict[int, float] = field(default_factory=dict)  # rendezvous member -> when its rank reached it
+
+
+def _describe(task: Task) -> str:
+    where = f"rank {task.rank} {task.stream} {task.kind} {task.name}"
+    if task.microbatch >= 0:
+        where += f" mb {task.microbatch}"
+    if task.layer >= 0:
+        where += f" layer {task.layer}"
+    return f"task {task.id} ({where})"
+
+
+def deadlock_error(graph: TaskGraph, end: list[float]) -> ScheduleDeadlock:
+    """The error for a replay that left tasks unfinished: the first stuck task of each stream and its waits."""
+    tasks = graph.tasks
+    stuck = [order[next(i for i, t in enumerate(order) if end[t] != end[t])]
+             for order in graph.streams.values() if any(end[t] != end[t] for t in order)]
+    lines = []
+    for task_id in stuck[:4]:
+        waiting = [d for d in tasks[task_id].deps if end[d] != end[d]]
+        on = ", ".join(_describe(tasks[d]) for d in waiting[:2]) or "a collective rendezvous"
+        lines.append(f"{_describe(tasks[task_id])} waits on {on}")
+    more = f" (+{len(stuck) - 4} more streams)" if len(stuck) > 4 else ""
+    return ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
+
+
+def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
+    """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
+    other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
+    others: set[int] = set()
+    seen: set[tuple[str, float, tuple[int, ...], str]] = set()
+    tp: dict[tuple[str, float, tuple[int, ...]], set[int]] = {}
+    for task in graph.tasks:
+        if not task.op or task.duration is not None:
+            continue
+        key = (task.op, task.nbytes, task.group, task.kind)
+        if key in seen:
+            continue
+        seen.add(key)
+        links = {link for phase in phases_of(task) for channel in phase.channels for link, _ in channel.loads}
+        if task.kind == "tp":
+            tp[key[:3]] = links
+        else:
+            others |= links
+    owner: dict[int, tuple[int, ...]] = {}
+    clash: set[tuple[int, ...]] = set()
+    for (_, _, group), links in tp.items():
+        for link in links:
+            if owner.setdefault(link, group) != group:
+                clash |= {group, owner[link]}
+    return {key for key, links in tp.items() if not links & others and key[2] not in clash}
+
+
+def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> EngineResult:
+    env = _CountingEnvironment()
+    tasks = graph.tasks
+    waiting: dict[int, simpy.Event] = {}  # task -> the event its dependants wait on, made on first need
+    start = [float("nan")] * len(tasks)
+    end = [float("nan")] * len(tasks)
+
+    members = graph.shared_collectives()
+    arrived: dict[int, int] = {}
+    released: dict[int, float] = {}
+    arrival: dict[int, float] = {}
+    finished: dict[int, simpy.Event] = {key: env.event() for key in members}
+
+    flow_level = getattr(network, "flow_level", False)
+    flows = FlowNetwork(network.capacities, record_links) if flow_level else None  # type: ignore[attr-defined]
+    pending: dict[int, simpy.Event] = {}
+    version: dict[int, int] = {}
+
+    def arm(finish: dict[int, float]) -> None:
+        for key, when in finish.items():
+            version[key] = version.get(key, 0) + 1
+            timer = env.timeout(max(0.0, when - env.now))
+            timer.callbacks.append(lambda _event, key=key, stamp=version[key]: fire(key, stamp))
+
+    def fire(key: int, stamp: int) -> None:
+        if version.get(key) != stamp or key not in pending:
+            return  # a later rate change re-armed this flow
+        assert flows is not None
+        event = pending.pop(key)
+        arm(flows.remove(key, env.now))
+        event.succeed()
+
+    def run_phases(phases: tuple[Phase, ...]) -> Generator[simpy.Event, None, None]:
+        assert flows is not None
+        for phase in phases:
+            if phase.latency > 0:
+                yield env.timeout(phase.latency)
+            waits = []
+            for channel in phase.channels:
+                key = len(version)
+                version[key] = 0
+                pending[key] = env.event()
+                waits.append(pending[key])
+                arm(flows.add(key, channel.loads, channel.nbytes, channel.rate_cap, env.now))
+            if len(waits) == 1:
+                yield waits[0]
+            elif waits:
+                yield env.all_of(waits)
+
+    merged: dict[tuple[str, float, tuple[int, ...]], tuple[Phase, ...]] = {}
+
+    def mirrored(task: Task) -> tuple[Phase, ...]:
+        """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
+        transfer = network.transfer  # type: ignore[attr-defined]
+        if graph.lockstep == 1 or task.kind == "tp":
+            return transfer(task.op, task.nbytes, task.group)
+        key = (task.op, task.nbytes, task.group)
+        if key not in merged:
+            peers = [transfer(task.op, task.nbytes, tuple(r + t for r in task.group)) for t in range(graph.lockstep)]
+            merged[key] = tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
+                                for same in zip(*peers, strict=True))
+        return merged[key]
+
+    private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
+
+    def communicate(task: Task) -> Generator[simpy.Event, None, None]:
+        if task.duration is not None:
+            seconds = task.duration
+        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == "tp":
+            phases = mirrored(task)
+            seconds = sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
+                          for phase in phases)
+            for phase in phases:
+                for channel in phase.channels:
+                    flows.book_alone(channel.loads, channel.nbytes, channel.rate_cap)
+        elif flows is not None:
+            yield from run_phases(mirrored(task))
+            return
+        elif task.op == "send":
+            seconds = network.p2p_time(task.nbytes, task.group[0], task.group[1])
+        else:
+            seconds = network.collective_time(task.op, task.nbytes, task.group)
+        if seconds > 0:
+            yield env.timeout(seconds)
+
+    def run_shared(task: Task, event: simpy.Event) -> Generator[simpy.Event, None, None]:
+        yield from communicate(task)
+        event.succeed()
+
+    def stream(order: list[int]) -> Generator[simpy.Event, None, None]:
+        for task_id in order:
+            task = tasks[task_id]
+            for dep in task.deps:
+                if end[dep] != end[dep]:  # not finished: wait for it (an event only for tasks waited on)
+                    waiter = waiting.get(dep)
+                    if waiter is None:
+                        waiter = waiting[dep] = env.event()
+                    yield waiter
+            shared = finished.get(task.collective)
+            if shared is not None:  # every member waits for the last; the last one runs the transfer once
+                arrival[task_id] = env.now
+                arrived[task.collective] = arrived.get(task.collective, 0) + 1
+                if arrived[task.collective] == members[task.collective]:
+                    released[task.collective] = env.now
+                    env.process(run_shared(task, shared))
+                yield shared
+                start[task_id] = released[task.collective]
+            else:
+                start[task_id] = env.now
+                yield from communicate(task)
+            end[task_id] = env.now
+            waiter = waiting.pop(task_id, None)
+            if waiter is not None:
+                waiter.succeed()
+
+    for key in sorted(graph.streams):
+        env.process(stream(graph.streams[key]))
+    env.run()
+
+    if any(t != t for t in end):
+        raise deadlock_error(graph, end)
+    if flows is not None:
+        flows.close(env.now)
+    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows, arrival=arrival)

@@ -1,0 +1,1 @@
+"""Closed-form estimate, sweeps, layout search and their executors."""

@@ -1,0 +1,230 @@
+"""Search the layout space of one model on one cluster: screen every layout analytically, simulate the best.
+
+In: a base scenario (model, cluster, global batch, sequence length, dtype, costs, network) and the knobs to
+explore. Out: ``screen`` -> a DataFrame with one row per candidate layout (tp, pp, dp, vpp, micro-batch,
+schedule, ZeRO stage, recompute, sequence parallel): ``status`` (``ok``, ``oom``: over HBM by the memory
+bound, ``invalid: <rule>``), the closed-form step time, MFU and peak memory (sim.explore.estimate) and a lower bound on
+the step (every stage must run its micro-batches' work one after another: m x the slowest stage's F+B+W).
+``to_points`` turns the best screened layouts into sweep points (dotted keys) that ``sim.explore.sweep`` simulates on
+any executor, resumably; ``prune`` drops those whose lower bound cannot beat the best simulated step so far.
+``run_search`` does all of it: ``DIR/screen.parquet`` (every layout), ``DIR/results.csv|parquet`` (simulated).
+
+The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divisors of a node's GPUs that
+divide the heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose
+count divides the global batch; every schedule (interleaved with each vpp that divides the layers per stage);
+ZeRO 0-3 (2 and 3 with pp = 1, as DeepSpeed allows); recompute none / selective / full; sequence parallel on
+or off when tp > 1. Validity uses the scenario rules of sim.spec.scenario, so a layout the search keeps is one
+``sim run`` accepts. ``parse_only`` narrows the space to what a framework offers (``--only zero=0``: Megatron-LM
+before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import pandas as pd
+
+from sim.spec.scenario import Scenario, check_rules, load_scenario
+from sim.errors import ConfigError
+from sim.explore.estimate import Estimator
+from sim.explore.executors import Executor
+from sim.parallel.schedules import SCHEDULES
+from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
+
+LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
+               "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
+               "recompute": "training.recompute", "sequence_parallel": "parallel.sequence_parallel"}
+LAYOUT_FIELDS = tuple(LAYOUT_KEYS)
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    micro_batch: int
+    schedule: str
+    zero: int
+    recompute: str
+    sequence_parallel: bool
+
+    def point(self) -> dict[str, Any]:
+        """The layout as sweep overrides (dotted scenario keys)."""
+        return {LAYOUT_KEYS[name]: value for name, value in asdict(self).items()}
+
+
+Only = Mapping[str, frozenset[Any]]  # knob -> the values the search may use
+
+
+def parse_only(specs: list[str]) -> Only:
+    """``["zero=0,1", "tp=4..8"]`` (values read as ``--grid`` reads them) -> the allowed values per knob;
+    ConfigError naming the bad part."""
+    only: dict[str, frozenset[Any]] = {}
+    for spec in specs:
+        knob, _, values = spec.partition("=")
+        if knob.strip() not in LAYOUT_KEYS or not values.strip():
+            raise ConfigError(f"--only {spec!r}: expected KNOB=v1,v2 with KNOB one of {', '.join(LAYOUT_KEYS)}")
+        try:
+            knob, parsed = parse_axis(spec)
+        except ConfigError:
+            raise ConfigError(f"--only {spec!r}: a range a..b needs integers") from None
+        only[knob] = frozenset(_checked(knob, value) for value in parsed)
+    return only
+
+
+_CHOICES: dict[str, tuple[Any, ...]] = {"schedule": tuple(SCHEDULES), "recompute": RECOMPUTE_MODES,
+                                        "zero": (0, 1, 2, 3), "sequence_parallel": (True, False)}
+
+
+def _checked(knob: str, value: Any) -> Any:
+    choices = _CHOICES.get(knob)
+    if choices is None:  # a degree or a micro-batch size
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"--only {knob}: {value!r} is not a positive integer")
+    elif type(value) is not type(choices[0]) or value not in choices:  # type(): True is not ZeRO stage 1
+        raise ConfigError(f"--only {knob}: {value!r} is not one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
+    """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
+    gpus, model = base.num_gpus, base.model
+    for tp in _divisors(base.cluster.gpus_per_node):
+        if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
+            continue
+        for pp in _divisors(model.num_layers):
+            if gpus % (tp * pp):
+                continue
+            dp = gpus // (tp * pp)
+            if base.global_batch % dp:
+                continue
+            for mb in _divisors(base.global_batch // dp):
+                if mb > max_micro_batch:
+                    break
+                for schedule in (tuple(SCHEDULES) if pp > 1 else ("1f1b",)):
+                    vpps = [v for v in _divisors(model.num_layers // pp) if v > 1] if schedule == "interleaved" \
+                        else [2] if schedule == "zb-v" else [1]
+                    for vpp, zero, rc, sp in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
+                                                               (False, True) if tp > 1 else (False,)):
+                        if zero >= 2 and pp > 1:
+                            continue
+                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp)
+                        if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
+                            yield layout
+
+
+def candidate(base: Scenario, layout: Layout) -> Scenario:
+    """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails."""
+    parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
+                                                "zero": layout.zero, "sequence_parallel": layout.sequence_parallel})
+    training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
+                                                "global_batch": base.global_batch, "microbatches": None})
+    scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
+                                       "fsdp": None})
+    check_rules(scenario)
+    return scenario
+
+
+def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = None) -> pd.DataFrame:
+    """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound."""
+    estimator = estimator or Estimator(base)
+    rows = []
+    for layout in space:
+        row: dict[str, Any] = asdict(layout)
+        try:
+            scenario = candidate(base, layout)
+        except ValueError as error:
+            rows.append(row | {"status": f"invalid: {error}"})
+            continue
+        est = estimator.estimate(scenario)
+        rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
+                           "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
+                           "bound_step_time_s": est.bound_s, "microbatches": scenario.microbatches,
+                           "hbm_capacity_bytes": base.cluster.gpu.hbm_capacity})
+    table = pd.DataFrame(rows)
+    return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
+                             col.ne("ok"), kind="stable").reset_index(drop=True)
+
+
+def best(table: pd.DataFrame, top: int) -> pd.DataFrame:
+    """The ``top`` layouts that fit, fastest estimate first."""
+    return table[table["status"] == "ok"].head(top)
+
+
+def layout_of(row: pd.Series) -> Layout:
+    """The layout of one screened row."""
+    return Layout(**{name: _native(row[name]) for name in LAYOUT_KEYS})
+
+
+def to_points(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    return [layout_of(row).point() for _, row in rows.iterrows()]
+
+
+def _native(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else value
+
+
+def prune(rows: pd.DataFrame, best_simulated: float) -> pd.DataFrame:
+    """Rows whose lower bound can still beat the best simulated step time."""
+    return rows[rows["bound_step_time_s"] < best_simulated]
+
+
+@dataclass
+class SearchResult:
+    screened: pd.DataFrame  # every layout, with status (ok / oom / invalid / pruned) and the estimate
+    simulated: pd.DataFrame  # the layouts confirmed by event simulation (the sweep's results table)
+    screen_s: float
+    simulate_s: float
+
+
+def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000, jobs: int = 1,
+               executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
+               on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None) -> SearchResult:
+    """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
+    estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
+    skipped (``pruned``)."""
+    began = time.perf_counter()
+    base = load_scenario(base_path, overrides)
+    space = list(layouts(base, only))
+    if not space:
+        raise ConfigError(f"--only: no layout of {base.model.name} on {base.num_gpus} GPUs has "
+                          + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
+    screened = screen(base, space)
+    out.mkdir(parents=True, exist_ok=True)
+    screen_s = time.perf_counter() - began
+    chosen = best(screened, top)
+    fixed = [f"training.global_batch={base.global_batch}", "training.microbatches=null", "fsdp=null"]
+    points = to_points(chosen)
+    spec = SweepSpec(base_path, {}, overrides + fixed, explicit=points)
+    ours = {point_id(point) for point in points}  # a resumed directory may hold layouts an earlier --only searched
+    # Waves let the bound prune with the best step found so far; without it, one batch keeps the workers busy.
+    wave = max(32, 16 * jobs) if use_bound else max(1, len(chosen))
+    best_step, pruned = float("inf"), []
+    rows = chosen.reset_index(drop=True)
+    for first in range(0, len(rows), wave):
+        batch = rows.iloc[first:first + wave]
+        keep = prune(batch, best_step) if use_bound else batch
+        pruned += [i for i in batch.index if i not in keep.index]
+        table = run_sweep(spec, out, jobs, on_row=on_row, executor=executor, scheduler=scheduler,
+                          only=set(int(i) for i in keep.index))
+        done = table[(table["status"] == "ok") & table["point_id"].isin(ours)]
+        if len(done):
+            best_step = min(best_step, float(done["step_time_s"].min()))
+    simulated = pd.read_csv(out / RESULTS_CSV)
+    simulated = simulated[simulated["point_id"].isin(ours)]
+    simulated = simulated.sort_values("step_time_s", kind="stable").reset_index(drop=True)
+    chosen_index = chosen.index.to_numpy()
+    screened.loc[chosen_index[pruned], "status"] = "pruned"
+    screened.to_parquet(out / "screen.parquet", index=False)
+    simulated.to_parquet(out / "results.parquet", index=False)
+    return SearchResult(screened, simulated, screen_s, time.perf_counter() - began - screen_s)

@@ -1,0 +1,255 @@
+"""Sweeps: a base scenario times a grid of dotted-path values, run point by point, resumable.
+
+In: a base scenario file, base overrides, and a grid (ordered axes; each axis a list of values, where a value
+is a scalar for the axis' dotted key, or a mapping of several dotted keys set together, e.g.
+``{schedule: interleaved, parallel.vpp: 2}``); or a sweep YAML file holding the same (``base``, ``set``,
+``grid``). Out: ``DIR/results.csv``, one row per point written and flushed as soon as it finishes (so an
+interrupted sweep keeps what finished, and running the same command again runs only the missing points),
+``DIR/sweep.json`` (the base scenario and overrides, so a directory of another sweep's rows is refused, not
+resumed), and ``DIR/results.parquet`` with all rows in grid order at the end. Each row has the point's id and index, the
+value of every swept key (as the scenario resolved it), a ``status`` (``ok``, ``oom``, ``invalid: <reason>``,
+``error: <reason>``) and the summary metrics.
+
+Setting ``training.microbatches`` without ``training.global_batch`` lets the global batch follow m.
+Points run on an executor (sim.explore.executors): in-process, worker processes with ``jobs > 1``, or a Dask cluster;
+the table is the same either way. A spec may also list its points explicitly (``sim search`` does).
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+import yaml
+
+from sim import runner
+from sim.spec.scenario import apply_overrides, scenario_from_dict
+from sim.errors import ConfigError, SimError
+from sim.explore.executors import Executor, run_all
+
+METRICS = (
+    "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
+    "exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "peak_memory_bytes", "fits_in_memory", "microbatches",
+    "global_batch", "num_gpus", "tasks",
+)
+RESULTS_CSV = "results.csv"
+
+
+@dataclass
+class SweepSpec:
+    base: Path
+    grid: dict[str, list[Any]]
+    overrides: list[str] = field(default_factory=list)
+    base_data: dict[str, Any] = field(default_factory=dict)  # the base scenario file, read once
+    explicit: list[dict[str, Any]] | None = None  # the points themselves, instead of a grid's product
+
+    def __post_init__(self) -> None:
+        if not self.base_data:
+            self.base_data = _read_base(self.base)
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of axis values, as {dotted key: value}, in grid order (last axis fastest)."""
+        if self.explicit is not None:
+            return [dict(point) for point in self.explicit]
+        result = []
+        for combo in itertools.product(*self.grid.values()):
+            point: dict[str, Any] = {}
+            for axis, value in zip(self.grid, combo, strict=True):
+                point.update(value if isinstance(value, dict) else {axis: value})
+            result.append(point)
+        return result
+
+    @property
+    def keys(self) -> list[str]:
+        keys: list[str] = []
+        for point in self.explicit or []:
+            keys += [key for key in point if key not in keys]
+        for axis, values in self.grid.items():
+            for value in values:
+                for key in (value if isinstance(value, dict) else {axis: value}):
+                    if key not in keys:
+                        keys.append(key)
+        return keys
+
+
+def _read_base(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"sweep.base: scenario {str(path)!r} not found")
+    data = yaml.safe_load(path.read_text())
+    if not isinstance(data, dict):
+        raise ConfigError(f"sweep.base: {path} must be a scenario mapping (name, cluster, model, ...)")
+    return data
+
+
+def _encode(value: Any) -> str:
+    """One-line text of a grid value that reads back as the same YAML value (JSON is YAML)."""
+    return json.dumps(value, sort_keys=True)
+
+
+def point_id(point: dict[str, Any]) -> str:
+    return ",".join(f"{key}={_encode(value)}" for key, value in point.items())
+
+
+def parse_axis(text: str) -> tuple[str, list[Any]]:
+    """``key=v1,v2,...`` (each value read as YAML) or ``key=a..b`` (integers a to b inclusive)."""
+    if "=" not in text:
+        raise ConfigError(f"--grid {text!r}: expected key=v1,v2,... or key=a..b")
+    key, values = text.split("=", 1)
+    if ".." in values and "," not in values:
+        low, high = values.split("..", 1)
+        try:
+            return key.strip(), list(range(int(low), int(high) + 1))
+        except ValueError:
+            raise ConfigError(f"--grid {text!r}: a range a..b needs integers") from None
+    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+
+
+def load_sweep_file(path: Path, extra_grid: list[str], extra_overrides: list[str]) -> SweepSpec:
+    data = yaml.safe_load(path.read_text()) or {}
+    unknown = set(data) - {"base", "set", "grid"}
+    if unknown or "base" not in data or not isinstance(data.get("grid"), dict):
+        raise ConfigError(f"sweep: {path} needs 'base' (a scenario path) and 'grid' (a mapping of axes)"
+                          + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+    grid: dict[str, list[Any]] = {}
+    for key, values in data["grid"].items():
+        if isinstance(values, str) and ".." in values:
+            grid.update([parse_axis(f"{key}={values}")])
+        else:
+            grid[str(key)] = list(values) if isinstance(values, list) else [values]
+    grid.update(dict(parse_axis(a) for a in extra_grid))
+    return SweepSpec(path.parent / str(data["base"]), grid, list(data.get("set") or []) + extra_overrides)
+
+
+def make_spec(target: Path, grid_args: list[str], overrides: list[str]) -> SweepSpec:
+    """A sweep from a sweep file (has a top-level ``grid``) or from a scenario plus --grid axes."""
+    if not target.is_file():
+        raise ConfigError(f"sweep: file {str(target)!r} not found")
+    data = yaml.safe_load(target.read_text())
+    if isinstance(data, dict) and "grid" in data:
+        return load_sweep_file(target, grid_args, overrides)
+    if not grid_args:
+        raise ConfigError("sweep: give at least one --grid key=v1,v2 (or a sweep file with a grid)")
+    return SweepSpec(target, dict(parse_axis(a) for a in grid_args), overrides)
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], point: dict[str, Any],
+              keys: list[str]) -> dict[str, Any]:
+    """One point -> one row with the resolved value of every swept key. Never raises for a bad point: the
+    reason goes into ``status``."""
+    row: dict[str, Any] = dict(point)
+    try:
+        raw = apply_overrides(copy.deepcopy(base_data), overrides)
+        if "training.microbatches" in point and "training.global_batch" not in point:
+            raw.setdefault("training", {})["global_batch"] = None
+        raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in point.items()])
+        scenario = scenario_from_dict(raw, base_dir=base_dir)
+        summary = runner.run(scenario).summary
+    except ConfigError as error:
+        return row | {"status": f"invalid: {error}"}
+    except SimError as error:
+        return row | {"status": f"error: {error}"}
+    resolved = scenario.model_dump(mode="json") | {"training": {**scenario.model_dump(mode="json")["training"],
+                                                               "microbatches": scenario.microbatches}}
+    for key in keys:
+        value = _lookup(resolved, key)
+        row[key] = value if value is not None and not isinstance(value, dict) else point.get(key)
+    exposed = summary["exposed_comm_s"]
+    row |= {
+        "status": "ok" if summary["fits_in_memory"] else "oom",
+        **{k: summary[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
+                                   "bubble_rate_stagewise", "fits_in_memory", "microbatches", "num_gpus", "tasks")},
+        "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
+        "peak_memory_bytes": summary["peak_memory_bytes"]["max"], "global_batch": scenario.global_batch,
+    }
+    return row
+
+
+def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
+    """Rows already finished; a row cut off by a kill (missing fields or status) is dropped, and the file is
+    rewritten clean so appending continues on a fresh line."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r.get("status") and None not in r.values()]
+    if rows and list(rows[0]) != columns:
+        raise ConfigError(f"sweep: {path} was written by a different grid; use another output directory")
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return rows
+
+
+MANIFEST = "sweep.json"
+
+
+def _check_same_base(spec: SweepSpec, out: Path) -> None:
+    """Resume only what the same base scenario and overrides produced: ``DIR/sweep.json`` records them, and a
+    directory holding another scenario's results is refused rather than mixed into this one's table."""
+    manifest = out / MANIFEST
+    mine = json.loads(json.dumps({"base": spec.base_data, "overrides": spec.overrides}, default=str))
+    if manifest.is_file():
+        theirs = json.loads(manifest.read_text())
+        if theirs != mine:
+            name = theirs.get("base", {}).get("name", "?")
+            raise ConfigError(f"sweep: {out} holds results of another base scenario or overrides (scenario "
+                              f"{name!r}); use another output directory or delete it")
+        return
+    if (out / RESULTS_CSV).is_file():
+        raise ConfigError(f"sweep: {out} holds results without a {MANIFEST} (written by an older clustersim, or "
+                          "not a sweep); use another output directory or delete it")
+    manifest.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+
+
+def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
+              on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
+              scheduler: str | None = None, only: set[int] | None = None) -> pd.DataFrame:
+    """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
+    written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
+    progress."""
+    out.mkdir(parents=True, exist_ok=True)
+    _check_same_base(spec, out)
+    points = spec.points()
+    columns = ["point", "point_id", *spec.keys, "status", *METRICS]
+    csv_path = out / RESULTS_CSV
+    done = {row["point_id"] for row in _read_done(csv_path, columns)}
+    todo = [(i, p) for i, p in enumerate(points) if point_id(p) not in done and (only is None or i in only)]
+    new_file = not csv_path.is_file()
+    with csv_path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
+        if new_file:
+            writer.writeheader()
+            handle.flush()
+        if on_start:
+            on_start(len(points), len(points) - len(todo))
+
+        def record(index: int, point: dict[str, Any], row: dict[str, Any]) -> None:
+            writer.writerow({"point": index, "point_id": point_id(point), **row})
+            handle.flush()
+            if on_row:
+                on_row(row)
+
+        base = (spec.base_data, str(spec.base.parent))
+        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys)) for index, point in todo]
+        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler):
+            record(index, point, row)
+    table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
+    table.to_parquet(out / "results.parquet", index=False)
+    return table

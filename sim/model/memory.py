@@ -1,0 +1,156 @@
+"""Per-rank memory: model states and activations.
+
+In: a ``ModelSpec``, the layout (tp, pp, stage), training dtype, micro-batch, sequence length, recompute
+mode, ZeRO stage. Out: bytes of weights, gradients and optimizer states on one rank (mixed precision with
+Adam: 2 + 2 + 12 bytes per parameter, Rajbhandari et al. SC20 Sec. 3.1, or 2 + 4 + 12 with fp32 gradients as
+Megatron-LM keeps them for bf16; fp32: 4 + 4 + 8; divided over the data-parallel ranks by ZeRO stage), the
+activation bytes one
+layer stashes per micro-batch (Korthikanti et al. 2022 Table 2), and the peak of activations in flight given
+when each (micro-batch, layer) was stashed and freed (taken from the trace).
+
+The activation accounting is Korthikanti's, term by term, so that for a GPT layer (FFN = 4h, MHA) it equals
+their formulas exactly: sbh(34 + 5as/h) without parallelism; sbh(10 + 24/t + 5as/(ht)) with TP;
+sbh(34/t + 5as/(ht)) with TP + sequence parallel; the 5as/h term drops with selective recompute; 2sbh per
+layer with full recompute. GQA and SwiGLU change the K/V and MLP terms accordingly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from sim.hardware import bytes_per_element
+from sim.model.transformer import ModelSpec, embedding_params, head_params, layer_params
+
+Recompute = Literal["none", "selective", "full"]
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: int = 1,
+                      grad_dtype: str | None = None) -> ModelStates:
+    """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) that one rank keeps
+    for ``params`` parameters, with ZeRO stage 1 sharding the optimizer states over ``shards`` data-parallel
+    ranks, stage 2 also the gradients and stage 3 also the weights (Rajbhandari et al. SC20 Sec. 5:
+    (4 + 12/N), (2 + 14/N) and 16/N bytes per parameter for mixed precision). ``grad_dtype``: gradients kept
+    in another dtype than the weights (``Scenario.grad_dtype``: fp32 for Megatron-LM's bf16, 18 bytes each)."""
+    weights, gradients, optimizer = (4, 4, 8) if dtype in ("fp32", "tf32") else (2, 2, 12)
+    if grad_dtype is not None:
+        gradients = bytes_per_element(grad_dtype)
+    return ModelStates(
+        weights=weights * params / (shards if zero_stage >= 3 else 1),
+        gradients=gradients * params / (shards if zero_stage >= 2 else 1),
+        optimizer=optimizer * params / (shards if zero_stage >= 1 else 1),
+    )
+
+
+def placed(states: ModelStates, offload_optimizer: bool, offload_params: bool) -> tuple[ModelStates, float]:
+    """(what stays in HBM, bytes in host memory) under CPU offload: the optimizer states (fp32 master, m, v)
+    and, with parameter offload, the 16-bit weight shards move to the host (Ren et al. ATC 2021)."""
+    host = (states.optimizer if offload_optimizer else 0.0) + (states.weights if offload_params else 0.0)
+    gpu = ModelStates(weights=0.0 if offload_params else states.weights, gradients=states.gradients,
+                      optimizer=0.0 if offload_optimizer else states.optimizer)
+    return gpu, host
+
+
+def comm_buffer_bytes(zero_stage: int, dp: int, sharded_units: bool, gradient_bytes: float, bucket_size: float,
+                      bucket_view: bool, main_grad_buffer: bool = False) -> float:
+    """Communication buffers beside the model states. DDP copies gradients into flat buckets (a second copy of
+    every gradient unless gradient_as_bucket_view); ZeRO-1/2 reduce through two buckets (DeepSpeed's
+    overlap_comm double buffer); ZeRO-3/FSDP's flat parameters are the gathered and unreduced buffers the trace
+    already counts. ``main_grad_buffer``: Megatron-LM's wider-than-the-weights (fp32) gradients live in one
+    contiguous buffer that its buckets and its distributed optimizer's reduce-scatter are views of
+    (megatron/core/distributed/param_and_grad_buffer.py), so without sharded gradients there is no copy."""
+    if dp <= 1 or sharded_units or (main_grad_buffer and zero_stage <= 1):
+        return 0.0
+    if zero_stage == 0:
+        return 0.0 if bucket_view else gradient_bytes
+    return min(2 * bucket_size, gradient_bytes)
+
+
+def with_allocator(parts: dict[str, float], reserved: float, overhead: float) -> dict[str, float]:
+    """``parts`` plus the CUDA context/workspaces (``reserved``) and the caching allocator's fragmentation
+    (``overhead`` x everything allocated through it), and the new total."""
+    allocated = sum(value for key, value in parts.items() if key != "total")
+    extra = {"allocator_overhead": overhead * allocated, "reserved": reserved}
+    return {**{k: v for k, v in parts.items() if k != "total"}, **extra, "total": allocated + sum(extra.values())}
+
+
+def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int, layers: int | None = None) -> float:
+    """Parameters held by one TP rank of pipeline ``stage`` with ``layers`` transformer layers (default an even
+    split) (embedding on the first stage, head on the last; a tied output layer keeps its own copy of the word
+    embeddings on the last stage, as Megatron does)."""
+    per_stage = spec.num_layers // pp if layers is None else layers
+    params = per_stage * layer_params(spec).per_tp_rank(tp)
+    if stage == 0:
+        params += embedding_params(spec) / tp
+    if stage == pp - 1:
+        params += head_params(spec) / tp
+        if spec.tied_embeddings and pp > 1:
+            params += spec.vocab_size * spec.hidden_size / tp
+    return params
+
+
+def activation_bytes_per_layer(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: Recompute,
+    flash_attention: bool = False,
+) -> float:
+    """Bytes one transformer layer keeps for the backward of one micro-batch (16-bit activations, 1-byte
+    dropout masks), per TP rank."""
+    s, b, h = seq_len, micro_batch, spec.hidden_size
+    sbh = s * b * h
+    if recompute == "full":
+        return 2.0 * sbh  # only the layer input is kept (Korthikanti Table 2, last row)
+    # Kept whole on every TP rank unless sequence parallel shards them: two norm inputs (4sbh), QKV and MLP
+    # inputs (2sbh each), two dropout masks (sbh each).
+    replicated = 10.0 * sbh
+    # Sharded by TP: Q and K (2sbh + 2sb*kv), V (2sb*kv), projection input (2sbh), MLP activations.
+    mlp_acts = (6 if spec.mlp == "swiglu" else 4) * spec.ffn
+    sharded = s * b * (2 * h + 2 * spec.kv_dim + 2 * spec.kv_dim + 2 * h + mlp_acts)
+    if flash_attention:
+        scores = 4.0 * b * spec.num_attention_heads * s  # fp32 log-sum-exp per row instead of s x s scores
+    elif recompute == "selective":
+        scores = 0.0  # the attention core is recomputed (Korthikanti Sec. 5)
+    else:
+        scores = 5.0 * spec.num_attention_heads * s * s * b  # softmax out (2), dropout mask (1), dropout out (2)
+    per_rank_replicated = replicated / tp if sequence_parallel else replicated
+    return per_rank_replicated + (sharded + scores) / tp
+
+
+def peak_usage(parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
+    """Peak of the sum of several kinds of allocations, each given as (alloc times, free times, bytes), and
+    each kind's bytes at that moment. At equal times allocations come before frees (the conservative order)."""
+    times, deltas, kinds = [], [], []
+    for index, (starts, ends, sizes) in enumerate(parts.values()):
+        times += [np.asarray(starts, float), np.asarray(ends, float)]
+        deltas += [np.asarray(sizes, float), -np.asarray(sizes, float)]
+        kinds += [np.full(len(starts), index), np.full(len(ends), index)]
+    result = {name: 0.0 for name in parts}
+    if not times or sum(len(t) for t in times) == 0:
+        return result | {"total": 0.0}
+    t, d, k = np.concatenate(times), np.concatenate(deltas), np.concatenate(kinds)
+    order = np.lexsort((-np.sign(d), t))
+    d, k = d[order], k[order]
+    per_kind = np.zeros((len(parts), len(d)))
+    per_kind[k, np.arange(len(d))] = d
+    running = np.cumsum(per_kind, axis=1)
+    at = int(np.argmax(running.sum(axis=0)))
+    for index, name in enumerate(parts):
+        result[name] = float(running[index, at])
+    return result | {"total": float(running[:, at].sum())}

@@ -1,0 +1,1 @@
+"""Collectives in closed form, the cluster topology, max-min flows, and the network models."""

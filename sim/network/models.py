@@ -1,0 +1,247 @@
+"""Network models the engine asks for communication times.
+
+In: a ``Topology``, an algorithm choice (``auto`` or one of sim.network.collectives.ALGORITHMS) and, per request, a
+collective (op, bytes, group of global ranks) or a point-to-point transfer (bytes, source, destination).
+Out: seconds (``collective_time``, ``p2p_time``), the algorithm used (``algorithm_for``), and for the
+flow-level model the phases of a transfer (``transfer``): a latency, then channels whose hops load links.
+
+``ideal``: every transfer takes zero time (for exact schedule tests).
+``analytic``: the closed forms of sim.network.collectives on the tiers the group crosses, each tier's bandwidth
+scaled by its efficiency curve at the message size. ``auto`` takes the fastest applicable algorithm, as
+NCCL's tuner does; a fixed algorithm that does not apply to a collective (tree for an all-gather, NVLS
+without NVSwitch reduction or across nodes) falls back to ring. Results are cached.
+``contention``: the same algorithm choice, but the engine moves each channel as a flow over the links of its
+route (sim.network.flows shares every link max-min fairly); uncontended, it takes exactly the analytic time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Protocol
+
+from sim.network.collectives import (Channel, all_to_all_channels, bytes_moved, nvls_time, p2p_time, ring_channels,
+                             ring_latency, ring_orders, ring_time, tree_channels, tree_time)
+from sim.network.topology import Topology
+
+
+class Network(Protocol):
+    name: str
+    flow_level: bool
+
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float: ...
+
+    def p2p_time(self, nbytes: float, src: int, dst: int) -> float: ...
+
+
+@dataclass(frozen=True)
+class FlowChannel:
+    loads: tuple[tuple[int, int], ...]  # (link index, how many of this channel's hops cross it)
+    nbytes: float  # per hop
+    rate_cap: float  # bytes/s per hop when nothing else shares its links (the analytic rate)
+
+
+@dataclass(frozen=True)
+class Phase:
+    latency: float
+    channels: tuple[FlowChannel, ...]
+
+
+class IdealNetwork:
+    name = "ideal"
+    flow_level = False
+
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        return 0.0
+
+    def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+        return 0.0
+
+
+class AnalyticNetwork:
+    name = "analytic"
+    flow_level = False
+    shared_nics = True  # symmetric traffic: a GPU gets its share of the node's NICs (see Topology.rail_bandwidth)
+
+    def __init__(self, topology: Topology, algorithm: str = "auto") -> None:
+        self.topology = topology
+        self.algorithm = algorithm
+        self.options = lru_cache(maxsize=None)(self._options)
+        self.p2p_time = lru_cache(maxsize=None)(self._p2p_time)  # type: ignore[method-assign]
+
+    # ------------------------------------------------------------------------------ algorithm choice
+    def _options(self, op: str, nbytes: float, group: tuple[int, ...]) -> dict[str, float]:
+        """Time of every algorithm that applies to this collective on this group: its base latency (one per
+        collective), its latency steps, and its bandwidth term at the tier's efficiency for this size."""
+        topo, n = self.topology, len(group)
+        if n <= 1:
+            return {"ring": 0.0}
+        if op == "send":
+            return {"ring": self.p2p_time(nbytes, group[0], group[1])}
+        intra = topo.intra_node
+        if topo.in_one_domain(group):
+            base, bandwidth = intra.base_latency, intra.bandwidth_at(nbytes, n)
+            times = {"ring": base + ring_time(op, nbytes, n, intra.latency, bandwidth)}
+            if op == "all_reduce":
+                times["tree"] = base + tree_time(nbytes, math.ceil(math.log2(n)) * intra.latency, bandwidth)
+                if topo.nvls is not None:
+                    nvls = topo.nvls
+                    times["nvls"] = nvls.base_latency + nvls_time(nbytes, nvls.latency, nvls.bandwidth_at(nbytes))
+            return times
+        tier = topo.tier(group, self.shared_nics)
+        base, bandwidth = tier.base_latency, tier.bandwidth_at(nbytes)
+        local, domains = self._local_shape(group)
+        nodes = len(topo.per_node(group))
+        latency = ring_latency(op, n, nodes, intra.latency, tier.latency)
+        times = {"ring": base + latency + ring_time(op, nbytes, n, 0.0, bandwidth)}
+        if op == "all_reduce":
+            depth = (local - 1) * intra.latency + math.ceil(math.log2(domains)) * tier.latency
+            times["tree"] = base + tree_time(nbytes, depth, bandwidth)
+        if op in ("all_reduce", "reduce_scatter", "all_gather") and local > 1:
+            times["hierarchical"] = sum(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
+        return times
+
+    def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
+        """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
+        counts: dict[int, int] = {}
+        for rank in group:
+            counts[self.topology.domain_of(rank)] = counts.get(self.topology.domain_of(rank), 0) + 1
+        sizes = set(counts.values())
+        return (sizes.pop(), len(counts)) if len(sizes) == 1 else (1, len(group))
+
+    def _hierarchical(self, op: str, nbytes: float, group: tuple[int, ...]) -> list[tuple[float, str]]:
+        """Phase times of the 2D algorithm: (seconds, which tier) in execution order."""
+        topo = self.topology
+        local, domains = self._local_shape(group)
+        intra = topo.intra_node
+        inter = topo.inter_node.model_copy(update={"bandwidth": topo.rail_bandwidth(1, self.shared_nics)})
+        part = nbytes / local
+        inner_bw = intra.bandwidth_at(nbytes, local)
+        inner = {op_: intra.base_latency + ring_time(op_, nbytes, local, intra.latency, inner_bw)
+                 for op_ in ("reduce_scatter", "all_gather")}
+        outer = inter.base_latency + ring_time(op, part, domains, inter.latency, inter.bandwidth_at(part))
+        if op == "all_reduce":
+            return [(inner["reduce_scatter"], "intra"), (outer, "inter"), (inner["all_gather"], "intra")]
+        if op == "reduce_scatter":
+            return [(inner["reduce_scatter"], "intra"), (outer, "inter")]
+        return [(outer, "inter"), (inner["all_gather"], "intra")]
+
+    def algorithm_for(self, op: str, nbytes: float, group: tuple[int, ...]) -> str:
+        options = self.options(op, nbytes, group)
+        if self.algorithm == "auto":
+            return min(options, key=options.__getitem__)  # ties: ring first (dict order)
+        return self.algorithm if self.algorithm in options else "ring"
+
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        return self.options(op, nbytes, group)[self.algorithm_for(op, nbytes, group)]
+
+    def _p2p_time(self, nbytes: float, src: int, dst: int) -> float:
+        link = self.topology.tier((src, dst), self.shared_nics)
+        return link.base_latency + p2p_time(nbytes, link.latency, link.bandwidth_at(nbytes))
+
+
+class ContentionNetwork(AnalyticNetwork):
+    """Analytic choice of algorithm; the engine moves its channels as flows (see sim.network.flows)."""
+
+    name = "contention"
+    flow_level = True
+    shared_nics = False  # NIC sharing is what the flows compute
+
+    def __init__(self, topology: Topology, algorithm: str = "auto") -> None:
+        super().__init__(topology, algorithm)
+        self.capacities = [link.capacity for link in topology.links]
+        self.transfer = lru_cache(maxsize=None)(self._transfer)
+
+    def _channels(self, channels: list[Channel], rate_cap: float) -> list[FlowChannel]:
+        out = []
+        for channel in channels:
+            loads: dict[int, int] = {}
+            for src, dst in channel.hops:
+                for link in self.topology.route(src, dst):
+                    loads[link] = loads.get(link, 0) + 1
+            if loads and channel.nbytes > 0:
+                out.append(FlowChannel(tuple(loads.items()), channel.nbytes, rate_cap))
+        return out
+
+    def _ring_phase(self, op: str, nbytes: float, group: tuple[int, ...], seconds: float,
+                    bandwidth: float) -> Phase:
+        """A ring (or pairwise all-to-all) taking ``seconds`` uncontended at ``bandwidth`` per rank: the
+        latency is what the bandwidth term leaves of it."""
+        node_of = {rank: self.topology.node_of(rank) for rank in group}
+        orders = ring_orders(group, node_of)
+        if op == "all_to_all":
+            flows = self._channels(all_to_all_channels(nbytes, group), bandwidth / (len(group) - 1))
+        else:
+            flows = self._channels(ring_channels(op, nbytes, orders), bandwidth / len(orders))
+        moved = bytes_moved("ring", op, len(group), nbytes)
+        return Phase(max(0.0, seconds - moved / bandwidth), tuple(flows))
+
+    def _transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]:
+        topo, n = self.topology, len(group)
+        if n <= 1 or nbytes <= 0:
+            return ()
+        if op == "send":
+            bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
+            latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
+            return (Phase(latency, tuple(self._channels([Channel((group,), nbytes)], bandwidth))),)
+        algorithm = self.algorithm_for(op, nbytes, group)
+        seconds = self.options(op, nbytes, group)[algorithm]
+        inside = topo.in_one_domain(group)
+        tier = topo.intra_node if inside else topo.tier(group, self.shared_nics)
+        size = n if inside else None  # the group-size factor is NVLink's (fewer NCCL channels in small groups)
+        if algorithm == "nvls":
+            assert topo.nvls is not None
+            bandwidth = topo.nvls.bandwidth_at(nbytes)
+            loads = []
+            for rank in group:
+                switch = f"nvswitch{topo.domain_of(rank)}"
+                loads += [(topo.link_index[(f"gpu{rank}", switch)], 1), (topo.link_index[(switch, f"gpu{rank}")], 1)]
+            return (Phase(seconds - nbytes / bandwidth, (FlowChannel(tuple(loads), nbytes, bandwidth),)),)
+        if algorithm == "tree":
+            bandwidth = tier.bandwidth_at(nbytes, size)
+            trees = tree_channels(nbytes, group, {rank: 0 if inside else topo.node_of(rank) for rank in group})
+            per_node = len(trees) // 2
+            channels = tuple(self._channels(trees, bandwidth / (4 * per_node)))
+            return (Phase(seconds - 2 * nbytes / bandwidth, channels),)
+        if algorithm == "hierarchical":
+            return self._hierarchical_phases(op, nbytes, group)
+        return (self._ring_phase(op, nbytes, group, seconds, tier.bandwidth_at(nbytes, size)),)
+
+    def _hierarchical_phases(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]:
+        """The 2D algorithm's phases, each one ring per NVLink domain (inside) or per local rank (across)."""
+        topo = self.topology
+        local, _ = self._local_shape(group)
+        by_domain: dict[int, list[int]] = {}
+        for rank in group:
+            by_domain.setdefault(topo.domain_of(rank), []).append(rank)
+        domains = list(by_domain.values())
+        intra = topo.intra_node
+        inter = topo.inter_node.model_copy(update={"bandwidth": topo.rail_bandwidth(1, self.shared_nics)})
+        times = iter(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
+
+        def phase(rings: list[tuple[int, ...]], op_: str, size: float, bandwidth: float) -> Phase:
+            seconds = next(times)
+            parts = [self._ring_phase(op_, size, ring, seconds, bandwidth) for ring in rings]
+            return Phase(parts[0].latency, tuple(c for p in parts for c in p.channels))
+
+        inside = [tuple(d) for d in domains]
+        across = [tuple(d[i] for d in domains) for i in range(local)]
+        part = nbytes / local
+        inner_bw, outer_bw = intra.bandwidth_at(nbytes, local), inter.bandwidth_at(part)
+        if op == "all_reduce":
+            return (phase(inside, "reduce_scatter", nbytes, inner_bw), phase(across, op, part, outer_bw),
+                    phase(inside, "all_gather", nbytes, inner_bw))
+        if op == "reduce_scatter":
+            return phase(inside, "reduce_scatter", nbytes, inner_bw), phase(across, op, part, outer_bw)
+        return phase(across, op, part, outer_bw), phase(inside, "all_gather", nbytes, inner_bw)
+
+
+def make(name: str, topology: Topology, algorithm: str = "auto") -> Network:
+    if name == "ideal":
+        return IdealNetwork()
+    if name == "analytic":
+        return AnalyticNetwork(topology, algorithm)
+    if name == "contention":
+        return ContentionNetwork(topology, algorithm)
+    raise ValueError(f"unknown network model {name!r}")

@@ -1,0 +1,1 @@
+"""The output contract: the trace table, its summary, writers, and link usage."""

@@ -1,0 +1,1 @@
+"""The scenario schema: YAML and overrides in, a validated frozen ``Scenario`` out, with its rules."""

@@ -1,0 +1,119 @@
+"""Cross-field rules of a scenario: the checks no single field's type can express.
+
+In: a ``Scenario`` whose fields each passed pydantic validation. Out: nothing, or a ``ValueError`` whose one-line
+message starts with the field(s) it concerns and states the rule (``parallel: tp*pp*dp = 96 but the cluster has
+64 GPUs``); ``sim.spec.scenario`` turns it into the CLI's error line.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sim.costs import profile
+from sim.parallel.schedules import SCHEDULES
+from sim.spec.variation import check_variation
+
+if TYPE_CHECKING:
+    from sim.spec.scenario import Scenario
+
+
+def check_rules(s: "Scenario") -> None:
+    """Cross-field rules; each message starts with the field(s) it concerns."""
+    p, m = s.parallel, s.model
+    gpus = s.num_gpus
+    if p.dp is None and gpus % (p.tp * p.pp):
+        raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
+    if p.tp * p.pp * s.dp != gpus:
+        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
+    uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    if uneven:
+        _check_uneven_stages(s)
+    elif m.num_layers % (p.pp * p.vpp):
+        what = "pp" if p.vpp == 1 else "pp*vpp"
+        raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
+    if m.num_attention_heads % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_attention_heads = {m.num_attention_heads}")
+    if m.kv_heads % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
+    if m.ffn % p.tp:
+        raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
+    t = s.training
+    if t.global_batch is None and t.microbatches is None:
+        raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")
+    if t.global_batch is not None and t.global_batch % (s.dp * t.micro_batch):
+        raise ValueError(
+            f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
+            f"{s.dp}*{t.micro_batch} = {s.dp * t.micro_batch}"
+        )
+    if t.global_batch is not None and t.microbatches is not None and t.global_batch != s.global_batch:
+        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
+                         f"= m*dp*micro_batch would need m = {t.global_batch // (s.dp * t.micro_batch)}")
+    if t.recompute_num_layers is not None:
+        if t.recompute != "full":
+            raise ValueError(f"training.recompute_num_layers: needs recompute: full (got {t.recompute})")
+        if t.recompute_num_layers > s.layers_per_chunk:
+            raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
+                             f"{s.layers_per_chunk} layers of a model chunk")
+    if m.position_embedding == "learned" and s.seq_len > m.max_seq_len:
+        raise ValueError(f"training.seq_len: {s.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
+    if p.sequence_parallel and s.seq_len % p.tp:
+        raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
+    if t.dtype not in s.cluster.gpu.peak_flops:
+        raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+    if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
+        raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
+    if (s.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
+        raise ValueError(f"parallel.zero: ZeRO-{s.zero_stage}/FSDP is not combined with pipeline parallelism "
+                         f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
+    if s.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
+        raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{s.zero_stage}/FSDP use 1f1b or gpipe")
+    if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
+        raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
+    if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
+        per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
+        if per_node < 1 or s.dp % per_node or s.dp == per_node:
+            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
+                             f"({max(per_node, 1)} per node)")
+    _check_sm_contention(s)
+    check_variation(s)
+    reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
+    if reason:
+        raise ValueError(f"schedule: {reason}")
+    if s.offload.params and not s.offload.optimizer:
+        raise ValueError("offload.params: the host keeps the master weights only with offload.optimizer: true "
+                         "(FSDP's CPUOffload and ZeRO-Infinity offload both)")
+    if s.offload.params and s.zero_stage < 3:
+        raise ValueError(f"offload.params: offloading the weights needs ZeRO-3/FSDP FULL_SHARD (zero stage is "
+                         f"{s.zero_stage})")
+    if s.offload.optimizer and s.zero_stage < 1 and s.dp > 1:
+        raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
+    if s.costs.model == "calibrated":
+        measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
+        if t.dtype not in measured.gemm:
+            raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
+                             f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+
+
+def _check_sm_contention(s: "Scenario") -> None:
+    net, gpu = s.network, s.cluster.gpu
+    if not net.nccl_sms:
+        return
+    if gpu.sms is None:
+        raise ValueError(f"network.nccl_sms: {gpu.name} has no SM count; set cluster.gpu.sms")
+    for field, held in (("nccl_sms", net.nccl_sms), ("nccl_p2p_sms", net.nccl_p2p_sms)):
+        if held >= gpu.sms:
+            raise ValueError(f"network.{field}: {held} SMs must leave some of {gpu.name}'s {gpu.sms} to compute")
+
+
+def _check_uneven_stages(s: "Scenario") -> None:
+    p, layers = s.parallel, s.model.num_layers
+    given_fields = [name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None]
+    field = "parallel." + "/".join(given_fields)
+    if p.pp < 2 or p.vpp != 1:
+        raise ValueError(f"{field}: needs pp >= 2 and vpp = 1 (pp = {p.pp}, vpp = {p.vpp})")
+    given = (p.first_stage_layers is not None) + (p.last_stage_layers is not None)
+    rest = layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
+    others = p.pp - given
+    if rest < others or (others and rest % others) or (not others and rest):
+        raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
+                         f"model.num_layers = {layers} evenly")

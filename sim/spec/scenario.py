@@ -1,0 +1,398 @@
+"""Scenario files: the one boundary where YAML becomes typed specs.
+
+In: a scenario YAML path (or a dict) and ``--set a.b=value`` overrides. Out: a frozen ``Scenario`` in SI
+units with every default filled (GPU and model presets expanded, link defaults from the node preset), or a
+``ConfigError`` whose one-line message names the field and the rule, e.g.
+``parallel: tp*pp*dp = 96 but the cluster has 64 GPUs``.
+
+Shorthands: ``model: gpt3-175b`` (preset), ``model: path/config.json`` (Hugging Face config, relative to the
+scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overrides); the same
+``preset`` form for ``cluster.gpu``; ``costs: roofline`` and ``network: analytic`` for ``{model: ...}``.
+"""
+
+from __future__ import annotations
+
+import bisect
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from sim.spec.cluster import ClusterSpec, expand_preset
+from sim.errors import ConfigError
+from sim.hardware import FrozenSpec
+from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
+from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts, stage_layer_counts
+from sim.spec.rules import check_rules
+from sim.spec.variation import VariationSpec
+from sim.units import Bytes, BytesPerSecond, Seconds
+
+MiB = 2**20
+
+
+class TrainingSpec(FrozenSpec):
+    global_batch: int | None = Field(default=None, ge=1, description="sequences per optimizer step")
+    microbatches: int | None = Field(default=None, ge=1, description="m per pipeline; global_batch / (dp*micro_batch)")
+    micro_batch: int = Field(default=1, ge=1)
+    seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
+    dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
+    recompute: Literal["none", "selective", "full"] = "none"
+    recompute_num_layers: int | None = Field(default=None, ge=0, description=(
+        "with full recompute: layers of each model chunk recomputed, the first ones (Megatron-LM's "
+        "--recompute-method block); the rest keep their activations. Default: all"))
+    flash_attention: bool = False
+    grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
+        "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
+        "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
+        "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
+    fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
+                                "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
+
+
+class ParallelSpec(FrozenSpec):
+    tp: int = Field(default=1, ge=1)
+    pp: int = Field(default=1, ge=1)
+    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
+    vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
+    sequence_parallel: bool = False
+    first_stage_layers: int | None = Field(default=None, ge=1, description="layers of the first pipeline stage, "
+                                           "when it differs (Megatron's --decoder-first-pipeline-num-layers)")
+    last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
+                                          "(--decoder-last-pipeline-num-layers); the rest split evenly")
+    zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
+    # PyTorch DDP's default bucket_cap_mb = 25.
+    dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
+    grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
+                                   "buckets (else the buckets are a second copy of the gradients, torch's default)")
+    tp_comm_overlap: bool = Field(default=False, description="false: a TP collective blocks the compute stream in "
+                                  "issue order (Megatron-LM's synchronous all-reduce / reduce-scatter); true: only "
+                                  "its consumer waits (asynchronous TP communication)")
+
+
+class FsdpSpec(FrozenSpec):
+    """PyTorch FSDP (Zhao et al. VLDB 2023): FULL_SHARD is ZeRO-3, SHARD_GRAD_OP ZeRO-2, HYBRID_SHARD shards
+    inside a node and replicates across nodes, NO_SHARD is DDP."""
+
+    sharding: Literal["FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD", "NO_SHARD"] = "FULL_SHARD"
+    unit_layers: int = Field(default=1, ge=1, description="transformer layers per FSDP unit")
+    prefetch: bool = Field(default=True, description="backward prefetch (FSDP BACKWARD_PRE): issue the next unit's "
+                           "gather before this unit's reduce-scatter; false = backward_prefetch=None")
+
+    @property
+    def zero_stage(self) -> int:
+        return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
+
+
+class OffloadSpec(FrozenSpec):
+    """CPU offload (ZeRO-Offload, Ren et al. ATC 2021; ZeRO-Infinity; FSDP CPUOffload). ``optimizer``: the fp32
+    master weights and Adam states live in host memory; each rank copies its reduced gradient shard to the host
+    over PCIe, the host runs Adam, and the updated 16-bit weights come back. ``params``: the 16-bit weight shards
+    live on the host too (ZeRO-3/FSDP), copied to the GPU before each all-gather."""
+
+    optimizer: bool = False
+    params: bool = False
+    # Host memory bandwidth per GPU for the host Adam step: a DGX H100's two Xeon 8480C have 16 DDR5-4800
+    # channels (614 GB/s) for 8 GPUs, 77 GB/s each; we assume Adam's mixed read/write stream reaches half of that
+    # (an assumption, not a measurement: set it from a STREAM run on the host).
+    host_bandwidth: BytesPerSecond = Field(default=38e9, gt=0, description="per GPU, for the host Adam step")
+
+
+class MemorySpec(FrozenSpec):
+    """What the allocator adds to what the tensors need: the CUDA context and library workspaces (``reserved``,
+    typically 0.5-1 GiB) and the caching allocator's fragmentation (``allocator_overhead``, a fraction of the
+    dynamic peak, typically 5-15%). Both default to 0, so reported peaks are the tensors' own bytes."""
+
+    reserved: Bytes = Field(default=0.0, ge=0)
+    allocator_overhead: float = Field(default=0.0, ge=0, le=1)
+
+
+class FixedCostsSpec(FrozenSpec):
+    model: Literal["fixed"]
+    forward: Seconds = Field(description="one transformer layer's forward, one micro-batch")
+    backward: Seconds = Field(description="one layer's backward; its input-gradient part (B) if weight_grad is given")
+    weight_grad: Seconds = Field(default=0.0, description="one layer's weight-gradient pass (W)")
+    optimizer: Seconds = 0.0
+
+
+class RooflineCostsSpec(FrozenSpec):
+    model: Literal["roofline"] = "roofline"
+    shape_efficiency: bool = Field(default=True, description="GEMM efficiency by size from the GPU's default "
+                                   "profile (else the flat large-GEMM efficiency)")
+
+
+class CalibratedCostsSpec(FrozenSpec):
+    """A measured profile (``sim calibrate``): its GEMM curve and copy bandwidth, and its link tiers if any."""
+
+    model: Literal["calibrated"]
+    profile: str = Field(description="path to a profile JSON (relative to the scenario file)")
+
+
+class NetworkSpec(FrozenSpec):
+    """``analytic``: closed forms per algorithm; ``contention``: flows sharing links max-min fairly (use with
+    ``ranks: all`` so concurrent groups really share); ``ideal``: free communication. ``algorithm``: ``auto``
+    picks the fastest per collective as NCCL's tuner does, or fix one (NCCL_ALGO)."""
+
+    model: Literal["ideal", "analytic", "contention"] = "analytic"
+    algorithm: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
+    nccl_sms: int = Field(default=0, ge=0, description="SMs an in-flight collective holds (NCCL channels); "
+                          "overlapped compute runs at (SMs - held) / SMs of its rate (sim.engine.sm_contention); 0: off")
+    nccl_p2p_sms: int = Field(default=2, ge=0, description="SMs an in-flight send holds, when nccl_sms > 0")
+
+
+def _shorthand(value: Any) -> Any:
+    return {"model": value} if isinstance(value, str) else value
+
+
+class Scenario(FrozenSpec):
+    name: str
+    seed: int = 0
+    cluster: ClusterSpec
+    model: ModelSpec
+    training: TrainingSpec
+    parallel: ParallelSpec = ParallelSpec()
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
+    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec, CalibratedCostsSpec],
+                     Field(discriminator="model")] = RooflineCostsSpec()
+    network: NetworkSpec = NetworkSpec()
+    ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
+                                           "(symmetric groups costed whole); all: every rank")
+    fold_tp: bool = Field(default=True, description="ranks: all: one process per TP group when its ranks are in "
+                          "lockstep (same times, 1/tp of the tasks); false keeps every rank in the trace")
+    engine: Literal["auto", "event"] = Field(default="auto", description="auto: exact longest-path evaluation "
+                                             "when no time depends on contention, else the simpy replay")
+    fsdp: FsdpSpec | None = None
+    offload: OffloadSpec = OffloadSpec()
+    memory: MemorySpec = MemorySpec()
+    variation: VariationSpec = VariationSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deepspeed_block(cls, data: Any) -> Any:
+        """A DeepSpeed ``zero_optimization`` block sets parallel.zero and the gradient bucket size."""
+        if not isinstance(data, dict) or "zero_optimization" not in data:
+            return data
+        data = dict(data)
+        block = data.pop("zero_optimization")
+        if not isinstance(block, dict):
+            raise ValueError("zero_optimization: expected a mapping like {stage: 2, reduce_bucket_size: 5e8}")
+        known = {"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
+                 "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+                 "offload_optimizer", "offload_param"}
+        unknown = sorted(set(block) - known)
+        if unknown:
+            raise ValueError(f"zero_optimization: unsupported key {unknown[0]!r} (known: {', '.join(sorted(known))})")
+        parallel = dict(data.get("parallel") or {})
+        if "stage" in block:
+            parallel["zero"] = block["stage"]
+        if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
+            parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
+        data["parallel"] = parallel
+        training = dict(data.get("training") or {})  # DeepSpeed reduces in the model's dtype by default
+        training.setdefault("grad_dtype", training.get("dtype", TrainingSpec.model_fields["dtype"].default))
+        data["training"] = training
+        offload = dict(data.get("offload") or {})
+        for key, field in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
+            device = (block.get(key) or {}).get("device", "none") if isinstance(block.get(key), dict) else "none"
+            if device not in ("cpu", "none"):
+                raise ValueError(f"zero_optimization.{key}.device: {device!r} is not modelled (cpu or none)")
+            if device == "cpu":
+                offload[field] = True
+        if offload:
+            data["offload"] = offload
+        return data
+
+    @field_validator("costs", "network", mode="before")
+    @classmethod
+    def _model_shorthand(cls, value: Any, info: ValidationInfo) -> Any:
+        value = _shorthand(value)
+        if isinstance(value, dict) and value.get("model") == "calibrated" and isinstance(value.get("profile"), str):
+            base_dir = Path((info.context or {}).get("base_dir", "."))
+            value = {**value, "profile": str(base_dir / value["profile"])}  # an absolute path stays as it is
+        return value
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_source(cls, value: Any, info: ValidationInfo) -> Any:
+        base_dir = Path((info.context or {}).get("base_dir", "."))
+        if isinstance(value, str) and value.endswith(".json"):
+            value = {"hf_config": value}
+        if isinstance(value, dict) and "hf_config" in value:
+            overrides = {k: v for k, v in value.items() if k != "hf_config"}
+            fields = read_hf_config(str(value["hf_config"]), base_dir)
+            fields.update(overrides)
+            return fields
+        return expand_preset(value, MODEL_PRESETS, "model")
+
+    @model_validator(mode="after")
+    def _cross_field_rules(self) -> "Scenario":
+        check_rules(self)  # sim.spec.rules: the cross-field rules, each naming its field
+        return self
+
+    # Derived quantities used everywhere below the boundary.
+    @property
+    def num_gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    @property
+    def dp(self) -> int:
+        return self.parallel.dp or self.num_gpus // (self.parallel.tp * self.parallel.pp)
+
+    @property
+    def seq_len(self) -> int:
+        return self.training.seq_len or self.model.max_seq_len
+
+    @property
+    def microbatches(self) -> int:
+        t = self.training
+        return t.microbatches or (t.global_batch or 0) // (self.dp * t.micro_batch)
+
+    @property
+    def global_batch(self) -> int:
+        return self.training.global_batch or self.microbatches * self.dp * self.training.micro_batch
+
+    @property
+    def zero_stage(self) -> int:
+        return self.fsdp.zero_stage if self.fsdp is not None else self.parallel.zero
+
+    @property
+    def grad_dtype(self) -> str:
+        """The dtype gradients are accumulated and reduced in (``training.grad_dtype``, ``auto`` resolved).
+        Megatron-LM: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"
+        (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
+        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the training dtype."""
+        t = self.training
+        if t.grad_dtype != "auto":
+            return t.grad_dtype
+        if t.dtype in ("fp32", "tf32"):
+            return "fp32"
+        sharded_grads = self.fsdp is not None or self.zero_stage >= 2
+        return "fp32" if t.dtype == "bf16" and not sharded_grads else t.dtype
+
+    @property
+    def zero_shards(self) -> int:
+        """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
+        if self.fsdp is not None and self.fsdp.sharding == "HYBRID_SHARD":
+            return self.cluster.gpus_per_node // self.parallel.tp
+        return self.dp
+
+    @property
+    def zero_stage_at_rest(self) -> int:
+        """How model states are stored between uses: FSDP keeps every sharded strategy's weights sharded
+        (SHARD_GRAD_OP only skips re-sharding between forward and backward); DeepSpeed ZeRO-2 keeps a replica."""
+        return 3 if self.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
+
+    @property
+    def _layer_split(self) -> tuple[int, int, int, int | None, int | None]:
+        p = self.parallel
+        return self.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        return chunk_sizes(*self._layer_split)
+
+    @property
+    def layers_per_chunk(self) -> int:
+        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
+        return max(self.chunk_sizes)
+
+    @property
+    def chunk_starts(self) -> tuple[int, ...]:
+        """First layer of each of the pp*vpp model chunks, plus num_layers at the end."""
+        return chunk_starts(*self._layer_split)
+
+    def chunk_layers(self, global_chunk: int) -> range:
+        starts = self.chunk_starts
+        return range(starts[global_chunk], starts[global_chunk + 1])
+
+    def stage_layers(self, stage: int) -> int:
+        """Transformer layers held by a pipeline stage (over its vpp chunks)."""
+        return stage_layer_counts(*self._layer_split)[stage]
+
+    def recomputes(self, layer: int) -> bool:
+        """Whether full recomputation rebuilds this layer's activations in its backward (the first
+        ``recompute_num_layers`` layers of each model chunk)."""
+        n = self.training.recompute_num_layers
+        if self.training.recompute != "full" or n is None:
+            return self.training.recompute == "full"
+        starts = self.chunk_starts
+        return layer - starts[bisect.bisect_right(starts, layer) - 1] < n
+
+    def recomputed_layers(self, stage: int) -> int:
+        """Layers of a stage whose forward runs twice (over its chunks)."""
+        if self.training.recompute != "full":
+            return 0
+        n, p = self.training.recompute_num_layers, self.parallel
+        if n is None:
+            return self.stage_layers(stage)
+        return sum(min(n, size) for size in self.chunk_sizes[stage::p.pp])
+
+    @property
+    def grid(self) -> RankGrid:
+        return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
+
+
+def _format_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    loc = ".".join(str(part) for part in first["loc"] if part not in ("fixed", "roofline"))
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    more = error.error_count() - 1
+    suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return f"{loc}: {message}{suffix}" if loc else f"{message}{suffix}"
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b=value`` overrides (value parsed as YAML) to a raw scenario dict."""
+    shorthand_key = {("costs",): "model", ("network",): "model", ("model",): "preset", ("cluster", "gpu"): "preset"}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected a.b=value")
+        path_text, value_text = item.split("=", 1)
+        keys = path_text.strip().split(".")
+        node: dict[str, Any] = data
+        for depth, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if isinstance(child, str) and tuple(keys[: depth + 1]) in shorthand_key:
+                child = {shorthand_key[tuple(keys[: depth + 1])]: child}
+            if child is None:
+                child = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {path_text}: {'.'.join(keys[: depth + 1])} is not a mapping")
+            node[key] = child
+            node = child
+        node[keys[-1]] = yaml.safe_load(value_text)
+    return data
+
+
+def scenario_from_dict(data: dict[str, Any], base_dir: Path | str = ".") -> Scenario:
+    try:
+        return Scenario.model_validate(data, context={"base_dir": str(base_dir)})
+    except ValidationError as error:
+        raise ConfigError(_format_error(error)) from None
+
+
+def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scenario:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"scenario: file {str(path)!r} not found")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"scenario: {path} is not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"scenario: {path} must be a mapping of keys (name, cluster, model, ...)")
+    return scenario_from_dict(apply_overrides(data, overrides or []), base_dir=path.parent)
+
+
+def resolved_yaml(scenario: Scenario) -> str:
+    """The scenario with every default filled and units written out; loading it gives the same Scenario."""
+    data = scenario.model_dump(mode="json")
+    data["training"]["seq_len"] = scenario.seq_len
+    data["training"]["global_batch"] = scenario.global_batch
+    data["training"]["microbatches"] = scenario.microbatches
+    data["parallel"]["dp"] = scenario.dp
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,1 @@
+"""Predicted against published runs."""

@@ -1,0 +1,369 @@
+"""Scenario -> task graph of one training step.
+
+In: a validated ``Scenario``. Out: a ``TaskGraph``: every task (compute, TP collective, PP send, DP bucket
+all-reduce, optimizer step) with its rank, stream, kind, micro-batch, layer, duration (compute) or bytes and
+group (communication), and dependencies; plus each (rank, stream)'s ordered task list, which the engine
+replays like a CUDA stream.
+
+Emitters, per simulated rank (``ranks: slice``, the default: rank tp=0, dp=0 of every pipeline stage, with TP
+and DP collectives costed for their full groups; ``ranks: all``: every rank, each collective a rendezvous of
+its group's members, matched by group and order of issue):
+- pipeline: the schedule's actions (forward, backward, and for zero-bubble schedules the separate
+  weight-gradient pass) of each micro-batch and model chunk, layer by layer; a layer is two blocks
+  (attention, MLP); chunk c of stage s is the model's chunk c*p + s (Megatron's interleaving), or for the
+  V-shaped zb-v chunk s (c = 0) and 2p-1-s (c = 1);
+- tensor parallel (Megatron, Narayanan et al. SC21 Sec. 2.3): an all-reduce of b*s*h after each block's
+  forward and each block's backward (2 + 2 per layer); with sequence parallelism an all-gather before and a
+  reduce-scatter after each block instead (Korthikanti et al. 2022 Sec. 4.2.2); forward collectives block the
+  compute stream (Megatron's synchronous calls), while in the backward the column-parallel GEMM's
+  input-gradient reduction runs under its weight gradient, and SP all-gathers the stored sharded input again
+  beside the input-gradient GEMMs (Megatron-LM's asynchronous linear layers); full recomputation replays the
+  forward, collectives included, before each layer's backward;
+- pipeline parallel: one send per chunk boundary and micro-batch each way, b*s*h/t per rank (Megatron's
+  scatter/gather of p2p tensors; the last stage's chunk c feeds stage 0's chunk c+1); the receiver's first task
+  of that micro-batch depends on it;
+- data parallel (sim.workload.data_parallel, called through hooks): DDP buckets, ZeRO-1/2/3 and FSDP collectives and
+  the optimizer step.
+The graph's types live in sim.workload.ir (re-exported here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.costs import profile
+from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec, Scenario
+from sim.costs.models import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
+from sim.workload.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
+from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
+from sim.model.transformer import ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops, layer_forward_ops
+from sim.parallel.schedules import SCHEDULES, Action, chunk_location, model_chunk
+from sim.workload.ir import Task, TaskGraph
+from sim.spec.variation import jitter_stream
+
+STREAMS = ("compute", "tp", "pp", NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, HOST_STREAM)
+COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
+
+
+def make_costs(scenario: Scenario, gpu: GpuSpec | None = None) -> CostModel:
+    """The scenario's cost model, for its GPU or for ``gpu`` (a node of another type in a mixed cluster)."""
+    spec, gpu, dtype = scenario.costs, gpu or scenario.cluster.gpu, scenario.training.dtype
+    if isinstance(spec, FixedCostsSpec):
+        return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
+    if isinstance(spec, CalibratedCostsSpec):
+        return CalibratedCosts(gpu, dtype, profile.load(spec.profile))
+    return RooflineCosts(gpu, dtype, profile.default_for(gpu.name) if spec.shape_efficiency else None)
+
+
+class _StageEmitter:
+    """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
+
+    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, rank: int,
+                 sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
+        grid, t = scenario.grid, scenario.training
+        here = grid.coord(rank)
+        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(scenario.parallel.pp)]
+        self.g, self.sc, self.costs, self.rank, self.sends = graph, scenario, costs, rank, sends
+        self.stage = here.pp
+        self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
+        self.tp_group = grid.tp_group(self.rank)
+        self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
+        self.splits_backward = SCHEDULES[scenario.schedule].splits_backward
+        self.layout = SCHEDULES[scenario.schedule].layout
+        elem = bytes_per_element(t.dtype)
+        b, s = t.micro_batch, scenario.seq_len
+        blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention, t.fused_kernels)
+        self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
+        self.column_work = {name: Work(tuple(op for op in ops if op.name in COLUMN_PARALLEL), 0.0)
+                            for name, ops in blocks.items()}
+        self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
+        core = tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE)
+        self.selective_work = Work(core, 0.0)
+        self.embed_work = Work(embedding_forward_ops(scenario.model, b, s, elem), 0.0)
+        self.head_work = Work(head_forward_ops(scenario.model, b, s, self.tp, elem), 0.0)
+        self.tp_bytes = float(b * s * scenario.model.hidden_size * elem)
+        self.p2p_bytes = self.tp_bytes / self.tp
+        # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
+        self.grad_ready: dict[int, int] = {}
+        self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
+        self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
+        self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
+        self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
+        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (see _layer)
+        self.orders: dict[str, list[int]] = {}  # stream -> this rank's ordered task list on it
+        # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
+        # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
+        self.tp_blocks = not scenario.parallel.tp_comm_overlap
+        self.blocking_tp: int | None = None
+        self.dp = DataParallelEmitter(self)
+        # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
+        self.dp_inert = not self.dp.multi or (not self.dp.sharded_units and self.dp.zero < 2)
+        self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
+
+    # ------------------------------------------------------------------------------------------ helpers
+    def _global_chunk(self, chunk: int) -> int:
+        """The model chunk g (layers ``scenario.chunk_layers(g)``) this stage's local chunk holds."""
+        return model_chunk(self.layout, self.p, self.stage, chunk)
+
+    def _layers(self, chunk: int) -> range:
+        return self.sc.chunk_layers(self._global_chunk(chunk))
+
+    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
+        deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
+        if self.pending_deps and stream not in (NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM):
+            deps += self.pending_deps
+            self.pending_deps = []
+        blocking = self._blocking(stream, deps)
+        task = self.g.add(self.rank, self.stage, stream, kind, name, mb, layer, deps, **extra)
+        if blocking:
+            self.blocking_tp = task
+        return task
+
+    def _price(self, work: Work, phase: Phase) -> tuple[float, float]:
+        # The same few blocks recur for every micro-batch and layer: price each (block, phase) once. Keyed by
+        # identity, which is stable because this emitter owns its Work objects for as long as the cache lives.
+        key = (id(work), phase)
+        if key not in self.priced:
+            self.priced[key] = (self.costs.compute_time(work, phase), work.flops(phase))
+        return self.priced[key]
+
+    def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
+                 phase: Phase = "forward", cost: tuple[float, float] | None = None) -> int | None:
+        duration, flops = cost or self._price(work, phase)
+        if duration <= 0 and work.layer_share == 0:
+            return after  # nothing to run (embedding/head under fixed costs)
+        duration *= self.jitter()
+        if self.pending_deps or after is None or after != self.blocking_tp:
+            return self._add("compute", kind, name, mb, layer, after, duration=duration, flops=flops)
+        # The hot path: right after the TP collective it consumes, no other dependencies.
+        self.blocking_tp = None
+        return self.g.add(self.rank, self.stage, "compute", kind, name, mb, layer, [after], duration, "", 0.0, flops)
+
+    def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
+        if self.tp == 1:
+            return after
+        if self.pending_deps or after is None or self.g.tasks[after].stream == "tp":
+            return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=self.tp_bytes, group=self.tp_group)
+        # The hot path (10^5..10^6 calls): after a compute task, no extra dependencies.
+        task = self.g.add(self.rank, self.stage, "tp", "tp", op, mb, layer, [after], None, op, self.tp_bytes, 0.0,
+                          self.tp_group)
+        if self.tp_blocks:
+            self.blocking_tp = task
+        return task
+
+    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: Phase) -> int | None:
+        """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
+        if self.sp:
+            after = self._tp("all_gather", mb, layer, after)
+        if phase == "backward" and self.tp > 1 and self._price(self.column_work[block], "weight_grad")[0] > 0:
+            return self._overlapped_backward(block, mb, layer, after)
+        after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
+        return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
+
+    def _overlapped_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """A block's fused backward as Megatron-LM runs it (LinearWithGradAccumulationAndAsyncCommunication): the
+        column-parallel GEMM's input-gradient all-reduce (reduce-scatter with SP) is issued asynchronously and
+        runs while that GEMM's weight gradient is computed; with SP, the layer input, stored sharded, is
+        all-gathered again during the input-gradient GEMMs (Korthikanti et al. 2022 Sec. 4.2.2). Returns the
+        weight-gradient task; the collective is left as the one the next compute waits for."""
+        work, column = self.block_work[block], self.column_work[block]
+        total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
+        gathered = None
+        if self.sp:  # issued right after the output-gradient all-gather (``after``), which still gates the compute
+            self._flagged(after, True, False, (), consumed=True)
+            gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
+            self.blocking_tp = after  # the gather just issued does not gate it
+        dgrad = self._compute("backward", block, mb, layer, work, after,
+                              cost=(total[0] - weight[0], total[1] - weight[1]))
+        if gathered is not None:
+            self._flagged(dgrad, False, True, ())
+        reduce = self._flagged(self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad), True,
+                               False, (), consumed=True)
+        extra = [gathered] if gathered is not None else []
+        wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,
+                           weight[0] * self.jitter(), "", 0.0, weight[1])
+        self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
+        self.blocking_tp = reduce  # the next block consumes the reduced input gradient
+        return wgrad
+
+    def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
+                 consumed: bool = False) -> int | None:
+        """Marks a task whose dependencies differ from the chain default, for stamping (see ``_layer``): ``prev``
+        depends on the task emitted just before it (other stream), ``touch`` takes or sets the blocking TP
+        collective, ``extra`` depends on the tasks that many places earlier in the chain, and a ``consumed`` TP
+        collective is one the next compute reads, so it waits for it even with asynchronous TP communication."""
+        self.flags[task] = (prev, touch, extra, consumed)  # type: ignore[index]
+        return task
+
+    def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
+        to_stage, _ = chunk_location(self.layout, self.p, to_global_chunk)
+        if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
+            self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
+            return
+        dst = self.stage_rank[to_stage]
+        name = "send_forward" if phase == "F" else "send_backward"
+        task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
+        self.sends[(phase, self._global_chunk(chunk), mb)] = task
+
+    # -------------------------------------------------------------------------------------------- phases
+    def forward(self, mb: int, chunk: int) -> None:
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
+        first_task = len(self.g.tasks)
+        after: int | None = None
+        if g == 0:
+            after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
+        for layer in self._layers(chunk):
+            after = self._layer("forward", mb, layer, after)
+        if g == last:
+            after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
+        if g > 0:
+            self.waits.append((first_task, ("F", g - 1, mb)))
+        if g < last:
+            self._send("F", chunk, mb, g + 1, after)
+
+    def backward(self, mb: int, chunk: int) -> None:
+        """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
+        phase: Phase = "input_grad" if self.splits_backward else "backward"
+        first_task = len(self.g.tasks)
+        after: int | None = None
+        if g == last:
+            after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
+        for layer in reversed(self._layers(chunk)):
+            after = self._layer("backward", mb, layer, after)
+            if not self.splits_backward:
+                self.grad_ready[layer] = after  # type: ignore[assignment]
+            if not (g == 0 and layer == 0):
+                self.dp.after_layer_backward(mb, layer, after)  # type: ignore[arg-type]
+        if g == 0:
+            after = self._compute("backward", "embedding", mb, -1, self.embed_work, after, phase)
+            if not self.splits_backward:
+                self.grad_ready[-1] = after  # type: ignore[assignment]
+            self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
+        if g < last:
+            self.waits.append((first_task, ("B", g + 1, mb)))
+        if g > 0:
+            self._send("B", chunk, mb, g - 1, after)
+
+    def _blocking(self, stream: str, deps: list[int]) -> bool:
+        """Synchronous TP communication: a compute task also waits for the last TP collective issued before
+        it. Returns whether the task about to be added is a TP collective that blocks what follows."""
+        if stream == "compute" and self.blocking_tp is not None:
+            if self.blocking_tp not in deps:
+                deps.append(self.blocking_tp)
+            self.blocking_tp = None
+        return stream == "tp" and self.tp_blocks
+
+    def _layer(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's forward or backward (with recomputation), returning its last task. Every layer of a
+        stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
+        pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
+        stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
+        stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
+        recomputes = direction == "backward" and self.sc.recomputes(layer)
+        chain_key = f"{direction}+recompute" if recomputes else direction
+        chain = self.chains.get(chain_key) if stampable else None
+        if chain is not None:  # TaskGraph.add, inlined
+            graph, rank, stage = self.g, self.rank, self.stage
+            tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
+            for stream, kind, name, duration, op, nbytes, flops, group, flags in chain:
+                task_id = len(tasks)
+                if flags is None:
+                    deps = [after] if after is not None and tasks[after].stream != stream else []
+                    blocking = self._blocking(stream, deps)
+                else:
+                    prev, touch, extra, consumed = flags
+                    deps = [after] if prev and after is not None and tasks[after].stream != stream else []
+                    deps += [task_id - back for back in extra]
+                    blocking = (self._blocking(stream, deps) if touch else False) or consumed
+                tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
+                                  flops, group, key(rank, kind, op, group) if op and meets else -1))
+                orders[stream].append(task_id)
+                after = task_id
+                if blocking:
+                    self.blocking_tp = after
+            return after
+        first = len(self.g.tasks)
+        if direction == "forward":
+            self.dp.before_layer(mb, layer, "forward")
+            for block in ("attention", "mlp"):
+                after = self._block("forward", block, mb, layer, after, "forward")
+        else:
+            phase: Phase = "input_grad" if self.splits_backward else "backward"
+            recompute = self.sc.training.recompute
+            self.dp.before_layer(mb, layer, "backward")
+            if recomputes:
+                for block in ("attention", "mlp"):
+                    after = self._block("recompute", block, mb, layer, after, "forward")
+            for block in ("mlp", "attention"):
+                if block == "attention" and recompute == "selective":
+                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
+                after = self._block("backward", block, mb, layer, after, phase)
+        self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
+        if stampable and not self.pending_deps:
+            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
+                                       self.flags.get(t.id)) for t in self.g.tasks[first:]]
+            self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
+        return after
+
+    def weight_grad(self, mb: int, chunk: int) -> None:
+        """The weight-gradient pass (W) of zero-bubble schedules: GEMMs only, no communication."""
+        g, last = self._global_chunk(chunk), self.p * self.v - 1
+        after: int | None = None
+        if g == last:
+            after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
+        for layer in reversed(self._layers(chunk)):
+            for block in ("mlp", "attention"):
+                after = self._compute("weight", block, mb, layer, self.block_work[block], after, "weight_grad")
+            self.grad_ready[layer] = after  # type: ignore[assignment]
+        if g == 0:
+            self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
+                                                "weight_grad")  # type: ignore[assignment]
+
+
+def folds_tp(scenario: Scenario) -> bool:
+    """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same
+    times unless something tells them apart: a straggler or jitter on one of them, or a degraded link on one
+    member's rail (its DP transfers would then run at their own pace)."""
+    v = scenario.variation
+    return (scenario.ranks == "all" and scenario.fold_tp and scenario.parallel.tp > 1 and not v.slowdown
+            and not v.jitter and not v.links)
+
+
+def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
+    """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
+    whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
+    every layer one by one instead of stamping the first layer's chain (the same graph; for tests)."""
+    fold = folds_tp(scenario) if fold is None else fold and folds_tp(scenario)
+    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=scenario.parallel.tp if fold else 1)
+    costs = make_costs(scenario)
+    grid = scenario.grid
+    p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
+    orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
+    tp_ranks = range(1 if fold else grid.tp)
+    replicas = [(t, d) for d in range(grid.dp) for t in tp_ranks] if scenario.ranks == "all" else [(0, 0)]
+    variation = scenario.variation
+    priced: dict[tuple[str | None, float], CostModel] = {(None, 1.0): costs}
+
+    def costs_for(rank: int) -> CostModel:
+        key = (variation.gpus.get(grid.node(rank)), variation.compute_scale(rank))
+        if key not in priced:
+            base = priced[(key[0], 1.0)] if (key[0], 1.0) in priced else make_costs(scenario, GPU_PRESETS[key[0]])
+            priced[(key[0], 1.0)] = base
+            priced[key] = base if key[1] == 1.0 else ScaledCosts(base, key[1])
+        return priced[key]
+
+    for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
+        sends: dict[tuple[str, int, int], int] = {}
+        emitters = [_StageEmitter(graph, scenario, costs_for(grid.rank(tp_rank, dp_rank, stage)),
+                                  grid.rank(tp_rank, dp_rank, stage), sends, stamp) for stage in range(p)]
+        for emitter, actions in zip(emitters, orders, strict=True):
+            run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
+            for action in actions:
+                run[action.phase](action.microbatch, action.chunk)
+            emitter.dp.finish()
+        # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
+        for emitter in emitters:
+            for task_id, key in emitter.waits:
+                graph.tasks[task_id].deps.append(sends[key])
+    return graph
