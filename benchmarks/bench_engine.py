@@ -26,6 +26,7 @@ from sim.output import trace
 
 from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
+from sim.plan import resolve
 
 DEFAULT = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 
@@ -46,13 +47,13 @@ def bare_simpy(events: int) -> float:
 
 def timed_run(scenario, replay) -> tuple[dict[str, float], object, int]:
     t0 = time.perf_counter()
-    graph = workload.build(scenario)
-    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
+    graph = workload.build(resolve(scenario))
+    net = network.make(scenario.network.model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
     t1 = time.perf_counter()
     result = replay(graph, net)
     t2 = time.perf_counter()
     frame = trace.to_frame(graph, result.start, result.end)
-    trace.summarize(frame, scenario)
+    trace.summarize(frame, resolve(scenario))
     t3 = time.perf_counter()
     return {"build": t1 - t0, "replay": t2 - t1, "summarize": t3 - t2}, result, len(graph.tasks)
 

@@ -22,6 +22,7 @@ from sim.network import models as network
 
 from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
+from sim.plan import resolve
 
 from bench_engine import bare_simpy
 
@@ -32,8 +33,8 @@ def measure(model: str, global_batch: int) -> dict[str, float]:
     scenario = load_scenario(SCENARIO, [f"training.global_batch={global_batch}", "ranks=all",
                                         f"network.model={model}"])
     began = time.perf_counter()
-    graph = workload.build(scenario)
-    net = network.make(model, runner.build_topology(scenario), scenario.network.algorithm)
+    graph = workload.build(resolve(scenario))
+    net = network.make(model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
     built = time.perf_counter()
     result = engine.simulate(graph, net)
     done = time.perf_counter()

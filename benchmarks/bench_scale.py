@@ -28,6 +28,7 @@ from sim.output import trace
 
 from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
+from sim.plan import resolve
 
 from bench_engine import bare_simpy
 
@@ -42,12 +43,12 @@ def every_rank() -> None:
 def _every_rank() -> None:
     scenario = load_scenario(SCENARIO, ["ranks=all", "network.model=contention"])
     began = time.perf_counter()
-    graph = workload.build(scenario)
-    net = network.make("contention", runner.build_topology(scenario), scenario.network.algorithm)
+    graph = workload.build(resolve(scenario))
+    net = network.make("contention", runner.build_topology(resolve(scenario)), scenario.network.algorithm)
     built = time.perf_counter()
     result = engine.simulate(graph, net)
     simulated = time.perf_counter()
-    summary = trace.summarize(trace.to_frame(graph, result.start, result.end), scenario)
+    summary = trace.summarize(trace.to_frame(graph, result.start, result.end), resolve(scenario))
     summarized = time.perf_counter()
     floor = bare_simpy(result.events)
     total = summarized - began

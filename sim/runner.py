@@ -23,7 +23,6 @@ from sim.engine import longest_path
 
 from sim.network import models as network
 
-from sim.costs import profile
 
 from sim.engine import sm_contention
 
@@ -35,11 +34,13 @@ from sim.workload import build as workload
 from sim.spec.scenario import CalibratedCostsSpec, Scenario
 from sim.engine.critical_path import critical_path
 from sim.errors import ConfigError
+from sim.plan import Plan, resolve
 
 
 @dataclass
 class RunResult:
     scenario: Scenario
+    plan: Plan
     graph: workload.TaskGraph
     trace: pd.DataFrame
     summary: dict[str, Any]
@@ -51,23 +52,24 @@ class RunResult:
 _TOPOLOGIES: dict[str, topology.Topology] = {}  # a sweep's or search's points mostly share one cluster
 
 
-def build_topology(scenario: Scenario) -> topology.Topology:
+def build_topology(plan: Plan) -> topology.Topology:
     """The cluster's graph; with ``costs: calibrated``, the profile's measured link tiers replace the preset's.
     Built once per distinct cluster in a process (building 1024 GPUs' links takes longer than evaluating a step)."""
+    scenario = plan.scenario
     key = scenario.cluster.model_dump_json() + scenario.costs.model_dump_json() + repr(scenario.variation.links)
     if key not in _TOPOLOGIES:
         if len(_TOPOLOGIES) >= 8:
             _TOPOLOGIES.clear()
-        _TOPOLOGIES[key] = _build_topology(scenario)
+        _TOPOLOGIES[key] = _build_topology(plan)
     return _TOPOLOGIES[key]
 
 
-def _build_topology(scenario: Scenario) -> topology.Topology:
+def _build_topology(plan: Plan) -> topology.Topology:
+    scenario = plan.scenario
     c = scenario.cluster
     intra, inter = c.intra_node, c.inter_node
-    if isinstance(scenario.costs, CalibratedCostsSpec):
-        measured = profile.load(scenario.costs.profile)
-        intra, inter = measured.link("intra_node", intra), measured.link("inter_node", inter)
+    if isinstance(scenario.costs, CalibratedCostsSpec) and plan.profile is not None:
+        intra, inter = plan.profile.link("intra_node", intra), plan.profile.link("inter_node", inter)
     try:
         return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
                               nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls,
@@ -106,9 +108,10 @@ def run(scenario: Scenario, record_links: bool = False) -> RunResult:
 
 
 def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
-    topo = build_topology(scenario)
+    plan = resolve(scenario)
+    topo = build_topology(plan)
     net = network.make(scenario.network.model, topo, scenario.network.algorithm)
-    graph = workload.build(scenario)
+    graph = workload.build(plan)
     result = replay(scenario, graph, net, record_links)
     sm_stretch = 0.0
     if scenario.network.nccl_sms:  # NCCL's SMs slow the compute they overlap: replay to a fixed point
@@ -119,7 +122,7 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
         sm_stretch = sm_contention.settle(graph, (result.start, result.end), again, scenario.cluster.gpu.sms or 1,
                                           scenario.network.nccl_sms, scenario.network.nccl_p2p_sms)
     frame = trace.to_frame(graph, result.start, result.end)
-    summary = trace.summarize(frame, scenario)
+    summary = trace.summarize(frame, plan)
     if scenario.network.nccl_sms:
         summary["nccl_sm_stretch_s"] = sm_stretch  # compute time NCCL's SMs added on the rank that lost most
     if scenario.ranks == "all":  # who decided the step (in the slice every stage is its own representative)
@@ -135,4 +138,4 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
         summary["critical_link"] = link_usage.critical(links)
         if record_links:
             segments = link_usage.segments_frame(topo, result.flows)
-    return RunResult(scenario, graph, frame, summary, result.events, links, segments)
+    return RunResult(scenario, plan, graph, frame, summary, result.events, links, segments)

@@ -9,6 +9,7 @@ import pytest
 from sim import runner
 from sim.spec.scenario import load_scenario
 from sim.network.models import ContentionNetwork
+from sim.plan import resolve
 
 from conftest import SCENARIOS
 
@@ -27,7 +28,7 @@ def buckets(result, rank=0):
 
 def test_oversubscribed_spine_slows_each_bucket_by_the_bottleneck_factor(runs):
     scenario = runs[4].scenario
-    network = ContentionNetwork(runner.build_topology(scenario), "ring")
+    network = ContentionNetwork(runner.build_topology(resolve(scenario)), "ring")
     nic = scenario.cluster.inter_node
     # Two nodes' rail-r NICs under a leaf, 4:1: the uplink offers 2 x 50 GB/s / 4 at the tier's efficiency.
     uplink = 2 * nic.bandwidth / 4 * nic.efficiency

@@ -7,7 +7,8 @@ import pytest
 from sim import runner
 from sim.network.collectives import bus_factor
 from sim.errors import ConfigError
-from sim.model.memory import model_state_bytes, rank_params
+from sim.model.memory import model_state_bytes
+from sim.plan import resolve
 
 from conftest import make_scenario
 
@@ -117,14 +118,14 @@ def test_sharded_memory_and_fit():
     scenario = comm_bound(fsdp={"sharding": "FULL_SHARD"})
     summary = runner.run(scenario).summary
     parts = summary["memory_breakdown_bytes"]["0"]
-    states = model_state_bytes(rank_params(scenario.model, 0, 1, 1), "bf16", 3, 16)
+    states = model_state_bytes(resolve(scenario).stage_params(0), "bf16", 3, 16)
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(states.total)
     gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks
                      if t.name.startswith("param_gather") and t.rank == 0)
     # One unit computing, one gathered ahead, one gather in flight (FSDP's limit of two all-gathers).
     assert 0 < parts["gathered_weights"] <= sum(gathers[-3:])
     sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary["memory_breakdown_bytes"]["0"]
-    assert sgo["gathered_weights"] == pytest.approx(rank_params(scenario.model, 0, 1, 1) * 2)  # all kept
+    assert sgo["gathered_weights"] == pytest.approx(resolve(scenario).stage_params(0) * 2)  # all kept
 
 
 def test_over_large_model_does_not_fit_until_sharded():

@@ -8,8 +8,9 @@ import pytest
 from sim.workload import build as workload
 from sim.costs.models import RooflineCosts
 from sim.hardware import GPU_PRESETS
-from sim.model.memory import model_state_bytes, rank_params
+from sim.model.memory import model_state_bytes
 from sim.workload.memory_plan import stage_memory
+from sim.plan import resolve
 
 from conftest import make_scenario
 
@@ -44,14 +45,14 @@ def test_fp32_gradients_make_mixed_precision_18_bytes_per_param():
 def test_memory_and_buckets_carry_fp32_gradients_for_megatron_bf16():
     megatron = make_scenario()
     bf16 = make_scenario(training={**TRAINING, "grad_dtype": "bf16"})
-    params = rank_params(megatron.model, 0, 1, 1)
-    assert stage_memory(megatron, 0)["gradients"] == pytest.approx(4 * params)
-    assert stage_memory(bf16, 0)["gradients"] == pytest.approx(2 * params)
+    params = resolve(megatron).stage_params(0)
+    assert stage_memory(resolve(megatron), 0)["gradients"] == pytest.approx(4 * params)
+    assert stage_memory(resolve(bf16), 0)["gradients"] == pytest.approx(2 * params)
     # Megatron's buckets are views of its fp32 grad buffer; torch DDP's default copies the gradients into them
-    assert stage_memory(megatron, 0)["comm_buffers"] == 0.0
-    assert stage_memory(bf16, 0)["comm_buffers"] == pytest.approx(2 * params)
+    assert stage_memory(resolve(megatron), 0)["comm_buffers"] == 0.0
+    assert stage_memory(resolve(bf16), 0)["comm_buffers"] == pytest.approx(2 * params)
     for scenario, elem in ((megatron, 4), (bf16, 2)):
-        buckets = [t for t in workload.build(scenario).tasks if t.kind == "dp" and t.rank == 0]
+        buckets = [t for t in workload.build(resolve(scenario)).tasks if t.kind == "dp" and t.rank == 0]
         assert sum(t.nbytes for t in buckets) == pytest.approx(elem * params)
 
 

@@ -15,6 +15,7 @@ from sim.explore.estimate import estimate
 from sim.model.memory import activation_bytes_per_layer
 from sim.workload.memory_plan import stage_memory
 from sim.model.transformer import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
+from sim.plan import resolve
 
 LLAMA_13B = SCENARIOS / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
 
@@ -83,7 +84,7 @@ def test_memory_plan_keeps_the_other_layers_whole_and_the_trace_agrees(partial: 
     whole = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp, False, "none", True)
     # 20 layers keep only their input, 20 keep everything, plus the one layer being rebuilt.
     expected = 20 * full + 20 * whole + whole
-    planned = stage_memory(scenario, 0)["activations"]
+    planned = stage_memory(resolve(scenario), 0)["activations"]
     assert planned == pytest.approx(expected)
     traced = result.summary["memory_breakdown_bytes"]["0"]["activations"]  # peak from the trace's stash/free
     assert traced == pytest.approx(expected, rel=0.01)

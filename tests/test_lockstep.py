@@ -14,6 +14,7 @@ from sim.network import models as network
 
 from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
+from sim.plan import resolve
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"
@@ -23,8 +24,8 @@ SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"
                          ids=lambda e: ",".join(e) or "4:1")
 def test_folding_tp_groups_keeps_times_and_link_bytes(extra: list[str]) -> None:
     scenario = load_scenario(SPINE, extra)
-    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
-    every, folded = workload.build(scenario, fold=False), workload.build(scenario)
+    net = network.make(scenario.network.model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
+    every, folded = workload.build(resolve(scenario), fold=False), workload.build(resolve(scenario))
     assert folded.lockstep == 8 and len(every.tasks) == 8 * len(folded.tasks)
     a, b = engine.simulate(every, net), engine.simulate(folded, net)
     assert max(b.end) == pytest.approx(max(a.end), rel=1e-12)
@@ -40,19 +41,19 @@ def test_folding_tp_groups_keeps_times_and_link_bytes(extra: list[str]) -> None:
 
 
 def test_no_folding_when_ranks_of_a_group_differ() -> None:
-    assert workload.folds_tp(load_scenario(SPINE))
-    assert not workload.folds_tp(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"]))
-    assert not workload.folds_tp(load_scenario(SPINE, ["variation.jitter=0.01"]))
-    assert not workload.folds_tp(load_scenario(SPINE, ["variation.links={nic0.3: 0}"]))
-    assert not workload.folds_tp(load_scenario(SPINE, ["ranks=slice"]))
-    assert not workload.folds_tp(load_scenario(SPINE, ["fold_tp=false"]))
-    assert workload.build(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"])).lockstep == 1
+    assert workload.folds_tp(resolve(load_scenario(SPINE)))
+    assert not workload.folds_tp(resolve(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"])))
+    assert not workload.folds_tp(resolve(load_scenario(SPINE, ["variation.jitter=0.01"])))
+    assert not workload.folds_tp(resolve(load_scenario(SPINE, ["variation.links={nic0.3: 0}"])))
+    assert not workload.folds_tp(resolve(load_scenario(SPINE, ["ranks=slice"])))
+    assert not workload.folds_tp(resolve(load_scenario(SPINE, ["fold_tp=false"])))
+    assert workload.build(resolve(load_scenario(SPINE, ["variation.slowdown={3: 1.1}"]))).lockstep == 1
 
 
 def test_tp_collectives_alone_on_their_links_are_timed_without_flows_with_the_same_result() -> None:
     scenario = load_scenario(SPINE)
-    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
-    graph = workload.build(scenario)
+    net = network.make(scenario.network.model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
+    graph = workload.build(resolve(scenario))
     mirrored = lambda task: net.transfer(task.op, task.nbytes, task.group)  # noqa: E731  (TP: no mirrors)
     private = engine.private_tp_transfers(graph, mirrored)
     assert private and all(group in {tuple(range(8 * g, 8 * g + 8)) for g in range(4)} for _, _, group in private)

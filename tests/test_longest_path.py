@@ -18,6 +18,7 @@ from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
 from sim.errors import ScheduleDeadlock
 from sim.workload.build import TaskGraph
+from sim.plan import resolve
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 
@@ -31,8 +32,8 @@ def test_identical_to_event_replay(path: Path, ranks: str) -> None:
     if scenario.network.model == "contention":  # the same scenario on its closed-form network
         scenario = scenario.model_copy(update={"network": scenario.network.model_copy(update={"model": "analytic"})})
     scenario = scenario.model_copy(update={"ranks": ranks})
-    graph = workload.build(scenario)
-    net = network.make(scenario.network.model, runner.build_topology(scenario), scenario.network.algorithm)
+    graph = workload.build(resolve(scenario))
+    net = network.make(scenario.network.model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
     events, evaluated = engine.simulate(graph, net), longest_path.evaluate(graph, net)
     assert evaluated.start == events.start
     assert evaluated.end == events.end

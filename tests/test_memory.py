@@ -34,7 +34,8 @@ def test_mixed_precision_adam_is_16_bytes_per_param():
 def test_rank_params_sum_to_the_model():
     spec = MODEL_PRESETS["gpt3-13b"]  # tied embeddings: the last stage holds its own copy
     pp, tp = 4, 2
-    held = sum(rank_params(spec, stage, pp, tp) for stage in range(pp)) * tp
+    held = sum(rank_params(spec, tp, spec.num_layers // pp, embedding=stage == 0, head=stage == pp - 1,
+                       tied_copy=stage == pp - 1) for stage in range(pp)) * tp
     copy_on_last_stage = spec.vocab_size * spec.hidden_size
     replicated_norms = spec.num_layers * 4 * spec.hidden_size * (tp - 1) + 2 * spec.hidden_size * (tp - 1)
     row_biases = spec.num_layers * 2 * spec.hidden_size * (tp - 1)

@@ -3,8 +3,9 @@
 import pytest
 
 from sim import runner
-from sim.model.memory import model_state_bytes, rank_params
+from sim.model.memory import model_state_bytes
 from sim.workload.memory_plan import memory_plan
+from sim.plan import resolve
 
 from test_data_parallel import comm_bound
 
@@ -24,7 +25,7 @@ def offloaded():
 
 def test_zero_offload_moves_the_optimizer_to_the_host(offloaded):
     scenario = offloaded.scenario
-    params = rank_params(scenario.model, 0, 1, 1)
+    params = resolve(scenario).stage_params(0)
     parts = offloaded.summary["memory_breakdown_bytes"]["0"]
     assert parts["optimizer"] == 0
     assert offloaded.summary["host_memory_bytes"] == pytest.approx(model_state_bytes(params, "bf16", 2, 16).optimizer)
@@ -42,7 +43,7 @@ def test_each_reduced_shard_crosses_pcie_then_host_adam_then_the_weights_return(
         assert start >= span(offloaded, reduce)[1]
         assert end - start == pytest.approx(pcie.latency + copy.nbytes / (pcie.bandwidth * pcie.efficiency))
     (adam,) = tasks(offloaded, "host_adam")
-    shard = rank_params(scenario.model, 0, 1, 1) / 16
+    shard = resolve(scenario).stage_params(0) / 16
     assert adam.stream == "host" and adam.duration == pytest.approx(28 * shard / scenario.offload.host_bandwidth)
     assert span(offloaded, adam)[0] >= max(span(offloaded, c)[1] for c in copies)
     (back,) = tasks(offloaded, "params_to_gpu")
@@ -71,13 +72,13 @@ def test_deepspeed_offload_keys():
 
 def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_bucket_views():
     bf16_grads = {"global_batch": 16, "micro_batch": 1, "seq_len": 512, "grad_dtype": "bf16"}
-    ddp = memory_plan(comm_bound(training=bf16_grads))[0]  # torch DDP: buckets copy the gradients
+    ddp = memory_plan(resolve(comm_bound(training=bf16_grads)))[0]  # torch DDP: buckets copy the gradients
     assert ddp["comm_buffers"] == ddp["gradients"] > 0
-    assert memory_plan(comm_bound(training=bf16_grads, parallel={"tp": 1, "pp": 1, "dp": 16,
-                                                                 "grad_bucket_view": True}))[0]["comm_buffers"] == 0
-    megatron = memory_plan(comm_bound())[0]  # fp32 main grads: the buckets are views of Megatron's grad buffer
+    assert memory_plan(resolve(comm_bound(training=bf16_grads, parallel={"tp": 1, "pp": 1, "dp": 16,
+                                                                         "grad_bucket_view": True})))[0]["comm_buffers"] == 0
+    megatron = memory_plan(resolve(comm_bound()))[0]  # fp32 main grads: the buckets are views of Megatron's grad buffer
     assert megatron["comm_buffers"] == 0 and megatron["gradients"] == 2 * ddp["gradients"]
-    zero2 = memory_plan(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2}))[0]
+    zero2 = memory_plan(resolve(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2})))[0]
     assert zero2["comm_buffers"] == 2 * 25 * 2**20  # two reduce buckets (overlap_comm double buffer)
     traced = runner.run(comm_bound(training=bf16_grads)).summary["memory_breakdown_bytes"]["0"]
     assert traced["comm_buffers"] == ddp["comm_buffers"]

@@ -10,9 +10,10 @@ from sim import runner
 from sim.cli import commands as cli
 from sim.spec.scenario import load_scenario
 from sim.explore.estimate import estimate
-from sim.model.memory import rank_params
+
 from sim.model.transformer import embedding_params, layer_params
 from sim.parallel.grid import chunk_sizes
+from sim.plan import resolve
 
 QI_1P5B = SCENARIOS / "validation" / "qi2024-1.5b-1f1b-m24.yaml"
 
@@ -48,9 +49,9 @@ def test_each_stage_runs_its_own_layers_once_per_micro_batch(run) -> None:
 def test_stage_params_count_their_layers() -> None:
     scenario = load_scenario(QI_1P5B)
     model = scenario.model
-    assert rank_params(model, 0, 8, 1, scenario.stage_layers(0)) == \
+    assert resolve(scenario).stage_params(0) == \
         2 * layer_params(model).total + embedding_params(model)
-    assert rank_params(model, 3, 8, 1, scenario.stage_layers(3)) == 3 * layer_params(model).total
+    assert resolve(scenario).stage_params(3) == 3 * layer_params(model).total
 
 
 def test_estimate_and_memory_plan_agree_with_the_simulation(run) -> None:

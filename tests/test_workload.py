@@ -6,8 +6,9 @@ import pytest
 from sim import runner
 
 from sim.workload import build as workload
-from sim.model.memory import rank_params
+
 from sim.model.transformer import model_flops_per_step
+from sim.plan import resolve
 
 from conftest import make_scenario
 
@@ -28,7 +29,7 @@ def tasks_of(graph, **match):
 
 def test_tp_all_reduces_two_forward_two_backward_per_layer():
     s = layout(tp=4, pp=2, dp=1)
-    g = workload.build(s)
+    g = workload.build(resolve(s))
     bsh_bytes = 2 * 1024 * 1024 * 2  # b=2, s=1024, h=1024, bf16
     for stage in range(2):
         rank = s.grid.stage_representative(stage)
@@ -40,7 +41,7 @@ def test_tp_all_reduces_two_forward_two_backward_per_layer():
 
 
 def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gather():
-    g = workload.build(layout(tp=4, pp=1, dp=1, sp=True))
+    g = workload.build(resolve(layout(tp=4, pp=1, dp=1, sp=True)))
     ops = [t.op for t in tasks_of(g, kind="tp", microbatch=0, layer=0)]
     # Forward: all-gather + reduce-scatter per block. Backward: the output gradient's all-gather, the stored
     # sharded input's all-gather for the weight gradient (Korthikanti et al. 2022 Sec. 4.2.2), reduce-scatter.
@@ -48,14 +49,14 @@ def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gat
 
 
 def test_full_recompute_replays_the_forward_collectives():
-    g = workload.build(layout(tp=4, pp=1, dp=1, recompute="full"))
+    g = workload.build(resolve(layout(tp=4, pp=1, dp=1, recompute="full")))
     assert len(tasks_of(g, kind="tp", microbatch=0, layer=3)) == 6  # 2 forward + 2 recompute + 2 backward
     assert len(tasks_of(g, kind="recompute", microbatch=0, layer=3)) == 2
 
 
 def test_pp_sends_one_per_microbatch_boundary_each_way():
     s = layout(tp=2, pp=4, dp=1)
-    g = workload.build(s)
+    g = workload.build(resolve(s))
     sends = tasks_of(g, kind="pp")
     m, p = s.microbatches, 4
     assert len([t for t in sends if t.name == "send_forward"]) == m * (p - 1)
@@ -65,13 +66,13 @@ def test_pp_sends_one_per_microbatch_boundary_each_way():
 
 def test_dp_buckets_carry_every_gradient_byte_once():
     s = layout(tp=2, pp=2, dp=4)
-    g = workload.build(s)
+    g = workload.build(resolve(s))
     for stage in range(2):
         rank = s.grid.stage_representative(stage)
         buckets = tasks_of(g, rank=rank, kind="dp")
         assert len(buckets) > 1
         # bf16 training reduces fp32 gradients (Megatron-LM's accumulate_allreduce_grads_in_fp32)
-        assert sum(t.nbytes for t in buckets) == pytest.approx(4 * rank_params(s.model, stage, 2, 2))
+        assert sum(t.nbytes for t in buckets) == pytest.approx(4 * resolve(s).stage_params(stage))
         assert all(t.op == "all_reduce" and t.group == s.grid.dp_group(rank) for t in buckets)
 
 
@@ -102,7 +103,7 @@ def test_stamping_a_layer_chain_builds_the_same_graph(overrides):
     from sim.spec.scenario import load_scenario
     path = Path(__file__).resolve().parent.parent / "scenarios" / "tiny.yaml"
     scenario = load_scenario(path, overrides)
-    stamped, emitted = workload.build(scenario), workload.build(scenario, stamp=False)
+    stamped, emitted = workload.build(resolve(scenario)), workload.build(resolve(scenario), stamp=False)
     assert stamped.tasks == emitted.tasks
     assert stamped.streams == emitted.streams
 
@@ -119,7 +120,7 @@ def test_a_backward_waits_for_the_tp_collective_it_reads_even_when_tp_communicat
     s = make_scenario(cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 2}, model=GPT,
                       training={"global_batch": 4, "micro_batch": 1, "seq_len": 1024, "recompute": "none"},
                       parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": sp, "tp_comm_overlap": overlap})
-    g = workload.build(s, stamp=stamp)
+    g = workload.build(resolve(s), stamp=stamp)
     reads = 0
     for task in g.tasks:
         if task.stream != "compute" or task.kind != "backward" or task.name not in ("mlp", "attention"):
@@ -141,4 +142,4 @@ def test_stamping_matches_on_the_bundled_scenarios(name):
     from sim.spec.scenario import load_scenario
     scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / f"{name}.yaml",
                              ["training.global_batch=64"] if name.startswith("gpt3") else [])
-    assert workload.build(scenario).tasks == workload.build(scenario, stamp=False).tasks
+    assert workload.build(resolve(scenario)).tasks == workload.build(resolve(scenario), stamp=False).tasks

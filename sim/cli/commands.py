@@ -35,6 +35,7 @@ from sim.output import trace
 from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
+from sim.plan import resolve
 from sim.workload.memory_plan import PARTS, memory_plan
 from sim.model.transformer import MODEL_PRESETS
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
@@ -139,9 +140,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def memory_table(scenario: Scenario) -> Table:
-    rows = memory_plan(scenario)
+    plan = resolve(scenario)
+    rows = memory_plan(plan)
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
-                        f"{scenario.grad_dtype} gradients)", header_style="bold")
+                        f"{plan.grad_dtype} gradients)", header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
     host = any(row["host"] for row in rows)
     for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):

@@ -32,16 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.network import models as network_models
-from sim.network.collectives import p2p_time
-from sim.spec.scenario import Scenario
+from sim.costs.models import CostModel, Phase, Work
+from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network.flows import FlowNetwork
-from sim.costs.models import ADAM_BYTES_PER_PARAM, CostModel, Phase, Work
-from sim.hardware import bytes_per_element
-from sim.model.memory import model_state_bytes
-from sim.workload.memory_plan import stage_memory, stage_params
-from sim.model.transformer import (ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops,
-                       layer_forward_ops, layer_params, model_flops_per_step)
-from sim.parallel.schedules import SCHEDULES, Action, Layout, chunk_location, model_chunk
+from sim.parallel.schedules import Action, Layout, chunk_location, model_chunk
+from sim.plan import Plan, resolve
+from sim.runner import build_topology
+from sim.spec.scenario import Scenario
+from sim.workload import step
+from sim.workload.memory_plan import stage_memory
 
 
 @dataclass(frozen=True)
@@ -69,12 +68,10 @@ class _Stage:
 class Estimator:
     def __init__(self, scenario: Scenario, costs: CostModel | None = None,
                  network: network_models.Network | None = None) -> None:
-        from sim.runner import build_topology  # the topology of the cluster, shared by every layout
-        from sim.workload.build import make_costs
-
-        self.costs = costs or make_costs(scenario)
+        plan = resolve(scenario)
+        self.costs = costs or step.make_costs(plan)
         spec = scenario.network
-        topology = build_topology(scenario) if network is None or spec.model == "contention" else None
+        topology = build_topology(plan) if network is None or spec.model == "contention" else None
         model = "analytic" if spec.model == "contention" else spec.model
         self.net = network or network_models.make(model, topology, spec.algorithm)
         self.flows = network_models.make("contention", topology, spec.algorithm) if spec.model == "contention" else None
@@ -83,107 +80,83 @@ class Estimator:
         self._orders: dict[tuple[str, int, int], list[list[Action]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
-    def _price(self, sc: Scenario, what: str, phase: Phase) -> float:
-        t, p = sc.training, sc.parallel
-        key = (what, phase, t.micro_batch, sc.seq_len, p.tp, p.sequence_parallel, t.flash_attention, t.fused_kernels)
+    def _price(self, plan: Plan, what: str, phase: Phase) -> float:
+        """Seconds of one piece of a layer (a block, its column-parallel GEMMs ``<block>_column``, the
+        ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
+        t = plan.scenario.training
+        key = (what, phase, plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
+               t.fused_kernels)
         if key not in self._compute:
-            elem = bytes_per_element(t.dtype)
-            b, s = t.micro_batch, sc.seq_len
-            if what in ("attention", "mlp", "selective", "attention_column", "mlp_column"):
-                blocks = layer_forward_ops(sc.model, b, s, p.tp, p.sequence_parallel, elem, t.flash_attention,
-                                           t.fused_kernels)
-                if what == "selective":
-                    work = Work(tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE), 0.0)
-                elif what.endswith("_column"):
-                    work = Work(tuple(op for op in blocks[what[:-7]] if op.name in COLUMN_PARALLEL), 0.0)
-                else:
-                    work = Work(blocks[what], 0.5)
-            elif what == "embedding":
-                work = Work(embedding_forward_ops(sc.model, b, s, elem), 0.0)
-            else:
-                work = Work(head_forward_ops(sc.model, b, s, p.tp, elem), 0.0)
-            self._compute[key] = self.costs.compute_time(work, phase)
+            self._compute[key] = self.costs.compute_time(_work(step.blocks(plan), what), phase)
         return self._compute[key]
 
-    def _stages(self, sc: Scenario) -> list[_Stage]:
-        t, p, grid = sc.training, sc.parallel, sc.grid
-        split = SCHEDULES[sc.schedule].splits_backward
-        tp_bytes = t.micro_batch * sc.seq_len * sc.model.hidden_size * bytes_per_element(t.dtype)
-        group = grid.tp_group(0)
-        if p.tp > 1:
-            ops = ("all_gather", "reduce_scatter") if p.sequence_parallel else ("all_reduce",)
-            times = [self.net.collective_time(op, tp_bytes, group) for op in ops]  # per block
-        else:
-            times = [0.0]
-        tp_comm = sum(times)
+    def _stages(self, plan: Plan) -> list[_Stage]:
+        split = plan.splits_backward
+        group = plan.grid.tp_group(0)
+        times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
+        tp_comm = sum(times) if times else 0.0
         bwd: Phase = "input_grad" if split else "backward"
-        fwd_layer = sum(self._price(sc, b, "forward") for b in ("attention", "mlp")) + 2 * tp_comm
-        if p.tp > 1 and not split and self._price(sc, "mlp_column", "weight_grad") > 0:
-            bwd_layer = sum(self._overlapped_backward(sc, b, times) for b in ("attention", "mlp"))
+        fwd_layer = sum(self._price(plan, b, "forward") for b in step.BLOCKS) + 2 * tp_comm
+        if not split and step.overlaps_backward(plan, self._price(plan, "mlp_column", "weight_grad")):
+            bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)
         else:
-            bwd_layer = sum(self._price(sc, b, bwd) for b in ("attention", "mlp")) + 2 * tp_comm
-        if t.recompute == "selective":
-            bwd_layer += self._price(sc, "selective", "forward")
-        w_layer = sum(self._price(sc, b, "weight_grad") for b in ("attention", "mlp")) if split else 0.0
+            bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
+        if plan.scenario.training.recompute == "selective":
+            bwd_layer += self._price(plan, "selective", "forward")
+        w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         stages = []
-        for s in range(p.pp):
-            layers = sc.stage_layers(s)
+        for s in range(plan.pp):
+            layers = plan.stage_layers(s)
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
-            recomputed = sc.recomputed_layers(s)
+            recomputed = plan.recomputed_layers(s)
             layer_bwd = bwd_layer + fwd_layer * recomputed / layers
-            fsdp_f, fsdp_b = self._sharded_unit_overhead(sc, fwd_layer, layer_bwd)
+            fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * w_layer
-            holds_first = s == 0
-            holds_last = (s == p.pp - 1) if SCHEDULES[sc.schedule].layout != "v" else s == 0
-            if holds_first:
-                f += self._price(sc, "embedding", "forward")
-                b += self._price(sc, "embedding", bwd)
-                w += self._price(sc, "embedding", "weight_grad") if split else 0.0
-            if holds_last:
-                f += self._price(sc, "head", "forward")
-                b += self._price(sc, "head", bwd)
-                w += self._price(sc, "head", "weight_grad") if split else 0.0
+            for piece, holds in (("embedding", s == plan.embedding_stage), ("head", s == plan.head_stage)):
+                if holds:
+                    f += self._price(plan, piece, "forward")
+                    b += self._price(plan, piece, bwd)
+                    w += self._price(plan, piece, "weight_grad") if split else 0.0
             stages.append(_Stage(f, b, w, layer_bwd + fsdp_b, layers))
         return stages
 
-    def _overlapped_backward(self, sc: Scenario, block: str, times: list[float]) -> float:
+    def _overlapped_backward(self, plan: Plan, block: str, times: list[float]) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
         ``_overlapped_backward``): the column-parallel GEMM's weight gradient hides the input-gradient reduction,
         and with SP the input all-gather runs beside the input-gradient GEMMs."""
-        weight = self._price(sc, f"{block}_column", "weight_grad")
-        dgrad = self._price(sc, block, "backward") - weight
-        if sc.parallel.sequence_parallel:
+        weight = self._price(plan, f"{block}_column", "weight_grad")
+        dgrad = self._price(plan, block, "backward") - weight
+        if plan.sequence_parallel:
             gather, reduce = times
             return gather + max(dgrad, gather) + max(reduce, weight)
         return dgrad + max(times[0], weight)
 
-    def _sharded_unit_overhead(self, sc: Scenario, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
+    def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
         """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
-        sharded = sc.zero_stage >= 3 or (sc.fsdp is not None and sc.fsdp.sharding == "SHARD_GRAD_OP")
-        if not sharded or sc.dp == 1:
+        if not plan.gathers_units or not plan.data_parallel:
             return 0.0, 0.0
-        unit_layers = sc.fsdp.unit_layers if sc.fsdp is not None else 1
-        group = self._shard_group(sc)
-        per_param = model_state_bytes(1.0, sc.training.dtype, grad_dtype=sc.grad_dtype)
-        unit_params = unit_layers * layer_params(sc.model).per_tp_rank(sc.parallel.tp)
-        gather = self.net.collective_time("all_gather", unit_params * per_param.weights, group) / unit_layers
-        reduce = self.net.collective_time("reduce_scatter", unit_params * per_param.gradients, group) / unit_layers
-        prefetch = sc.fsdp.prefetch if sc.fsdp is not None else True
-        held = sc.network.nccl_sms / (sc.cluster.gpu.sms or 1) if sc.network.nccl_sms else 0.0
+        group = plan.shard_group(0)
+        unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
+        gather = self.net.collective_time("all_gather", unit_params * plan.weight_bytes_per_param, group) \
+            / plan.unit_layers
+        reduce = self.net.collective_time("reduce_scatter", unit_params * plan.grad_bytes_per_param, group) \
+            / plan.unit_layers
+        network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
+        held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
-        if sc.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
+        if plan.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
             return forward, _overlap_cost(bwd_layer, reduce, held)
         both = gather + reduce  # one stream: the next unit's gather and this unit's reduce-scatter queue
-        return forward, _overlap_cost(bwd_layer, both, held) if prefetch else both
+        return forward, _overlap_cost(bwd_layer, both, held) if plan.prefetch else both
 
-    def _dp_collective(self, sc: Scenario, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the time."""
         if self.flows is None:
             return self.net.collective_time(op, nbytes, group)
-        groups = tuple(tuple(rank + t for rank in group) for t in range(sc.parallel.tp))
+        groups = tuple(tuple(rank + t for rank in group) for t in range(plan.tp))
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0
@@ -197,21 +170,15 @@ class Estimator:
             self._concurrent[key] = seconds
         return self._concurrent[key]
 
-    def _shard_group(self, sc: Scenario) -> tuple[int, ...]:
-        group = sc.grid.dp_group(0)
-        if sc.fsdp is not None and sc.fsdp.sharding == "HYBRID_SHARD":
-            return tuple(r for r in group if sc.grid.node(r) == 0)
-        return group
-
-    def _pipeline(self, sc: Scenario, stages: list[_Stage]) -> tuple[float, list[float]]:
+    def _pipeline(self, plan: Plan, stages: list[_Stage]) -> tuple[float, list[float]]:
         """Makespan of the pipeline and when each stage's last backward pass ends."""
-        p, v, m = sc.parallel.pp, sc.parallel.vpp, sc.microbatches
-        rank = sc.grid.stage_representative
-        c = self.net.p2p_time(self._p2p_bytes(sc), rank(0), rank(1)) if p > 1 else 0.0
+        p, v, m = plan.pp, plan.vpp, plan.microbatches
+        rank = plan.grid.stage_representative
+        c = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if p > 1 else 0.0
         work = [st.forward + st.backward + st.weight for st in stages]
         slowest = max(work)
         f, b, w = (max(getattr(st, part) for st in stages) for part in ("forward", "backward", "weight"))
-        name = sc.schedule
+        name = plan.scenario.schedule
         if name in ("gpipe", "1f1b"):
             total = sum(work) + (m - 1) * slowest + 2 * (p - 1) * c
         elif name == "interleaved":
@@ -229,39 +196,31 @@ class Estimator:
         if name.startswith("zb") and m < 2 * p:
             key = (name, p, m)
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
-                self._orders[key] = SCHEDULES[name].actions(p, m, 2 if name == "zb-v" else 1)
-            return stage_level_replay(self._orders[key], SCHEDULES[name].layout, stages, c)
+                self._orders[key] = plan.schedule.actions(p, m, 2 if name == "zb-v" else 1)
+            return stage_level_replay(self._orders[key], plan.layout, stages, c)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
             ends.append(total - behind)
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _p2p_bytes(self, sc: Scenario) -> float:
-        t = sc.training
-        return t.micro_batch * sc.seq_len * sc.model.hidden_size * bytes_per_element(t.dtype) / sc.parallel.tp
-
-    def _tail(self, sc: Scenario, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
+    def _tail(self, plan: Plan, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
-        p, model, zero = sc.parallel, sc.model, sc.zero_stage
-        params = stage_params(sc, stage)
-        grad_elem = bytes_per_element(sc.grad_dtype)
-        shards = sc.zero_shards if zero >= 1 else 1
+        model, zero, parallel = plan.model, plan.zero_stage, plan.scenario.parallel
+        grad_elem = plan.grad_bytes_per_param
         exposed = 0.0
-        if sc.dp > 1:
-            sharded = zero >= 3 or sc.fsdp is not None
+        if plan.data_parallel:
             op = "all_reduce" if zero == 0 else "reduce_scatter"
-            group = self._shard_group(sc) if sharded else sc.grid.dp_group(0)
-            per_layer = layer_params(model).per_tp_rank(p.tp) * grad_elem
-            unit = sc.fsdp.unit_layers if sc.fsdp is not None else 1
-            bucket = per_layer * unit if sharded else max(p.dp_bucket_size, per_layer)
+            group = plan.shard_group(0) if plan.flat_params else plan.grid.dp_group(0)
+            per_layer = layer_params(model).per_tp_rank(plan.tp) * grad_elem
+            bucket = per_layer * plan.unit_layers if plan.flat_params else max(parallel.dp_bucket_size, per_layer)
             layers_per_bucket = max(1, round(bucket / per_layer))
-            extra = (params - st.layers * layer_params(model).per_tp_rank(p.tp)) * grad_elem
-            v = p.vpp if sc.schedule == "interleaved" else 1
+            extra = (plan.stage_params(stage) - st.layers * layer_params(model).per_tp_rank(plan.tp)) * grad_elem
+            v = plan.vpp if plan.scenario.schedule == "interleaved" else 1
             chunk_layers, chunk_backward = st.layers // v, st.backward / v
             ready_at = []  # when each layer's gradients become final, in that order
             for c in range(v - 1, -1, -1):  # interleaved: chunk c's last backward ran c*p chunk-passes earlier
-                start = backward_end - chunk_backward * (1 + c * p.pp)
+                start = backward_end - chunk_backward * (1 + c * plan.pp)
                 ready_at += [start + (i + 1) * st.layer_backward for i in range(chunk_layers)]
             free_at = per_microbatch = 0.0
             done = 0
@@ -269,53 +228,61 @@ class Estimator:
                 n = min(layers_per_bucket, st.layers - done)
                 done += n
                 nbytes = n * per_layer + (extra if done == st.layers else 0.0)
-                seconds = self._dp_collective(sc, op, nbytes, group)
-                if sharded and sc.fsdp is not None and sc.fsdp.sharding == "HYBRID_SHARD":
-                    replicas = tuple(sc.grid.dp_group(0)[len(group)::len(group)])
-                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), (0, *replicas))
+                seconds = self._dp_collective(plan, op, nbytes, group)
+                if plan.flat_params and plan.hybrid:
+                    replicas = plan.replica_group(0)
+                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
                 free_at = max(free_at, ready_at[done - 1]) + seconds
                 per_microbatch += seconds
             exposed = max(0.0, free_at - backward_end)
-            if zero >= 2 and sc.microbatches > 1:
+            if zero >= 2 and plan.microbatches > 1:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
-                first_backward = backward_end - (sc.microbatches - 1) * (st.forward + st.backward + st.weight) \
+                first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
-                exposed = max(exposed, first_backward + sc.microbatches * per_microbatch - backward_end)
-        off = sc.offload
-        if off.optimizer:
-            pcie = sc.cluster.pcie
-            shard = params / shards
-            optimizer = (ADAM_BYTES_PER_PARAM * shard / off.host_bandwidth
-                         + p2p_time(shard * model_state_bytes(1.0, sc.training.dtype).weights, pcie.latency,
-                                    pcie.effective_bandwidth))
+                exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
+        shard = step.optimizer_params(plan, stage)
+        if plan.scenario.offload.optimizer:
+            optimizer = step.host_adam_seconds(plan, shard) \
+                + step.pcie_seconds(plan, step.weights_to_gpu_bytes(plan, shard))
         else:
-            optimizer = self.costs.optimizer_time(params / shards, grad_elem)
-        if sc.dp > 1 and zero in (1, 2):
-            weights = params * model_state_bytes(1.0, sc.training.dtype).weights
-            optimizer += self.net.collective_time("all_gather", weights, sc.grid.dp_group(0))
+            optimizer = self.costs.optimizer_time(shard, grad_elem)
+        gather = step.final_weight_gather_bytes(plan, stage)
+        if gather:
+            optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
         return exposed, optimizer
 
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
-        stages = self._stages(sc)
-        pipeline, ends = self._pipeline(sc, stages)
-        step, exposed_dp, optimizer = pipeline, 0.0, 0.0
+        plan = resolve(sc)
+        stages = self._stages(plan)
+        pipeline, ends = self._pipeline(plan, stages)
+        step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
-            exposed, opt = self._tail(sc, s, st, end)
-            if end + exposed + opt > step:
-                step, exposed_dp, optimizer = end + exposed + opt, exposed, opt
-        gpus = sc.num_gpus
-        flops = model_flops_per_step(sc.model, sc.global_batch, sc.seq_len)
-        tflops = flops / gpus / step / 1e12
+            exposed, opt = self._tail(plan, s, st, end)
+            if end + exposed + opt > step_s:
+                step_s, exposed_dp, optimizer = end + exposed + opt, exposed, opt
+        gpus = plan.num_gpus
+        flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
+        tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head); uneven ones may peak anywhere.
         p = sc.parallel
         uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
-        candidates = range(p.pp) if uneven else {0, p.pp - 1}
-        peak = max(stage_memory(sc, s)["total"] for s in candidates)
-        bound = sc.microbatches * max(st.forward + st.backward + st.weight for st in stages)
-        return Estimate(step, pipeline, exposed_dp, optimizer, tflops * 1e12 / sc.cluster.gpu.peak(sc.training.dtype),
-                        tflops, peak, peak <= sc.cluster.gpu.hbm_capacity, bound)
+        candidates = range(plan.pp) if uneven else {0, plan.pp - 1}
+        peak = max(stage_memory(plan, s)["total"] for s in candidates)
+        bound = plan.microbatches * max(st.forward + st.backward + st.weight for st in stages)
+        gpu = sc.cluster.gpu
+        return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
+                        peak <= gpu.hbm_capacity, bound)
+
+
+def _work(pieces: step.Blocks, what: str) -> Work:
+    """The ``Work`` a priced piece names: a block, its column-parallel GEMMs, the selective core, embedding, head."""
+    if what in pieces.block:
+        return pieces.block[what]
+    if what.endswith("_column"):
+        return pieces.column[what.removesuffix("_column")]
+    return {"selective": pieces.selective, "embedding": pieces.embedding, "head": pieces.head}[what]
 
 
 def _overlap_cost(compute: float, comm: float, held: float) -> float:

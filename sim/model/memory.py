@@ -87,18 +87,18 @@ def with_allocator(parts: dict[str, float], reserved: float, overhead: float) ->
     return {**{k: v for k, v in parts.items() if k != "total"}, **extra, "total": allocated + sum(extra.values())}
 
 
-def rank_params(spec: ModelSpec, stage: int, pp: int, tp: int, layers: int | None = None) -> float:
-    """Parameters held by one TP rank of pipeline ``stage`` with ``layers`` transformer layers (default an even
-    split) (embedding on the first stage, head on the last; a tied output layer keeps its own copy of the word
-    embeddings on the last stage, as Megatron does)."""
-    per_stage = spec.num_layers // pp if layers is None else layers
-    params = per_stage * layer_params(spec).per_tp_rank(tp)
-    if stage == 0:
+def rank_params(spec: ModelSpec, tp: int, layers: int, embedding: bool, head: bool, tied_copy: bool) -> float:
+    """Parameters held by one TP rank with ``layers`` transformer layers, plus the input embedding and the
+    final norm + LM head where it runs them, and (``tied_copy``) the head's own copy of tied word embeddings,
+    which Megatron keeps on a head stage other than the embedding's. Which stage holds what is the plan's
+    (``sim.plan.Plan.stage_params``)."""
+    params = layers * layer_params(spec).per_tp_rank(tp)
+    if embedding:
         params += embedding_params(spec) / tp
-    if stage == pp - 1:
+    if head:
         params += head_params(spec) / tp
-        if spec.tied_embeddings and pp > 1:
-            params += spec.vocab_size * spec.hidden_size / tp
+    if tied_copy:
+        params += spec.vocab_size * spec.hidden_size / tp
     return params
 
 

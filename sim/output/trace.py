@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.spec.scenario import Scenario
-from sim.model.memory import activation_bytes_per_layer, peak_usage, with_allocator
+from sim.model.memory import peak_usage, with_allocator
+from sim.plan import Plan
 from sim.workload.memory_plan import states_and_buffers
 from sim.model.transformer import model_flops_per_step
 from sim.workload.build import COMPUTE_KINDS, TaskGraph
@@ -103,51 +103,38 @@ def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
         ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
 
 
-def _memory(trace: pd.DataFrame, scenario: Scenario) -> dict[int, dict[str, float]]:
+def _memory(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
     """Per simulated rank: sharded model states, plus the peak of activations, gathered weights (ZeRO-3/FSDP)
     and not-yet-reduced gradients (ZeRO-2/3) over the step, each taken from when the trace allocates and
     frees them."""
-    t, p = scenario.training, scenario.parallel
-    per_layer = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
-                                           p.sequence_parallel, t.recompute, t.flash_attention)
-    working = 0.0
-    kept_whole = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp,
-                                            p.sequence_parallel, "none", t.flash_attention)
-    if t.recompute == "full" and t.recompute_num_layers != 0:  # a layer's activations rebuilt in its backward
-        working = kept_whole
-    rebuilt = None  # per layer, whether full recomputation rebuilds it (only some with recompute_num_layers)
-    if t.recompute == "full" and t.recompute_num_layers is not None:
-        rebuilt = np.array([scenario.recomputes(layer) for layer in range(scenario.model.num_layers)])
+    # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
+    stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
     # weight-gradient pass W when the schedule splits the backward).
     layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
     layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
     ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
-    unit_layers = scenario.fsdp.unit_layers if scenario.fsdp is not None else 1
-    spans = _unit_spans(trace, unit_layers) if scenario.zero_stage >= 2 else None
+    spans = _unit_spans(trace, plan.unit_layers) if plan.zero_stage >= 2 else None
     result: dict[int, dict[str, float]] = {}
     for rank, stage in trace.groupby("rank")["stage"].first().items():
         rows = trace[trace["rank"] == rank]
-        resident, host = states_and_buffers(scenario, int(stage))
-        stash = ends.loc[(rank, "forward")].to_numpy()
+        resident, host = states_and_buffers(plan, int(stage))
+        stash = ends.loc[(rank, "forward")]
         free = ends.loc[(rank, "backward")].to_numpy()
-        sizes = np.full(len(stash), per_layer)
-        if rebuilt is not None:  # layers full recomputation skips keep all their activations
-            layers = ends.loc[(rank, "forward")].index.get_level_values("layer").to_numpy()
-            sizes[~rebuilt[layers]] = kept_whole
-        parts = {"activations": (stash, free, sizes)}
+        sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
+        parts = {"activations": (stash.to_numpy(), free, sizes)}
         if spans is not None:
-            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], scenario, unit_layers)
+            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += working
+        dynamic["activations"] += plan.rebuild_bytes
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
-        memory = scenario.memory
+        memory = plan.scenario.memory
         result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
 
 
-def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: Scenario,
-                             unit_layers: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
+                             plan: Plan) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
     its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
     until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
@@ -156,9 +143,10 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: 
                                           unit])
         return spans.reindex(keys)
 
+    unit_layers = plan.unit_layers
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
     unit = gathers["layer"] // unit_layers
-    keep_to_backward = scenario.zero_stage < 3
+    keep_to_backward = plan.zero_stage < 3
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
     gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
@@ -166,7 +154,7 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame, scenario: 
     reduces = rows[rows["name"] == "grad_reduce_scatter"]
     backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
-    if scenario.zero_stage == 2 and scenario.fsdp is None:
+    if plan.zero_stage == 2 and not plan.flat_params:
         # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
         # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
         # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
@@ -187,7 +175,7 @@ def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
-def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
+def summarize(trace: pd.DataFrame, plan: Plan) -> dict[str, Any]:
     step = float(trace["end_s"].max())
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
     pipeline_end = float(compute["end_s"].max())
@@ -203,23 +191,23 @@ def summarize(trace: pd.DataFrame, scenario: Scenario) -> dict[str, Any]:
         for kind in COMM_KINDS:
             exposed[kind] = max(exposed[kind], _exposed(rows[rows["kind"] == kind], union))
 
-    gpus = scenario.num_gpus
-    peak = scenario.cluster.gpu.peak(scenario.training.dtype)
-    model_flops = model_flops_per_step(scenario.model, scenario.global_batch, scenario.seq_len)
+    scenario = plan.scenario
+    gpus = plan.num_gpus
+    peak = scenario.cluster.gpu.peak(plan.dtype)
+    model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
-    memory = _memory(trace, scenario)
+    memory = _memory(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
-    tokens = scenario.global_batch * scenario.seq_len
+    tokens = plan.global_batch * plan.seq_len
     return {
         "scenario": scenario.name,
         "seed": scenario.seed,
         "num_gpus": gpus,
-        "layout": {"tp": scenario.parallel.tp, "pp": scenario.parallel.pp, "dp": scenario.dp,
-                   "sequence_parallel": scenario.parallel.sequence_parallel},
+        "layout": {"tp": plan.tp, "pp": plan.pp, "dp": plan.dp, "sequence_parallel": plan.sequence_parallel},
         "schedule": scenario.schedule,
-        "microbatches": scenario.microbatches,
+        "microbatches": plan.microbatches,
         "step_time_s": step,
         "tokens_per_s": tokens / step if step > 0 else 0.0,
         "model_flops_per_step": model_flops,

@@ -1,6 +1,6 @@
-"""Scenario -> task graph of one training step.
+"""Plan -> task graph of one training step.
 
-In: a validated ``Scenario``. Out: a ``TaskGraph``: every task (compute, TP collective, PP send, DP bucket
+In: a resolved ``Plan`` (sim.plan). Out: a ``TaskGraph``: every task (compute, TP collective, PP send, DP bucket
 all-reduce, optimizer step) with its rank, stream, kind, micro-batch, layer, duration (compute) or bytes and
 group (communication), and dependencies; plus each (rank, stream)'s ordered task list, which the engine
 replays like a CUDA stream.
@@ -31,58 +31,40 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.costs import profile
-from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec, Scenario
-from sim.costs.models import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
-from sim.workload.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
-from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
-from sim.model.transformer import ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops, layer_forward_ops
-from sim.parallel.schedules import SCHEDULES, Action, chunk_location, model_chunk
-from sim.workload.ir import Task, TaskGraph
+from sim.costs.models import CostModel, Phase, ScaledCosts, Work
+from sim.hardware import GPU_PRESETS
+from sim.parallel.schedules import Action
+from sim.plan import Plan
 from sim.spec.variation import jitter_stream
+from sim.workload.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
+from sim.workload.ir import Task, TaskGraph
+from sim.workload.step import blocks, make_costs, overlaps_backward, tp_ops
 
 STREAMS = ("compute", "tp", "pp", NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, HOST_STREAM)
 COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
-def make_costs(scenario: Scenario, gpu: GpuSpec | None = None) -> CostModel:
-    """The scenario's cost model, for its GPU or for ``gpu`` (a node of another type in a mixed cluster)."""
-    spec, gpu, dtype = scenario.costs, gpu or scenario.cluster.gpu, scenario.training.dtype
-    if isinstance(spec, FixedCostsSpec):
-        return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
-    if isinstance(spec, CalibratedCostsSpec):
-        return CalibratedCosts(gpu, dtype, profile.load(spec.profile))
-    return RooflineCosts(gpu, dtype, profile.default_for(gpu.name) if spec.shape_efficiency else None)
-
-
 class _StageEmitter:
     """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
 
-    def __init__(self, graph: TaskGraph, scenario: Scenario, costs: CostModel, rank: int,
+    def __init__(self, graph: TaskGraph, plan: Plan, costs: CostModel, rank: int,
                  sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
-        grid, t = scenario.grid, scenario.training
+        grid, scenario = plan.grid, plan.scenario
         here = grid.coord(rank)
-        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(scenario.parallel.pp)]
-        self.g, self.sc, self.costs, self.rank, self.sends = graph, scenario, costs, rank, sends
+        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(plan.pp)]
+        self.g, self.plan, self.costs, self.rank, self.sends = graph, plan, costs, rank, sends
         self.stage = here.pp
-        self.p, self.v = scenario.parallel.pp, scenario.parallel.vpp
+        self.p, self.v = plan.pp, plan.vpp
         self.tp_group = grid.tp_group(self.rank)
-        self.tp, self.sp = scenario.parallel.tp, scenario.parallel.sequence_parallel
-        self.splits_backward = SCHEDULES[scenario.schedule].splits_backward
-        self.layout = SCHEDULES[scenario.schedule].layout
-        elem = bytes_per_element(t.dtype)
-        b, s = t.micro_batch, scenario.seq_len
-        blocks = layer_forward_ops(scenario.model, b, s, self.tp, self.sp, elem, t.flash_attention, t.fused_kernels)
-        self.block_work = {name: Work(ops, 0.5) for name, ops in blocks.items()}
-        self.column_work = {name: Work(tuple(op for op in ops if op.name in COLUMN_PARALLEL), 0.0)
-                            for name, ops in blocks.items()}
+        self.tp, self.sp = plan.tp, plan.sequence_parallel
+        self.splits_backward = plan.splits_backward
+        self.tp_before, self.tp_after = tp_ops(plan)
+        work = blocks(plan)
+        self.block_work, self.column_work, self.selective_work = work.block, work.column, work.selective
+        self.embed_work, self.head_work = work.embedding, work.head
         self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
-        core = tuple(op for op in blocks["attention"] if op.name in ATTENTION_CORE)
-        self.selective_work = Work(core, 0.0)
-        self.embed_work = Work(embedding_forward_ops(scenario.model, b, s, elem), 0.0)
-        self.head_work = Work(head_forward_ops(scenario.model, b, s, self.tp, elem), 0.0)
-        self.tp_bytes = float(b * s * scenario.model.hidden_size * elem)
-        self.p2p_bytes = self.tp_bytes / self.tp
+        self.tp_bytes = plan.tp_bytes
+        self.p2p_bytes = plan.p2p_bytes
         # Per layer: the task whose end makes that layer's gradients final (the last backward pass seen).
         self.grad_ready: dict[int, int] = {}
         self.pending_deps: list[int] = []  # extra dependencies of the next task (a gathered unit's weights)
@@ -102,11 +84,11 @@ class _StageEmitter:
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
-        """The model chunk g (layers ``scenario.chunk_layers(g)``) this stage's local chunk holds."""
-        return model_chunk(self.layout, self.p, self.stage, chunk)
+        """The model chunk g (layers ``plan.chunk_layers(g)``) this stage's local chunk holds."""
+        return self.plan.stage_chunks[self.stage][chunk]
 
     def _layers(self, chunk: int) -> range:
-        return self.sc.chunk_layers(self._global_chunk(chunk))
+        return self.plan.chunk_layers(self._global_chunk(chunk))
 
     def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
@@ -153,12 +135,12 @@ class _StageEmitter:
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: Phase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
-        if self.sp:
-            after = self._tp("all_gather", mb, layer, after)
-        if phase == "backward" and self.tp > 1 and self._price(self.column_work[block], "weight_grad")[0] > 0:
+        if self.tp_before:
+            after = self._tp(self.tp_before, mb, layer, after)
+        if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
             return self._overlapped_backward(block, mb, layer, after)
         after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
-        return self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, after)
+        return self._tp(self.tp_after, mb, layer, after)  # type: ignore[arg-type]
 
     def _overlapped_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
         """A block's fused backward as Megatron-LM runs it (LinearWithGradAccumulationAndAsyncCommunication): the
@@ -169,15 +151,15 @@ class _StageEmitter:
         work, column = self.block_work[block], self.column_work[block]
         total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
         gathered = None
-        if self.sp:  # issued right after the output-gradient all-gather (``after``), which still gates the compute
-            self._flagged(after, True, False, (), consumed=True)
-            gathered = self._flagged(self._tp("all_gather", mb, layer, after), False, False, ())
+        if self.tp_before:  # SP: issued right after the output-gradient all-gather (``after``), which still gates
+            self._flagged(after, True, False, (), consumed=True)  # the compute
+            gathered = self._flagged(self._tp(self.tp_before, mb, layer, after), False, False, ())
             self.blocking_tp = after  # the gather just issued does not gate it
         dgrad = self._compute("backward", block, mb, layer, work, after,
                               cost=(total[0] - weight[0], total[1] - weight[1]))
         if gathered is not None:
             self._flagged(dgrad, False, True, ())
-        reduce = self._flagged(self._tp("reduce_scatter" if self.sp else "all_reduce", mb, layer, dgrad), True,
+        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True,  # type: ignore[arg-type]
                                False, (), consumed=True)
         extra = [gathered] if gathered is not None else []
         wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,
@@ -196,7 +178,7 @@ class _StageEmitter:
         return task
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
-        to_stage, _ = chunk_location(self.layout, self.p, to_global_chunk)
+        to_stage, _ = self.plan.chunk_location(to_global_chunk)
         if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
             return
@@ -260,7 +242,7 @@ class _StageEmitter:
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
-        recomputes = direction == "backward" and self.sc.recomputes(layer)
+        recomputes = direction == "backward" and self.plan.recomputes(layer)
         chain_key = f"{direction}+recompute" if recomputes else direction
         chain = self.chains.get(chain_key) if stampable else None
         if chain is not None:  # TaskGraph.add, inlined
@@ -290,7 +272,7 @@ class _StageEmitter:
                 after = self._block("forward", block, mb, layer, after, "forward")
         else:
             phase: Phase = "input_grad" if self.splits_backward else "backward"
-            recompute = self.sc.training.recompute
+            recompute = self.plan.scenario.training.recompute
             self.dp.before_layer(mb, layer, "backward")
             if recomputes:
                 for block in ("attention", "mlp"):
@@ -321,25 +303,27 @@ class _StageEmitter:
                                                 "weight_grad")  # type: ignore[assignment]
 
 
-def folds_tp(scenario: Scenario) -> bool:
+def folds_tp(plan: Plan) -> bool:
     """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same
     times unless something tells them apart: a straggler or jitter on one of them, or a degraded link on one
     member's rail (its DP transfers would then run at their own pace)."""
+    scenario = plan.scenario
     v = scenario.variation
-    return (scenario.ranks == "all" and scenario.fold_tp and scenario.parallel.tp > 1 and not v.slowdown
+    return (scenario.ranks == "all" and scenario.fold_tp and plan.tp > 1 and not v.slowdown
             and not v.jitter and not v.links)
 
 
-def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
+def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
     whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
     every layer one by one instead of stamping the first layer's chain (the same graph; for tests)."""
-    fold = folds_tp(scenario) if fold is None else fold and folds_tp(scenario)
-    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=scenario.parallel.tp if fold else 1)
-    costs = make_costs(scenario)
-    grid = scenario.grid
-    p, m, v = scenario.parallel.pp, scenario.microbatches, scenario.parallel.vpp
-    orders: list[list[Action]] = SCHEDULES[scenario.schedule].actions(p, m, v)
+    scenario = plan.scenario
+    fold = folds_tp(plan) if fold is None else fold and folds_tp(plan)
+    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=plan.tp if fold else 1)
+    costs = make_costs(plan)
+    grid = plan.grid
+    p, m, v = plan.pp, plan.microbatches, plan.vpp
+    orders: list[list[Action]] = plan.schedule.actions(p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
     replicas = [(t, d) for d in range(grid.dp) for t in tp_ranks] if scenario.ranks == "all" else [(0, 0)]
     variation = scenario.variation
@@ -348,14 +332,14 @@ def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> T
     def costs_for(rank: int) -> CostModel:
         key = (variation.gpus.get(grid.node(rank)), variation.compute_scale(rank))
         if key not in priced:
-            base = priced[(key[0], 1.0)] if (key[0], 1.0) in priced else make_costs(scenario, GPU_PRESETS[key[0]])
+            base = priced[(key[0], 1.0)] if (key[0], 1.0) in priced else make_costs(plan, GPU_PRESETS[key[0]])
             priced[(key[0], 1.0)] = base
             priced[key] = base if key[1] == 1.0 else ScaledCosts(base, key[1])
         return priced[key]
 
     for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
         sends: dict[tuple[str, int, int], int] = {}
-        emitters = [_StageEmitter(graph, scenario, costs_for(grid.rank(tp_rank, dp_rank, stage)),
+        emitters = [_StageEmitter(graph, plan, costs_for(grid.rank(tp_rank, dp_rank, stage)),
                                   grid.rank(tp_rank, dp_rank, stage), sends, stamp) for stage in range(p)]
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}

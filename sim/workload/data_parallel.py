@@ -38,12 +38,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.network.collectives import p2p_time
-from sim.costs.models import ADAM_BYTES_PER_PARAM
-from sim.hardware import bytes_per_element
-from sim.model.memory import model_state_bytes
-from sim.workload.memory_plan import stage_params
-from sim.model.transformer import embedding_params, head_params, layer_params
+from sim.model.transformer import layer_params
+from sim.workload import step
 
 NCCL_STREAM = "dp"  # the data-parallel process group's NCCL stream
 REPLICA_STREAM = "dp_replica"  # HYBRID_SHARD's inter-node process group
@@ -52,49 +48,34 @@ OFFLOAD_STREAM, HOST_STREAM = "offload", "host"
 
 class DataParallelEmitter:
     def __init__(self, stage: Any) -> None:
-        self.st = stage  # the stage emitter: rank, _add(), grad_ready, pending_deps, scenario
-        sc = stage.sc
-        self.sc = sc
-        self.zero = sc.zero_stage
-        self.fsdp = sc.fsdp
-        grid = sc.grid
-        self.dp_group = grid.dp_group(stage.rank)
-        self.shard_group, self.replica_group = self.dp_group, (stage.rank,)
-        if self.fsdp is not None and self.fsdp.sharding == "HYBRID_SHARD":
-            node = grid.node(stage.rank)
-            self.shard_group = tuple(r for r in self.dp_group if grid.node(r) == node)
-            local = self.shard_group.index(stage.rank)
-            per_node = len(self.shard_group)
-            self.replica_group = tuple(self.dp_group[i] for i in range(local, len(self.dp_group), per_node))
-        self.grad_bytes_per_param = bytes_per_element(sc.grad_dtype)
-        self.weight_bytes_per_param = model_state_bytes(1.0, sc.training.dtype).weights
-        self.layer_params = layer_params(sc.model).per_tp_rank(stage.tp)
-        self.unit_layers = self.fsdp.unit_layers if self.fsdp is not None else 1
-        self.sharded_units = self.zero >= 3 or (self.fsdp is not None and self.fsdp.sharding == "SHARD_GRAD_OP")
-        self.prefetch = self.fsdp.prefetch if self.fsdp is not None else True
+        self.st = stage  # the stage emitter: rank, _add(), grad_ready, pending_deps, plan
+        plan = stage.plan
+        self.plan = plan
+        self.zero = plan.zero_stage
+        self.dp_group = plan.grid.dp_group(stage.rank)
+        self.shard_group, self.replica_group = plan.shard_group(stage.rank), plan.replica_group(stage.rank)
+        self.grad_bytes_per_param = plan.grad_bytes_per_param
+        self.weight_bytes_per_param = plan.weight_bytes_per_param
+        self.layer_params = layer_params(plan.model).per_tp_rank(plan.tp)
+        self.unit_layers = plan.unit_layers
+        self.sharded_units = plan.gathers_units
+        self.prefetch = plan.prefetch
         self.unit_ends: list[int] = []  # last compute task of each unit computed, in order (for prefetch)
         self.gathered: dict[tuple[int, int], int] = {}  # SHARD_GRAD_OP: (mb, unit) gathered in forward
         self.prefetched: dict[tuple[int, int], int] = {}  # (mb, unit) whose backward gather is already issued
         self.pending_bucket = 0.0
         self.reduce_tasks: list[int] = []
         self.multi = len(self.dp_group) > 1
-        self.offload = sc.offload
-        self.pcie = sc.cluster.pcie
+        self.offload = plan.scenario.offload
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1) -> int:
-        """A host <-> GPU copy of ``nbytes`` on the offload stream (PCIe latency + bytes / effective rate)."""
-        seconds = p2p_time(nbytes, self.pcie.latency, self.pcie.effective_bandwidth)
+        """A host <-> GPU copy of ``nbytes`` on the offload stream."""
+        seconds = step.pcie_seconds(self.plan, nbytes)
         return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, duration=seconds, nbytes=nbytes)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _unit_bytes(self, unit: int, per_param: float) -> float:
-        params = self.unit_layers * self.layer_params
-        first, last = unit * self.unit_layers, (unit + 1) * self.unit_layers - 1
-        if first == 0:
-            params += embedding_params(self.sc.model) / self.st.tp
-        if last == self.sc.model.num_layers - 1:
-            params += head_params(self.sc.model) / self.st.tp
-        return params * per_param
+        return step.unit_params(self.plan, unit) * per_param
 
     # ---------------------------------------------------------------------------------------------- hooks
     def before_layer(self, mb: int, layer: int, phase: str) -> None:
@@ -153,7 +134,7 @@ class DataParallelEmitter:
             self._reduce(mb, layer, last_task, self._unit_bytes(unit, self.grad_bytes_per_param))
             return
         self.pending_bucket += self._unit_bytes(layer, self.grad_bytes_per_param)  # ZeRO-2: one-layer units
-        if self.pending_bucket >= self.sc.parallel.dp_bucket_size or layer == 0:
+        if self.pending_bucket >= self.plan.scenario.parallel.dp_bucket_size or layer == 0:
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0
 
@@ -168,20 +149,20 @@ class DataParallelEmitter:
 
     # ------------------------------------------------------------------------------------------ end of step
     def finish(self) -> None:
-        st, sc = self.st, self.sc
-        params = stage_params(sc, st.stage)
+        st, plan = self.st, self.plan
         if self.multi and self.zero < 2:
             self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
-        shards = sc.zero_shards if self.zero >= 1 else 1
+        shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
-            optimizer = self._host_step(params / shards)
+            optimizer = self._host_step(shard_params)
         else:
             optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
-                                duration=st.costs.optimizer_time(params / shards, self.grad_bytes_per_param))
+                                duration=st.costs.optimizer_time(shard_params, self.grad_bytes_per_param))
             st.g.tasks[optimizer].deps.extend(self.reduce_tasks)
-        if self.multi and self.zero in (1, 2):  # bring every rank the updated 16-bit weights
-            st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather",
-                    nbytes=params * self.weight_bytes_per_param, group=self.dp_group)
+        gather = step.final_weight_gather_bytes(plan, st.stage)
+        if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
+            st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,
+                    group=self.dp_group)
 
     def _host_step(self, shard_params: float) -> int:
         """ZeRO-Offload: reduced gradient shards to the host as they are reduced, Adam there, weights back."""
@@ -193,28 +174,28 @@ class DataParallelEmitter:
             copies.append(self._pcie("grads_to_host", shard, task_id, task.microbatch, task.layer))
         if not copies:  # a single rank: the whole gradient crosses at the end
             copies.append(self._pcie("grads_to_host", shard_params * self.grad_bytes_per_param, None))
-        seconds = ADAM_BYTES_PER_PARAM * shard_params / self.offload.host_bandwidth
-        adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None, duration=seconds)
+        adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None,
+                       duration=step.host_adam_seconds(self.plan, shard_params))
         st.g.tasks[adam].deps.extend(copies)
-        return self._pcie("params_to_gpu", shard_params * self.weight_bytes_per_param, adam)
+        return self._pcie("params_to_gpu", step.weights_to_gpu_bytes(self.plan, shard_params), adam)
 
     def _end_of_step_buckets(self, op: str) -> None:
         """DDP / ZeRO-1: buckets in the order gradients become final (the last micro-batch's backward)."""
-        st, sc = self.st, self.sc
+        st, plan = self.st, self.plan
         per_layer = self.layer_params * self.grad_bytes_per_param
         sizes = {layer: per_layer for layer in st.grad_ready if layer >= 0}
-        if st.stage == st.p - 1:  # the head's gradients are final with the last layer's
-            head = head_params(sc.model) + (sc.model.vocab_size * sc.model.hidden_size
-                                            if sc.model.tied_embeddings and st.p > 1 else 0)
-            sizes[max(sizes)] += head / st.tp * self.grad_bytes_per_param
-        if st.stage == 0:
+        head = step.head_gradient_params(plan, st.stage)
+        if head:  # the head's gradients are final with the stage's last layer's
+            sizes[max(sizes)] += head * self.grad_bytes_per_param
+        embedding = step.embedding_gradient_params(plan, st.stage)
+        if embedding:
             key = -1 if -1 in st.grad_ready else min(sizes)
-            sizes[key] = sizes.get(key, 0.0) + embedding_params(sc.model) / st.tp * self.grad_bytes_per_param
+            sizes[key] = sizes.get(key, 0.0) + embedding * self.grad_bytes_per_param
         order = sorted(sizes, key=lambda layer: st.grad_ready[layer])
         pending = 0.0
         for index, layer in enumerate(order):
             pending += sizes[layer]
-            if pending >= sc.parallel.dp_bucket_size or index == len(order) - 1:
+            if pending >= plan.scenario.parallel.dp_bucket_size or index == len(order) - 1:
                 name = f"grad_bucket{len(self.reduce_tasks)}"
                 self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, layer, st.grad_ready[layer], op=op,
                                                  nbytes=pending, group=self.dp_group))

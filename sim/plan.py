@@ -1,0 +1,365 @@
+"""Scenario -> Plan: every fact derived from the knobs, decided once.
+
+In: a validated ``Scenario`` (schema and presets, SI units). Out: a frozen ``Plan`` that everything below the
+configuration layer reads instead of re-interpreting the raw knobs: the parallel degrees and rank grid; the
+batch (micro-batch, micro-batches per pipeline, sequence length); the dtypes and bytes per parameter of weights
+and gradients; the pipeline's stage -> model chunk -> layer map for the schedule's layout (Megatron's
+interleaving, or ZB-V's V) with the stages that hold the embedding and the LM head; the parameters each stage
+holds; which layers full recomputation rebuilds; TP and PP message bytes; ZeRO/FSDP semantics (the stage, what is
+sharded, unit layers, prefetch, shard and replica groups); and the calibration profile, loaded once.
+
+Modelled on TorchTitan's ``ParallelDims``: the degrees are validated once (``sim.spec.rules``) and the derived
+facts are named, cached properties. Each rule here is the one definition the workload emitters, the closed-form
+estimate and the memory model share (docs/architecture.md, "Rules and where they live").
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from functools import cached_property
+
+from sim.costs import profile as profiles
+from sim.costs.profile import Profile
+from sim.hardware import bytes_per_element
+from sim.model.memory import activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model.transformer import ModelSpec
+from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts
+from sim.parallel.schedules import SCHEDULES, Layout, Schedule, chunk_location, model_chunk
+from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec, Scenario
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """The resolved facts of one scenario. Build with ``resolve(scenario)``."""
+
+    scenario: Scenario
+
+    # ------------------------------------------------------------------------------------- degrees and grid
+    @cached_property
+    def model(self) -> ModelSpec:
+        return self.scenario.model
+
+    @cached_property
+    def tp(self) -> int:
+        return self.scenario.parallel.tp
+
+    @cached_property
+    def pp(self) -> int:
+        return self.scenario.parallel.pp
+
+    @cached_property
+    def vpp(self) -> int:
+        return self.scenario.parallel.vpp
+
+    @cached_property
+    def num_gpus(self) -> int:
+        return self.scenario.cluster.num_gpus
+
+    @cached_property
+    def dp(self) -> int:
+        """Data-parallel degree: ``parallel.dp``, or the GPUs left by tp x pp."""
+        p = self.scenario.parallel
+        return p.dp or self.num_gpus // (p.tp * p.pp)
+
+    @cached_property
+    def sequence_parallel(self) -> bool:
+        return self.scenario.parallel.sequence_parallel
+
+    @cached_property
+    def grid(self) -> RankGrid:
+        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node)
+
+    # ------------------------------------------------------------------------------------------------ batch
+    @cached_property
+    def micro_batch(self) -> int:
+        return self.scenario.training.micro_batch
+
+    @cached_property
+    def seq_len(self) -> int:
+        return self.scenario.training.seq_len or self.model.max_seq_len
+
+    @cached_property
+    def microbatches(self) -> int:
+        """Micro-batches per pipeline per step: ``training.microbatches``, or global_batch / (dp x micro_batch)."""
+        t = self.scenario.training
+        return t.microbatches or (t.global_batch or 0) // (self.dp * t.micro_batch)
+
+    @cached_property
+    def global_batch(self) -> int:
+        return self.scenario.training.global_batch or self.microbatches * self.dp * self.micro_batch
+
+    # ----------------------------------------------------------------------------------------------- dtypes
+    @cached_property
+    def dtype(self) -> str:
+        return self.scenario.training.dtype
+
+    @cached_property
+    def elem_bytes(self) -> int:
+        """Bytes of one activation or 16-bit weight element in the training dtype."""
+        return bytes_per_element(self.dtype)
+
+    @cached_property
+    def grad_dtype(self) -> str:
+        """The dtype gradients are accumulated and reduced in (``training.grad_dtype``, ``auto`` resolved).
+        Megatron-LM: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"
+        (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
+        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the training dtype."""
+        t = self.scenario.training
+        if t.grad_dtype != "auto":
+            return t.grad_dtype
+        if t.dtype in ("fp32", "tf32"):
+            return "fp32"
+        sharded_grads = self.scenario.fsdp is not None or self.zero_stage >= 2
+        return "fp32" if t.dtype == "bf16" and not sharded_grads else t.dtype
+
+    @cached_property
+    def weight_bytes_per_param(self) -> int:
+        """Bytes of a working (compute-dtype) weight: 4 for fp32/tf32 training, else 2 (mixed precision; FP8
+        GEMMs cast from the 16-bit weights)."""
+        return int(model_state_bytes(1.0, self.dtype).weights)
+
+    @cached_property
+    def grad_bytes_per_param(self) -> int:
+        return bytes_per_element(self.grad_dtype)
+
+    @cached_property
+    def main_grad_buffer(self) -> bool:
+        """Megatron-LM keeps wider-than-the-weights (fp32) gradients in one contiguous buffer its DP buckets
+        view (param_and_grad_buffer.py), so they need no second copy as communication buffers."""
+        return self.grad_bytes_per_param > self.elem_bytes
+
+    # ------------------------------------------------------------------------------------------ pipeline
+    @cached_property
+    def schedule(self) -> Schedule:
+        return SCHEDULES[self.scenario.schedule]
+
+    @cached_property
+    def layout(self) -> Layout:
+        """How model chunks sit on stages: Megatron's interleaving (chunk c of stage s is model chunk c*p + s),
+        or ZB-V's V (stage s holds model chunks s and 2p-1-s)."""
+        return self.schedule.layout
+
+    @cached_property
+    def splits_backward(self) -> bool:
+        """Whether the schedule runs the weight-gradient pass (W) apart from the input-gradient pass (B)."""
+        return self.schedule.splits_backward
+
+    @cached_property
+    def chunks(self) -> int:
+        """Model chunks in all: pp x vpp."""
+        return self.pp * self.vpp
+
+    @cached_property
+    def _split(self) -> tuple[int, int, int, int | None, int | None]:
+        p = self.scenario.parallel
+        return self.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers
+
+    @cached_property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """Layers of each of the pp*vpp model chunks, in model order."""
+        return chunk_sizes(*self._split)
+
+    @cached_property
+    def chunk_starts(self) -> tuple[int, ...]:
+        """First layer of each model chunk, plus num_layers at the end."""
+        return chunk_starts(*self._split)
+
+    @cached_property
+    def layers_per_chunk(self) -> int:
+        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
+        return max(self.chunk_sizes)
+
+    def model_chunk(self, stage: int, chunk: int) -> int:
+        """The model chunk that ``stage``'s local ``chunk`` holds."""
+        return model_chunk(self.layout, self.pp, stage, chunk)
+
+    def chunk_location(self, global_chunk: int) -> tuple[int, int]:
+        """(stage, local chunk) holding a model chunk."""
+        return chunk_location(self.layout, self.pp, global_chunk)
+
+    def chunk_layers(self, global_chunk: int) -> range:
+        starts = self.chunk_starts
+        return range(starts[global_chunk], starts[global_chunk + 1])
+
+    @cached_property
+    def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
+        """Per stage, the model chunks its local chunks 0..v-1 hold."""
+        return tuple(tuple(self.model_chunk(s, c) for c in range(self.vpp)) for s in range(self.pp))
+
+    @cached_property
+    def _stage_layers(self) -> tuple[int, ...]:
+        return tuple(sum(self.chunk_sizes[g] for g in chunks) for chunks in self.stage_chunks)
+
+    def stage_layers(self, stage: int) -> int:
+        """Transformer layers held by a pipeline stage (over its chunks)."""
+        return self._stage_layers[stage]
+
+    @cached_property
+    def embedding_stage(self) -> int:
+        """The stage running the input embedding: the one holding model chunk 0."""
+        return self.chunk_location(0)[0]
+
+    @cached_property
+    def head_stage(self) -> int:
+        """The stage running the final norm and LM head: the one holding the last model chunk (pp-1, or 0 in
+        ZB-V's V, whose last chunk comes back to the first GPU)."""
+        return self.chunk_location(self.chunks - 1)[0]
+
+    def tied_copy(self, stage: int) -> bool:
+        """Whether ``stage`` keeps its own copy of tied word embeddings for the output layer: Megatron-LM does
+        when the head runs on another stage than the embedding (and all-reduces the two copies' gradients);
+        on the same stage the head reuses the embedding's weights."""
+        return (self.model.tied_embeddings and stage == self.head_stage
+                and self.head_stage != self.embedding_stage)
+
+    def stage_params(self, stage: int) -> float:
+        """Parameters held by one TP rank of ``stage``: its layers, plus the embedding and head where they run."""
+        return rank_params(self.model, self.tp, self.stage_layers(stage), embedding=stage == self.embedding_stage,
+                           head=stage == self.head_stage, tied_copy=self.tied_copy(stage))
+
+    @cached_property
+    def tp_bytes(self) -> float:
+        """Bytes of one Megatron TP collective: the b x s x h activations of a block (Narayanan et al. SC21)."""
+        return float(self.micro_batch * self.seq_len * self.model.hidden_size * self.elem_bytes)
+
+    @cached_property
+    def p2p_bytes(self) -> float:
+        """Bytes one rank sends per pipeline boundary and micro-batch: b x s x h / t (Megatron scatters the
+        p2p tensor over the TP group and gathers it after the send)."""
+        return self.tp_bytes / self.tp
+
+    # --------------------------------------------------------------------------------------- recomputation
+    def recomputes(self, layer: int) -> bool:
+        """Whether full recomputation rebuilds this layer's activations in its backward (the first
+        ``recompute_num_layers`` layers of each model chunk)."""
+        t = self.scenario.training
+        if t.recompute != "full" or t.recompute_num_layers is None:
+            return t.recompute == "full"
+        starts = self.chunk_starts
+        return layer - starts[bisect.bisect_right(starts, layer) - 1] < t.recompute_num_layers
+
+    def recomputed_layers(self, stage: int) -> int:
+        """Layers of a stage whose forward runs twice (over its chunks)."""
+        t = self.scenario.training
+        if t.recompute != "full":
+            return 0
+        if t.recompute_num_layers is None:
+            return self.stage_layers(stage)
+        return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
+
+    def activation_bytes(self, recompute: str | None = None) -> float:
+        """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
+        2022 Table 2) under ``recompute`` (default: the scenario's mode)."""
+        t = self.scenario.training
+        return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
+                                          recompute or t.recompute, t.flash_attention)  # type: ignore[arg-type]
+
+    def stash_bytes(self, layer: int) -> float:
+        """Activations ``layer`` keeps per micro-batch from its forward to its last backward pass: only its input
+        where full recomputation rebuilds it, everything where ``recompute_num_layers`` leaves it alone."""
+        if self.scenario.training.recompute == "full" and not self.recomputes(layer):
+            return self.activation_bytes("none")
+        return self.activation_bytes()
+
+    @cached_property
+    def rebuild_bytes(self) -> float:
+        """Activations of the one layer full recomputation is rebuilding during its backward (0 without)."""
+        t = self.scenario.training
+        rebuilds = t.recompute == "full" and t.recompute_num_layers != 0
+        return self.activation_bytes("none") if rebuilds else 0.0
+
+    # --------------------------------------------------------------------------------------- ZeRO and FSDP
+    @cached_property
+    def zero_stage(self) -> int:
+        """ZeRO stage: ``parallel.zero``, or FSDP's sharding strategy (FULL_SHARD and HYBRID_SHARD 3,
+        SHARD_GRAD_OP 2, NO_SHARD 0)."""
+        fsdp = self.scenario.fsdp
+        return fsdp.zero_stage if fsdp is not None else self.scenario.parallel.zero
+
+    @cached_property
+    def zero_stage_at_rest(self) -> int:
+        """How model states are stored between uses: FSDP keeps every sharded strategy's weights sharded
+        (SHARD_GRAD_OP only skips re-sharding between forward and backward); DeepSpeed ZeRO-2 keeps a replica."""
+        return 3 if self.scenario.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
+
+    @cached_property
+    def data_parallel(self) -> bool:
+        """Whether there is a data-parallel group to reduce over (dp > 1)."""
+        return self.dp > 1
+
+    @cached_property
+    def gathers_units(self) -> bool:
+        """Whether weights are all-gathered per unit before use: ZeRO-3 / FULL_SHARD / HYBRID_SHARD, and FSDP's
+        SHARD_GRAD_OP (gathers in the forward, keeps them through the backward)."""
+        fsdp = self.scenario.fsdp
+        return self.zero_stage >= 3 or (fsdp is not None and fsdp.sharding == "SHARD_GRAD_OP")
+
+    @cached_property
+    def flat_params(self) -> bool:
+        """Whether gradients live in flat per-unit parameters (ZeRO-3 and every FSDP strategy): they are reduced
+        per unit, and the gathered/unreduced buffers are counted apart, so there are no DDP-style buckets."""
+        return self.zero_stage >= 3 or self.scenario.fsdp is not None
+
+    @cached_property
+    def hybrid(self) -> bool:
+        """FSDP HYBRID_SHARD: shard inside a node, replicate across nodes."""
+        fsdp = self.scenario.fsdp
+        return fsdp is not None and fsdp.sharding == "HYBRID_SHARD"
+
+    @cached_property
+    def unit_layers(self) -> int:
+        """Transformer layers per FSDP unit (one per ZeRO-3 'unit' otherwise)."""
+        fsdp = self.scenario.fsdp
+        return fsdp.unit_layers if fsdp is not None else 1
+
+    @cached_property
+    def prefetch(self) -> bool:
+        """FSDP's backward prefetch (BACKWARD_PRE); DeepSpeed ZeRO-3 prefetches too."""
+        fsdp = self.scenario.fsdp
+        return fsdp.prefetch if fsdp is not None else True
+
+    @cached_property
+    def zero_shards(self) -> int:
+        """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
+        return self.scenario.cluster.gpus_per_node // self.tp if self.hybrid else self.dp
+
+    @cached_property
+    def optimizer_shards(self) -> int:
+        """Ranks the optimizer step's parameters are split over (1 without ZeRO)."""
+        return self.zero_shards if self.zero_stage >= 1 else 1
+
+    def shard_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that shard model states with ``rank``: its DP group, or under HYBRID_SHARD the members of
+        it on ``rank``'s node."""
+        group = self.grid.dp_group(rank)
+        if not self.hybrid:
+            return group
+        node = self.grid.node(rank)
+        return tuple(r for r in group if self.grid.node(r) == node)
+
+    def replica_group(self, rank: int) -> tuple[int, ...]:
+        """HYBRID_SHARD: the ranks holding the same shard as ``rank`` on the other nodes (``(rank,)`` otherwise),
+        which all-reduce their reduced gradient shards."""
+        if not self.hybrid:
+            return (rank,)
+        group, shard = self.grid.dp_group(rank), self.shard_group(rank)
+        local, per_node = shard.index(rank), len(shard)
+        return tuple(group[i] for i in range(local, len(group), per_node))
+
+    # ------------------------------------------------------------------------------------------- profile
+    @cached_property
+    def profile(self) -> Profile | None:
+        """The calibration profile the cost model (and, if it has link tiers, the topology) uses: the measured
+        one under ``costs: calibrated``, the GPU's shipped default under ``roofline`` with shape efficiency."""
+        costs = self.scenario.costs
+        if isinstance(costs, CalibratedCostsSpec):
+            return profiles.load(costs.profile)
+        if isinstance(costs, RooflineCostsSpec) and costs.shape_efficiency:
+            return profiles.default_for(self.scenario.cluster.gpu.name)
+        return None
+
+
+def resolve(scenario: Scenario) -> Plan:
+    """The plan of a validated scenario (cheap: every fact is computed on first use and kept)."""
+    return Plan(scenario)

@@ -1,0 +1,144 @@
+"""The structure of one training step, shared by the task-graph emitters and the closed-form estimate.
+
+In: a ``Plan`` (and, for times, a cost model). Out, with no task graph and no clock:
+- ``Blocks``: the work of one layer's two blocks (attention, MLP) for one micro-batch on one TP rank, the
+  column-parallel GEMMs of each (whose weight gradient hides Megatron's asynchronous input-gradient reduction),
+  the attention core selective recomputation replays, and the embedding and head;
+- ``tp_ops``: the Megatron TP collectives around each block (Narayanan et al. SC21 Sec. 2.3: all-reduce; with
+  sequence parallelism all-gather before and reduce-scatter after, Korthikanti et al. 2022 Sec. 4.2.2);
+- ``overlaps_backward``: whether a block's backward runs Megatron's asynchronous reduction under its
+  weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication);
+- the data-parallel pieces: the parameters of an FSDP/ZeRO-3 unit, the embedding and head gradients that join
+  the end-of-step buckets of the stages holding them, the ZeRO-1/2 final weight all-gather, and the host Adam
+  step with its PCIe copies under CPU offload (ZeRO-Offload, Ren et al. ATC 2021).
+The emitters (sim.workload.build, sim.workload.data_parallel) turn these into tasks; the estimate
+(sim.explore.estimate) composes makespans over them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.costs import profile as profiles
+from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
+from sim.hardware import GpuSpec
+from sim.model.transformer import (ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, embedding_params,
+                                   head_forward_ops, head_params, layer_forward_ops, layer_params)
+from sim.network.collectives import p2p_time
+from sim.plan import Plan
+from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
+
+BLOCKS = ("attention", "mlp")  # a layer's forward order; the backward runs them reversed
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """One layer's work for one micro-batch on one TP rank, and the pieces priced apart."""
+
+    block: dict[str, Work]  # attention, mlp: the whole block (half a layer each)
+    column: dict[str, Work]  # the column-parallel GEMMs of each block (QKV, MLP up)
+    selective: Work  # the attention core that selective recomputation replays
+    embedding: Work
+    head: Work
+
+
+def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
+    """The plan's cost model, for its GPU or for ``gpu`` (a node of another type in a mixed cluster, priced on
+    that GPU's own default profile)."""
+    spec, own = plan.scenario.costs, plan.scenario.cluster.gpu
+    gpu = gpu or own
+    if isinstance(spec, FixedCostsSpec):
+        return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
+    if isinstance(spec, CalibratedCostsSpec):
+        return CalibratedCosts(gpu, plan.dtype, plan.profile)  # type: ignore[arg-type]  # calibrated: loaded
+    if not spec.shape_efficiency:
+        return RooflineCosts(gpu, plan.dtype, None)
+    return RooflineCosts(gpu, plan.dtype, plan.profile if gpu.name == own.name else profiles.default_for(gpu.name))
+
+
+def blocks(plan: Plan) -> Blocks:
+    """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split."""
+    t = plan.scenario.training
+    b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
+    ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
+                            t.fused_kernels)
+    return Blocks(
+        block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
+        column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
+                for name, block_ops in ops.items()},
+        selective=Work(tuple(op for op in ops["attention"] if op.name in ATTENTION_CORE), 0.0),
+        embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
+        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
+    )
+
+
+def tp_ops(plan: Plan) -> tuple[str, str | None]:
+    """(collective before a block, collective after it) of Megatron's TP, each of ``plan.tp_bytes``; None where
+    there is none (no TP, or no all-gather without sequence parallelism)."""
+    if plan.tp == 1:
+        return None, None
+    return ("all_gather", "reduce_scatter") if plan.sequence_parallel else (None, "all_reduce")
+
+
+def overlaps_backward(plan: Plan, column_weight_grad_seconds: float) -> bool:
+    """Whether a block's fused backward issues its input-gradient reduction asynchronously under the
+    column-parallel GEMM's weight gradient (Megatron-LM, with TP; a split W pass has no weight gradient there)."""
+    return plan.tp > 1 and column_weight_grad_seconds > 0
+
+
+# ------------------------------------------------------------------------------------------ data parallel
+def unit_params(plan: Plan, unit: int) -> float:
+    """Parameters (per TP rank) of FSDP / ZeRO-3 unit ``unit`` (``plan.unit_layers`` layers), with the embedding
+    in the first unit and the head in the last."""
+    layers = plan.unit_layers
+    params = layers * layer_params(plan.model).per_tp_rank(plan.tp)
+    first, last = unit * layers, (unit + 1) * layers - 1
+    if first == 0:
+        params += embedding_params(plan.model) / plan.tp
+    if last == plan.model.num_layers - 1:
+        params += head_params(plan.model) / plan.tp
+    return params
+
+
+def head_gradient_params(plan: Plan, stage: int) -> float:
+    """Parameters whose gradients become final with the head's on ``stage`` (0 elsewhere): the head and, with
+    tied embeddings on another stage, its copy of the word embeddings (both on ``plan.head_stage``)."""
+    if stage != plan.head_stage:
+        return 0.0
+    tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
+    return (head_params(plan.model) + tied) / plan.tp
+
+
+def embedding_gradient_params(plan: Plan, stage: int) -> float:
+    """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
+    return embedding_params(plan.model) / plan.tp if stage == plan.embedding_stage else 0.0
+
+
+def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
+    """ZeRO-1/2 (Megatron's distributed optimizer): after the sharded step every rank all-gathers the updated
+    compute-dtype weights of its stage over the DP group; 0 where nothing is gathered."""
+    if plan.data_parallel and plan.zero_stage in (1, 2):
+        return plan.stage_params(stage) * plan.weight_bytes_per_param
+    return 0.0
+
+
+def optimizer_params(plan: Plan, stage: int) -> float:
+    """Parameters one rank of ``stage`` updates in the optimizer step (its shard under ZeRO)."""
+    return plan.stage_params(stage) / plan.optimizer_shards
+
+
+def pcie_seconds(plan: Plan, nbytes: float) -> float:
+    """A host <-> GPU copy over the node's PCIe link: latency + bytes / effective rate."""
+    pcie = plan.scenario.cluster.pcie
+    return p2p_time(nbytes, pcie.latency, pcie.effective_bandwidth)
+
+
+def host_adam_seconds(plan: Plan, params: float) -> float:
+    """ZeRO-Offload's Adam on the host: the step's bytes per parameter (sim.costs.models) over the host memory
+    bandwidth a GPU gets (``offload.host_bandwidth``)."""
+    return ADAM_BYTES_PER_PARAM * params / plan.scenario.offload.host_bandwidth
+
+
+def weights_to_gpu_bytes(plan: Plan, params: float) -> float:
+    """Bytes of updated compute-dtype weights copied back to the GPU after the host step."""
+    return params * plan.weight_bytes_per_param
