@@ -25,7 +25,8 @@ from sim.hardware import bytes_per_element
 from sim.model.memory import activation_bytes_per_layer, model_state_bytes, rank_params
 from sim.model.transformer import ModelSpec
 from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts
-from sim.parallel.schedules import SCHEDULES, Layout, Schedule, chunk_location, model_chunk
+from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec, Scenario
 
 

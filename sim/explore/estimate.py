@@ -35,7 +35,9 @@ from sim.network import models as network_models
 from sim.costs.models import CostModel, Phase, Work
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network.flows import FlowNetwork
-from sim.parallel.schedules import Action, Layout, chunk_location, model_chunk
+from sim.parallel.grid import lockstep_groups
+from sim.parallel.chunks import Layout, chunk_location, model_chunk, upstream
+from sim.parallel.schedules import Action
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import Scenario
@@ -156,7 +158,7 @@ class Estimator:
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the time."""
         if self.flows is None:
             return self.net.collective_time(op, nbytes, group)
-        groups = tuple(tuple(rank + t for rank in group) for t in range(plan.tp))
+        groups = lockstep_groups(group, plan.tp)
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0
@@ -212,27 +214,36 @@ class Estimator:
         if plan.data_parallel:
             op = "all_reduce" if zero == 0 else "reduce_scatter"
             group = plan.shard_group(0) if plan.flat_params else plan.grid.dp_group(0)
-            per_layer = layer_params(model).per_tp_rank(plan.tp) * grad_elem
-            bucket = per_layer * plan.unit_layers if plan.flat_params else max(parallel.dp_bucket_size, per_layer)
-            layers_per_bucket = max(1, round(bucket / per_layer))
-            extra = (plan.stage_params(stage) - st.layers * layer_params(model).per_tp_rank(plan.tp)) * grad_elem
-            v = plan.vpp if plan.scenario.schedule == "interleaved" else 1
-            chunk_layers, chunk_backward = st.layers // v, st.backward / v
-            ready_at = []  # when each layer's gradients become final, in that order
-            for c in range(v - 1, -1, -1):  # interleaved: chunk c's last backward ran c*p chunk-passes earlier
-                start = backward_end - chunk_backward * (1 + c * plan.pp)
-                ready_at += [start + (i + 1) * st.layer_backward for i in range(chunk_layers)]
+            interleaved = plan.scenario.schedule == "interleaved"
+            ready = []  # (layer, its gradient bytes, when they become final), in that order
+            sizes = step.gradient_bytes(plan, stage)
+            at = backward_end - st.backward
+            for c in range(plan.vpp - 1, -1, -1):  # the last local chunk's backward ends first
+                layers = plan.chunk_layers(plan.stage_chunks[stage][c])
+                if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
+                    at = backward_end - st.backward / plan.vpp * (1 + c * plan.pp)
+                for layer in reversed(layers):
+                    at += st.layer_backward
+                    ready.append((layer, sizes[layer], at))
+            if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
+                ready.append((-1, sizes[-1], ready[-1][2]))
+            when = {layer: at for layer, _, at in ready}
+            if plan.flat_params:  # ZeRO-3 / FSDP: one reduction per unit, as its backward ends
+                units: dict[int, float] = {}
+                for layer, _, _ in ready:
+                    unit = max(layer, 0) // plan.unit_layers
+                    units[unit] = step.unit_params(plan, unit) * grad_elem
+                closing = {max(layer, 0) // plan.unit_layers: layer for layer, _, _ in ready}
+                buckets = [(closing[unit], nbytes) for unit, nbytes in units.items()]
+            else:
+                buckets = step.fill_buckets(plan, [(layer, nbytes) for layer, nbytes, _ in ready])
             free_at = per_microbatch = 0.0
-            done = 0
-            while done < st.layers:  # buckets fill as the last backward frees each layer's gradients
-                n = min(layers_per_bucket, st.layers - done)
-                done += n
-                nbytes = n * per_layer + (extra if done == st.layers else 0.0)
+            for layer, nbytes in buckets:  # on one stream, each as soon as its gradients are final
                 seconds = self._dp_collective(plan, op, nbytes, group)
                 if plan.flat_params and plan.hybrid:
                     replicas = plan.replica_group(0)
                     seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
-                free_at = max(free_at, ready_at[done - 1]) + seconds
+                free_at = max(free_at, when[layer]) + seconds
                 per_microbatch += seconds
             exposed = max(0.0, free_at - backward_end)
             if zero >= 2 and plan.microbatches > 1:
@@ -310,12 +321,7 @@ def stage_level_replay(orders: list[list[Action]], layout: Layout, stages: list[
             while position[s] < len(order):
                 action = order[position[s]]
                 g = model_chunk(layout, p, s, action.chunk)
-                if action.phase == "F":
-                    dep = ("F", g - 1, action.microbatch) if g > 0 else None
-                elif action.phase == "B":
-                    dep = ("B", g + 1, action.microbatch) if g < last else ("F", g, action.microbatch)
-                else:
-                    dep = ("B", g, action.microbatch)
+                dep = upstream(action.phase, g, action.microbatch, last)
                 if dep is not None and dep not in done:
                     break
                 ready = free[s]

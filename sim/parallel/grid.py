@@ -63,6 +63,13 @@ class RankGrid:
         return self.rank(0, 0, stage)
 
 
+def lockstep_groups(group: tuple[int, ...], lockstep: int) -> tuple[tuple[int, ...], ...]:
+    """The same collective's group for each of ``lockstep`` TP peers running in lockstep with ``group``'s
+    members: tp is the fastest dimension of the grid, so rank r's peers are r+1 .. r+lockstep-1 and their DP
+    (or PP) groups are ``group`` shifted by 1 .. lockstep-1. A folded rank's DP/PP transfers carry these flows."""
+    return tuple(tuple(rank + t for rank in group) for t in range(lockstep))
+
+
 # Cached: the search's screen asks for these per stage of thousands of layouts (pure functions of five ints).
 @lru_cache(maxsize=4096)
 def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,

@@ -26,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Literal
 
+from sim.parallel.chunks import Layout, Phase, chunk_location, model_chunk, upstream
 from sim.parallel.zbv import zb_v_passes
 
-Phase = Literal["F", "B", "W"]
-Layout = Literal["interleaved", "v"]
+__all__ = ["SCHEDULES", "Action", "Layout", "Phase", "Schedule", "chunk_location", "model_chunk", "upstream"]
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,26 +107,26 @@ def zb_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
     warm-up bubble and W passes the tail, so the unit-time makespan is 3m + p - 1 with no idle time inside any
     stage's span (the parallelogram of their Fig. 3). The order is then replayed with the real costs."""
     limit = 2 * p - 1
-    finished: dict[tuple[str, int, int], int] = {}  # (phase, stage, microbatch) -> unit time it ends
+    finished: dict[tuple[str, int, int], int] = {}  # (phase, stage = chunk, microbatch) -> unit time it ends
     started = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
     orders: list[list[Action]] = [[] for _ in range(p)]
 
-    def ready(phase: str, stage: int, j: int, now: int) -> bool:
+    def ready(phase: Phase, stage: int, j: int, now: int) -> bool:
         counts = started[stage]
+        needs = upstream(phase, stage, j, p - 1)  # one chunk per stage: model chunk = stage
+        arrived = needs is None or finished.get(needs, now + 1) <= now
         if phase == "F":
-            upstream = stage == 0 or finished.get(("F", stage - 1, j), now + 1) <= now
-            return counts["F"] - counts["W"] < limit and upstream
+            return counts["F"] - counts["W"] < limit and arrived
         if phase == "B":
-            source = ("F", stage, j) if stage == p - 1 else ("B", stage + 1, j)
-            return counts["F"] > j and finished.get(source, now + 1) <= now
-        return finished.get(("B", stage, j), now + 1) <= now
+            return counts["F"] > j and arrived
+        return arrived
 
     now = 0
     while any(counts["W"] < m for counts in started):
         picks: list[tuple[int, str]] = []
         for stage in range(p):
-            phase = next((ph for ph in "BFW" if started[stage][ph] < m and ready(ph, stage, started[stage][ph], now)),
-                         None)
+            phase = next((ph for ph in "BFW" if started[stage][ph] < m
+                          and ready(ph, stage, started[stage][ph], now)), None)  # type: ignore[arg-type]
             if phase is not None:
                 picks.append((stage, phase))
         for stage, phase in picks:  # all stages decide on the state at the start of the unit, then run
@@ -139,21 +140,6 @@ def zb_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
 
 def zb_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     return [[Action(phase, j, chunk) for phase, chunk, j in passes] for passes in zb_v_passes(p, m)]  # type: ignore[arg-type]
-
-
-def model_chunk(layout: Layout, p: int, stage: int, chunk: int) -> int:
-    """Which of the model's p*v chunks a stage's local chunk is: c*p + s interleaved (Megatron), and in a V
-    chunk 0 of stage s is model chunk s and chunk 1 is model chunk 2p-1-s."""
-    if layout == "v":
-        return stage if chunk == 0 else 2 * p - 1 - stage
-    return chunk * p + stage
-
-
-def chunk_location(layout: Layout, p: int, global_chunk: int) -> tuple[int, int]:
-    """(stage, local chunk) holding a model chunk: the inverse of ``model_chunk``."""
-    if layout == "v":
-        return (global_chunk, 0) if global_chunk < p else (2 * p - 1 - global_chunk, 1)
-    return global_chunk % p, global_chunk // p
 
 
 def _no_rule(p: int, m: int, v: int) -> str | None:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from sim.parallel.chunks import chunk_location, model_chunk, upstream
+
 Pass = tuple[str, int, int]  # (phase, chunk, microbatch)
 _MEMORY = {"F": 1, "B": 0, "W": -1}  # chunk-activations: allocated by F, freed by W
 
@@ -42,15 +44,11 @@ class _Builder:
     def dependency(self, phase: str, chunk: int, stage: int, j: int) -> tuple[str, int, int, int] | None:
         """The pass on another stage this one waits for (same-stage order is implied by the stream)."""
         p = self.p
-        if phase == "F":
-            if chunk == 0:
-                return ("F", 0, stage - 1, j) if stage > 0 else None
-            return ("F", 1, stage + 1, j) if stage < p - 1 else None
-        if phase == "B":
-            if chunk == 1:
-                return ("B", 1, stage - 1, j) if stage > 0 else None
-            return ("B", 0, stage + 1, j) if stage < p - 1 else None
-        return None
+        needs = upstream(phase, model_chunk("v", p, stage, chunk), j, 2 * p - 1)  # type: ignore[arg-type]
+        if needs is None:
+            return None
+        other, other_chunk = chunk_location("v", p, needs[1])
+        return None if other == stage else (needs[0], other_chunk, other, j)
 
     def worst_bubble(self, stage: int) -> float:
         return max(max(self.bubble), max(self.approved) - self.approved[stage])

@@ -29,10 +29,11 @@ The graph's types live in sim.workload.ir (re-exported here).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from sim.costs.models import CostModel, Phase, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
+from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
@@ -198,8 +199,7 @@ class _StageEmitter:
             after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
-        if g > 0:
-            self.waits.append((first_task, ("F", g - 1, mb)))
+        self._wait_upstream(first_task, "F", g, mb)
         if g < last:
             self._send("F", chunk, mb, g + 1, after)
 
@@ -222,10 +222,16 @@ class _StageEmitter:
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
             self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
-        if g < last:
-            self.waits.append((first_task, ("B", g + 1, mb)))
+        self._wait_upstream(first_task, "B", g, mb)
         if g > 0:
             self._send("B", chunk, mb, g - 1, after)
+
+    def _wait_upstream(self, first_task: int, phase: Literal["F", "B"], g: int, mb: int) -> None:
+        """The pass's first task waits for the send of the pass it needs on a neighbouring chunk
+        (sim.parallel.chunks.upstream; on its own chunk the stream order already holds it)."""
+        needs = upstream(phase, g, mb, self.p * self.v - 1)
+        if needs is not None and needs[1] != g:
+            self.waits.append((first_task, needs))
 
     def _blocking(self, stream: str, deps: list[int]) -> bool:
         """Synchronous TP communication: a compute task also waits for the last TP collective issued before

@@ -182,21 +182,9 @@ class DataParallelEmitter:
     def _end_of_step_buckets(self, op: str) -> None:
         """DDP / ZeRO-1: buckets in the order gradients become final (the last micro-batch's backward)."""
         st, plan = self.st, self.plan
-        per_layer = self.layer_params * self.grad_bytes_per_param
-        sizes = {layer: per_layer for layer in st.grad_ready if layer >= 0}
-        head = step.head_gradient_params(plan, st.stage)
-        if head:  # the head's gradients are final with the stage's last layer's
-            sizes[max(sizes)] += head * self.grad_bytes_per_param
-        embedding = step.embedding_gradient_params(plan, st.stage)
-        if embedding:
-            key = -1 if -1 in st.grad_ready else min(sizes)
-            sizes[key] = sizes.get(key, 0.0) + embedding * self.grad_bytes_per_param
-        order = sorted(sizes, key=lambda layer: st.grad_ready[layer])
-        pending = 0.0
-        for index, layer in enumerate(order):
-            pending += sizes[layer]
-            if pending >= plan.scenario.parallel.dp_bucket_size or index == len(order) - 1:
-                name = f"grad_bucket{len(self.reduce_tasks)}"
-                self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, layer, st.grad_ready[layer], op=op,
-                                                 nbytes=pending, group=self.dp_group))
-                pending = 0.0
+        sizes = step.gradient_bytes(plan, st.stage)
+        ready = sorted(sizes.items(), key=lambda item: st.grad_ready[item[0]])
+        for layer, nbytes in step.fill_buckets(plan, ready):
+            name = f"grad_bucket{len(self.reduce_tasks)}"
+            self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, layer, st.grad_ready[layer], op=op,
+                                             nbytes=nbytes, group=self.dp_group))

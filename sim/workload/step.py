@@ -114,6 +114,41 @@ def embedding_gradient_params(plan: Plan, stage: int) -> float:
     return embedding_params(plan.model) / plan.tp if stage == plan.embedding_stage else 0.0
 
 
+def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
+    """The transformer layers ``stage`` holds, chunk by chunk in model order."""
+    return [layer for chunk in plan.stage_chunks[stage] for layer in plan.chunk_layers(chunk)]
+
+
+def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
+    """Gradient bytes that become final together on a rank of ``stage``, keyed by layer: each layer's, with the
+    head's (and a tied-embedding copy's) joining the stage's last layer (the head's backward runs just before
+    it), and the input embedding's under key -1 (its backward runs after layer 0's)."""
+    per_layer = layer_params(plan.model).per_tp_rank(plan.tp) * plan.grad_bytes_per_param
+    layers = stage_layer_ids(plan, stage)
+    sizes = {layer: per_layer for layer in layers}
+    head = head_gradient_params(plan, stage)
+    if head:
+        sizes[max(layers)] += head * plan.grad_bytes_per_param
+    embedding = embedding_gradient_params(plan, stage)
+    if embedding:
+        sizes[-1] = embedding * plan.grad_bytes_per_param
+    return sizes
+
+
+def fill_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """DDP / ZeRO gradient buckets: (layer, bytes) in the order gradients become final, grouped until a bucket
+    holds ``parallel.dp_bucket_size`` bytes (PyTorch DDP's bucket_cap_mb, DeepSpeed's reduce_bucket_size) or
+    the gradients run out. Returns (the layer that closes each bucket, its bytes)."""
+    cap = plan.scenario.parallel.dp_bucket_size
+    buckets, pending = [], 0.0
+    for index, (layer, nbytes) in enumerate(ready):
+        pending += nbytes
+        if pending >= cap or index == len(ready) - 1:
+            buckets.append((layer, pending))
+            pending = 0.0
+    return buckets
+
+
 def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
     """ZeRO-1/2 (Megatron's distributed optimizer): after the sharded step every rank all-gathers the updated
     compute-dtype weights of its stage over the DP group; 0 where nothing is gathered."""
