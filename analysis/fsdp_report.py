@@ -22,6 +22,7 @@ import pandas as pd
 from sim import runner
 from sim.spec.scenario import Scenario, load_scenario
 from sim.validation.validate import DEFAULT_FOLDER, published
+from sim.spec.degrees import degrees
 
 GROUP = "PyTorch FSDP"
 
@@ -43,13 +44,13 @@ def report(rows: pd.DataFrame | None = None, folder: Path | str = DEFAULT_FOLDER
         summary = runner.run(scenario).summary
         t = scenario.training
         recompute = t.recompute if t.recompute_num_layers is None else \
-            f"{t.recompute} ({t.recompute_num_layers}/{scenario.layers_per_chunk} layers)"
+            f"{t.recompute} ({t.recompute_num_layers}/{degrees(scenario).layers_per_chunk} layers)"
         out.append({
-            "model": scenario.model.name, "gpu": scenario.cluster.gpu.name, "gpus": scenario.num_gpus,
+            "model": scenario.model.name, "gpu": scenario.cluster.gpu.name, "gpus": scenario.cluster.num_gpus,
             "recompute": recompute, "published_mfu": float(row["mfu"]),
             "predicted_mfu": summary["mfu"], "mfu_error": summary["mfu"] / float(row["mfu"]) - 1,
             "published_tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
-            "predicted_tokens_per_s_per_gpu": summary["tokens_per_s"] / scenario.num_gpus,
+            "predicted_tokens_per_s_per_gpu": summary["tokens_per_s"] / scenario.cluster.num_gpus,
             "exposed_dp_s": summary["exposed_comm_s"]["dp"],
             "step_time_s": summary["step_time_s"], "fits_in_memory": summary["fits_in_memory"],
         })

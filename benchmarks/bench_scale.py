@@ -52,7 +52,7 @@ def _every_rank() -> None:
     summarized = time.perf_counter()
     floor = bare_simpy(result.events)
     total = summarized - began
-    print(f"[ranks: all, contention] GPT-3 175B, 1024 A100, global batch {scenario.global_batch}: "
+    print(f"[ranks: all, contention] GPT-3 175B, 1024 A100, global batch {resolve(scenario).global_batch}: "
           f"{len(graph.tasks):,} tasks ({graph.lockstep} TP ranks per process), {result.events:,} simpy events")
     print(f"  build {built - began:.1f} s, simulate {simulated - built:.1f} s, summarize {summarized - simulated:.1f} s, "
           f"total {total:.1f} s; step {summary['step_time_s']:.4f} s")

@@ -16,6 +16,7 @@ estimate and the memory model share (docs/architecture.md, "Rules and where they
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -24,9 +25,10 @@ from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element
 from sim.model.memory import activation_bytes_per_layer, model_state_bytes, rank_params
 from sim.model.transformer import ModelSpec
-from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts
+from sim.parallel.grid import RankGrid
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.schedules import SCHEDULES, Schedule
+from sim.spec.degrees import Degrees, degrees
 from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec, Scenario
 
 
@@ -42,26 +44,30 @@ class Plan:
         return self.scenario.model
 
     @cached_property
+    def degrees(self) -> Degrees:
+        """Degrees and batch as the rules checked them (sim.spec.degrees)."""
+        return degrees(self.scenario)
+
+    @cached_property
     def tp(self) -> int:
-        return self.scenario.parallel.tp
+        return self.degrees.tp
 
     @cached_property
     def pp(self) -> int:
-        return self.scenario.parallel.pp
+        return self.degrees.pp
 
     @cached_property
     def vpp(self) -> int:
-        return self.scenario.parallel.vpp
+        return self.degrees.vpp
 
     @cached_property
     def num_gpus(self) -> int:
-        return self.scenario.cluster.num_gpus
+        return self.degrees.num_gpus
 
     @cached_property
     def dp(self) -> int:
         """Data-parallel degree: ``parallel.dp``, or the GPUs left by tp x pp."""
-        p = self.scenario.parallel
-        return p.dp or self.num_gpus // (p.tp * p.pp)
+        return self.degrees.dp
 
     @cached_property
     def sequence_parallel(self) -> bool:
@@ -74,21 +80,20 @@ class Plan:
     # ------------------------------------------------------------------------------------------------ batch
     @cached_property
     def micro_batch(self) -> int:
-        return self.scenario.training.micro_batch
+        return self.degrees.micro_batch
 
     @cached_property
     def seq_len(self) -> int:
-        return self.scenario.training.seq_len or self.model.max_seq_len
+        return self.degrees.seq_len
 
     @cached_property
     def microbatches(self) -> int:
         """Micro-batches per pipeline per step: ``training.microbatches``, or global_batch / (dp x micro_batch)."""
-        t = self.scenario.training
-        return t.microbatches or (t.global_batch or 0) // (self.dp * t.micro_batch)
+        return self.degrees.microbatches
 
     @cached_property
     def global_batch(self) -> int:
-        return self.scenario.training.global_batch or self.microbatches * self.dp * self.micro_batch
+        return self.degrees.global_batch
 
     # ----------------------------------------------------------------------------------------------- dtypes
     @cached_property
@@ -152,24 +157,19 @@ class Plan:
         return self.pp * self.vpp
 
     @cached_property
-    def _split(self) -> tuple[int, int, int, int | None, int | None]:
-        p = self.scenario.parallel
-        return self.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers
-
-    @cached_property
     def chunk_sizes(self) -> tuple[int, ...]:
         """Layers of each of the pp*vpp model chunks, in model order."""
-        return chunk_sizes(*self._split)
+        return self.degrees.chunk_sizes
 
     @cached_property
     def chunk_starts(self) -> tuple[int, ...]:
         """First layer of each model chunk, plus num_layers at the end."""
-        return chunk_starts(*self._split)
+        return tuple(itertools.accumulate(self.chunk_sizes, initial=0))
 
     @cached_property
     def layers_per_chunk(self) -> int:
         """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
-        return max(self.chunk_sizes)
+        return self.degrees.layers_per_chunk
 
     def model_chunk(self, stage: int, chunk: int) -> int:
         """The model chunk that ``stage``'s local ``chunk`` holds."""
@@ -275,8 +275,7 @@ class Plan:
     def zero_stage(self) -> int:
         """ZeRO stage: ``parallel.zero``, or FSDP's sharding strategy (FULL_SHARD and HYBRID_SHARD 3,
         SHARD_GRAD_OP 2, NO_SHARD 0)."""
-        fsdp = self.scenario.fsdp
-        return fsdp.zero_stage if fsdp is not None else self.scenario.parallel.zero
+        return self.degrees.zero_stage
 
     @cached_property
     def zero_stage_at_rest(self) -> int:

@@ -6,13 +6,14 @@ import yaml
 from sim.spec.scenario import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 from sim.errors import ConfigError
 from sim.hardware import NODE_PRESETS
+from sim.plan import resolve
 
 from conftest import BASE, DATA, SCENARIOS, make_scenario
 
 
 def test_bundled_175b_loads_with_presets_expanded():
     s = load_scenario(SCENARIOS / "gpt3-175b_a100-1024.yaml")
-    assert (s.parallel.tp, s.parallel.pp, s.dp, s.microbatches) == (8, 8, 16, 96)
+    assert (s.parallel.tp, s.parallel.pp, resolve(s).dp, resolve(s).microbatches) == (8, 8, 16, 96)
     assert s.cluster.gpu.peak("bf16") == 312e12
     assert s.cluster.intra_node.bandwidth == 300e9 and s.cluster.inter_node.bandwidth == 25e9
     assert s.model.num_layers == 96 and s.model.hidden_size == 12288
@@ -20,7 +21,7 @@ def test_bundled_175b_loads_with_presets_expanded():
 
 def test_dp_defaults_from_gpu_count():
     s = make_scenario(parallel={"tp": 2, "pp": 2, "dp": None})
-    assert s.dp == 2
+    assert resolve(s).dp == 2
 
 
 def test_link_fields_override_the_node_preset_one_by_one():

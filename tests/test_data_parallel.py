@@ -44,7 +44,7 @@ def test_zero3_moves_one_and_a_half_times_ddp_bytes():
     zero3 = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD"}))
     assert dp_bus_bytes(zero3) / dp_bus_bytes(ddp) == pytest.approx(1.5, rel=1e-12)
     fp32_grads = runner.run(comm_bound())
-    assert fp32_grads.scenario.grad_dtype == "fp32"
+    assert fp32_grads.plan.grad_dtype == "fp32"
     assert dp_bus_bytes(fp32_grads) / dp_bus_bytes(ddp) == pytest.approx(2.0, rel=1e-12)
 
 
@@ -178,7 +178,7 @@ def test_deepspeed_zero2_gradients_do_not_pile_up_behind_lagging_reduce_scatters
 
 def test_deepspeed_block_sets_the_stage_and_bucket():
     scenario = comm_bound(zero_optimization={"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True})
-    assert scenario.zero_stage == 2 and scenario.parallel.dp_bucket_size == 1e8
+    assert resolve(scenario).zero_stage == 2 and scenario.parallel.dp_bucket_size == 1e8
     assert np.isfinite(runner.run(scenario).summary["step_time_s"])
 
 

@@ -31,7 +31,7 @@ TRAINING = {"global_batch": 8, "micro_batch": 1, "seq_len": 512}
     ({"training": {**TRAINING, "grad_dtype": "fp32"}, "fsdp": {"sharding": "FULL_SHARD"}}, "fp32"),
 ])
 def test_auto_grad_dtype_follows_the_framework_default(sections, expected):
-    assert make_scenario(**sections).grad_dtype == expected
+    assert resolve(make_scenario(**sections)).grad_dtype == expected
 
 
 def test_fp32_gradients_make_mixed_precision_18_bytes_per_param():

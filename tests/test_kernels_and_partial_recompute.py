@@ -80,8 +80,8 @@ def test_step_time_is_linear_in_the_recomputed_layers(partial: dict[int, tuple])
 def test_memory_plan_keeps_the_other_layers_whole_and_the_trace_agrees(partial: dict[int, tuple]) -> None:
     scenario, result = partial[20]
     t, p = scenario.training, scenario.parallel
-    full = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp, False, "full", True)
-    whole = activation_bytes_per_layer(scenario.model, t.micro_batch, scenario.seq_len, p.tp, False, "none", True)
+    full = activation_bytes_per_layer(scenario.model, t.micro_batch, resolve(scenario).seq_len, p.tp, False, "full", True)
+    whole = activation_bytes_per_layer(scenario.model, t.micro_batch, resolve(scenario).seq_len, p.tp, False, "none", True)
     # 20 layers keep only their input, 20 keep everything, plus the one layer being rebuilt.
     expected = 20 * full + 20 * whole + whole
     planned = stage_memory(resolve(scenario), 0)["activations"]
@@ -112,6 +112,6 @@ def test_a_pipeline_chunk_recomputes_its_own_first_layers() -> None:
                                     "training.recompute_num_layers=3", "schedule=interleaved", "parallel.vpp=2"])
     trace = runner.run(scenario).trace
     layers = trace[(trace["kind"] == "recompute") & (trace["rank"] == 0)]["layer"].unique()
-    per_chunk = scenario.layers_per_chunk
+    per_chunk = resolve(scenario).layers_per_chunk
     assert per_chunk == 6 and pd.Series(layers % per_chunk).max() == 2
     assert sorted(layers) == [0, 1, 2, 48, 49, 50]  # stage 0 holds chunks 0 and 8 of 16

@@ -67,7 +67,7 @@ def test_parameter_offload_copies_each_unit_shard_before_its_gather():
 
 def test_deepspeed_offload_keys():
     scenario = comm_bound(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}})
-    assert scenario.offload.optimizer and not scenario.offload.params and scenario.zero_stage == 2
+    assert scenario.offload.optimizer and not scenario.offload.params and resolve(scenario).zero_stage == 2
 
 
 def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_bucket_views():

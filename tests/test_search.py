@@ -14,6 +14,7 @@ from sim.explore import search
 from sim.explore import sweep
 from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
+from sim.plan import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "scenarios" / "tiny.yaml"
@@ -30,7 +31,7 @@ def test_every_kept_layout_is_one_sim_run_accepts_and_every_rejected_one_says_wh
         point = search.to_points(row.to_frame().T)[0]
         overrides = [f"{key}={sweep._encode(value)}" for key, value in point.items()]
         scenario = load_scenario(DDP8, ["model.num_layers=8", "training.global_batch=8", *overrides])
-        assert scenario.parallel.tp * scenario.parallel.pp * scenario.dp == 8
+        assert scenario.parallel.tp * scenario.parallel.pp * resolve(scenario).dp == 8
     rejected = table[table["status"].str.startswith("invalid")]
     assert rejected["status"].str.contains("parallel|schedule|training").all()
     assert (kept["bound_step_time_s"] <= kept["est_step_time_s"] * (1 + 1e-12)).all()

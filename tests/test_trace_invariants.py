@@ -6,6 +6,7 @@ import pytest
 from sim import runner
 from sim.spec.scenario import load_scenario
 from sim.parallel.schedules import SCHEDULES
+from sim.plan import resolve
 
 from conftest import SCENARIOS
 
@@ -35,7 +36,7 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     layered = run.trace[(run.trace["layer"] >= 0) & run.trace["kind"].isin(["forward", "backward"])]
     counts = layered.groupby(["rank", "kind", "microbatch", "layer", "name"]).size()
     assert set(counts[counts.index.get_level_values("kind") == "forward"]) == {1}
-    m = run.scenario.microbatches
+    m = resolve(run.scenario).microbatches
     per_stage = run.scenario.model.num_layers // run.scenario.parallel.pp
     # With TP, a fused backward block is two tasks: the input gradient, then the column-parallel GEMM's weight
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
@@ -57,7 +58,7 @@ def test_summary_is_consistent(run):
     if run.scenario.costs.model != "fixed":  # fixed costs leave out the embedding and head tasks (zero time)
         assert s["hfu"] >= s["mfu"] - 1e-12
     assert s["tokens_per_s"] == pytest.approx(
-        run.scenario.global_batch * run.scenario.seq_len / s["step_time_s"])
+        resolve(run.scenario).global_batch * resolve(run.scenario).seq_len / s["step_time_s"])
 
 
 def _overlap_s(trace, rank: int, same_layer_backward: bool = True) -> float:

@@ -39,11 +39,11 @@ def test_each_stage_runs_its_own_layers_once_per_micro_batch(run) -> None:
     scenario, trace = run.scenario, run.trace
     forward = trace[(trace["kind"] == "forward") & (trace["layer"] >= 0)]
     per_stage = forward.groupby("stage")["layer"].agg(lambda layers: sorted(set(layers)))
-    starts = scenario.chunk_starts
+    starts = resolve(scenario).chunk_starts
     assert [list(per_stage[s]) for s in range(8)] == [list(range(starts[s], starts[s + 1])) for s in range(8)]
-    assert [scenario.stage_layers(s) for s in range(8)] == [2, 3, 3, 3, 3, 3, 3, 2]
+    assert [resolve(scenario).stage_layers(s) for s in range(8)] == [2, 3, 3, 3, 3, 3, 3, 2]
     counts = forward.groupby(["stage", "layer"]).size()
-    assert (counts == 2 * scenario.microbatches).all()  # attention and MLP blocks of every micro-batch
+    assert (counts == 2 * resolve(scenario).microbatches).all()  # attention and MLP blocks of every micro-batch
 
 
 def test_stage_params_count_their_layers() -> None:

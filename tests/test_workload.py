@@ -32,12 +32,12 @@ def test_tp_all_reduces_two_forward_two_backward_per_layer():
     g = workload.build(resolve(s))
     bsh_bytes = 2 * 1024 * 1024 * 2  # b=2, s=1024, h=1024, bf16
     for stage in range(2):
-        rank = s.grid.stage_representative(stage)
+        rank = resolve(s).grid.stage_representative(stage)
         per_mb_layer = len(tasks_of(g, rank=rank, kind="tp", microbatch=0, layer=stage * 4))
         assert per_mb_layer == 4
         assert {t.nbytes for t in tasks_of(g, rank=rank, kind="tp")} == {bsh_bytes}
-        assert {t.group for t in tasks_of(g, rank=rank, kind="tp")} == {s.grid.tp_group(rank)}
-    assert len(tasks_of(g, kind="tp")) == 4 * 8 * s.microbatches  # 4 per layer, 8 layers, m micro-batches
+        assert {t.group for t in tasks_of(g, rank=rank, kind="tp")} == {resolve(s).grid.tp_group(rank)}
+    assert len(tasks_of(g, kind="tp")) == 4 * 8 * resolve(s).microbatches  # 4 per layer, 8 layers, m micro-batches
 
 
 def test_sequence_parallel_swaps_each_all_reduce_for_reduce_scatter_plus_all_gather():
@@ -58,7 +58,7 @@ def test_pp_sends_one_per_microbatch_boundary_each_way():
     s = layout(tp=2, pp=4, dp=1)
     g = workload.build(resolve(s))
     sends = tasks_of(g, kind="pp")
-    m, p = s.microbatches, 4
+    m, p = resolve(s).microbatches, 4
     assert len([t for t in sends if t.name == "send_forward"]) == m * (p - 1)
     assert len([t for t in sends if t.name == "send_backward"]) == m * (p - 1)
     assert {t.nbytes for t in sends} == {2 * 1024 * 1024 * 2 / 2}  # b*s*h/t elements, bf16
@@ -68,12 +68,12 @@ def test_dp_buckets_carry_every_gradient_byte_once():
     s = layout(tp=2, pp=2, dp=4)
     g = workload.build(resolve(s))
     for stage in range(2):
-        rank = s.grid.stage_representative(stage)
+        rank = resolve(s).grid.stage_representative(stage)
         buckets = tasks_of(g, rank=rank, kind="dp")
         assert len(buckets) > 1
         # bf16 training reduces fp32 gradients (Megatron-LM's accumulate_allreduce_grads_in_fp32)
         assert sum(t.nbytes for t in buckets) == pytest.approx(4 * resolve(s).stage_params(stage))
-        assert all(t.op == "all_reduce" and t.group == s.grid.dp_group(rank) for t in buckets)
+        assert all(t.op == "all_reduce" and t.group == resolve(s).grid.dp_group(rank) for t in buckets)
 
 
 def test_dp_buckets_overlap_the_last_backward():
@@ -87,8 +87,8 @@ def test_dp_buckets_overlap_the_last_backward():
 def test_trace_flops_add_up_to_the_model_flops():
     s = layout(tp=2, pp=2, dp=2)
     result = runner.run(s)
-    executed = result.trace["flops"].sum() * s.parallel.tp * s.dp
-    assert executed == pytest.approx(model_flops_per_step(s.model, s.global_batch, s.seq_len), rel=1e-12)
+    executed = result.trace["flops"].sum() * s.parallel.tp * resolve(s).dp
+    assert executed == pytest.approx(model_flops_per_step(s.model, resolve(s).global_batch, resolve(s).seq_len), rel=1e-12)
 
 
 @pytest.mark.parametrize("overrides", [

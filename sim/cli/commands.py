@@ -39,6 +39,7 @@ from sim.plan import resolve
 from sim.workload.memory_plan import PARTS, memory_plan
 from sim.model.transformer import MODEL_PRESETS
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+from sim.spec.degrees import degrees
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -159,7 +160,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     scenario = load_scenario(args.scenario, args.set)
     console.print(resolved_yaml(scenario), markup=False, highlight=False)
     console.print(memory_table(scenario))
-    console.print(f"ok: {scenario.name}: {scenario.num_gpus} GPUs, {scenario.microbatches} micro-batches per step")
+    implied = degrees(scenario)
+    console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0
 
 
@@ -362,7 +364,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     if args.scenario:  # the GEMM shapes of that scenario's layer
         scenario = load_scenario(args.scenario)
         model, tp, micro_batch, seq_len = (scenario.model, scenario.parallel.tp, scenario.training.micro_batch,
-                                           scenario.seq_len)
+                                           degrees(scenario).seq_len)
     options = CalibrationOptions(Path(args.output), device, args.quick, args.procs, model, tp, micro_batch, seq_len,
                                  not args.no_collectives)
     result = calibrate(options)

@@ -30,6 +30,7 @@ import pandas as pd
 
 from sim.spec.scenario import Scenario, check_rules, load_scenario
 from sim.errors import ConfigError
+from sim.spec.degrees import degrees
 from sim.explore.estimate import Estimator
 from sim.explore.executors import Executor
 from sim.parallel.schedules import SCHEDULES
@@ -98,7 +99,8 @@ def _divisors(n: int) -> list[int]:
 
 def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
-    gpus, model = base.num_gpus, base.model
+    implied = degrees(base)
+    gpus, model, global_batch = implied.num_gpus, base.model, implied.global_batch
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
             continue
@@ -106,9 +108,9 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
             if gpus % (tp * pp):
                 continue
             dp = gpus // (tp * pp)
-            if base.global_batch % dp:
+            if global_batch % dp:
                 continue
-            for mb in _divisors(base.global_batch // dp):
+            for mb in _divisors(global_batch // dp):
                 if mb > max_micro_batch:
                     break
                 for schedule in (tuple(SCHEDULES) if pp > 1 else ("1f1b",)):
@@ -128,7 +130,7 @@ def candidate(base: Scenario, layout: Layout) -> Scenario:
     parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
                                                 "zero": layout.zero, "sequence_parallel": layout.sequence_parallel})
     training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
-                                                "global_batch": base.global_batch, "microbatches": None})
+                                                "global_batch": degrees(base).global_batch, "microbatches": None})
     scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
                                        "fsdp": None})
     check_rules(scenario)
@@ -149,7 +151,7 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
         est = estimator.estimate(scenario)
         rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
                            "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
-                           "bound_step_time_s": est.bound_s, "microbatches": scenario.microbatches,
+                           "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches,
                            "hbm_capacity_bytes": base.cluster.gpu.hbm_capacity})
     table = pd.DataFrame(rows)
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
@@ -197,13 +199,13 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     base = load_scenario(base_path, overrides)
     space = list(layouts(base, only))
     if not space:
-        raise ConfigError(f"--only: no layout of {base.model.name} on {base.num_gpus} GPUs has "
+        raise ConfigError(f"--only: no layout of {base.model.name} on {base.cluster.num_gpus} GPUs has "
                           + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
     screened = screen(base, space)
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)
-    fixed = [f"training.global_batch={base.global_batch}", "training.microbatches=null", "fsdp=null"]
+    fixed = [f"training.global_batch={degrees(base).global_batch}", "training.microbatches=null", "fsdp=null"]
     points = to_points(chosen)
     spec = SweepSpec(base_path, {}, overrides + fixed, explicit=points)
     ours = {point_id(point) for point in points}  # a resumed directory may hold layouts an earlier --only searched

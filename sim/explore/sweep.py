@@ -32,6 +32,7 @@ import yaml
 from sim import runner
 from sim.spec.scenario import apply_overrides, scenario_from_dict
 from sim.errors import ConfigError, SimError
+from sim.spec.degrees import degrees
 from sim.explore.executors import Executor, run_all
 
 METRICS = (
@@ -164,7 +165,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
     except SimError as error:
         return row | {"status": f"error: {error}"}
     resolved = scenario.model_dump(mode="json") | {"training": {**scenario.model_dump(mode="json")["training"],
-                                                               "microbatches": scenario.microbatches}}
+                                                               "microbatches": degrees(scenario).microbatches}}
     for key in keys:
         value = _lookup(resolved, key)
         row[key] = value if value is not None and not isinstance(value, dict) else point.get(key)
@@ -174,7 +175,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
         **{k: summary[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
                                    "bubble_rate_stagewise", "fits_in_memory", "microbatches", "num_gpus", "tasks")},
         "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
-        "peak_memory_bytes": summary["peak_memory_bytes"]["max"], "global_batch": scenario.global_batch,
+        "peak_memory_bytes": summary["peak_memory_bytes"]["max"], "global_batch": degrees(scenario).global_batch,
     }
     return row
 

@@ -11,7 +11,6 @@ node (NVLink) and DP/PP groups span nodes (InfiniBand).
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -86,17 +85,3 @@ def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
     rest = layers - (first or 0) - (last or 0)
     per = rest // (pp - given) if pp - given else 0
     return (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
-
-
-@lru_cache(maxsize=4096)
-def chunk_starts(*split: int | None) -> tuple[int, ...]:
-    """First layer of each model chunk, plus the layer count at the end (arguments as ``chunk_sizes``)."""
-    return tuple(itertools.accumulate(chunk_sizes(*split), initial=0))  # type: ignore[arg-type]
-
-
-@lru_cache(maxsize=4096)
-def stage_layer_counts(layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                       last: int | None = None) -> tuple[int, ...]:
-    """Layers of each pipeline stage over its vpp chunks (stage s holds chunks s, s + pp, ...)."""
-    sizes = chunk_sizes(layers, pp, vpp, first, last)
-    return tuple(sum(sizes[stage::pp]) for stage in range(pp))

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from sim.costs import profile
 from sim.parallel.schedules import SCHEDULES
+from sim.spec.degrees import degrees
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
@@ -20,11 +21,12 @@ if TYPE_CHECKING:
 def check_rules(s: "Scenario") -> None:
     """Cross-field rules; each message starts with the field(s) it concerns."""
     p, m = s.parallel, s.model
-    gpus = s.num_gpus
+    d = degrees(s)
+    gpus = d.num_gpus
     if p.dp is None and gpus % (p.tp * p.pp):
         raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
-    if p.tp * p.pp * s.dp != gpus:
-        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * s.dp} but the cluster has {gpus} GPUs")
+    if p.tp * p.pp * d.dp != gpus:
+        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * d.dp} but the cluster has {gpus} GPUs")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     if uneven:
         _check_uneven_stages(s)
@@ -40,52 +42,52 @@ def check_rules(s: "Scenario") -> None:
     t = s.training
     if t.global_batch is None and t.microbatches is None:
         raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")
-    if t.global_batch is not None and t.global_batch % (s.dp * t.micro_batch):
+    if t.global_batch is not None and t.global_batch % (d.dp * t.micro_batch):
         raise ValueError(
             f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
-            f"{s.dp}*{t.micro_batch} = {s.dp * t.micro_batch}"
+            f"{d.dp}*{t.micro_batch} = {d.dp * t.micro_batch}"
         )
-    if t.global_batch is not None and t.microbatches is not None and t.global_batch != s.global_batch:
+    if t.global_batch is not None and t.microbatches is not None and t.global_batch != d.global_batch:
         raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
-                         f"= m*dp*micro_batch would need m = {t.global_batch // (s.dp * t.micro_batch)}")
+                         f"= m*dp*micro_batch would need m = {t.global_batch // (d.dp * t.micro_batch)}")
     if t.recompute_num_layers is not None:
         if t.recompute != "full":
             raise ValueError(f"training.recompute_num_layers: needs recompute: full (got {t.recompute})")
-        if t.recompute_num_layers > s.layers_per_chunk:
+        if t.recompute_num_layers > d.layers_per_chunk:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
-                             f"{s.layers_per_chunk} layers of a model chunk")
-    if m.position_embedding == "learned" and s.seq_len > m.max_seq_len:
-        raise ValueError(f"training.seq_len: {s.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
-    if p.sequence_parallel and s.seq_len % p.tp:
-        raise ValueError(f"parallel.sequence_parallel: seq_len {s.seq_len} is not a multiple of tp = {p.tp}")
+                             f"{d.layers_per_chunk} layers of a model chunk")
+    if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
+        raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
+    if p.sequence_parallel and d.seq_len % p.tp:
+        raise ValueError(f"parallel.sequence_parallel: seq_len {d.seq_len} is not a multiple of tp = {p.tp}")
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
-    if (s.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
-        raise ValueError(f"parallel.zero: ZeRO-{s.zero_stage}/FSDP is not combined with pipeline parallelism "
+    if (d.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
+        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage}/FSDP is not combined with pipeline parallelism "
                          f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
-    if s.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
-        raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{s.zero_stage}/FSDP use 1f1b or gpipe")
+    if d.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
+        raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{d.zero_stage}/FSDP use 1f1b or gpipe")
     if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
         raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
     if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
         per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
-        if per_node < 1 or s.dp % per_node or s.dp == per_node:
-            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {s.dp} ranks to span several whole nodes "
+        if per_node < 1 or d.dp % per_node or d.dp == per_node:
+            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
     _check_sm_contention(s)
     check_variation(s)
-    reason = SCHEDULES[s.schedule].invalid_reason(p.pp, s.microbatches, p.vpp)
+    reason = SCHEDULES[s.schedule].invalid_reason(p.pp, d.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")
     if s.offload.params and not s.offload.optimizer:
         raise ValueError("offload.params: the host keeps the master weights only with offload.optimizer: true "
                          "(FSDP's CPUOffload and ZeRO-Infinity offload both)")
-    if s.offload.params and s.zero_stage < 3:
+    if s.offload.params and d.zero_stage < 3:
         raise ValueError(f"offload.params: offloading the weights needs ZeRO-3/FSDP FULL_SHARD (zero stage is "
-                         f"{s.zero_stage})")
-    if s.offload.optimizer and s.zero_stage < 1 and s.dp > 1:
+                         f"{d.zero_stage})")
+    if s.offload.optimizer and d.zero_stage < 1 and d.dp > 1:
         raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
     if s.costs.model == "calibrated":
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields

@@ -12,7 +12,6 @@ scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overr
 
 from __future__ import annotations
 
-import bisect
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -23,7 +22,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
-from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts, stage_layer_counts
+from sim.spec.degrees import degrees
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds
@@ -229,108 +228,6 @@ class Scenario(FrozenSpec):
         check_rules(self)  # sim.spec.rules: the cross-field rules, each naming its field
         return self
 
-    # Derived quantities used everywhere below the boundary.
-    @property
-    def num_gpus(self) -> int:
-        return self.cluster.num_gpus
-
-    @property
-    def dp(self) -> int:
-        return self.parallel.dp or self.num_gpus // (self.parallel.tp * self.parallel.pp)
-
-    @property
-    def seq_len(self) -> int:
-        return self.training.seq_len or self.model.max_seq_len
-
-    @property
-    def microbatches(self) -> int:
-        t = self.training
-        return t.microbatches or (t.global_batch or 0) // (self.dp * t.micro_batch)
-
-    @property
-    def global_batch(self) -> int:
-        return self.training.global_batch or self.microbatches * self.dp * self.training.micro_batch
-
-    @property
-    def zero_stage(self) -> int:
-        return self.fsdp.zero_stage if self.fsdp is not None else self.parallel.zero
-
-    @property
-    def grad_dtype(self) -> str:
-        """The dtype gradients are accumulated and reduced in (``training.grad_dtype``, ``auto`` resolved).
-        Megatron-LM: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"
-        (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
-        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the training dtype."""
-        t = self.training
-        if t.grad_dtype != "auto":
-            return t.grad_dtype
-        if t.dtype in ("fp32", "tf32"):
-            return "fp32"
-        sharded_grads = self.fsdp is not None or self.zero_stage >= 2
-        return "fp32" if t.dtype == "bf16" and not sharded_grads else t.dtype
-
-    @property
-    def zero_shards(self) -> int:
-        """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
-        if self.fsdp is not None and self.fsdp.sharding == "HYBRID_SHARD":
-            return self.cluster.gpus_per_node // self.parallel.tp
-        return self.dp
-
-    @property
-    def zero_stage_at_rest(self) -> int:
-        """How model states are stored between uses: FSDP keeps every sharded strategy's weights sharded
-        (SHARD_GRAD_OP only skips re-sharding between forward and backward); DeepSpeed ZeRO-2 keeps a replica."""
-        return 3 if self.fsdp is not None and self.zero_stage >= 2 else self.zero_stage
-
-    @property
-    def _layer_split(self) -> tuple[int, int, int, int | None, int | None]:
-        p = self.parallel
-        return self.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers
-
-    @property
-    def chunk_sizes(self) -> tuple[int, ...]:
-        return chunk_sizes(*self._layer_split)
-
-    @property
-    def layers_per_chunk(self) -> int:
-        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
-        return max(self.chunk_sizes)
-
-    @property
-    def chunk_starts(self) -> tuple[int, ...]:
-        """First layer of each of the pp*vpp model chunks, plus num_layers at the end."""
-        return chunk_starts(*self._layer_split)
-
-    def chunk_layers(self, global_chunk: int) -> range:
-        starts = self.chunk_starts
-        return range(starts[global_chunk], starts[global_chunk + 1])
-
-    def stage_layers(self, stage: int) -> int:
-        """Transformer layers held by a pipeline stage (over its vpp chunks)."""
-        return stage_layer_counts(*self._layer_split)[stage]
-
-    def recomputes(self, layer: int) -> bool:
-        """Whether full recomputation rebuilds this layer's activations in its backward (the first
-        ``recompute_num_layers`` layers of each model chunk)."""
-        n = self.training.recompute_num_layers
-        if self.training.recompute != "full" or n is None:
-            return self.training.recompute == "full"
-        starts = self.chunk_starts
-        return layer - starts[bisect.bisect_right(starts, layer) - 1] < n
-
-    def recomputed_layers(self, stage: int) -> int:
-        """Layers of a stage whose forward runs twice (over its chunks)."""
-        if self.training.recompute != "full":
-            return 0
-        n, p = self.training.recompute_num_layers, self.parallel
-        if n is None:
-            return self.stage_layers(stage)
-        return sum(min(n, size) for size in self.chunk_sizes[stage::p.pp])
-
-    @property
-    def grid(self) -> RankGrid:
-        return RankGrid(self.parallel.tp, self.parallel.pp, self.dp, self.cluster.gpus_per_node)
-
 
 def _format_error(error: ValidationError) -> str:
     first = error.errors()[0]
@@ -389,10 +286,12 @@ def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scena
 
 
 def resolved_yaml(scenario: Scenario) -> str:
-    """The scenario with every default filled and units written out; loading it gives the same Scenario."""
+    """The scenario with every default filled and units written out (the batch and degrees the knobs imply
+    included); loading it gives the same Scenario."""
     data = scenario.model_dump(mode="json")
-    data["training"]["seq_len"] = scenario.seq_len
-    data["training"]["global_batch"] = scenario.global_batch
-    data["training"]["microbatches"] = scenario.microbatches
-    data["parallel"]["dp"] = scenario.dp
+    implied = degrees(scenario)
+    data["training"]["seq_len"] = implied.seq_len
+    data["training"]["global_batch"] = implied.global_batch
+    data["training"]["microbatches"] = implied.microbatches
+    data["parallel"]["dp"] = implied.dp
     return yaml.safe_dump(data, sort_keys=False)

@@ -74,9 +74,9 @@ def check_variation(scenario: Any) -> None:
                          "(the default slice simulates one symmetric rank per pipeline stage)")
     if v.links and scenario.network.model != "contention":
         raise ValueError("variation.links: degraded or failed links need network: contention")
-    bad_rank = next((r for r in v.slowdown if not 0 <= r < scenario.num_gpus), None)
+    bad_rank = next((r for r in v.slowdown if not 0 <= r < scenario.cluster.num_gpus), None)
     if bad_rank is not None:
-        raise ValueError(f"variation.slowdown: rank {bad_rank} is not in 0..{scenario.num_gpus - 1}")
+        raise ValueError(f"variation.slowdown: rank {bad_rank} is not in 0..{scenario.cluster.num_gpus - 1}")
     bad_node = next((n for n in v.gpus if not 0 <= n < scenario.cluster.nodes), None)
     if bad_node is not None:
         raise ValueError(f"variation.gpus: node {bad_node} is not in 0..{scenario.cluster.nodes - 1}")

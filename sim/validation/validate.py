@@ -58,8 +58,8 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
         summary = runner.run(scenario).summary
     except SimError as error:
         return {**out, "error": str(error)}
-    tokens = summary["tokens_per_s"] / scenario.num_gpus
-    out.update({"gpus": scenario.num_gpus, "gpu": scenario.cluster.gpu.name, "predicted_iteration_time_s":
+    tokens = summary["tokens_per_s"] / scenario.cluster.num_gpus
+    out.update({"gpus": scenario.cluster.num_gpus, "gpu": scenario.cluster.gpu.name, "predicted_iteration_time_s":
                 summary["step_time_s"], "predicted_mfu": summary["mfu"], "predicted_tokens_per_s_per_gpu": tokens,
                 "peak_memory_gib": summary["peak_memory_bytes"]["max"] / 2**30,
                 "fits_in_memory": summary["fits_in_memory"], "error": ""})

@@ -1,0 +1,55 @@
+"""The degrees and batch a scenario's knobs imply, computed once for the rules and the plan.
+
+In: a ``Scenario``'s fields (schema only: the scenario carries no derived properties). Out: ``Degrees``, a frozen
+record of the data-parallel degree (``parallel.dp`` or the GPUs left by tp x pp), the micro-batches per
+pipeline and the global batch (each from the other), the sequence length (default: the model's), the ZeRO
+stage (``parallel.zero`` or FSDP's sharding strategy) and the layers of the largest model chunk. The cross-field
+rules (sim.spec.rules) check them; the plan (sim.plan) exposes them to everything below the configuration
+layer. Modelled on TorchTitan's ``ParallelDims``: degrees decided once, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sim.parallel.grid import chunk_sizes
+
+if TYPE_CHECKING:
+    from sim.spec.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class Degrees:
+    num_gpus: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: int
+    micro_batch: int
+    microbatches: int  # per pipeline and step
+    global_batch: int  # sequences per step
+    seq_len: int
+    zero_stage: int
+    chunk_sizes: tuple[int, ...]  # layers of each of the pp*vpp model chunks, in model order
+
+    @property
+    def layers_per_chunk(self) -> int:
+        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
+        return max(self.chunk_sizes)
+
+
+def degrees(scenario: Scenario) -> Degrees:
+    """The degrees of a scenario whose fields passed validation (the rules then check they are consistent)."""
+    p, t = scenario.parallel, scenario.training
+    gpus = scenario.cluster.num_gpus
+    dp = p.dp or gpus // (p.tp * p.pp)
+    microbatches = t.microbatches or (t.global_batch or 0) // (dp * t.micro_batch)
+    fsdp = scenario.fsdp
+    return Degrees(
+        num_gpus=gpus, tp=p.tp, pp=p.pp, dp=dp, vpp=p.vpp, micro_batch=t.micro_batch, microbatches=microbatches,
+        global_batch=t.global_batch or microbatches * dp * t.micro_batch,
+        seq_len=t.seq_len or scenario.model.max_seq_len,
+        zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
+        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers),
+    )
