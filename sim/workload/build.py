@@ -34,15 +34,12 @@ from typing import Any
 from sim.costs import profile
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec, Scenario
 from sim.costs.models import CalibratedCosts, CostModel, FixedCosts, Phase, RooflineCosts, ScaledCosts, Work
-from sim.workload.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
+from sim.workload.data_parallel import DataParallelEmitter
 from sim.hardware import GPU_PRESETS, GpuSpec, bytes_per_element
 from sim.model.transformer import ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, head_forward_ops, layer_forward_ops
 from sim.parallel.schedules import SCHEDULES, Action, chunk_location, model_chunk
-from sim.workload.ir import Task, TaskGraph
+from sim.workload.ir import NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
 from sim.spec.variation import jitter_stream
-
-STREAMS = ("compute", "tp", "pp", NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, HOST_STREAM)
-COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
 def make_costs(scenario: Scenario, gpu: GpuSpec | None = None) -> CostModel:
@@ -366,4 +363,5 @@ def build(scenario: Scenario, fold: bool | None = None, stamp: bool = True) -> T
         for emitter in emitters:
             for task_id, key in emitter.waits:
                 graph.tasks[task_id].deps.append(sends[key])
+    graph.freeze()  # last, after every edge (the cross-stage ones above included)
     return graph

@@ -44,10 +44,7 @@ from sim.hardware import bytes_per_element
 from sim.model.memory import model_state_bytes
 from sim.workload.memory_plan import stage_params
 from sim.model.transformer import embedding_params, head_params, layer_params
-
-NCCL_STREAM = "dp"  # the data-parallel process group's NCCL stream
-REPLICA_STREAM = "dp_replica"  # HYBRID_SHARD's inter-node process group
-OFFLOAD_STREAM, HOST_STREAM = "offload", "host"
+from sim.workload.ir import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
 
 class DataParallelEmitter:
