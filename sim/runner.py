@@ -1,6 +1,7 @@
 """Run one scenario end to end, in memory.
 
-In: a validated ``Scenario``. Out: ``RunResult`` with the task graph, the trace DataFrame, the summary and
+In: a validated ``Scenario``. Out: ``RunResult`` with the task graph as it was built (a run never writes it:
+SM contention's stretched durations go to the replays as an override), the trace DataFrame, the summary and
 the number of simulated events. This is the data flow of ARCHITECTURE.md in one place (topology -> network,
 workload -> task graph, engine -> trace -> summary), shared by the CLI, sweeps and benchmarks. No files are
 written here.
@@ -9,6 +10,7 @@ written here.
 from __future__ import annotations
 
 import gc
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -31,6 +33,7 @@ from sim.network import topology
 from sim.output import trace
 
 from sim.workload import build as workload
+from sim.workload.ir import TaskGraph
 from sim.spec.scenario import CalibratedCostsSpec, Scenario
 from sim.engine.critical_path import critical_path
 from sim.errors import ConfigError
@@ -41,7 +44,7 @@ from sim.plan import Plan, resolve
 class RunResult:
     scenario: Scenario
     plan: Plan
-    graph: workload.TaskGraph
+    graph: TaskGraph
     trace: pd.DataFrame
     summary: dict[str, Any]
     events: int
@@ -78,13 +81,14 @@ def _build_topology(plan: Plan) -> topology.Topology:
         raise ConfigError(str(error)) from None
 
 
-def replay(scenario: Scenario, graph: workload.TaskGraph, net: network.Network,
-           record_links: bool = False) -> engine.EngineResult:
+def replay(scenario: Scenario, graph: TaskGraph, net: network.Network, record_links: bool = False,
+           durations: Sequence[float | None] | None = None) -> engine.EngineResult:
     """The simpy replay where times depend on contention (or ``engine: event``), else the identical and much
-    cheaper longest-path evaluation (see ``sim.engine.longest_path``)."""
+    cheaper longest-path evaluation (see ``sim.engine.longest_path``); ``durations`` per task id replaces the
+    graph's own."""
     if net.flow_level or scenario.engine == "event":
-        return engine.simulate(graph, net, record_links=record_links)
-    return longest_path.evaluate(graph, net)
+        return engine.simulate(graph, net, record_links=record_links, durations=durations)
+    return longest_path.evaluate(graph, net, durations)
 
 
 @contextmanager
@@ -115,12 +119,15 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
     result = replay(scenario, graph, net, record_links)
     sm_stretch = 0.0
     if scenario.network.nccl_sms:  # NCCL's SMs slow the compute they overlap: replay to a fixed point
-        def again() -> tuple[list[float], list[float]]:
+        def again(durations: Sequence[float | None]) -> tuple[list[float], list[float]]:
             nonlocal result
-            result = replay(scenario, graph, net, record_links)
+            result = replay(scenario, graph, net, record_links, durations)
             return result.start, result.end
-        sm_stretch = sm_contention.settle(graph, (result.start, result.end), again, scenario.cluster.gpu.sms or 1,
-                                          scenario.network.nccl_sms, scenario.network.nccl_p2p_sms)
+        # The trace's times come from the last replay, which ran the stretched durations (returned, unused here:
+        # nothing downstream reads a task's duration from the graph).
+        _, sm_stretch = sm_contention.settle(graph, (result.start, result.end), again,
+                                             scenario.cluster.gpu.sms or 1, scenario.network.nccl_sms,
+                                             scenario.network.nccl_p2p_sms)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = trace.summarize(frame, plan)
     if scenario.network.nccl_sms:

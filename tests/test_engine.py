@@ -5,13 +5,14 @@ import pytest
 from sim.engine.event import simulate
 from sim.errors import ScheduleDeadlock
 from sim.network.models import IdealNetwork
-from sim.workload.build import TaskGraph
+from sim.workload.ir import TaskGraph
 
 
 class ConstantNetwork:
     """Every collective takes its bytes in seconds (1 B/s), so times are easy to read."""
 
     name = "constant"
+    flow_level = False  # the engine asks for its times, it moves no flows
 
     def collective_time(self, op, nbytes, group):
         return nbytes

@@ -7,7 +7,7 @@ from sim.network.flows import FlowNetwork, max_min_rates
 from sim.hardware import LinkSpec
 from sim.network.models import AnalyticNetwork, ContentionNetwork
 from sim.network.topology import build
-from sim.workload.build import TaskGraph
+from sim.workload.ir import TaskGraph
 
 LINE = LinkSpec(bandwidth=1e9, latency=0.0)  # 1 GB/s, no latency, no efficiency loss: times read as bytes/1e9
 

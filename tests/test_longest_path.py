@@ -17,7 +17,7 @@ from sim.network import models as network
 from sim.workload import build as workload
 from sim.spec.scenario import load_scenario
 from sim.errors import ScheduleDeadlock
-from sim.workload.build import TaskGraph
+from sim.workload.ir import TaskGraph
 from sim.plan import resolve
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))

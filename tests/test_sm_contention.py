@@ -25,12 +25,13 @@ def _one_overlap(compute_s: float, comm_s: float, held: int) -> float:
     graph.add(0, 0, "compute", "forward", "mlp", 0, 0, [], duration=compute_s)
     graph.add(0, 0, "dp", "dp", "param_gather", 0, 0, [], duration=comm_s, op="all_gather", group=(0, 1))
 
-    def replay():
-        result = longest_path.evaluate(graph, None)
+    def replay(durations=None):
+        result = longest_path.evaluate(graph, None, durations)
         return result.start, result.end
 
-    sm_contention.settle(graph, replay(), replay, SMS, held, 2)
-    return graph.tasks[0].duration
+    durations, _ = sm_contention.settle(graph, replay(), replay, SMS, held, 2)
+    assert [task.duration for task in graph.tasks] == [compute_s, comm_s]  # settle only reads the graph
+    return durations[0]
 
 
 def test_fully_overlapped_compute_runs_at_the_free_sms_rate():

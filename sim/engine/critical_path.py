@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.workload.build import COMPUTE_KINDS, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, Kind, TaskGraph
 
 
 @dataclass
@@ -50,10 +50,11 @@ def critical_path(graph: TaskGraph, start: list[float], end: list[float],
         task = tasks[current]
         result.tasks.append(current)
         seconds = end[current] - start[current]
-        if task.kind in COMPUTE_KINDS or task.kind == "optimizer":
+        if task.kind in COMPUTE_KINDS or task.kind == Kind.OPTIMIZER:
             result.compute_s[task.rank] = result.compute_s.get(task.rank, 0.0) + seconds
         else:
-            result.comm_s[task.kind] = result.comm_s.get(task.kind, 0.0) + seconds
+            kind = str(task.kind)  # a plain string for the summary (YAML cannot write a Kind member)
+            result.comm_s[kind] = result.comm_s.get(kind, 0.0) + seconds
         if task.collective in members and len(members[task.collective]) > 1:  # continue from the last arrival
             current = max(members[task.collective], key=lambda m: (arrival[m], -m))
             task = tasks[current]

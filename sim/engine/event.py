@@ -8,17 +8,19 @@ every dependency has finished, run the task, record its start and end, signal do
 concurrently, which is where compute/communication overlap comes from. A collective whose group has several
 simulated members is a rendezvous: it starts when the last member arrives and all members end together.
 Communication time comes from the network model when the task starts. With a flow-level network
-(``contention``) a transfer instead runs its phases: a latency, then its channels as flows in a
-``sim.network.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow fires at its predicted finish and
-is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
+(``contention``: a ``sim.network.models.FlowLevelNetwork``) a transfer instead runs its phases: a latency, then
+its channels as flows in a ``sim.network.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow
+fires at its predicted finish and is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
 (``private_tp_transfers``: NVLink ports of its own GPUs, not crossed by any DP/PP route) would run alone at its
 uncontended rate, which is its analytic time: it is timed so, and its bytes are booked on its links, without
 flows (not when a link timeline is recorded). If the run ends with tasks not done, ``ScheduleDeadlock`` names
-the first stuck task of each stream and what it waits on.
+the first stuck task of each stream and what it waits on. ``durations`` (per task id, e.g. the compute
+durations SM contention stretched) replaces the graph's own; the graph is only read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Callable, Generator
 
@@ -26,8 +28,8 @@ import simpy
 
 from sim.errors import ScheduleDeadlock
 from sim.network.flows import FlowNetwork
-from sim.network.models import Network, Phase
-from sim.workload.build import Task, TaskGraph
+from sim.network.models import Network, Phase, is_flow_level
+from sim.workload.ir import Kind, Task, TaskGraph
 
 
 class _CountingEnvironment(simpy.Environment):
@@ -74,6 +76,16 @@ def deadlock_error(graph: TaskGraph, end: list[float]) -> ScheduleDeadlock:
     return ScheduleDeadlock(f"{len(stuck)} stream(s) never finished: " + "; ".join(lines) + more)
 
 
+def task_durations(graph: TaskGraph, durations: Sequence[float | None] | None) -> Sequence[float | None]:
+    """Seconds per task id for the tasks that carry their own time (None: the network times it): ``durations``
+    when given (one entry per task), else the graph's. Raises ValueError on a length mismatch."""
+    if durations is None:
+        return [task.duration for task in graph.tasks]
+    if len(durations) != len(graph.tasks):
+        raise ValueError(f"durations: {len(durations)} entries for a graph of {len(graph.tasks)} tasks")
+    return durations
+
+
 def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
     """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
     other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
@@ -88,7 +100,7 @@ def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Pha
             continue
         seen.add(key)
         links = {link for phase in phases_of(task) for channel in phase.channels for link, _ in channel.loads}
-        if task.kind == "tp":
+        if task.kind == Kind.TP:
             tp[key[:3]] = links
         else:
             others |= links
@@ -101,9 +113,11 @@ def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Pha
     return {key for key, links in tp.items() if not links & others and key[2] not in clash}
 
 
-def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> EngineResult:
+def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
+             durations: Sequence[float | None] | None = None) -> EngineResult:
     env = _CountingEnvironment()
     tasks = graph.tasks
+    seconds_of = task_durations(graph, durations)
     waiting: dict[int, simpy.Event] = {}  # task -> the event its dependants wait on, made on first need
     start = [float("nan")] * len(tasks)
     end = [float("nan")] * len(tasks)
@@ -114,8 +128,8 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
     arrival: dict[int, float] = {}
     finished: dict[int, simpy.Event] = {key: env.event() for key in members}
 
-    flow_level = getattr(network, "flow_level", False)
-    flows = FlowNetwork(network.capacities, record_links) if flow_level else None  # type: ignore[attr-defined]
+    flow_net = network if is_flow_level(network) else None
+    flows = FlowNetwork(flow_net.capacities, record_links) if flow_net is not None else None
     pending: dict[int, simpy.Event] = {}
     version: dict[int, int] = {}
 
@@ -154,8 +168,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
 
     def mirrored(task: Task) -> tuple[Phase, ...]:
         """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
-        transfer = network.transfer  # type: ignore[attr-defined]
-        if graph.lockstep == 1 or task.kind == "tp":
+        assert flow_net is not None
+        transfer = flow_net.transfer
+        if graph.lockstep == 1 or task.kind == Kind.TP:
             return transfer(task.op, task.nbytes, task.group)
         key = (task.op, task.nbytes, task.group)
         if key not in merged:
@@ -167,9 +182,10 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False) -> 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
 
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
-        if task.duration is not None:
-            seconds = task.duration
-        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == "tp":
+        duration = seconds_of[task.id]
+        if duration is not None:
+            seconds = duration
+        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == Kind.TP:
             phases = mirrored(task)
             seconds = sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
                           for phase in phases)

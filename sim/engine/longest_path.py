@@ -1,6 +1,7 @@
 """Exact replay without an event queue, for networks whose times do not depend on what else is running.
 
-In: a ``TaskGraph`` and a network model that is not flow-level (``ideal`` or ``analytic``). Out: the same
+In: a ``TaskGraph``, a network model that is not flow-level (``ideal`` or ``analytic``) and optionally
+``durations`` per task id replacing the graph's (as in ``sim.engine.event.simulate``). Out: the same
 ``EngineResult`` the simpy engine gives (start and end of every task, bit for bit), with ``events`` = the
 number of tasks evaluated.
 
@@ -16,13 +17,16 @@ runs stay on the event engine.
 
 from __future__ import annotations
 
-from sim.engine.event import EngineResult, deadlock_error
+from collections.abc import Sequence
+
+from sim.engine.event import EngineResult, deadlock_error, task_durations
 from sim.network.models import Network
-from sim.workload.build import TaskGraph
+from sim.workload.ir import TaskGraph
 
 
-def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
+def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | None] | None = None) -> EngineResult:
     tasks = graph.tasks
+    seconds_of = task_durations(graph, durations)
     nan = float("nan")
     start = [nan] * len(tasks)
     end = [nan] * len(tasks)
@@ -42,9 +46,10 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
     priced: dict[tuple[str, float, tuple[int, ...]], float] = {}  # a step repeats a few transfers many times
 
     def seconds(task_id: int) -> float:
+        duration = seconds_of[task_id]
+        if duration is not None:
+            return duration
         task = tasks[task_id]
-        if task.duration is not None:
-            return task.duration
         key = (task.op, task.nbytes, task.group)
         if key not in priced:
             if task.op == "send":
@@ -94,7 +99,7 @@ def evaluate(graph: TaskGraph, network: Network) -> EngineResult:
                         wake(member)
                 del arrivals[key]
             else:
-                duration = tasks[task_id].duration
+                duration = seconds_of[task_id]
                 start[task_id] = ready
                 end[task_id] = ready + (duration if duration is not None else seconds(task_id))
                 done[task_id] = 1

@@ -2,7 +2,8 @@
 
 In: the task graph, one replay's start and end per task, the GPU's SM count and how many SMs an in-flight
 collective and an in-flight send hold. Out: the compute tasks' durations stretched by the SMs that overlapping
-NCCL kernels held (``stretch``), and ``settle``, which replays until those durations stop changing.
+NCCL kernels held (``stretch``), and ``settle``, which replays until those durations stop changing and returns
+them per task id (the graph keeps its base durations: the replays take the stretched ones as an override).
 
 Why. NCCL runs one CTA per channel, each on its own SM, for the whole life of a collective, including the time
 it waits on the network (NCCL's ``connect.cc``: rings are duplicated to ``2 x`` the searched channels; one
@@ -18,13 +19,14 @@ the replay is repeated with the stretched durations until they agree (a fixed po
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable
 
 import numpy as np
 
-from sim.workload.ir import TaskGraph
+from sim.workload.ir import Stream, TaskGraph
 
-COMPUTE_STREAM = "compute"
+COMPUTE_STREAM = Stream.COMPUTE
 MAX_ROUNDS = 12
 TOLERANCE_S = 1e-6  # the rounds stop once no compute task moves by more than a microsecond
 
@@ -93,19 +95,23 @@ def stretch(compute: dict[int, tuple[np.ndarray, np.ndarray]], current: dict[int
 
 
 def settle(graph: TaskGraph, first: tuple[list[float], list[float]],
-           replay: Callable[[], tuple[list[float], list[float]]], sms: int, collective_sms: int,
-           p2p_sms: int) -> float:
-    """From a first replay at the base durations: stretch the compute durations, replay, and repeat until they
-    are stable (at most ``MAX_ROUNDS`` replays). Returns the compute seconds added on the rank that gained most;
-    the caller keeps the last replay, and the graph keeps the stretched durations."""
+           replay: Callable[[Sequence[float | None]], tuple[list[float], list[float]]], sms: int,
+           collective_sms: int, p2p_sms: int) -> tuple[list[float | None], float]:
+    """From a first replay at the base durations: stretch the compute durations, replay with them (``replay``
+    takes the durations per task id and returns the replay's start and end), and repeat until they are stable
+    (at most ``MAX_ROUNDS`` replays). Returns the durations of the last replay, per task id (``Task.duration``
+    with the compute stream's stretched; the caller keeps that replay), and the compute seconds added on the
+    rank that gained most. The graph is only read."""
     compute, holders = _compute_by_rank(graph), _holders(graph, collective_sms, p2p_sms)
     current = {rank: base.copy() for rank, (_, base) in compute.items()}
+    durations: list[float | None] = [task.duration for task in graph.tasks]
     start, end = first
     for _ in range(MAX_ROUNDS):
         if stretch(compute, current, holders, start, end, sms) <= TOLERANCE_S:
             break
         for rank, (index, _) in compute.items():
             for task_id, seconds in zip(index.tolist(), current[rank].tolist()):
-                graph.tasks[task_id].duration = seconds
-        start, end = replay()
-    return max((float((current[rank] - base).sum()) for rank, (_, base) in compute.items()), default=0.0)
+                durations[task_id] = seconds
+        start, end = replay(durations)
+    added = max((float((current[rank] - base).sum()) for rank, (_, base) in compute.items()), default=0.0)
+    return durations, added

@@ -76,7 +76,8 @@ class Estimator:
         topology = build_topology(plan) if network is None or spec.model == "contention" else None
         model = "analytic" if spec.model == "contention" else spec.model
         self.net = network or network_models.make(model, topology, spec.algorithm)
-        self.flows = network_models.make("contention", topology, spec.algorithm) if spec.model == "contention" else None
+        self.flows: network_models.FlowLevelNetwork | None = (
+            network_models.ContentionNetwork(topology, spec.algorithm) if spec.model == "contention" else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
         self._orders: dict[tuple[str, int, int], list[list[Action]]] = {}
@@ -162,8 +163,8 @@ class Estimator:
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0
-            for phases in zip(*(self.flows.transfer(op, nbytes, g) for g in groups), strict=True):  # type: ignore[attr-defined]
-                flows = FlowNetwork(self.flows.capacities)  # type: ignore[attr-defined]
+            for phases in zip(*(self.flows.transfer(op, nbytes, g) for g in groups), strict=True):
+                flows = FlowNetwork(self.flows.capacities)
                 channels = [ch for phase in phases for ch in phase.channels]
                 for index, channel in enumerate(channels):
                     flows.add(index, channel.loads, channel.nbytes, channel.rate_cap, 0.0)

@@ -12,6 +12,10 @@ NCCL's tuner does; a fixed algorithm that does not apply to a collective (tree f
 without NVSwitch reduction or across nodes) falls back to ring. Results are cached.
 ``contention``: the same algorithm choice, but the engine moves each channel as a flow over the links of its
 route (sim.network.flows shares every link max-min fairly); uncontended, it takes exactly the analytic time.
+It is a ``FlowLevelNetwork``: the protocol the event engine and the estimate read (``is_flow_level``).
+
+The topology is only a type here (imported for type checking): the engine imports this module for ``Phase``
+and the protocols, and must not load the topology's hardware specs (pydantic) or networkx.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeGuard
 
 from sim.network.collectives import (Channel, all_to_all_channels, bytes_moved, nvls_time, p2p_time, ring_channels,
                              ring_latency, ring_orders, ring_time, tree_channels, tree_time)
-from sim.network.topology import Topology
+
+if TYPE_CHECKING:
+    from sim.network.topology import Topology
 
 
 class Network(Protocol):
@@ -46,6 +52,22 @@ class FlowChannel:
 class Phase:
     latency: float
     channels: tuple[FlowChannel, ...]
+
+
+class FlowLevelNetwork(Network, Protocol):
+    """A network whose transfers the event engine moves as flows over links (``flow_level`` is True):
+    ``capacities`` are the links' bytes/s by link index (the topology's ``links`` order, as ``FlowChannel.loads``
+    index them), and ``transfer`` gives a collective's or a send's phases (op, bytes, group of global ranks; a
+    send's group is (src, dst)): each a latency, then channels that run as flows."""
+
+    capacities: list[float]
+
+    def transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]: ...
+
+
+def is_flow_level(network: Network) -> TypeGuard[FlowLevelNetwork]:
+    """Whether the engine must move this network's transfers as flows (then it is a ``FlowLevelNetwork``)."""
+    return network.flow_level
 
 
 class IdealNetwork:
@@ -142,7 +164,8 @@ class AnalyticNetwork:
 
 
 class ContentionNetwork(AnalyticNetwork):
-    """Analytic choice of algorithm; the engine moves its channels as flows (see sim.network.flows)."""
+    """Analytic choice of algorithm; the engine moves its channels as flows (see sim.network.flows). A
+    ``FlowLevelNetwork``."""
 
     name = "contention"
     flow_level = True

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -26,14 +26,16 @@ from sim.model.memory import peak_usage, with_allocator
 from sim.plan import Plan
 from sim.workload.memory_plan import states_and_buffers
 from sim.model.transformer import model_flops_per_step
-from sim.workload.build import COMPUTE_KINDS, TaskGraph
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream, TaskGraph
+
+if TYPE_CHECKING:
+    from sim.spec.scenario import Scenario
 
 TRACE_COLUMNS: dict[str, str] = {
     "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",
     "microbatch": "int32", "layer": "int32", "start_s": "float64", "end_s": "float64", "bytes": "int64",
     "flops": "float64",
 }
-COMM_KINDS = ("tp", "pp", "dp")
 
 
 def to_frame(graph: TaskGraph, start: list[float], end: list[float]) -> pd.DataFrame:
@@ -47,9 +49,17 @@ def to_frame(graph: TaskGraph, start: list[float], end: list[float]) -> pd.DataF
     def column(name: str, dtype: str) -> np.ndarray:
         return np.array(values[name], dtype=object) if dtype == "object" else np.fromiter(values[name], dtype, n)
 
+    def names(name: str) -> np.ndarray:
+        """A column of exact ``str``: a task may carry a ``Stream``/``Kind`` member (equal to its string), and the
+        trace must not depend on that class (YAML cannot write it; a pickled frame would import it). A member and
+        its string are equal keys, so both map to the plain string: one dict lookup per row, half the cost of
+        ``str()`` per row."""
+        plain = {value: str(value) for value in set(values[name])}
+        return np.array(list(map(plain.__getitem__, values[name])), dtype=object)
+
     frame = pd.DataFrame({
         "task": np.arange(n, dtype="int64"), "rank": column("rank", "int32"), "stage": column("stage", "int32"),
-        "stream": column("stream", "object"), "kind": column("kind", "object"), "name": column("name", "object"),
+        "stream": names("stream"), "kind": names("kind"), "name": column("name", "object"),
         "microbatch": column("microbatch", "int32"), "layer": column("layer", "int32"),
         "start_s": np.asarray(start, dtype="float64"), "end_s": np.asarray(end, dtype="float64"),
         "bytes": np.rint(np.fromiter(values["nbytes"], "float64", n)).astype("int64"),
@@ -181,9 +191,9 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> dict[str, Any]:
     pipeline_end = float(compute["end_s"].max())
     bubbles, exposed = [], {kind: 0.0 for kind in COMM_KINDS}
     for _, rows in trace.groupby("rank"):
-        compute_rows = rows[rows["stream"] == "compute"]
+        compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
-        busy_rows = rows[rows["kind"].isin(COMPUTE_KINDS + ("tp",))]
+        busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
         busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
         busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))

@@ -37,12 +37,9 @@ from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
-from sim.workload.data_parallel import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, DataParallelEmitter
-from sim.workload.ir import Task, TaskGraph
+from sim.workload.data_parallel import DataParallelEmitter
+from sim.workload.ir import NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
 from sim.workload.step import blocks, make_costs, overlaps_backward, tp_ops
-
-STREAMS = ("compute", "tp", "pp", NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, HOST_STREAM)
-COMPUTE_KINDS = ("forward", "backward", "weight", "recompute")
 
 
 class _StageEmitter:
@@ -356,4 +353,5 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
         for emitter in emitters:
             for task_id, key in emitter.waits:
                 graph.tasks[task_id].deps.append(sends[key])
+    graph.freeze()  # last, after every edge (the cross-stage ones above included)
     return graph

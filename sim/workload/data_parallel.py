@@ -40,10 +40,7 @@ from typing import Any
 
 from sim.model.transformer import layer_params
 from sim.workload import step
-
-NCCL_STREAM = "dp"  # the data-parallel process group's NCCL stream
-REPLICA_STREAM = "dp_replica"  # HYBRID_SHARD's inter-node process group
-OFFLOAD_STREAM, HOST_STREAM = "offload", "host"
+from sim.workload.ir import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
 
 class DataParallelEmitter:
