@@ -4,6 +4,7 @@ The GPU path runs the same code with CUDA events and NCCL; its tests are marked 
 """
 
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -16,6 +17,7 @@ from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
 from sim.costs.profile import load  # noqa: E402
+from sim.calibrate.run import resolve_device  # noqa: E402
 
 from conftest import SCENARIOS  # noqa: E402
 
@@ -96,6 +98,17 @@ def test_numerics_report(calibration):
     assert value("fp16", "gradient 1e-8 without") == 0  # vanishes
     assert value("fp16", "gradient 1e-8 with loss scale") == pytest.approx(1e-8, rel=1e-3)  # survives
     assert value("bf16", "gradient 1e-8 without") == pytest.approx(1e-8, rel=1e-2)  # fp32's range
+
+
+def test_the_device_defaults_to_what_torch_sees_and_a_missing_one_is_one_line(monkeypatch):
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^calibrate: --device cuda but torch sees no GPU \(use --device cpu\)$"):
+            resolve_device("cuda")
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ConfigError, match=r"^calibrate: needs PyTorch: pip install 'clustersim\[calibrate\]'"):
+        resolve_device("cpu")
 
 
 @pytest.mark.gpu

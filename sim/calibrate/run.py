@@ -30,6 +30,7 @@ from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
 from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
 from sim.model.transformer import MODEL_PRESETS, ModelSpec
 from sim.costs.profile import FORMAT, VERSION, Profile
+from sim.errors import ConfigError
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
                         ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)
@@ -46,6 +47,22 @@ class CalibrationOptions:
     micro_batch: int = 1
     seq_len: int = 4096
     collectives: bool = True
+
+
+def resolve_device(requested: str | None) -> str:
+    """The device to calibrate on: ``requested`` (``cuda`` or ``cpu``), else ``cuda`` if torch sees a GPU, else ``cpu``.
+
+    Raises ConfigError (one line) when torch is not installed or ``cuda`` is asked for without a GPU. Here rather
+    than in the CLI because only ``sim.calibrate`` imports torch (tests/test_layering.py).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
+    device = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    return device
 
 
 def _plan(options: CalibrationOptions, device_kind: str) -> dict[str, Any]:

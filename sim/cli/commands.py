@@ -345,15 +345,9 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
-    from sim.calibrate.run import CalibrationOptions, calibrate
+    from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    device = resolve_device(args.device)
     if not args.scenario and args.model not in MODEL_PRESETS:
         raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
     model, tp, micro_batch, seq_len = args.model, args.tp, args.micro_batch, args.seq_len
