@@ -16,20 +16,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim import runner
-
-from sim.engine import event as engine
-
-from sim.network import models as network
-
-from sim.explore import search
-
-from sim.output import trace
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
-
 from bench_engine import bare_simpy
+
+from sim import runner
+from sim.engine import event as engine
+from sim.explore import search
+from sim.network import models as network
+from sim.output import trace
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from sim.calibrate import reference
 from sim.calibrate.fitting import fit_log_curve
-from sim.hardware import GPU_PRESETS
 from sim.costs.profile import FORMAT, VERSION
+from sim.hardware import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sim" / "data" / "profiles"

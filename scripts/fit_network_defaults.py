@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from sim.calibrate import reference
-from sim.network.collectives import ring_latency, ring_time
 from sim.calibrate.fitting import LinkFit, Measurement, fit_link, fit_scale
 from sim.hardware import LinkSpec
+from sim.network.collectives import ring_latency, ring_time
 from sim.units import GB
 
 ROOT = Path(__file__).resolve().parents[1]

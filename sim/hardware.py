@@ -16,12 +16,12 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sim.units import Bytes, BytesPerSecond, FlopsPerSecond, GB, GiB, Seconds
+from sim.units import GB, Bytes, BytesPerSecond, FlopsPerSecond, GiB, Seconds
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 

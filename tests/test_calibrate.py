@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim import runner  # noqa: E402
+from sim.calibrate.run import resolve_device  # noqa: E402
 from sim.cli.commands import main  # noqa: E402
+from sim.costs.profile import load  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
 from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
-from sim.costs.profile import load  # noqa: E402
-from sim.calibrate.run import resolve_device  # noqa: E402
 
 from conftest import SCENARIOS  # noqa: E402
 

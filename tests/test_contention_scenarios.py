@@ -7,8 +7,8 @@ leaf, ranks: all, network: contention, ring).
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.network.models import ContentionNetwork
+from sim.spec.scenario import load_scenario
 
 from conftest import SCENARIOS
 

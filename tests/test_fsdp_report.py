@@ -5,8 +5,9 @@ runs; the H100 runs are tracked in docs/validation.md)."""
 import pytest
 
 from analysis.fsdp_report import fsdp_rows, report, scenario_for, to_markdown
-from conftest import SCENARIOS
 from sim import runner
+
+from conftest import SCENARIOS
 
 FOLDER = SCENARIOS / "validation"
 

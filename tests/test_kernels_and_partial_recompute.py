@@ -7,14 +7,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import SCENARIOS
 from sim import runner
 from sim.cli import commands as cli
-from sim.spec.scenario import load_scenario
 from sim.explore.estimate import estimate
 from sim.model.memory import activation_bytes_per_layer
-from sim.workload.memory_plan import stage_memory
 from sim.model.transformer import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
+from sim.spec.scenario import load_scenario
+from sim.workload.memory_plan import stage_memory
+
+from conftest import SCENARIOS
 
 LLAMA_13B = SCENARIOS / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
 

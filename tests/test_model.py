@@ -4,7 +4,11 @@
 import pytest
 
 from sim.model.transformer import (
-    MODEL_PRESETS, layer_forward_flops, logits_forward_flops, model_flops_per_step, total_params,
+    MODEL_PRESETS,
+    layer_forward_flops,
+    logits_forward_flops,
+    model_flops_per_step,
+    total_params,
 )
 
 GPT3 = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]

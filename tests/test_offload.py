@@ -1,12 +1,11 @@
 """CPU offload (ZeRO-Offload / FSDP CPUOffload), communication buffers and allocator overhead."""
 
 import pytest
+from test_data_parallel import comm_bound
 
 from sim import runner
 from sim.model.memory import model_state_bytes, rank_params
 from sim.workload.memory_plan import memory_plan
-
-from test_data_parallel import comm_bound
 
 
 def tasks(result, name, rank=0):

@@ -8,12 +8,9 @@ import pandas as pd
 import pytest
 
 from sim import runner
-
-from sim.explore import search
-
-from sim.explore import sweep
-from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
+from sim.explore import search, sweep
+from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "scenarios" / "tiny.yaml"

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.parallel.schedules import SCHEDULES
+from sim.spec.scenario import load_scenario
 
 from conftest import SCENARIOS
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
+from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

@@ -4,10 +4,9 @@ volumes of Narayanan et al. SC21 Sec. 2.3 and of the model's gradient bytes."""
 import pytest
 
 from sim import runner
-
-from sim.workload import build as workload
 from sim.model.memory import rank_params
 from sim.model.transformer import model_flops_per_step
+from sim.workload import build as workload
 
 from conftest import make_scenario
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from sim.model.transformer import ModelSpec, layer_forward_ops
 

@@ -22,8 +22,8 @@ Used by ``scripts/fit_network_defaults.py`` (shipped presets) and by calibration
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 

@@ -25,12 +25,12 @@ import pandas as pd
 
 from sim.calibrate.comm import OPS, bench_collectives
 from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, supports_fp8, transformer_shapes
-from sim.calibrate.numerics import numerics_report
 from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
-from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
-from sim.model.transformer import MODEL_PRESETS, ModelSpec
+from sim.calibrate.numerics import numerics_report
 from sim.costs.profile import FORMAT, VERSION, Profile
 from sim.errors import ConfigError
+from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS
+from sim.model.transformer import MODEL_PRESETS, ModelSpec
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
                         ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)

@@ -17,27 +17,24 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
 from sim import runner
-
-from sim.explore import search
-
-from sim.explore import sweep
-
-from sim.output import trace
-from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
-from sim.workload.memory_plan import PARTS, memory_plan
+from sim.explore import search, sweep
 from sim.model.transformer import MODEL_PRESETS
+from sim.output import trace
+from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+from sim.workload.memory_plan import PARTS, memory_plan
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"

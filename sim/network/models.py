@@ -21,8 +21,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Protocol
 
-from sim.network.collectives import (Channel, all_to_all_channels, bytes_moved, nvls_time, p2p_time, ring_channels,
-                             ring_latency, ring_orders, ring_time, tree_channels, tree_time)
+from sim.network.collectives import (
+    Channel,
+    all_to_all_channels,
+    bytes_moved,
+    nvls_time,
+    p2p_time,
+    ring_channels,
+    ring_latency,
+    ring_orders,
+    ring_time,
+    tree_channels,
+    tree_time,
+)
 from sim.network.topology import Topology
 
 

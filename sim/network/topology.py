@@ -15,9 +15,9 @@ Leaf uplinks carry (downlink bandwidth) / oversubscription.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable
 
 import networkx as nx
 

@@ -23,8 +23,9 @@ Timing is not decided here: the engine replays the order and the bubbles emerge 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Literal
 
 from sim.parallel.zbv import zb_v_passes
 

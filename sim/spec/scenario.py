@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import bisect
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.parallel.grid import RankGrid, chunk_sizes, chunk_starts, stage_layer_counts
+from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds
@@ -152,7 +152,7 @@ class Scenario(FrozenSpec):
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
-    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec, CalibratedCostsSpec],
+    costs: Annotated[FixedCostsSpec | RooflineCostsSpec | CalibratedCostsSpec,
                      Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
@@ -225,7 +225,7 @@ class Scenario(FrozenSpec):
         return expand_preset(value, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> "Scenario":
+    def _cross_field_rules(self) -> Scenario:
         check_rules(self)  # sim.spec.rules: the cross-field rules, each naming its field
         return self
 

@@ -21,8 +21,8 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
-from sim.spec.scenario import load_scenario, scenario_from_dict
 from sim.errors import ConfigError, SimError
+from sim.spec.scenario import load_scenario, scenario_from_dict
 
 DEFAULT_FOLDER = Path("scenarios") / "validation"
 PUBLISHED = "published.csv"
