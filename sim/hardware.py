@@ -79,7 +79,8 @@ class LinkSpec(FrozenSpec):
     def _group_knots(cls, knots: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
         sizes = [n for n, _ in knots]
         if sizes != sorted(set(sizes)) or any(n < 2 for n in sizes) or any(not 0 < f <= 2 for _, f in knots):
-            raise ValueError("group_efficiency: knots must be [group size >= 2, factor in (0, 2]] with increasing sizes")
+            raise ValueError("group_efficiency: knots must be [group size >= 2, factor in (0, 2]] "
+                             "with increasing sizes")
         return knots
 
     @property

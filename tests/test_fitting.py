@@ -39,7 +39,7 @@ def test_known_alpha_beta_and_knots_are_recovered():
     assert fit.base_latency == pytest.approx(BASE, rel=0.01)
     assert fit.latency == pytest.approx(ALPHA, rel=0.01)
     assert fit.efficiency == pytest.approx(PLATEAU, rel=1e-3)
-    for (size, fraction), expected in zip(fit.curve, TRUE_CURVE):
+    for (size, fraction), expected in zip(fit.curve, TRUE_CURVE, strict=True):
         assert fraction == pytest.approx(expected, rel=0.01, abs=0.002), size
 
 

@@ -199,7 +199,8 @@ def test_every_kind_of_upward_arrow_is_reported(tmp_path):
         "sim/stray.py": "",
     })
     assert violations(tmp_path) == [
-        "sim/stray.py: sim.stray is in no layer: place it in ORDER (tests/test_layering.py) and in docs/architecture.md",
+        "sim/stray.py: sim.stray is in no layer: place it in ORDER (tests/test_layering.py) "
+        "and in docs/architecture.md",
         "sim/model/memory.py:4: model (layer 2) imports sim.spec.scenario (spec, layer 7), above it",
         "sim/model/memory.py:6: model (layer 2) imports sim.runner (runner, layer 12), above it",
         "sim/model/memory.py:8: model (layer 2) imports sim.engine.event (engine, layer 10), above it",

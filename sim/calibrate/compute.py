@@ -115,6 +115,6 @@ def bench_copy(device: Any, sizes: Iterable[int], warmup: int, reps: int) -> lis
     for size in sizes:
         src = torch.empty(size, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        stats = _spread(time_repeated(lambda: dst.copy_(src), device, warmup, reps))
+        stats = _spread(time_repeated(lambda dst=dst, src=src: dst.copy_(src), device, warmup, reps))
         rows.append({"bytes": size, **stats, "bandwidth_Bps": 2 * size / stats["median_s"]})
     return rows

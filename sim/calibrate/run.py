@@ -159,8 +159,10 @@ def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, co
                 line_rates: dict[str, float | None]) -> Profile:
     curves = {}
     for dtype, rows in gemm.groupby("dtype", sort=True):
-        knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1, int(rows["flops"].max()).bit_length() + 1)]
-        peak = rows["achieved_flops_per_s"].max() / rows["efficiency"].max() if rows["efficiency"].notna().any() else None
+        knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1,
+                                         int(rows["flops"].max()).bit_length() + 1)]
+        peak = (rows["achieved_flops_per_s"].max() / rows["efficiency"].max()
+                if rows["efficiency"].notna().any() else None)
         curves[str(dtype)] = {"rate": fit_log_curve(rows["flops"], rows["achieved_flops_per_s"], knots),
                               "peak_flops": peak}
     largest = copy[copy["bytes"] == copy["bytes"].max()]

@@ -207,7 +207,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
-                  f"({len(screened) / found.screen_s:,.0f}/s): " + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
+                  f"({len(screened) / found.screen_s:,.0f}/s): "
+                  + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
     console.print(f"simulated {len(simulated):,} in {found.simulate_s:.1f} s")
     table = Table(title=f"best layouts (of {len(simulated):,} simulated)", header_style="bold")
     for name in ("layout", "mb", "schedule", "ZeRO", "recompute", "SP", "step s", "est. s", "MFU", "GiB"):
@@ -346,7 +347,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
 
     device = resolve_device(args.device)
     if not args.scenario and args.model not in MODEL_PRESETS:
-        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
+        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset "
+                          f"(known: {', '.join(MODEL_PRESETS)})")
     model, tp, micro_batch, seq_len = args.model, args.tp, args.micro_batch, args.seq_len
     if args.scenario:  # the GEMM shapes of that scenario's layer
         scenario = load_scenario(args.scenario)
@@ -367,7 +369,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     for tier in ("intra_node", "inter_node"):
         fields = getattr(measured, tier)
         if fields:
-            table.add_row(f"collectives ({tier})", f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
+            table.add_row(f"collectives ({tier})",
+                          f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
                           f" GB/s, base {fields['base_latency'] * 1e6:.0f} us")
     for row in result.numerics.itertuples(index=False):
         table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")

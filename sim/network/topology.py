@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import pairwise
 
 import networkx as nx
 
@@ -119,7 +120,7 @@ def _route(topology: Topology, src: int, dst: int) -> tuple[int, ...]:
     if topology.rail_of(dst) != in_rail:  # the destination's own NIC failed: in by another, then NVLink
         hops += [f"gpu{_rail_gpu(topology, topology.node_of(dst), in_rail)}", f"nvswitch{topology.domain_of(dst)}"]
     hops.append(f"gpu{dst}")
-    return tuple(index[(a, b)] for a, b in zip(hops, hops[1:]))
+    return tuple(index[(a, b)] for a, b in pairwise(hops))
 
 
 def _rail_gpu(topology: Topology, node: int, rail: int) -> int:

@@ -136,7 +136,8 @@ class NetworkSpec(FrozenSpec):
     model: Literal["ideal", "analytic", "contention"] = "analytic"
     algorithm: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
     nccl_sms: int = Field(default=0, ge=0, description="SMs an in-flight collective holds (NCCL channels); "
-                          "overlapped compute runs at (SMs - held) / SMs of its rate (sim.engine.sm_contention); 0: off")
+                          "overlapped compute runs at (SMs - held) / SMs of its rate "
+                          "(sim.engine.sm_contention); 0: off")
     nccl_p2p_sms: int = Field(default=2, ge=0, description="SMs an in-flight send holds, when nccl_sms > 0")
 
 
