@@ -56,13 +56,13 @@ DEFAULT_KNOTS = tuple(float(2 ** e) for e in range(16, 33))  # 64 KiB .. 4 GiB, 
 
 def pool_adjacent_violators(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
     """Least-squares non-decreasing fit (isotonic regression) of ``values``."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
+    blocks: list[tuple[float, float, int]] = []  # (mean, weight, count)
     for value, weight in zip(values, weights or [1.0] * len(values), strict=True):
-        blocks.append([float(value), float(weight), 1])
+        blocks.append((float(value), float(weight), 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             mean2, w2, c2 = blocks.pop()
             mean1, w1, c1 = blocks.pop()
-            blocks.append([(mean1 * w1 + mean2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+            blocks.append(((mean1 * w1 + mean2 * w2) / (w1 + w2), w1 + w2, c1 + c2))
     return [mean for mean, _, count in blocks for _ in range(count)]
 
 

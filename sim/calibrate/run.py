@@ -17,6 +17,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,7 @@ def _torchrun_collectives(device: Any, plan: dict[str, Any]) -> pd.DataFrame:
 
 
 def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, comm: pd.DataFrame | None,
-                line_rates: dict[str, float | None]) -> Profile:
+                line_rates: Mapping[str, float | None]) -> Profile:
     curves = {}
     for dtype, rows in gemm.groupby("dtype", sort=True):
         knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1,

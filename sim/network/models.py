@@ -195,7 +195,7 @@ class ContentionNetwork(AnalyticNetwork):
         if op == "send":
             bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
             latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
-            return (Phase(latency, tuple(self._channels([Channel((group,), nbytes)], bandwidth))),)
+            return (Phase(latency, tuple(self._channels([Channel(((group[0], group[1]),), nbytes)], bandwidth))),)
         algorithm = self.algorithm_for(op, nbytes, group)
         seconds = self.options(op, nbytes, group)[algorithm]
         inside = topo.in_one_domain(group)

@@ -146,7 +146,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     fabric = fabric or FabricSpec()
     if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
 
     def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None) -> None:
@@ -172,8 +172,8 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
         group = node // fabric.nodes_per_leaf
         graph.add_node(f"host{node}", kind="host", node=node)
         for nic in range(nics):
-            leaf = f"leaf{group}.{nic if fabric.rail_optimized else 0}"
-            connect(f"nic{node}.{nic}", leaf, "nic", inter_node)
+            leaf_name = f"leaf{group}.{nic if fabric.rail_optimized else 0}"
+            connect(f"nic{node}.{nic}", leaf_name, "nic", inter_node)
         for local in range(gpus_per_node):
             rank = node * gpus_per_node + local
             gpu = f"gpu{rank}"
@@ -189,7 +189,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             touched = [i for i, link in enumerate(links) if name in (link.src, link.dst)]
             if factor == 0:
                 failed.add(name)
-        elif "->" in name and tuple(name.split("->", 1)) in graph.edges:
+        elif "->" in name and graph.has_edge(*name.split("->", 1)):
             a, b = name.split("->", 1)
             touched = [i for i, link in enumerate(links) if (link.src, link.dst) in ((a, b), (b, a))]
         else:
