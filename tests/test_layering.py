@@ -14,6 +14,7 @@ entry point has its package's layer and may also import ``sim.cli``.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,6 +160,18 @@ def test_the_scan_sees_the_imports_it_must():
     assert ("sim/calibrate/compute.py", "torch") in found  # inside a function
     assert ("sim/explore/sweep.py", "sim.runner") in found  # ``from sim import runner``
     assert ("sim/__main__.py", "sim.cli.commands") in found
+
+
+def test_the_drawing_in_the_architecture_doc_is_this_order():
+    """docs/architecture.md's "## Layers" drawing: one row per level, "N   name, name   comment", high to low."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    drawing = doc.split("## Layers", 1)[1].split("```", 2)[1]
+    rows = {}
+    for line in drawing.splitlines():
+        match = re.match(r"\s*(\d+)\s+(.+?)(\s{2,}|$)", line)
+        if match:
+            rows[int(match.group(1))] = tuple(match.group(2).split(", "))
+    assert rows == {**dict(enumerate(ORDER)), len(ORDER): ("sim/__init__.py",)}
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
