@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.compare import compare_schedules
 from analysis import fsdp_report, gemm_report, network_report
+from analysis.compare import compare_schedules
 from analysis.sweep_plot import plot_sweep
 from sim.errors import SimError
 

@@ -8,8 +8,8 @@ activations in flight, like the figures of Narayanan et al. (2021) and Qi et al.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import matplotlib
 

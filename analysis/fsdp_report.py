@@ -20,9 +20,9 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
+from sim.spec.degrees import degrees
 from sim.spec.scenario import Scenario, load_scenario
 from sim.validation.validate import DEFAULT_FOLDER, published
-from sim.spec.degrees import degrees
 
 GROUP = "PyTorch FSDP"
 

@@ -17,8 +17,9 @@ Entry points (registered in pyproject.toml): ``write_run_chart`` after ``sim run
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import matplotlib
 import matplotlib.colors

@@ -1,7 +1,8 @@
 """Predicted versus measured GEMM times: the shipped default profiles against OpenXLA's GEMM tables.
 
 In: ``sim/data/reference/xla_matmul_perf_tables.csv`` (OpenXLA's measured (b, m, n, k, dtype) GEMMs on H100
-(sm_90) and B200 (sm_100)) and the roofline cost model with the GPU's default profile (sim.costs.models, sim.costs.profile).
+(sm_90) and B200 (sm_100)) and the roofline cost model with the GPU's default profile (sim.costs.models,
+sim.costs.profile).
 Out: a DataFrame with one row per measured GEMM (GPU, dtype, shape, measured and predicted time, relative
 error), the median absolute error for transformer-sized GEMMs (m, n, k >= 1024), and a markdown rendering
 (``docs/validation/gemm_h100_b200.md``). The profiles were fitted to these rows with one curve over GEMM
@@ -15,10 +16,9 @@ import pandas as pd
 
 from sim.calibrate import reference
 from sim.costs.models import RooflineCosts
+from sim.costs.profile import default_for
 from sim.hardware import GPU_PRESETS, bytes_per_element
 from sim.model.transformer import Op
-from sim.costs.profile import default_for
-
 
 PLATFORMS = {"sm_90": "H100-SXM", "sm_100_B200": "B200"}
 DTYPES = ("bf16", "fp16", "tf32")

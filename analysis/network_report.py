@@ -16,21 +16,20 @@ model's form (one latency, one efficiency curve) rather than predicting unseen d
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import pandas as pd
 
 from sim.calibrate import reference
-from sim.network.collectives import busbw
 from sim.hardware import NODE_PRESETS
+from sim.network.collectives import busbw
 from sim.network.models import AnalyticNetwork
 from sim.network.topology import build
-
 
 MIN_SIZE, MAX_SIZE, BANDWIDTH_BOUND = 2**20, 2**30, 16 * 2**20
 
 
-@lru_cache(maxsize=None)
+@cache
 def _network(nodes: int, algorithm: str) -> AnalyticNetwork:
     node = NODE_PRESETS["dgx-h100"]
     return AnalyticNetwork(build(nodes, 8, node.intra_node, node.inter_node, nvls=node.nvls, pcie=node.pcie),

@@ -2,7 +2,8 @@
 
 In: ``sim validate``'s table (``sim.validation.validate.run_validation``: one row per published run). Out:
 ``DIR/validation.md`` (every row with its iteration-time error, MFU and peak memory where published, then the
-mean and maximum absolute error overall and per source, the memory error, and the rows outside the 10% band) and ``DIR/parity.png`` (predicted against published iteration
+mean and maximum absolute error overall and per source, the memory error, and the rows outside the 10% band)
+and ``DIR/parity.png`` (predicted against published iteration
 time, log-log, the y = x line with a +-10% band, one marker per source). ``write_validation_report`` is the
 ``clustersim.validate_outputs`` entry point (``sim validate -o DIR``); ``python -m analysis validate``
 regenerates ``docs/validation.md`` and ``docs/images/parity.png`` in one command.

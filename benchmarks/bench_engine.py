@@ -17,16 +17,12 @@ from pathlib import Path
 import simpy
 
 from sim import runner
-
 from sim.engine import event as engine
-
 from sim.network import models as network
-
 from sim.output import trace
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
 
 DEFAULT = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 

@@ -14,17 +14,14 @@ import argparse
 import time
 from pathlib import Path
 
-from sim import runner
-
-from sim.engine import event as engine
-
-from sim.network import models as network
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
-from sim.plan import resolve
-
 from bench_engine import bare_simpy
+
+from sim import runner
+from sim.engine import event as engine
+from sim.network import models as network
+from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 

@@ -16,21 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim import runner
-
-from sim.engine import event as engine
-
-from sim.network import models as network
-
-from sim.explore import search
-
-from sim.output import trace
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
-from sim.plan import resolve
-
 from bench_engine import bare_simpy
+
+from sim import runner
+from sim.engine import event as engine
+from sim.explore import search
+from sim.network import models as network
+from sim.output import trace
+from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 
@@ -54,8 +49,8 @@ def _every_rank() -> None:
     total = summarized - began
     print(f"[ranks: all, contention] GPT-3 175B, 1024 A100, global batch {resolve(scenario).global_batch}: "
           f"{len(graph.tasks):,} tasks ({graph.lockstep} TP ranks per process), {result.events:,} simpy events")
-    print(f"  build {built - began:.1f} s, simulate {simulated - built:.1f} s, summarize {summarized - simulated:.1f} s, "
-          f"total {total:.1f} s; step {summary['step_time_s']:.4f} s")
+    print(f"  build {built - began:.1f} s, simulate {simulated - built:.1f} s, "
+          f"summarize {summarized - simulated:.1f} s, total {total:.1f} s; step {summary['step_time_s']:.4f} s")
     print(f"  {result.events / (simulated - built):,.0f} events/s; bare simpy {floor:.1f} s for the same events "
           f"({result.events / floor:,.0f}/s): simulate {(simulated - built) / floor:.1f}x, whole run "
           f"{total / floor:.1f}x that floor")

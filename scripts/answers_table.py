@@ -97,8 +97,8 @@ def cases() -> list[tuple[str, Path, list[str]]]:
 
 def answers(path: Path, sets: list[str]) -> dict[str, Any]:
     import sim  # noqa: F401  (imported lazily so --help works without the package)
-    from sim.spec.scenario import load_scenario
     from sim.errors import SimError
+    from sim.spec.scenario import load_scenario
 
     try:
         from sim import runner

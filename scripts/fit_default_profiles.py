@@ -3,7 +3,8 @@
 In: ``sim/data/reference/xla_matmul_perf_tables.csv`` (OpenXLA's measured GEMM throughput on H100 (sm_90) and
 B200 (sm_100) by (b, m, n, k, dtype), Apache-2.0, ROCm/xla@dc66032), and the GPU presets. Out: one profile per
 GPU: per dtype, the achieved FLOP/s as a monotone curve over GEMM FLOPs (knots every factor 2, the median of
-the rows within a factor sqrt(2), then pool-adjacent-violators: sim.calibrate.fitting.fit_log_curve), and the device-copy
+the rows within a factor sqrt(2), then pool-adjacent-violators: sim.calibrate.fitting.fit_log_curve), and the
+device-copy
 bandwidth of the preset (measured on H100/H200, ``measured_gpu_figures.csv``). A dtype any of whose rows beats
 the GPU's dense peak for it gets no curve (H100 fp8), and XLA's f32 rows are TF32 (``sim.calibrate.reference``).
 A100: no GEMM sweep in the reference data, so the H100 curve scaled by the published MAMF ratio
@@ -26,8 +27,8 @@ from pathlib import Path
 
 from sim.calibrate import reference
 from sim.calibrate.fitting import fit_log_curve
-from sim.hardware import GPU_PRESETS
 from sim.costs.profile import FORMAT, VERSION
+from sim.hardware import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sim" / "data" / "profiles"
@@ -107,7 +108,8 @@ def build() -> dict[str, dict[str, object]]:
 
 def a100_profile(data: dict[str, object]) -> dict[str, object]:
     k = fit_a100(data)
-    source = (f"H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering), then every kernel time x {k:.3f}: "
+    source = (f"H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering), "
+              f"then every kernel time x {k:.3f}: "
               "least squares on Korthikanti et al. 2022 Table 4 (Megatron-LM 22B layer on A100), fitted by "
               "scripts/fit_default_profiles.py")
     return {**derated(data, k), "source": source}

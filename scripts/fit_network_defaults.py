@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 
 from sim.calibrate import reference
-from sim.network.collectives import ring_latency, ring_time
 from sim.calibrate.fitting import LinkFit, Measurement, fit_link, fit_scale
 from sim.hardware import LinkSpec
+from sim.network.collectives import ring_latency, ring_time
 from sim.units import GB
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +72,7 @@ def _close(a: object, b: object) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, float) and isinstance(b, float):
         return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
     return a == b
@@ -83,7 +83,8 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="compare with the shipped file instead of writing")
     args = parser.parse_args()
     h100_ring = fit_link(xla_rows("sm_90", (8,)), 450 * GB)
-    h100_nvls = fit_link(nccl_rows("default (NVLS)", 1), 450 * GB, algorithm="nvls", latency=(h100_ring.base_latency, h100_ring.latency))
+    h100_nvls = fit_link(nccl_rows("default (NVLS)", 1), 450 * GB, algorithm="nvls",
+                         latency=(h100_ring.base_latency, h100_ring.latency))
     # 2-node rows: 16 ranks in 8 rings side by side, one per rail, so a node's 8 NICs (8 x 50 GB/s) carry
     # what one rank's ring moves (sim.network.topology.Topology.tier).
     def two_node_ring(row: Measurement) -> float:
@@ -122,7 +123,8 @@ def main() -> int:
     OUT.write_text(text)
     for name, fit in fits.items():
         for tier, fields in fit.items():
-            print(f"{name:12s} {tier:10s} base {fields['base_latency'] * 1e6:5.2f} us  alpha {fields['latency'] * 1e6:5.2f} us"
+            print(f"{name:12s} {tier:10s} base {fields['base_latency'] * 1e6:5.2f} us"
+                  f"  alpha {fields['latency'] * 1e6:5.2f} us"
                   f"  plateau {fields['efficiency']:.3f}")
     print(f"wrote {OUT.relative_to(ROOT)}")
     return 0

@@ -54,7 +54,8 @@ def scenario(row: pd.Series) -> tuple[str, dict, str]:
               f"{int(row['micro_batch_size'])}, {int(row['num_microbatches'])} micro-batches.\n"
               f"# Published {row['samples_per_gpu_per_s']} samples/s per GPU, peak memory {row['peak_memory_GB']} GB."
               f" Mapping: scripts/make_zero_bubble_validation.py"
-              f"{' (ZB-1p runs as ZB-H1)' if schedule == 'zb-h1' else ' (ZB-2p runs as ZB-H2)' if schedule == 'zb-h2' else ''}.\n")
+              f"{' (ZB-1p runs as ZB-H1)' if schedule == 'zb-h1' else ''}"
+              f"{' (ZB-2p runs as ZB-H2)' if schedule == 'zb-h2' else ''}.\n")
     return name + ".yaml", data, header
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import bisect
 import json
 import math
+from collections.abc import Sequence
 from importlib import resources
-from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sim.units import Bytes, BytesPerSecond, FlopsPerSecond, GB, GiB, Seconds
+from sim.units import GB, Bytes, BytesPerSecond, FlopsPerSecond, GiB, Seconds
 
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
@@ -79,7 +79,8 @@ class LinkSpec(FrozenSpec):
     def _group_knots(cls, knots: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
         sizes = [n for n, _ in knots]
         if sizes != sorted(set(sizes)) or any(n < 2 for n in sizes) or any(not 0 < f <= 2 for _, f in knots):
-            raise ValueError("group_efficiency: knots must be [group size >= 2, factor in (0, 2]] with increasing sizes")
+            raise ValueError("group_efficiency: knots must be [group size >= 2, factor in (0, 2]] "
+                             "with increasing sizes")
         return knots
 
     @property

@@ -25,8 +25,8 @@ from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element
 from sim.model.memory import activation_bytes_per_layer, model_state_bytes, rank_params
 from sim.model.transformer import ModelSpec
-from sim.parallel.grid import RankGrid
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec, Scenario

@@ -10,34 +10,24 @@ written here.
 from __future__ import annotations
 
 import gc
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pandas as pd
 
 from sim.engine import event as engine
-
-from sim.output import link_usage
-
-from sim.engine import longest_path
-
-from sim.network import models as network
-
-
-from sim.engine import sm_contention
-
-from sim.network import topology
-
-from sim.output import trace
-
-from sim.workload import build as workload
-from sim.workload.ir import TaskGraph
-from sim.spec.scenario import CalibratedCostsSpec, Scenario
+from sim.engine import longest_path, sm_contention
 from sim.engine.critical_path import critical_path
 from sim.errors import ConfigError
+from sim.network import models as network
+from sim.network import topology
+from sim.output import link_usage, trace
 from sim.plan import Plan, resolve
+from sim.spec.scenario import CalibratedCostsSpec, Scenario
+from sim.workload import build as workload
+from sim.workload.ir import TaskGraph
 
 
 @dataclass

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Callable
+from collections.abc import Callable
+from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
 

@@ -4,6 +4,7 @@ The GPU path runs the same code with CUDA events and NCCL; its tests are marked 
 """
 
 import json
+import sys
 
 import pandas as pd
 import pytest
@@ -11,11 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from sim import runner  # noqa: E402
+from sim.calibrate.run import resolve_device  # noqa: E402
 from sim.cli.commands import main  # noqa: E402
+from sim.costs.profile import load  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
 from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
-from sim.costs.profile import load  # noqa: E402
 
 from conftest import SCENARIOS  # noqa: E402
 
@@ -88,7 +90,8 @@ def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
 
 def test_numerics_report(calibration):
     rows = pd.read_csv(calibration / "numerics.csv")
-    value = lambda dtype, check: float(rows[(rows["dtype"] == dtype) & rows["check"].str.startswith(check)]["value"].iloc[0])  # noqa: E731
+    value = lambda dtype, check: float(  # noqa: E731
+        rows[(rows["dtype"] == dtype) & rows["check"].str.startswith(check)]["value"].iloc[0])
     fp16_dot, bf16_dot = value("fp16", "dot product"), value("bf16", "dot product")
     assert 0 < fp16_dot < bf16_dot < 0.05  # bf16 keeps 8 mantissa bits, fp16 11
     assert value("fp16", "largest finite") == 65504 and value("fp16", "overflow") == float("inf")
@@ -96,6 +99,17 @@ def test_numerics_report(calibration):
     assert value("fp16", "gradient 1e-8 without") == 0  # vanishes
     assert value("fp16", "gradient 1e-8 with loss scale") == pytest.approx(1e-8, rel=1e-3)  # survives
     assert value("bf16", "gradient 1e-8 without") == pytest.approx(1e-8, rel=1e-2)  # fp32's range
+
+
+def test_the_device_defaults_to_what_torch_sees_and_a_missing_one_is_one_line(monkeypatch):
+    assert resolve_device("cpu") == "cpu"
+    assert resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"^calibrate: --device cuda but torch sees no GPU \(use --device cpu\)"):
+            resolve_device("cuda")
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
+    with pytest.raises(ConfigError, match=r"^calibrate: needs PyTorch: pip install 'clustersim\[calibrate\]'"):
+        resolve_device("cpu")
 
 
 @pytest.mark.gpu

@@ -61,7 +61,8 @@ def test_contention_run_writes_link_usage_timeline_and_counters(tmp_path):
     chrome = json.loads((out / "trace.json").read_text())
     assert any(e["ph"] == "C" and e["args"]["load"] > 0 for e in chrome["traceEvents"])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["busiest_links"] and {"link", "tier", "utilization", "saturated_s"} <= set(summary["busiest_links"][0])
+    assert summary["busiest_links"]
+    assert {"link", "tier", "utilization", "saturated_s"} <= set(summary["busiest_links"][0])
 
 
 @pytest.mark.parametrize("args, message", [

@@ -3,10 +3,10 @@ import copy
 import pytest
 import yaml
 
-from sim.spec.scenario import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 from sim.errors import ConfigError
 from sim.hardware import NODE_PRESETS
 from sim.plan import resolve
+from sim.spec.scenario import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 
 from conftest import BASE, DATA, SCENARIOS, make_scenario
 

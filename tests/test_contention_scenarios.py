@@ -7,9 +7,9 @@ leaf, ranks: all, network: contention, ring).
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.network.models import ContentionNetwork
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
 
 from conftest import SCENARIOS
 

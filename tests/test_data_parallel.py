@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from sim import runner
-from sim.network.collectives import bus_factor
 from sim.errors import ConfigError
 from sim.model.memory import model_state_bytes
+from sim.network.collectives import bus_factor
 from sim.plan import resolve
 
 from conftest import make_scenario

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.explore.estimate import Estimator, estimate
+from sim.spec.scenario import load_scenario
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 GPT3 = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"

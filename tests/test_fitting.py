@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from sim.network.collectives import bytes_moved, latency_steps
 from sim.calibrate.fitting import DEFAULT_KNOTS, Measurement, fit_link, fit_log_curve, pool_adjacent_violators
+from sim.network.collectives import bytes_moved, latency_steps
 
 BASE, ALPHA, LINE, PLATEAU = 20e-6, 1.5e-6, 450e9, 0.8
 TRUE_CURVE = [0.05, 0.1, 0.2, 0.3, 0.5, 0.6, 0.8, 0.85, 0.9, 0.92, 0.95, 0.97, 0.98, 0.99, 1.0, 1.0, 1.0]  # 64K..4G
@@ -39,7 +39,7 @@ def test_known_alpha_beta_and_knots_are_recovered():
     assert fit.base_latency == pytest.approx(BASE, rel=0.01)
     assert fit.latency == pytest.approx(ALPHA, rel=0.01)
     assert fit.efficiency == pytest.approx(PLATEAU, rel=1e-3)
-    for (size, fraction), expected in zip(fit.curve, TRUE_CURVE):
+    for (size, fraction), expected in zip(fit.curve, TRUE_CURVE, strict=True):
         assert fraction == pytest.approx(expected, rel=0.01, abs=0.002), size
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from sim.engine.event import simulate
-from sim.network.flows import FlowNetwork, max_min_rates
 from sim.hardware import LinkSpec
+from sim.network.flows import FlowNetwork, max_min_rates
 from sim.network.models import AnalyticNetwork, ContentionNetwork
 from sim.network.topology import build
 from sim.workload.ir import TaskGraph

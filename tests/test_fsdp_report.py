@@ -5,9 +5,10 @@ runs; the H100 runs are tracked in docs/validation.md)."""
 import pytest
 
 from analysis.fsdp_report import fsdp_rows, report, scenario_for, to_markdown
-from conftest import SCENARIOS
 from sim import runner
 from sim.plan import resolve
+
+from conftest import SCENARIOS
 
 FOLDER = SCENARIOS / "validation"
 
@@ -16,9 +17,10 @@ def test_rows_become_the_published_setup():
     rows = fsdp_rows(FOLDER)
     assert len(rows) == 8
     scenario = scenario_for(rows.iloc[0], FOLDER)
-    assert scenario.cluster.num_gpus == 128 and resolve(scenario).zero_stage == 3 and scenario.fsdp.sharding == "FULL_SHARD"
+    plan = resolve(scenario)
+    assert scenario.cluster.num_gpus == 128 and plan.zero_stage == 3 and scenario.fsdp.sharding == "FULL_SHARD"
     assert scenario.cluster.inter_node.bandwidth == pytest.approx(400e9 / 8 / 8)  # 400 Gb/s per node, 8 GPUs
-    assert resolve(scenario).global_batch * resolve(scenario).seq_len == 1048576  # the blog's 1M-token batch on 128 GPUs
+    assert plan.global_batch * plan.seq_len == 1048576  # the blog's 1M-token batch on 128 GPUs
     assert not scenario.training.fused_kernels  # the blog did not use kernel fusion / torch.compile
 
 

@@ -7,7 +7,6 @@ import pandas as pd
 from pandas.testing import assert_frame_equal
 
 from sim import runner
-
 from sim.output import trace
 from sim.spec.scenario import load_scenario
 

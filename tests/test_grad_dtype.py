@@ -5,12 +5,12 @@ communication and the optimizer step make of it."""
 
 import pytest
 
-from sim.workload import build as workload
 from sim.costs.models import RooflineCosts
 from sim.hardware import GPU_PRESETS
 from sim.model.memory import model_state_bytes
-from sim.workload.memory_plan import stage_memory
 from sim.plan import resolve
+from sim.workload import build as workload
+from sim.workload.memory_plan import stage_memory
 
 from conftest import make_scenario
 

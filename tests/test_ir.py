@@ -12,10 +12,10 @@ import pytest
 from sim import runner
 from sim.network.models import AnalyticNetwork, ContentionNetwork, IdealNetwork, is_flow_level
 from sim.output import trace
+from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload import build as workload
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, STREAMS, Kind, Stream, TaskGraph
-from sim.plan import resolve
 
 from conftest import ROOT, SCENARIOS
 

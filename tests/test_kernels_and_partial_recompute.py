@@ -7,15 +7,16 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from conftest import SCENARIOS
 from sim import runner
 from sim.cli import commands as cli
-from sim.spec.scenario import load_scenario
 from sim.explore.estimate import estimate
 from sim.model.memory import activation_bytes_per_layer
-from sim.workload.memory_plan import stage_memory
 from sim.model.transformer import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload.memory_plan import stage_memory
+
+from conftest import SCENARIOS
 
 LLAMA_13B = SCENARIOS / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
 
@@ -80,8 +81,9 @@ def test_step_time_is_linear_in_the_recomputed_layers(partial: dict[int, tuple])
 def test_memory_plan_keeps_the_other_layers_whole_and_the_trace_agrees(partial: dict[int, tuple]) -> None:
     scenario, result = partial[20]
     t, p = scenario.training, scenario.parallel
-    full = activation_bytes_per_layer(scenario.model, t.micro_batch, resolve(scenario).seq_len, p.tp, False, "full", True)
-    whole = activation_bytes_per_layer(scenario.model, t.micro_batch, resolve(scenario).seq_len, p.tp, False, "none", True)
+    seq_len = resolve(scenario).seq_len
+    full = activation_bytes_per_layer(scenario.model, t.micro_batch, seq_len, p.tp, False, "full", True)
+    whole = activation_bytes_per_layer(scenario.model, t.micro_batch, seq_len, p.tp, False, "none", True)
     # 20 layers keep only their input, 20 keep everything, plus the one layer being rebuilt.
     expected = 20 * full + 20 * whole + whole
     planned = stage_memory(resolve(scenario), 0)["activations"]

@@ -16,8 +16,9 @@ import csv
 
 import pytest
 
-from conftest import DATA
 from sim.validation.validate import LAYER_EXPERIMENTS, layer_times
+
+from conftest import DATA
 
 ROWS = list(csv.DictReader(open(DATA / "korthikanti2022_layer_time.csv", encoding="utf-8")))
 EXPERIMENTS = LAYER_EXPERIMENTS

@@ -7,14 +7,11 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-
 from sim.engine import event as engine
-
 from sim.network import models as network
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"

@@ -7,18 +7,14 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-
 from sim.engine import event as engine
-
 from sim.engine import longest_path
-
-from sim.network import models as network
-
-from sim.workload import build as workload
-from sim.spec.scenario import load_scenario
 from sim.errors import ScheduleDeadlock
-from sim.workload.ir import TaskGraph
+from sim.network import models as network
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
+from sim.workload.ir import TaskGraph
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
 

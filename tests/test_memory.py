@@ -20,7 +20,8 @@ def test_activation_bytes_equal_korthikanti_table2(row, name, t):
     spec = MODEL_PRESETS[name]
     s, b, h, a = spec.max_seq_len, 2, spec.hidden_size, spec.num_attention_heads
     tp = 1 if row["tp"] == "1" else t
-    expected = eval(row["activation_bytes_per_transformer_layer"], {}, {"sbh": s * b * h, "s": s, "h": h, "a": a, "t": tp})
+    expected = eval(row["activation_bytes_per_transformer_layer"], {},
+                    {"sbh": s * b * h, "s": s, "h": h, "a": a, "t": tp})
     ours = activation_bytes_per_layer(spec, b, s, tp, row["sequence_parallel"] == "true", row["recompute"])
     assert ours == pytest.approx(expected, rel=1e-12)
 

@@ -4,7 +4,11 @@
 import pytest
 
 from sim.model.transformer import (
-    MODEL_PRESETS, layer_forward_flops, logits_forward_flops, model_flops_per_step, total_params,
+    MODEL_PRESETS,
+    layer_forward_flops,
+    logits_forward_flops,
+    model_flops_per_step,
+    total_params,
 )
 
 GPT3 = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]
@@ -17,7 +21,7 @@ def shape(name):
 
 @pytest.mark.parametrize("name", GPT3)
 def test_gpt_params_match_narayanan_eq2(name):
-    l, h, V, s = shape(name)
+    l, h, V, s = shape(name)  # noqa: E741 (l: the number of layers, the papers' symbol)
     eq2 = 12 * l * h**2 * (1 + 13 / (12 * h) + (V + s) / (12 * l * h))
     final_norm = 2 * h  # eq. (2) leaves out the final layer norm
     assert total_params(MODEL_PRESETS[name]) == pytest.approx(eq2 + final_norm, rel=1e-12)
@@ -25,7 +29,7 @@ def test_gpt_params_match_narayanan_eq2(name):
 
 @pytest.mark.parametrize("name", GPT3)
 def test_gpt_flops_match_narayanan_eq3_with_full_recompute(name):
-    l, h, V, s = shape(name)
+    l, h, V, s = shape(name)  # noqa: E741 (l: the number of layers, the papers' symbol)
     B = 1536
     eq3 = 96 * B * s * l * h**2 * (1 + s / (6 * h) + V / (16 * l * h))
     spec = MODEL_PRESETS[name]
@@ -36,7 +40,7 @@ def test_gpt_flops_match_narayanan_eq3_with_full_recompute(name):
 
 @pytest.mark.parametrize("name", GPT3)
 def test_model_flops_match_korthikanti_eq7(name):
-    l, h, V, s = shape(name)
+    l, h, V, s = shape(name)  # noqa: E741 (l: the number of layers, the papers' symbol)
     B = 64
     eq7 = 72 * B * l * s * h**2 * (1 + s / (6 * h) + V / (12 * h * l))
     assert model_flops_per_step(MODEL_PRESETS[name], B, s) == pytest.approx(eq7, rel=1e-12)

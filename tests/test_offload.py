@@ -1,13 +1,12 @@
 """CPU offload (ZeRO-Offload / FSDP CPUOffload), communication buffers and allocator overhead."""
 
 import pytest
+from test_data_parallel import comm_bound
 
 from sim import runner
 from sim.model.memory import model_state_bytes
-from sim.workload.memory_plan import memory_plan
 from sim.plan import resolve
-
-from test_data_parallel import comm_bound
+from sim.workload.memory_plan import memory_plan
 
 
 def tasks(result, name, rank=0):
@@ -74,8 +73,8 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_bucket_views():
     bf16_grads = {"global_batch": 16, "micro_batch": 1, "seq_len": 512, "grad_dtype": "bf16"}
     ddp = memory_plan(resolve(comm_bound(training=bf16_grads)))[0]  # torch DDP: buckets copy the gradients
     assert ddp["comm_buffers"] == ddp["gradients"] > 0
-    assert memory_plan(resolve(comm_bound(training=bf16_grads, parallel={"tp": 1, "pp": 1, "dp": 16,
-                                                                         "grad_bucket_view": True})))[0]["comm_buffers"] == 0
+    viewed = comm_bound(training=bf16_grads, parallel={"tp": 1, "pp": 1, "dp": 16, "grad_bucket_view": True})
+    assert memory_plan(resolve(viewed))[0]["comm_buffers"] == 0
     megatron = memory_plan(resolve(comm_bound()))[0]  # fp32 main grads: the buckets are views of Megatron's grad buffer
     assert megatron["comm_buffers"] == 0 and megatron["gradients"] == 2 * ddp["gradients"]
     zero2 = memory_plan(resolve(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2})))[0]

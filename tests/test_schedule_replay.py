@@ -2,7 +2,8 @@
 micro-batch's F, B (and W) run in that order; a micro-batch's forward reaches a chunk only after the previous
 chunk's forward ended, and its backward only after the next chunk's backward ended; the in-flight bound holds."""
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim import runner
 from sim.parallel.schedules import SCHEDULES

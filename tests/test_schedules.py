@@ -1,7 +1,8 @@
 """Schedules as pure action lists: counts, order, and the in-flight bound each promises (in closed form)."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.parallel.schedules import SCHEDULES, in_flight_peak, interleaved, one_f_one_b, zb_h1
 

@@ -8,13 +8,10 @@ import pandas as pd
 import pytest
 
 from sim import runner
-
-from sim.explore import search
-
-from sim.explore import sweep
-from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
+from sim.explore import search, sweep
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "scenarios" / "tiny.yaml"

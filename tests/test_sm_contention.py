@@ -5,13 +5,10 @@ import numpy as np
 import pytest
 
 from sim import runner
-
-from sim.engine import longest_path
-
-from sim.engine import sm_contention
-from sim.spec.scenario import load_scenario
+from sim.engine import longest_path, sm_contention
 from sim.errors import ConfigError
 from sim.explore.estimate import estimate
+from sim.spec.scenario import load_scenario
 from sim.workload.ir import TaskGraph
 
 from conftest import SCENARIOS

@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
 from sim.explore.sweep import SweepSpec, make_spec, parse_axis, point_id, run_sweep
+from sim.spec.scenario import load_scenario
 
 from conftest import ROOT, SCENARIOS
 

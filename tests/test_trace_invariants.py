@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.parallel.schedules import SCHEDULES
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
 
 from conftest import SCENARIOS
 
@@ -42,7 +42,7 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
     sc = run.scenario
     split = sc.parallel.tp > 1 and sc.costs.model != "fixed" and not SCHEDULES[sc.schedule].splits_backward
-    for (rank, kind), rows in layered.groupby(["rank", "kind"]):
+    for (_rank, kind), rows in layered.groupby(["rank", "kind"]):
         assert len(rows) == m * per_stage * 2 * (2 if kind == "backward" and split else 1)
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SCENARIOS
 from sim import runner
 from sim.cli import commands as cli
-from sim.spec.scenario import load_scenario
 from sim.explore.estimate import estimate
-
 from sim.model.transformer import embedding_params, layer_params
 from sim.parallel.grid import chunk_sizes
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+
+from conftest import SCENARIOS
 
 QI_1P5B = SCENARIOS / "validation" / "qi2024-1.5b-1f1b-m24.yaml"
 

@@ -1,7 +1,13 @@
 import pytest
 
 from sim.units import (
-    format_bandwidth, format_bytes, format_flops, format_seconds, parse_bandwidth, parse_bytes, parse_flops,
+    format_bandwidth,
+    format_bytes,
+    format_flops,
+    format_seconds,
+    parse_bandwidth,
+    parse_bytes,
+    parse_flops,
     parse_seconds,
 )
 

@@ -14,9 +14,10 @@ import shutil
 import pandas as pd
 import pytest
 
-from conftest import SCENARIOS
 from sim.cli import commands as cli
 from sim.validation.validate import error_stats, published, run_validation
+
+from conftest import SCENARIOS
 
 FOLDER = SCENARIOS / "validation"
 ROWS = list(published(FOLDER)["scenario"])

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.errors import ConfigError
+from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -56,7 +56,7 @@ def test_a_failed_rail_moves_its_traffic_to_the_next_nic() -> None:
         assert links is not None
         assert (links["peak_load_fraction"] <= 1 + 1e-9).all()  # no link over capacity, failed or not
         out = links[links["src"].str.startswith("nic0.") & links["dst"].str.startswith("leaf")]
-        return dict(zip(out["src"], out["bytes"]))
+        return dict(zip(out["src"], out["bytes"], strict=True))
 
     before, after = nic_bytes(healthy), nic_bytes(failed)
     assert "nic0.3" not in after  # nothing crosses the failed NIC

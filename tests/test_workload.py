@@ -4,11 +4,9 @@ volumes of Narayanan et al. SC21 Sec. 2.3 and of the model's gradient bytes."""
 import pytest
 
 from sim import runner
-
-from sim.workload import build as workload
-
 from sim.model.transformer import model_flops_per_step
 from sim.plan import resolve
+from sim.workload import build as workload
 
 from conftest import make_scenario
 
@@ -88,7 +86,8 @@ def test_trace_flops_add_up_to_the_model_flops():
     s = layout(tp=2, pp=2, dp=2)
     result = runner.run(s)
     executed = result.trace["flops"].sum() * s.parallel.tp * resolve(s).dp
-    assert executed == pytest.approx(model_flops_per_step(s.model, resolve(s).global_batch, resolve(s).seq_len), rel=1e-12)
+    plan = resolve(s)
+    assert executed == pytest.approx(model_flops_per_step(s.model, plan.global_batch, plan.seq_len), rel=1e-12)
 
 
 @pytest.mark.parametrize("overrides", [

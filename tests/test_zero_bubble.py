@@ -34,7 +34,8 @@ def qi_scenario(row, schedule, hidden=256):
 
 
 @pytest.mark.parametrize("schedule", sorted(COLUMNS))
-@pytest.mark.parametrize("row", ROWS, ids=[f"{r['model']}-p{r['pipeline_parallel']}-m{r['num_microbatches']}" for r in ROWS])
+@pytest.mark.parametrize("row", ROWS,
+                         ids=[f"{r['model']}-p{r['pipeline_parallel']}-m{r['num_microbatches']}" for r in ROWS])
 def test_bubble_rate_matches_qi_et_al(row, schedule):
     rate = runner.run(qi_scenario(row, schedule)).summary["bubble_rate_stagewise"]
     assert rate == pytest.approx(float(row[COLUMNS[schedule]]), abs=0.01)

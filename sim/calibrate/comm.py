@@ -10,7 +10,8 @@ the slowest rank, as nccl-tests reports), algbw = bytes / time and busbw = algbw
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sim.network.collectives import algbw, busbw
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
+from typing import Any
 
 from sim.model.transformer import ModelSpec, layer_forward_ops
 
@@ -114,6 +116,6 @@ def bench_copy(device: Any, sizes: Iterable[int], warmup: int, reps: int) -> lis
     for size in sizes:
         src = torch.empty(size, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        stats = _spread(time_repeated(lambda: dst.copy_(src), device, warmup, reps))
+        stats = _spread(time_repeated(partial(dst.copy_, src), device, warmup, reps))
         rows.append({"bytes": size, **stats, "bandwidth_Bps": 2 * size / stats["median_s"]})
     return rows

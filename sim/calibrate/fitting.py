@@ -22,8 +22,8 @@ Used by ``scripts/fit_network_defaults.py`` (shipped presets) and by calibration
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -56,13 +56,13 @@ DEFAULT_KNOTS = tuple(float(2 ** e) for e in range(16, 33))  # 64 KiB .. 4 GiB, 
 
 def pool_adjacent_violators(values: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
     """Least-squares non-decreasing fit (isotonic regression) of ``values``."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for value, weight in zip(values, weights or [1.0] * len(values)):
-        blocks.append([float(value), float(weight), 1])
+    blocks: list[tuple[float, float, int]] = []  # (mean, weight, count)
+    for value, weight in zip(values, weights or [1.0] * len(values), strict=True):
+        blocks.append((float(value), float(weight), 1))
         while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
             mean2, w2, c2 = blocks.pop()
             mean1, w1, c1 = blocks.pop()
-            blocks.append([(mean1 * w1 + mean2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+            blocks.append(((mean1 * w1 + mean2 * w2) / (w1 + w2), w1 + w2, c1 + c2))
     return [mean for mean, _, count in blocks for _ in range(count)]
 
 
@@ -129,7 +129,7 @@ def fit_link(rows: Iterable[Measurement], line_rate: float, algorithm: str = "ri
         fixed[near], moved[near], seconds[near], line_rate))
     monotone = pool_adjacent_violators(values, weights)
     plateau = min(monotone[-1], 1.0)
-    curve = tuple((knot, round(min(value / plateau, 1.0), 6)) for knot, value in zip(kept, monotone))
+    curve = tuple((knot, round(min(value / plateau, 1.0), 6)) for knot, value in zip(kept, monotone, strict=True))
     return LinkFit(base_latency=base, latency=alpha, efficiency=round(plateau, 6), curve=curve, rows=len(rows))
 
 
@@ -141,7 +141,7 @@ def fit_log_curve(x: Sequence[float], y: Sequence[float], knots: Sequence[float]
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     kept, values, weights = _per_knot(xs, knots, lambda near: float(np.median(ys[near])))
     fitted = pool_adjacent_violators(values, weights) if increasing else values
-    return tuple((knot, float(value)) for knot, value in zip(kept, fitted))
+    return tuple((knot, float(value)) for knot, value in zip(kept, fitted, strict=True))
 
 
 def fit_scale(rows: Sequence[Measurement], model_seconds: Callable[[Measurement, float], float],

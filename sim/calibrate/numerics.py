@@ -33,7 +33,8 @@ def dot_relative_error(dtype: str, depth: int = 4096, seed: int = 0) -> float:
 def _cast(value: float, dtype: str) -> float:
     import torch
 
-    return float(torch.tensor(value, dtype=torch.float32).to(getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])))
+    low = getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[dtype])
+    return float(torch.tensor(value, dtype=torch.float32).to(low))
 
 
 def numerics_report(depth: int = 4096) -> list[dict[str, Any]]:

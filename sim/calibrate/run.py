@@ -17,6 +17,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,12 @@ import pandas as pd
 
 from sim.calibrate.comm import OPS, bench_collectives
 from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, supports_fp8, transformer_shapes
-from sim.calibrate.numerics import numerics_report
 from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
-from sim.hardware import GPU_PRESETS, NODE_PRESETS, DEFAULT_NODE_FOR_GPU
-from sim.model.transformer import MODEL_PRESETS, ModelSpec
+from sim.calibrate.numerics import numerics_report
 from sim.costs.profile import FORMAT, VERSION, Profile
+from sim.errors import ConfigError
+from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS
+from sim.model.transformer import MODEL_PRESETS, ModelSpec
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
                         ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)
@@ -46,6 +48,22 @@ class CalibrationOptions:
     micro_batch: int = 1
     seq_len: int = 4096
     collectives: bool = True
+
+
+def resolve_device(requested: str | None) -> str:
+    """The device to calibrate on: ``requested`` (``cuda`` or ``cpu``), else ``cuda`` if torch sees a GPU, else ``cpu``.
+
+    Raises ConfigError (one line) when torch is not installed or ``cuda`` is asked for without a GPU. Here rather
+    than in the CLI because only ``sim.calibrate`` imports torch (tests/test_layering.py).
+    """
+    try:
+        import torch
+    except ImportError:
+        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
+    device = requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    return device
 
 
 def _plan(options: CalibrationOptions, device_kind: str) -> dict[str, Any]:
@@ -139,11 +157,13 @@ def _torchrun_collectives(device: Any, plan: dict[str, Any]) -> pd.DataFrame:
 
 
 def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, comm: pd.DataFrame | None,
-                line_rates: dict[str, float | None]) -> Profile:
+                line_rates: Mapping[str, float | None]) -> Profile:
     curves = {}
     for dtype, rows in gemm.groupby("dtype", sort=True):
-        knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1, int(rows["flops"].max()).bit_length() + 1)]
-        peak = rows["achieved_flops_per_s"].max() / rows["efficiency"].max() if rows["efficiency"].notna().any() else None
+        knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1,
+                                         int(rows["flops"].max()).bit_length() + 1)]
+        peak = (rows["achieved_flops_per_s"].max() / rows["efficiency"].max()
+                if rows["efficiency"].notna().any() else None)
         curves[str(dtype)] = {"rate": fit_log_curve(rows["flops"], rows["achieved_flops_per_s"], knots),
                               "peak_flops": peak}
     largest = copy[copy["bytes"] == copy["bytes"].max()]

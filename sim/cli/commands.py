@@ -17,29 +17,26 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
 from sim import runner
-
-from sim.explore import search
-
-from sim.explore import sweep
-
-from sim.output import trace
-from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
-from sim.plan import resolve
-from sim.workload.memory_plan import PARTS, memory_plan
+from sim.explore import search, sweep
 from sim.model.transformer import MODEL_PRESETS
-from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+from sim.output import trace
+from sim.plan import resolve
 from sim.spec.degrees import degrees
+from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
+from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+from sim.workload.memory_plan import PARTS, memory_plan
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -214,7 +211,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
-                  f"({len(screened) / found.screen_s:,.0f}/s): " + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
+                  f"({len(screened) / found.screen_s:,.0f}/s): "
+                  + ", ".join(f"{n:,} {k}" for k, n in sorted(counts.items())))
     console.print(f"simulated {len(simulated):,} in {found.simulate_s:.1f} s")
     table = Table(title=f"best layouts (of {len(simulated):,} simulated)", header_style="bold")
     for name in ("layout", "mb", "schedule", "ZeRO", "recompute", "SP", "step s", "est. s", "MFU", "GiB"):
@@ -349,17 +347,12 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
-    try:
-        import torch
-    except ImportError:
-        raise ConfigError("calibrate: needs PyTorch: pip install 'clustersim[calibrate]' (or torch==2.13.0)") from None
-    from sim.calibrate.run import CalibrationOptions, calibrate
+    from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("calibrate: --device cuda but torch sees no GPU (use --device cpu)")
+    device = resolve_device(args.device)
     if not args.scenario and args.model not in MODEL_PRESETS:
-        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset (known: {', '.join(MODEL_PRESETS)})")
+        raise ConfigError(f"calibrate: --model {args.model!r} is not a model preset "
+                          f"(known: {', '.join(MODEL_PRESETS)})")
     model, tp, micro_batch, seq_len = args.model, args.tp, args.micro_batch, args.seq_len
     if args.scenario:  # the GEMM shapes of that scenario's layer
         scenario = load_scenario(args.scenario)
@@ -380,7 +373,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     for tier in ("intra_node", "inter_node"):
         fields = getattr(measured, tier)
         if fields:
-            table.add_row(f"collectives ({tier})", f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
+            table.add_row(f"collectives ({tier})",
+                          f"busbw plateau {fields['bandwidth'] * fields['efficiency'] / 1e9:,.2f}"
                           f" GB/s, base {fields['base_latency'] * 1e6:.0f} us")
     for row in result.numerics.itertuples(index=False):
         table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")

@@ -25,9 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sim.costs.profile import Profile
 from sim.hardware import GpuSpec
 from sim.model.transformer import Op
-from sim.costs.profile import Profile
 
 Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
 ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient

@@ -14,7 +14,7 @@ k >= 1024 the spread at equal FLOPs is under 10%), and a single axis interpolate
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -91,7 +91,7 @@ def load(path: Path | str) -> Profile:
         raise ProfileError(f"costs.profile: {str(path)!r}: {where}: {first['msg']}") from None
 
 
-@lru_cache(maxsize=None)
+@cache
 def default_for(gpu_name: str) -> Profile | None:
     """The shipped profile for a GPU preset, or None when there is none."""
     name = DEFAULT_PROFILE_FOR_GPU.get(gpu_name)

@@ -13,6 +13,7 @@ waited for.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from sim.workload.ir import COMPUTE_KINDS, Kind, TaskGraph
@@ -35,7 +36,7 @@ def critical_path(graph: TaskGraph, start: list[float], end: list[float],
     tasks = graph.tasks
     before: dict[int, int] = {}
     for order in graph.streams.values():
-        for previous, task_id in zip(order, order[1:]):
+        for previous, task_id in itertools.pairwise(order):
             before[task_id] = previous
     members: dict[int, list[int]] = {}
     for task_id in arrival:

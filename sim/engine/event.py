@@ -7,24 +7,25 @@ One simpy process per (rank, stream) walks that stream's ordered task list like 
 every dependency has finished, run the task, record its start and end, signal done. A rank's streams run
 concurrently, which is where compute/communication overlap comes from. A collective whose group has several
 simulated members is a rendezvous: it starts when the last member arrives and all members end together.
-Communication time comes from the network model when the task starts. With a flow-level network
-(``contention``: a ``sim.network.models.FlowLevelNetwork``) a transfer instead runs its phases: a latency, then
-its channels as flows in a ``sim.network.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow
-fires at its predicted finish and is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
+Communication time comes from the network model when the task starts. With a flow-level network (``contention``: a
+``sim.network.models.FlowLevelNetwork``) a transfer instead runs its phases: a latency, then its channels as flows
+in a ``sim.network.flows.FlowNetwork`` that shares links max-min fairly; a timer per flow fires at its predicted
+finish and is re-armed whenever other flows come or go. A TP collective whose links no other transfer ever uses
 (``private_tp_transfers``: NVLink ports of its own GPUs, not crossed by any DP/PP route) would run alone at its
-uncontended rate, which is its analytic time: it is timed so, and its bytes are booked on its links, without
-flows (not when a link timeline is recorded). If the run ends with tasks not done, ``ScheduleDeadlock`` names
-the first stuck task of each stream and what it waits on. ``durations`` (per task id, e.g. the compute
-durations SM contention stretched) replaces the graph's own; the graph is only read.
+uncontended rate, which is its analytic time: it is timed so, and its bytes are booked on its links, without flows
+(not when a link timeline is recorded). If the run ends with tasks not done, ``ScheduleDeadlock`` names the first
+stuck task of each stream and what it waits on. ``durations`` (per task id, e.g. the compute durations SM
+contention stretched) replaces the graph's own; the graph is only read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Generator
 
 import simpy
+from simpy.events import NORMAL, EventPriority
 
 from sim.errors import ScheduleDeadlock
 from sim.network.flows import FlowNetwork
@@ -39,7 +40,7 @@ class _CountingEnvironment(simpy.Environment):
         super().__init__()
         self.scheduled = 0
 
-    def schedule(self, event: simpy.Event, priority: int = 1, delay: float = 0) -> None:  # type: ignore[override]
+    def schedule(self, event: simpy.Event, priority: EventPriority = NORMAL, delay: float = 0) -> None:
         self.scheduled += 1
         super().schedule(event, priority, delay)
 
@@ -86,7 +87,8 @@ def task_durations(graph: TaskGraph, durations: Sequence[float | None] | None) -
     return durations
 
 
-def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
+def private_tp_transfers(graph: TaskGraph,
+                         phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
     """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
     other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
     others: set[int] = set()
@@ -137,7 +139,10 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         for key, when in finish.items():
             version[key] = version.get(key, 0) + 1
             timer = env.timeout(max(0.0, when - env.now))
-            timer.callbacks.append(lambda _event, key=key, stamp=version[key]: fire(key, stamp))
+            timer.callbacks.append(functools.partial(fired, key=key, stamp=version[key]))
+
+    def fired(_event: simpy.Event, key: int, stamp: int) -> None:  # a timer's callback
+        fire(key, stamp)
 
     def fire(key: int, stamp: int) -> None:
         if version.get(key) != stamp or key not in pending:

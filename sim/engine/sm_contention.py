@@ -19,8 +19,7 @@ the replay is repeated with the stretched durations until they agree (a fixed po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -110,7 +109,7 @@ def settle(graph: TaskGraph, first: tuple[list[float], list[float]],
         if stretch(compute, current, holders, start, end, sms) <= TOLERANCE_S:
             break
         for rank, (index, _) in compute.items():
-            for task_id, seconds in zip(index.tolist(), current[rank].tolist()):
+            for task_id, seconds in zip(index.tolist(), current[rank].tolist(), strict=True):
                 durations[task_id] = seconds
         start, end = replay(durations)
     added = max((float((current[rank] - base).sum()) for rank, (_, base) in compute.items()), default=0.0)

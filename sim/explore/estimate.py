@@ -31,12 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.network import models as network_models
 from sim.costs.models import CostModel, Phase, Work
 from sim.model.transformer import layer_params, model_flops_per_step
+from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
-from sim.parallel.grid import lockstep_groups
 from sim.parallel.chunks import Layout, chunk_location, model_chunk, upstream
+from sim.parallel.grid import lockstep_groups
 from sim.parallel.schedules import Action
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
@@ -73,11 +73,12 @@ class Estimator:
         plan = resolve(scenario)
         self.costs = costs or step.make_costs(plan)
         spec = scenario.network
-        topology = build_topology(plan) if network is None or spec.model == "contention" else None
-        model = "analytic" if spec.model == "contention" else spec.model
-        self.net = network or network_models.make(model, topology, spec.algorithm)
+        contention = spec.model == "contention"
+        # the cluster's topology (built once per cluster, sim.runner), only where a network model is made here
+        self.net = network or network_models.make("analytic" if contention else spec.model, build_topology(plan),
+                                                  spec.algorithm)
         self.flows: network_models.FlowLevelNetwork | None = (
-            network_models.ContentionNetwork(topology, spec.algorithm) if spec.model == "contention" else None)
+            network_models.ContentionNetwork(build_topology(plan), spec.algorithm) if contention else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
         self._orders: dict[tuple[str, int, int], list[list[Action]]] = {}
@@ -156,7 +157,8 @@ class Estimator:
     def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
-        max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the time."""
+        max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
+        time."""
         if self.flows is None:
             return self.net.collective_time(op, nbytes, group)
         groups = lockstep_groups(group, plan.tp)
@@ -209,7 +211,7 @@ class Estimator:
 
     def _tail(self, plan: Plan, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
-        model, zero, parallel = plan.model, plan.zero_stage, plan.scenario.parallel
+        zero = plan.zero_stage
         grad_elem = plan.grad_bytes_per_param
         exposed = 0.0
         if plan.data_parallel:

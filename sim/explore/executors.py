@@ -11,8 +11,9 @@ either way, so the results table does not depend on the executor.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Literal
 
 from sim.errors import ConfigError
 

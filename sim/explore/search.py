@@ -22,19 +22,20 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
 import pandas as pd
 
-from sim.spec.scenario import Scenario, check_rules, load_scenario
 from sim.errors import ConfigError
-from sim.spec.degrees import degrees
 from sim.explore.estimate import Estimator
 from sim.explore.executors import Executor
-from sim.parallel.schedules import SCHEDULES
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
+from sim.parallel.schedules import SCHEDULES
+from sim.spec.degrees import degrees
+from sim.spec.scenario import Scenario, check_rules, load_scenario
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",

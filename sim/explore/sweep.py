@@ -22,18 +22,19 @@ import csv
 import itertools
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import yaml
 
 from sim import runner
-from sim.spec.scenario import apply_overrides, scenario_from_dict
 from sim.errors import ConfigError, SimError
-from sim.spec.degrees import degrees
 from sim.explore.executors import Executor, run_all
+from sim.spec.degrees import degrees
+from sim.spec.scenario import apply_overrides, scenario_from_dict
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",

@@ -38,7 +38,7 @@ class ModelSpec(FrozenSpec):
     bias: bool = True
 
     @model_validator(mode="after")
-    def _fill_defaults(self) -> "ModelSpec":
+    def _fill_defaults(self) -> ModelSpec:
         # Frozen model: fill derived defaults once, so the resolved scenario shows them explicitly.
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_attention_heads)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send")
 ALGORITHMS = ("auto", "ring", "tree", "nvls", "hierarchical")
@@ -150,8 +151,8 @@ def ring_channels(op: str, nbytes: float, orders: list[tuple[int, ...]]) -> list
     n = len(orders[0])
     share = bytes_moved("ring", op, n, nbytes) / len(orders)
     if op == "broadcast":  # a pipelined chain: the last rank does not send back to the root
-        return [Channel(tuple(zip(order[:-1], order[1:])), share) for order in orders]
-    return [Channel(tuple(zip(order, order[1:] + order[:1])), share) for order in orders]
+        return [Channel(tuple(zip(order[:-1], order[1:], strict=True)), share) for order in orders]
+    return [Channel(tuple(zip(order, order[1:] + order[:1], strict=True)), share) for order in orders]
 
 
 def _binary_tree_hops(order: tuple[int, ...] | list[int]) -> list[tuple[int, int]]:
@@ -180,7 +181,7 @@ def tree_channels(nbytes: float, group: tuple[int, ...], node_of: dict[int, int]
         for members in by_node.values():
             chain = members[j:] + members[:j]
             heads.append(chain[0])
-            chains += [hop for a, b in zip(chain, chain[1:]) for hop in ((b, a), (a, b))]
+            chains += [hop for a, b in pairwise(chain) for hop in ((b, a), (a, b))]
         for order in (heads, heads[::-1]):
             channels.append(Channel(tuple(chains + _binary_tree_hops(order)), nbytes / (2 * k)))
     return channels

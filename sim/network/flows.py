@@ -77,8 +77,10 @@ class FlowNetwork:
             self.demand[link] = self.demand[link] - flow.rate_cap * count if users else 0.0
         self._set_rate(key, flow, 0.0)
         touched = {link for link, _ in flow.loads}
-        return self._rebalance(self._component(neighbours), now, touched) if neighbours else self._account(
-            touched, now) or {}
+        if neighbours:
+            return self._rebalance(self._component(neighbours), now, touched)
+        self._account(touched, now)
+        return {}
 
     def book_alone(self, loads: tuple[tuple[int, int], ...], nbytes: float, rate: float) -> None:
         """Usage of a flow that ran alone on its links at ``rate`` (the engine times such transfers itself)."""

@@ -25,8 +25,19 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol, TypeGuard
 
-from sim.network.collectives import (Channel, all_to_all_channels, bytes_moved, nvls_time, p2p_time, ring_channels,
-                             ring_latency, ring_orders, ring_time, tree_channels, tree_time)
+from sim.network.collectives import (
+    Channel,
+    all_to_all_channels,
+    bytes_moved,
+    nvls_time,
+    p2p_time,
+    ring_channels,
+    ring_latency,
+    ring_orders,
+    ring_time,
+    tree_channels,
+    tree_time,
+)
 
 if TYPE_CHECKING:
     from sim.network.topology import Topology
@@ -207,7 +218,7 @@ class ContentionNetwork(AnalyticNetwork):
         if op == "send":
             bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
             latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
-            return (Phase(latency, tuple(self._channels([Channel((group,), nbytes)], bandwidth))),)
+            return (Phase(latency, tuple(self._channels([Channel(((group[0], group[1]),), nbytes)], bandwidth))),)
         algorithm = self.algorithm_for(op, nbytes, group)
         seconds = self.options(op, nbytes, group)[algorithm]
         inside = topo.in_one_domain(group)

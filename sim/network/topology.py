@@ -15,9 +15,10 @@ Leaf uplinks carry (downlink bandwidth) / oversubscription.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Iterable
+from itertools import pairwise
 
 import networkx as nx
 
@@ -119,7 +120,7 @@ def _route(topology: Topology, src: int, dst: int) -> tuple[int, ...]:
     if topology.rail_of(dst) != in_rail:  # the destination's own NIC failed: in by another, then NVLink
         hops += [f"gpu{_rail_gpu(topology, topology.node_of(dst), in_rail)}", f"nvswitch{topology.domain_of(dst)}"]
     hops.append(f"gpu{dst}")
-    return tuple(index[(a, b)] for a, b in zip(hops, hops[1:]))
+    return tuple(index[(a, b)] for a, b in pairwise(hops))
 
 
 def _rail_gpu(topology: Topology, node: int, rail: int) -> int:
@@ -145,7 +146,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     fabric = fabric or FabricSpec()
     if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
-    graph = nx.DiGraph()
+    graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
 
     def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None) -> None:
@@ -171,8 +172,8 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
         group = node // fabric.nodes_per_leaf
         graph.add_node(f"host{node}", kind="host", node=node)
         for nic in range(nics):
-            leaf = f"leaf{group}.{nic if fabric.rail_optimized else 0}"
-            connect(f"nic{node}.{nic}", leaf, "nic", inter_node)
+            leaf_name = f"leaf{group}.{nic if fabric.rail_optimized else 0}"
+            connect(f"nic{node}.{nic}", leaf_name, "nic", inter_node)
         for local in range(gpus_per_node):
             rank = node * gpus_per_node + local
             gpu = f"gpu{rank}"
@@ -188,7 +189,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             touched = [i for i, link in enumerate(links) if name in (link.src, link.dst)]
             if factor == 0:
                 failed.add(name)
-        elif "->" in name and tuple(name.split("->", 1)) in graph.edges:
+        elif "->" in name and graph.has_edge(*name.split("->", 1)):
             a, b = name.split("->", 1)
             touched = [i for i, link in enumerate(links) if (link.src, link.dst) in ((a, b), (b, a))]
         else:

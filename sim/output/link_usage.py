@@ -9,6 +9,7 @@ links by utilization), and `critical` (the link saturated longest).
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 import pandas as pd
@@ -38,7 +39,7 @@ def segments_frame(topology: Topology, flows: FlowNetwork) -> pd.DataFrame:
     rows = []
     for index, points in sorted(flows.segments.items()):
         link = topology.links[index]
-        for (start, load), (end, _) in zip(points, points[1:]):
+        for (start, load), (end, _) in pairwise(points):
             if end > start and load > 0:
                 rows.append({"link": index, "src": link.src, "dst": link.dst, "tier": link.tier, "start_s": start,
                              "end_s": end, "load_fraction": load / link.capacity})

@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 
 from sim.model.memory import peak_usage, with_allocator
-from sim.plan import Plan
-from sim.workload.memory_plan import states_and_buffers
 from sim.model.transformer import model_flops_per_step
+from sim.plan import Plan
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream, TaskGraph
+from sim.workload.memory_plan import states_and_buffers
 
 if TYPE_CHECKING:
-    from sim.spec.scenario import Scenario
+    pass
 
 TRACE_COLUMNS: dict[str, str] = {
     "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",

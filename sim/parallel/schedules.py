@@ -23,8 +23,8 @@ Timing is not decided here: the engine replays the order and the bubbles emerge 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Literal
 
 from sim.parallel.chunks import Layout, Phase, chunk_location, model_chunk, upstream
 from sim.parallel.zbv import zb_v_passes

@@ -137,13 +137,13 @@ class _Builder:
                     self.fill_before("B", chunk, stage, chunk == 0 or self.fill_b)
                     self.put("B", chunk, stage)
             for stage in range(p):
-                chunk = self.next_forward_chunk(stage)
-                if chunk is None or self.count[stage][("F", chunk)] >= m or self.count[stage][("F", 1)] >= m:
+                forward = self.next_forward_chunk(stage)  # None when no forward is ready
+                if forward is None or self.count[stage][("F", forward)] >= m or self.count[stage][("F", 1)] >= m:
                     continue
                 while self.memory[stage] + _MEMORY["F"] > self.limit:
                     self.put_w(stage)
-                self.fill_before("F", chunk, stage, self.fill_f)
-                self.put("F", chunk, stage)
+                self.fill_before("F", forward, stage, self.fill_f)
+                self.put("F", forward, stage)
         for stage in range(p):
             while self.pending[stage]:
                 self.put_w(stage)

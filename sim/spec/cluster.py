@@ -85,7 +85,7 @@ class ClusterSpec(FrozenSpec):
         return data
 
     @model_validator(mode="after")
-    def _shape(self) -> "ClusterSpec":
+    def _shape(self) -> ClusterSpec:
         gpus = self.nodes * self.gpus_per_node
         if self.nvlink_domain % self.gpus_per_node:
             raise ValueError(f"nvlink_domain: {self.nvlink_domain} GPUs is not whole nodes of "

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from sim.spec.scenario import Scenario
 
 
-def check_rules(s: "Scenario") -> None:
+def check_rules(s: Scenario) -> None:
     """Cross-field rules; each message starts with the field(s) it concerns."""
     p, m = s.parallel, s.model
     d = degrees(s)
@@ -96,7 +96,7 @@ def check_rules(s: "Scenario") -> None:
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
 
 
-def _check_sm_contention(s: "Scenario") -> None:
+def _check_sm_contention(s: Scenario) -> None:
     net, gpu = s.network, s.cluster.gpu
     if not net.nccl_sms:
         return
@@ -107,7 +107,7 @@ def _check_sm_contention(s: "Scenario") -> None:
             raise ValueError(f"network.{field}: {held} SMs must leave some of {gpu.name}'s {gpu.sms} to compute")
 
 
-def _check_uneven_stages(s: "Scenario") -> None:
+def _check_uneven_stages(s: Scenario) -> None:
     p, layers = s.parallel, s.model.num_layers
     given_fields = [name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None]
     field = "parallel." + "/".join(given_fields)

@@ -13,15 +13,15 @@ scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
+from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
@@ -135,7 +135,8 @@ class NetworkSpec(FrozenSpec):
     model: Literal["ideal", "analytic", "contention"] = "analytic"
     algorithm: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
     nccl_sms: int = Field(default=0, ge=0, description="SMs an in-flight collective holds (NCCL channels); "
-                          "overlapped compute runs at (SMs - held) / SMs of its rate (sim.engine.sm_contention); 0: off")
+                          "overlapped compute runs at (SMs - held) / SMs of its rate "
+                          "(sim.engine.sm_contention); 0: off")
     nccl_p2p_sms: int = Field(default=2, ge=0, description="SMs an in-flight send holds, when nccl_sms > 0")
 
 
@@ -151,7 +152,7 @@ class Scenario(FrozenSpec):
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
     schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
-    costs: Annotated[Union[FixedCostsSpec, RooflineCostsSpec, CalibratedCostsSpec],
+    costs: Annotated[FixedCostsSpec | RooflineCostsSpec | CalibratedCostsSpec,
                      Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
     ranks: Literal["slice", "all"] = Field(default="slice", description="slice: one rank per pipeline stage "
@@ -224,7 +225,7 @@ class Scenario(FrozenSpec):
         return expand_preset(value, MODEL_PRESETS, "model")
 
     @model_validator(mode="after")
-    def _cross_field_rules(self) -> "Scenario":
+    def _cross_field_rules(self) -> Scenario:
         check_rules(self)  # sim.spec.rules: the cross-field rules, each naming its field
         return self
 

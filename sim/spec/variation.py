@@ -17,7 +17,8 @@ noise on compute times), ``gpu_of_node`` (mixed clusters) and ``link_factor`` fo
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 from pydantic import Field, field_validator

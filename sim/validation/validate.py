@@ -4,8 +4,9 @@ In: a folder (default ``scenarios/validation``) holding one scenario YAML per pu
 ``published.csv``: one row per scenario with its published iteration time (seconds), MFU, tokens/s per GPU and
 peak memory (GB = 1e9 bytes) where the source gives them, the source (paper and table) and notes. Out: a
 DataFrame, one row per published run: predicted and published iteration time, MFU, tokens/s per GPU and peak
-memory, the relative errors (predicted / published - 1), and whether it fits; a scenario that fails to load or run keeps its row with the
-one-line error and no prediction. ``error_stats`` gives the mean and maximum absolute iteration-time error.
+memory, the relative errors (predicted / published - 1), and whether it fits; a scenario that fails to load or
+run keeps its row with the one-line error and no prediction. ``error_stats`` gives the mean and maximum absolute
+iteration-time error.
 ``layer_times`` simulates the 22B layer of Korthikanti et al. 2022 Table 4 (the A100 calibration's target,
 shared by its fitting script and its test).
 
@@ -21,8 +22,8 @@ from typing import Any
 import pandas as pd
 
 from sim import runner
-from sim.spec.scenario import load_scenario, scenario_from_dict
 from sim.errors import ConfigError, SimError
+from sim.spec.scenario import load_scenario, scenario_from_dict
 
 DEFAULT_FOLDER = Path("scenarios") / "validation"
 PUBLISHED = "published.csv"

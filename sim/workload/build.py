@@ -29,6 +29,7 @@ The graph's types live in sim.workload.ir (re-exported here).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from sim.costs.models import CostModel, Phase, ScaledCosts, Work
@@ -88,8 +89,12 @@ class _StageEmitter:
     def _layers(self, chunk: int) -> range:
         return self.plan.chunk_layers(self._global_chunk(chunk))
 
-    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None, **extra: Any) -> int:
+    def _add(self, stream: str, kind: str, name: str, mb: int, layer: int, after: int | None,
+             also: Sequence[int] = (), **extra: Any) -> int:
+        """Adds a task after ``after`` (an edge only across streams: a stream runs in order) and the tasks in
+        ``also``, taking the pending and blocking-TP dependencies a task on ``stream`` has."""
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
+        deps += also
         if self.pending_deps and stream not in (NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
@@ -333,11 +338,13 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     priced: dict[tuple[str | None, float], CostModel] = {(None, 1.0): costs}
 
     def costs_for(rank: int) -> CostModel:
-        key = (variation.gpus.get(grid.node(rank)), variation.compute_scale(rank))
+        gpu, scale = key = (variation.gpus.get(grid.node(rank)), variation.compute_scale(rank))
         if key not in priced:
-            base = priced[(key[0], 1.0)] if (key[0], 1.0) in priced else make_costs(plan, GPU_PRESETS[key[0]])
-            priced[(key[0], 1.0)] = base
-            priced[key] = base if key[1] == 1.0 else ScaledCosts(base, key[1])
+            base = priced.get((gpu, 1.0))
+            if base is None:  # a node of another GPU type (the scenario's own, None, is priced above)
+                assert gpu is not None
+                base = priced[(gpu, 1.0)] = make_costs(plan, GPU_PRESETS[gpu])
+            priced[key] = base if scale == 1.0 else ScaledCosts(base, scale)
         return priced[key]
 
     for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
@@ -352,6 +359,6 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
         # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
         for emitter in emitters:
             for task_id, key in emitter.waits:
-                graph.tasks[task_id].deps.append(sends[key])
+                graph.add_dependency(task_id, sends[key])
     graph.freeze()  # last, after every edge (the cross-stage ones above included)
     return graph

@@ -65,10 +65,12 @@ class DataParallelEmitter:
         self.multi = len(self.dp_group) > 1
         self.offload = plan.scenario.offload
 
-    def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1) -> int:
-        """A host <-> GPU copy of ``nbytes`` on the offload stream."""
+    def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1,
+              also: list[int] | None = None) -> int:
+        """A host <-> GPU copy of ``nbytes`` on the offload stream, after ``after`` and the tasks in ``also``."""
         seconds = step.pcie_seconds(self.plan, nbytes)
-        return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, duration=seconds, nbytes=nbytes)
+        return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, also or (), duration=seconds,
+                            nbytes=nbytes)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _unit_bytes(self, unit: int, per_param: float) -> float:
@@ -107,13 +109,10 @@ class DataParallelEmitter:
         waits = [self.unit_ends[-lag]] if len(self.unit_ends) >= lag else []
         if self.offload.params:  # the unit's weight shard comes from host memory first
             shard = self._unit_bytes(unit, self.weight_bytes_per_param) / len(self.shard_group)
-            waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers))
-            self.st.g.tasks[waits[-1]].deps.extend(waits[:-1])
+            waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers, also=waits))
         name = "param_gather_bwd" if backward else "param_gather_fwd"
-        task = self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers, None, op="all_gather",
+        return self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers, None, waits, op="all_gather",
                             nbytes=self._unit_bytes(unit, self.weight_bytes_per_param), group=self.shard_group)
-        self.st.g.tasks[task].deps.extend(waits)
-        return task
 
     def unit_compute_done(self, layer: int, phase: str, last_task: int) -> None:
         """Record the end of a unit's compute (the last layer of a unit in this phase's order)."""
@@ -153,9 +152,8 @@ class DataParallelEmitter:
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
         else:
-            optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None,
+            optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, self.reduce_tasks,
                                 duration=st.costs.optimizer_time(shard_params, self.grad_bytes_per_param))
-            st.g.tasks[optimizer].deps.extend(self.reduce_tasks)
         gather = step.final_weight_gather_bytes(plan, st.stage)
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
             st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,
@@ -171,9 +169,8 @@ class DataParallelEmitter:
             copies.append(self._pcie("grads_to_host", shard, task_id, task.microbatch, task.layer))
         if not copies:  # a single rank: the whole gradient crosses at the end
             copies.append(self._pcie("grads_to_host", shard_params * self.grad_bytes_per_param, None))
-        adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None,
+        adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None, copies,
                        duration=step.host_adam_seconds(self.plan, shard_params))
-        st.g.tasks[adam].deps.extend(copies)
         return self._pcie("params_to_gpu", step.weights_to_gpu_bytes(self.plan, shard_params), adam)
 
     def _end_of_step_buckets(self, op: str) -> None:

@@ -119,6 +119,14 @@ class TaskGraph:
         order.append(task_id)
         return task_id
 
+    def add_dependency(self, task_id: int, on: int) -> None:
+        """An edge to a task emitted after ``task_id``: a pipeline stage's pass waits for the neighbour stage's
+        send, which is emitted later because stages are emitted one after the other (that order fixes the task
+        ids, and so the traces). The one edge the builder adds after emitting a task; refused once frozen."""
+        if self.frozen:
+            raise RuntimeError(f"task graph is frozen: cannot add an edge to task {task_id}")
+        self.tasks[task_id].deps.append(on)  # type: ignore[attr-defined]  # a list until freeze()
+
     def freeze(self) -> None:
         """Ends the build: every task's dependencies become a tuple (no edge can be appended any more) and
         ``add`` refuses new tasks. The engines and the SM-contention rounds read a frozen graph and never write

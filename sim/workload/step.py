@@ -22,8 +22,16 @@ from dataclasses import dataclass
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
 from sim.hardware import GpuSpec
-from sim.model.transformer import (ATTENTION_CORE, COLUMN_PARALLEL, embedding_forward_ops, embedding_params,
-                                   head_forward_ops, head_params, layer_forward_ops, layer_params)
+from sim.model.transformer import (
+    ATTENTION_CORE,
+    COLUMN_PARALLEL,
+    embedding_forward_ops,
+    embedding_params,
+    head_forward_ops,
+    head_params,
+    layer_forward_ops,
+    layer_params,
+)
 from sim.network.collectives import p2p_time
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
@@ -72,7 +80,7 @@ def blocks(plan: Plan) -> Blocks:
     )
 
 
-def tp_ops(plan: Plan) -> tuple[str, str | None]:
+def tp_ops(plan: Plan) -> tuple[str | None, str | None]:
     """(collective before a block, collective after it) of Megatron's TP, each of ``plan.tp_bytes``; None where
     there is none (no TP, or no all-gather without sequence parallelism)."""
     if plan.tp == 1:
