@@ -34,7 +34,7 @@ DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
 def compare_schedules(scenario_path: Path | str, path: Path | str,
                       variants: Sequence[tuple[str, list[str]]] = DEFAULT_VARIANTS) -> Path:
     runs = [(label, runner.run(load_scenario(scenario_path, overrides))) for label, overrides in variants]
-    end = max(result.summary["step_time_s"] for _, result in runs)
+    end = max(result.summary.step_time_s for _, result in runs)
     stages = max(result.scenario.parallel.pp for _, result in runs)
     fig, axes = plt.subplots(len(runs), 1, figsize=(14, 1.0 + 0.42 * stages * len(runs)), sharex=True,
                              squeeze=False)
@@ -51,9 +51,9 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
                 ax.text((row.start_s + row.end_s) / 2, stage, str(row.microbatch), ha="center", va="center",
                         fontsize=6, color="white")
         s = result.summary
-        in_flight = max(m["activations"] for m in s["memory_breakdown_bytes"].values())
-        ax.set_title(f"{label}: step {s['step_time_s'] * 1e3:.1f} ms, bubble {s['bubble_fraction']:.1%} "
-                     f"(per stage {s['bubble_rate_stagewise']:.1%}), peak activations {in_flight / 2**20:.0f} MiB",
+        in_flight = max(m["activations"] for m in s.memory_breakdown_bytes.values())
+        ax.set_title(f"{label}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction:.1%} "
+                     f"(per stage {s.bubble_rate_stagewise:.1%}), peak activations {in_flight / 2**20:.0f} MiB",
                      fontsize=9, loc="left")
         ax.set_yticks(range(stages))
         ax.set_yticklabels([f"stage {i}" for i in range(stages)], fontsize=7)

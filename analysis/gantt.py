@@ -18,7 +18,7 @@ Entry points (registered in pyproject.toml): ``write_run_chart`` after ``sim run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import matplotlib
 import matplotlib.colors
@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from sim.output.summary import Summary  # noqa: E402
 from sim.workload.build import STREAMS  # noqa: E402
 
 COLORS = {
@@ -127,18 +128,18 @@ def plot_gantt(
     return path
 
 
-def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: dict[str, Any]) -> Path:
+def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: Summary) -> Path:
     """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title, and lanes
     for the busiest links when the run wrote ``link_timeline.csv``."""
-    title = (f"{summary['scenario']} — step {summary['step_time_s']:.3f} s, MFU {summary['mfu']:.1%}, "
-             f"bubble {summary['bubble_fraction']:.1%} ({summary['schedule']}, m={summary['microbatches']})")
+    title = (f"{summary.scenario} — step {summary.step_time_s:.3f} s, MFU {summary.mfu:.1%}, "
+             f"bubble {summary.bubble_fraction:.1%} ({summary.schedule}, m={summary.microbatches})")
     ranks = default_ranks(trace)
     if ranks is not None:
         title += f"; ranks {', '.join(map(str, ranks))} of {trace['rank'].nunique()}"
     segments = None
     timeline = Path(run_dir) / "link_timeline.csv"
-    if timeline.is_file() and summary.get("busiest_links"):
+    if timeline.is_file() and summary.busiest_links:
         frame = pd.read_csv(timeline)
-        busiest = [link["link"] for link in summary["busiest_links"]]
+        busiest = [link.link for link in summary.busiest_links]
         segments = frame[(frame["src"] + "->" + frame["dst"]).isin(busiest)]
     return plot_gantt(trace, Path(run_dir) / "gantt.png", ranks=ranks, title=title, link_segments=segments)

@@ -32,6 +32,7 @@ from sim.explore import search
 from sim.explore import sweep
 
 from sim.output import trace
+from sim.output.summary import Summary
 from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
@@ -54,53 +55,53 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.1f} GiB"
 
 
-def _memory_problem(summary: dict[str, Any]) -> str:
-    per_rank = summary["peak_memory_bytes"]["per_rank"]
-    rank = max(per_rank, key=per_rank.get)
-    parts = summary["memory_breakdown_bytes"][rank]
+def _memory_problem(summary: Summary) -> str:
+    per_rank = summary.peak_memory_bytes.per_rank
+    rank = max(per_rank, key=lambda r: per_rank[r])
+    parts = summary.memory_breakdown_bytes[rank]
     largest = sorted((k for k in parts if k not in ("total", "host")), key=lambda k: -parts[k])[:3]
     detail = ", ".join(f"{k} {_gib(parts[k])}" for k in largest)
-    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary['hbm_capacity_bytes'])} "
+    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary.hbm_capacity_bytes)} "
             f"(largest: {detail})")
 
 
-def summary_title(summary: dict[str, Any]) -> str:
-    layout = summary["layout"]
-    return (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
-            f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
+def summary_title(summary: Summary) -> str:
+    layout = summary.layout
+    return (f"{summary.scenario}: {summary.num_gpus} GPUs, tp {layout.tp} pp {layout.pp} "
+            f"dp {layout.dp}, {summary.schedule}, {summary.microbatches} micro-batches")
 
 
-def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     table = Table("metric", Column("value", justify="right"), header_style="bold")
-    peak = summary["peak_memory_bytes"]
-    exposed = summary["exposed_comm_s"]
+    peak = summary.peak_memory_bytes
+    exposed = summary.exposed_comm_s
     rows = [
-        ("step time", f"{summary['step_time_s']:.4f} s"),
-        ("tokens/s", f"{summary['tokens_per_s']:,.0f}"),
-        ("TFLOP/s per GPU (model)", f"{summary['tflops_per_gpu']:.1f}"),
-        ("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%}"),
-        ("bubble fraction", f"{summary['bubble_fraction']:.2%}"),
+        ("step time", f"{summary.step_time_s:.4f} s"),
+        ("tokens/s", f"{summary.tokens_per_s:,.0f}"),
+        ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
+        ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),
+        ("bubble fraction", f"{summary.bubble_fraction:.2%}"),
         ("exposed comm tp / pp / dp", " / ".join(f"{exposed[k] * 1e3:.1f}" for k in ("tp", "pp", "dp")) + " ms"),
-        ("peak memory per GPU", f"{_gib(peak['max'])} of {_gib(summary['hbm_capacity_bytes'])}"
-                                + ("" if summary["fits_in_memory"] else "  [does not fit]")),
-        ("tasks simulated", f"{summary['tasks']:,}"),
+        ("peak memory per GPU", f"{_gib(peak.max)} of {_gib(summary.hbm_capacity_bytes)}"
+                                + ("" if summary.fits_in_memory else "  [does not fit]")),
+        ("tasks simulated", f"{summary.tasks:,}"),
     ]
-    if "critical_rank" in summary:  # ranks: all
-        rank = str(summary["critical_rank"])
-        waits = summary["collective_wait_s"]
-        rows.append(("critical rank", f"{rank}: {summary['critical_path_s']['compute_by_rank'].get(rank, 0.0):.4f} s "
+    if summary.critical_rank is not None and summary.critical_path_s is not None:  # ranks: all
+        rank = str(summary.critical_rank)
+        waits = summary.collective_wait_s or {}
+        rows.append(("critical rank", f"{rank}: {summary.critical_path_s.compute_by_rank.get(rank, 0.0):.4f} s "
                                       f"of compute on the critical path"))
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         if worst is not None and waits[worst] > 0:
             rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))
-    if "nccl_sm_stretch_s" in summary:  # network.nccl_sms
-        rows.append(("compute lost to NCCL's SMs", f"{summary['nccl_sm_stretch_s'] * 1e3:.1f} ms (worst rank)"))
-    if summary.get("critical_link"):
-        link = summary["critical_link"]
-        rows.append(("critical link", f"{link['link']}: saturated {link['saturated_s'] * 1e3:.1f} ms"))
-    for link in summary.get("busiest_links", [])[:3]:
-        rows.append((f"busy link {link['link']}", f"{link['utilization']:.0%} of the step, "
-                                                  f"saturated {link['saturated_s'] * 1e3:.1f} ms"))
+    if summary.nccl_sm_stretch_s is not None:  # network.nccl_sms
+        rows.append(("compute lost to NCCL's SMs", f"{summary.nccl_sm_stretch_s * 1e3:.1f} ms (worst rank)"))
+    if summary.critical_link is not None:
+        link = summary.critical_link
+        rows.append(("critical link", f"{link.link}: saturated {link.saturated_s * 1e3:.1f} ms"))
+    for busy in (summary.busiest_links or [])[:3]:
+        rows.append((f"busy link {busy.link}", f"{busy.utilization:.0%} of the step, "
+                                               f"saturated {busy.saturated_s * 1e3:.1f} ms"))
     if wall_s is not None:
         rows.append(("wall time", f"{wall_s:.2f} s"))
     for name, value in rows:
@@ -116,7 +117,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
     if result.links is not None:  # contention network: which links carried what
         result.links.to_csv(out / "links.csv", index=False)
@@ -130,7 +131,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
-    if not result.summary["fits_in_memory"]:
+    if not result.summary.fits_in_memory:
         problem = _memory_problem(result.summary)
         if args.fail_on_oom:
             raise OutOfMemory(problem)
