@@ -51,7 +51,9 @@ class RunResult:
     links: pd.DataFrame | None = None  # per-link usage under the contention network
     link_segments: pd.DataFrame | None = None  # per-link load over time, when asked for
 
-
+    def __repr__(self) -> str:  # the default would print the whole scenario, graph and trace (in a notebook, too)
+        return (f"RunResult({self.scenario.name!r}: step {self.summary.step_time_s:.6g} s, MFU {self.summary.mfu:.1%}, "
+                f"{len(self.trace):,} tasks)")
 
 
 _TOPOLOGIES: dict[str, topology.Topology] = {}  # a sweep's or search's points mostly share one cluster

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from sim import runner
+from sim import api, runner
 
 from sim.explore import search
 
@@ -36,7 +36,7 @@ from sim.output.summary import Summary
 from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
-from sim.workload.memory_plan import PARTS, memory_plan
+from sim.workload.memory_plan import PARTS
 from sim.model.transformer import MODEL_PRESETS
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
 
@@ -139,8 +139,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def memory_table(scenario: Scenario) -> Table:
-    rows = memory_plan(scenario)
+def memory_table(scenario: Scenario, rows: list[dict[str, float]]) -> Table:
+    """``sim check``'s table of the memory plan (``rows``, one per pipeline stage), in GiB."""
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
                         f"{scenario.grad_dtype} gradients)", header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
@@ -155,9 +155,10 @@ def memory_table(scenario: Scenario) -> Table:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    scenario = load_scenario(args.scenario, args.set)
-    console.print(resolved_yaml(scenario), markup=False, highlight=False)
-    console.print(memory_table(scenario))
+    checked = api.check(args.scenario, args.set)
+    scenario = checked.scenario
+    console.print(checked.resolved_yaml, markup=False, highlight=False)
+    console.print(memory_table(scenario, checked.memory_plan))
     console.print(f"ok: {scenario.name}: {scenario.num_gpus} GPUs, {scenario.microbatches} micro-batches per step")
     return 0
 
