@@ -11,15 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from analysis.gantt import COLORS, compute_blocks  # noqa: E402
-from sim import runner  # noqa: E402
-from sim.spec.scenario import load_scenario  # noqa: E402
+from analysis.gantt import COLORS, compute_blocks
+from sim import runner
+from sim.spec.scenario import load_scenario
 
 DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
     ("GPipe", ["schedule=gpipe"]),
@@ -34,10 +31,10 @@ DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
 def compare_schedules(scenario_path: Path | str, path: Path | str,
                       variants: Sequence[tuple[str, list[str]]] = DEFAULT_VARIANTS) -> Path:
     runs = [(label, runner.run(load_scenario(scenario_path, overrides))) for label, overrides in variants]
-    end = max(result.summary["step_time_s"] for _, result in runs)
+    end = max(result.summary.step_time_s for _, result in runs)
     stages = max(result.scenario.parallel.pp for _, result in runs)
-    fig, axes = plt.subplots(len(runs), 1, figsize=(14, 1.0 + 0.42 * stages * len(runs)), sharex=True,
-                             squeeze=False)
+    fig = Figure(figsize=(14, 1.0 + 0.42 * stages * len(runs)))  # no pyplot: the user's backend is left alone
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)
     for ax, (label, result) in zip(axes[:, 0], runs, strict=True):
         trace = result.trace
         compute = trace[(trace["stream"] == "compute") & (trace["kind"] != "optimizer")]
@@ -51,9 +48,9 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
                 ax.text((row.start_s + row.end_s) / 2, stage, str(row.microbatch), ha="center", va="center",
                         fontsize=6, color="white")
         s = result.summary
-        in_flight = max(m["activations"] for m in s["memory_breakdown_bytes"].values())
-        ax.set_title(f"{label}: step {s['step_time_s'] * 1e3:.1f} ms, bubble {s['bubble_fraction']:.1%} "
-                     f"(per stage {s['bubble_rate_stagewise']:.1%}), peak activations {in_flight / 2**20:.0f} MiB",
+        in_flight = max(m["activations"] for m in s.memory_breakdown_bytes.values())
+        ax.set_title(f"{label}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction:.1%} "
+                     f"(per stage {s.bubble_rate_stagewise:.1%}), peak activations {in_flight / 2**20:.0f} MiB",
                      fontsize=9, loc="left")
         ax.set_yticks(range(stages))
         ax.set_yticklabels([f"stage {i}" for i in range(stages)], fontsize=7)
@@ -66,5 +63,4 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
                       bbox_to_anchor=(1.0, 1.15), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=140)
-    plt.close(fig)
     return Path(path)

@@ -48,11 +48,11 @@ def report(rows: pd.DataFrame | None = None, folder: Path | str = DEFAULT_FOLDER
         out.append({
             "model": scenario.model.name, "gpu": scenario.cluster.gpu.name, "gpus": scenario.cluster.num_gpus,
             "recompute": recompute, "published_mfu": float(row["mfu"]),
-            "predicted_mfu": summary["mfu"], "mfu_error": summary["mfu"] / float(row["mfu"]) - 1,
+            "predicted_mfu": summary.mfu, "mfu_error": summary.mfu / float(row["mfu"]) - 1,
             "published_tokens_per_s_per_gpu": float(row["tokens_per_s_per_gpu"]),
-            "predicted_tokens_per_s_per_gpu": summary["tokens_per_s"] / scenario.cluster.num_gpus,
-            "exposed_dp_s": summary["exposed_comm_s"]["dp"],
-            "step_time_s": summary["step_time_s"], "fits_in_memory": summary["fits_in_memory"],
+            "predicted_tokens_per_s_per_gpu": summary.tokens_per_s / scenario.cluster.num_gpus,
+            "exposed_dp_s": summary.exposed_comm_s["dp"],
+            "step_time_s": summary.step_time_s, "fits_in_memory": summary.fits_in_memory,
         })
     return pd.DataFrame(out)
 

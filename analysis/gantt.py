@@ -11,26 +11,26 @@ With link load segments (a ``contention`` run with ``--link-timeline``), the bus
 below the ranks, shaded by the fraction of the link's capacity in use. Runs with every rank simulated show
 two ranks per stage by default (the rest are alike unless the scenario makes them differ).
 
-Entry points (registered in pyproject.toml): ``write_run_chart`` after ``sim run`` writes ``gantt.png``;
-``plot_gantt`` serves ``sim plot``.
+``plot_gantt(trace, ax=None, ...)`` draws on a Matplotlib Axes (a new pyplot figure when none is given, as a
+notebook wants) and returns it; ``write_gantt`` draws on a bare ``matplotlib.figure.Figure`` and saves it, so the
+command line needs no GUI backend and nothing here changes the user's backend. Entry points (registered in
+pyproject.toml): ``write_run_chart`` after ``sim run`` writes ``gantt.png``; ``write_gantt`` serves ``sim plot``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-import matplotlib
 import matplotlib.colors
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")  # headless: charts are files
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-
-from sim.workload.ir import STREAMS  # noqa: E402
+from sim.output.summary import Summary
+from sim.workload.ir import STREAMS
 
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
@@ -64,25 +64,50 @@ def compute_blocks(rows: pd.DataFrame, min_gap: float = 0.0) -> pd.DataFrame:
     )
 
 
+def _window(trace: pd.DataFrame, ranks: Sequence[int] | None, start: float | None,
+            end: float | None) -> tuple[pd.DataFrame, float, float]:
+    """The rows of ``ranks`` overlapping [start, end] (default: the whole step), and that window."""
+    frame = trace if ranks is None else trace[trace["rank"].isin(list(ranks))]
+    lo = float(frame["start_s"].min()) if start is None else start
+    hi = float(frame["end_s"].max()) if end is None else end
+    return frame[(frame["end_s"] >= lo) & (frame["start_s"] <= hi)], lo, hi
+
+
+def _lanes(frame: pd.DataFrame) -> list[tuple[int, int, str]]:
+    """(stage, rank, stream) of every lane, stages top to bottom, streams in ``STREAMS`` order."""
+    return sorted({(int(s), int(r), st) for s, r, st in frame[["stage", "rank", "stream"]].itertuples(index=False)},
+                  key=lambda lane: (lane[0], lane[1], STREAM_ORDER.get(lane[2], 9)))
+
+
+def _link_names(link_segments: pd.DataFrame | None) -> list[str]:
+    return [] if link_segments is None else list(dict.fromkeys(link_segments["src"] + "->" + link_segments["dst"]))
+
+
+def figure_size(trace: pd.DataFrame, ranks: Sequence[int] | None = None, start: float | None = None,
+                end: float | None = None, link_segments: pd.DataFrame | None = None) -> tuple[float, float]:
+    """Inches (width, height) that give each lane of the chart a readable row: 16 wide, 0.32 per lane."""
+    frame, _, _ = _window(trace, ranks, start, end)
+    return 16.0, max(2.5, 0.32 * (len(_lanes(frame)) + len(_link_names(link_segments))) + 1.4)
+
+
 def plot_gantt(
     trace: pd.DataFrame,
-    path: Path | str,
+    ax: Axes | None = None,
     ranks: Sequence[int] | None = None,
     start: float | None = None,
     end: float | None = None,
     title: str | None = None,
     link_segments: pd.DataFrame | None = None,
-) -> Path:
-    path = Path(path)
-    frame = trace if ranks is None else trace[trace["rank"].isin(list(ranks))]
-    lo = float(frame["start_s"].min()) if start is None else start
-    hi = float(frame["end_s"].max()) if end is None else end
-    frame = frame[(frame["end_s"] >= lo) & (frame["start_s"] <= hi)]
-    lanes = sorted({(int(s), int(r), st) for s, r, st in frame[["stage", "rank", "stream"]].itertuples(index=False)},
-                   key=lambda lane: (lane[0], lane[1], STREAM_ORDER.get(lane[2], 9)))
-    links = [] if link_segments is None else list(dict.fromkeys(link_segments["src"] + "->" + link_segments["dst"]))
-    height = max(2.5, 0.32 * (len(lanes) + len(links)) + 1.4)
-    fig, ax = plt.subplots(figsize=(16, height))
+) -> Axes:
+    """Draw the Gantt chart of ``trace`` (optionally only ``ranks`` and the window [start, end] in seconds, with
+    lanes for ``link_segments``) on ``ax``, or on a new pyplot figure sized by ``figure_size``; return the Axes."""
+    frame, lo, hi = _window(trace, ranks, start, end)
+    lanes = _lanes(frame)
+    links = _link_names(link_segments)
+    if ax is None:
+        import matplotlib.pyplot as plt  # only here: pyplot (the user's backend) for a figure a notebook shows
+
+        _, ax = plt.subplots(figsize=figure_size(trace, ranks, start, end, link_segments))
     label_width = (hi - lo) / 160  # only blocks wider than this get their micro-batch number
     for y, (_, rank, stream) in enumerate(lanes):
         rows = frame[(frame["rank"] == rank) & (frame["stream"] == stream)]
@@ -122,24 +147,40 @@ def plot_gantt(
               bbox_to_anchor=(1.0, 1.0), ncol=len(present), fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10, loc="left")
+    return ax
+
+
+def write_gantt(
+    trace: pd.DataFrame,
+    path: Path | str,
+    ranks: Sequence[int] | None = None,
+    start: float | None = None,
+    end: float | None = None,
+    title: str | None = None,
+    link_segments: pd.DataFrame | None = None,
+) -> Path:
+    """``sim plot`` plugin: the Gantt chart (``plot_gantt``'s arguments) as an image file, PNG/SVG/PDF by the
+    extension of ``path``. A bare ``Figure`` renders with the format's own canvas: no pyplot, no backend."""
+    path = Path(path)
+    fig = Figure(figsize=figure_size(trace, ranks, start, end, link_segments))
+    plot_gantt(trace, fig.subplots(), ranks=ranks, start=start, end=end, title=title, link_segments=link_segments)
     fig.tight_layout()
     fig.savefig(path, dpi=150)
-    plt.close(fig)
     return path
 
 
-def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: dict[str, Any]) -> Path:
+def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: Summary) -> Path:
     """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title, and lanes
     for the busiest links when the run wrote ``link_timeline.csv``."""
-    title = (f"{summary['scenario']} — step {summary['step_time_s']:.3f} s, MFU {summary['mfu']:.1%}, "
-             f"bubble {summary['bubble_fraction']:.1%} ({summary['schedule']}, m={summary['microbatches']})")
+    title = (f"{summary.scenario} — step {summary.step_time_s:.3f} s, MFU {summary.mfu:.1%}, "
+             f"bubble {summary.bubble_fraction:.1%} ({summary.schedule}, m={summary.microbatches})")
     ranks = default_ranks(trace)
     if ranks is not None:
         title += f"; ranks {', '.join(map(str, ranks))} of {trace['rank'].nunique()}"
     segments = None
     timeline = Path(run_dir) / "link_timeline.csv"
-    if timeline.is_file() and summary.get("busiest_links"):
+    if timeline.is_file() and summary.busiest_links:
         frame = pd.read_csv(timeline)
-        busiest = [link["link"] for link in summary["busiest_links"]]
+        busiest = [link.link for link in summary.busiest_links]
         segments = frame[(frame["src"] + "->" + frame["dst"]).isin(busiest)]
-    return plot_gantt(trace, Path(run_dir) / "gantt.png", ranks=ranks, title=title, link_segments=segments)
+    return write_gantt(trace, Path(run_dir) / "gantt.png", ranks=ranks, title=title, link_segments=segments)

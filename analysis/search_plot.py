@@ -12,16 +12,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.colors
+import pandas as pd
+from matplotlib.figure import Figure
 
 
 def plot_search(screened: pd.DataFrame, simulated: pd.DataFrame, path: Path | str,
                 hbm_bytes: float | None = None) -> Path:
-    fig, ax = plt.subplots(figsize=(9, 6))
+    fig = Figure(figsize=(9, 6))  # no pyplot: the user's backend is left alone
+    ax = fig.subplots()
     fit = screened[screened["status"].isin(["ok", "pruned"])]
     over = screened[screened["status"] == "oom"]
     ax.scatter(over["est_step_time_s"], over["est_peak_memory_bytes"] / 2**30, s=3, c="#f3c1c1",
@@ -47,7 +46,6 @@ def plot_search(screened: pd.DataFrame, simulated: pd.DataFrame, path: Path | st
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return Path(path)
 
 

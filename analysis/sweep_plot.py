@@ -15,11 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import pandas as pd
+from matplotlib.figure import Figure
 
 LABELS = {"step_time_s": "step time (s)", "bubble_fraction": "bubble fraction", "mfu": "MFU",
           "tokens_per_s": "tokens/s", "peak_memory_bytes": "peak memory (bytes)",
@@ -31,7 +28,8 @@ def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = 
     path = Path(path)
     usable = table[table["status"].isin(["ok", "oom"])]
     groups = list(usable.groupby(hue, sort=False)) if hue else [("all", usable)]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(6 * len(metrics), 4.2), squeeze=False)
+    fig = Figure(figsize=(6 * len(metrics), 4.2))  # no pyplot: the user's backend is left alone
+    axes = fig.subplots(1, len(metrics), squeeze=False)
     for ax, metric in zip(axes[0], metrics, strict=True):
         for label, rows in groups:
             rows = rows.sort_values(x)
@@ -50,7 +48,6 @@ def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = 
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
-    plt.close(fig)
     return path
 
 

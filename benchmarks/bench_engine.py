@@ -20,6 +20,7 @@ from sim import runner
 from sim.engine import event as engine
 from sim.network import models as network
 from sim.output import trace
+from sim.output.summary import summarize
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload import build as workload
@@ -49,7 +50,7 @@ def timed_run(scenario, replay) -> tuple[dict[str, float], object, int]:
     result = replay(graph, net)
     t2 = time.perf_counter()
     frame = trace.to_frame(graph, result.start, result.end)
-    trace.summarize(frame, resolve(scenario))
+    summarize(frame, resolve(scenario))
     t3 = time.perf_counter()
     return {"build": t1 - t0, "replay": t2 - t1, "summarize": t3 - t2}, result, len(graph.tasks)
 

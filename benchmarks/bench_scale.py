@@ -23,6 +23,7 @@ from sim.engine import event as engine
 from sim.explore import search
 from sim.network import models as network
 from sim.output import trace
+from sim.output.summary import summarize
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload import build as workload
@@ -43,14 +44,14 @@ def _every_rank() -> None:
     built = time.perf_counter()
     result = engine.simulate(graph, net)
     simulated = time.perf_counter()
-    summary = trace.summarize(trace.to_frame(graph, result.start, result.end), resolve(scenario))
+    summary = summarize(trace.to_frame(graph, result.start, result.end), resolve(scenario))
     summarized = time.perf_counter()
     floor = bare_simpy(result.events)
     total = summarized - began
     print(f"[ranks: all, contention] GPT-3 175B, 1024 A100, global batch {resolve(scenario).global_batch}: "
           f"{len(graph.tasks):,} tasks ({graph.lockstep} TP ranks per process), {result.events:,} simpy events")
     print(f"  build {built - began:.1f} s, simulate {simulated - built:.1f} s, "
-          f"summarize {summarized - simulated:.1f} s, total {total:.1f} s; step {summary['step_time_s']:.4f} s")
+          f"summarize {summarized - simulated:.1f} s, total {total:.1f} s; step {summary.step_time_s:.4f} s")
     print(f"  {result.events / (simulated - built):,.0f} events/s; bare simpy {floor:.1f} s for the same events "
           f"({result.events / floor:,.0f}/s): simulate {(simulated - built) / floor:.1f}x, whole run "
           f"{total / floor:.1f}x that floor")

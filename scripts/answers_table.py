@@ -109,14 +109,13 @@ def answers(path: Path, sets: list[str]) -> dict[str, Any]:
     except SimError as error:
         return {"error": str(error)}
     summary = result.summary
-    summary = summary.to_dict() if hasattr(summary, "to_dict") else summary
     trace = result.trace
-    exposed = summary["exposed_comm_s"]
-    peaks = summary["peak_memory_bytes"]["per_rank"]
+    exposed = summary.exposed_comm_s
+    peaks = summary.peak_memory_bytes.per_rank
     return {
-        "step_time_s": f"{summary['step_time_s']:.9g}",
+        "step_time_s": f"{summary.step_time_s:.9g}",
         "peak_memory_bytes": f"{peaks and max(peaks.values()):.9g}",
-        "bubble_fraction": f"{summary['bubble_fraction']:.9g}",
+        "bubble_fraction": f"{summary.bubble_fraction:.9g}",
         "exposed_tp_s": f"{exposed['tp']:.9g}", "exposed_pp_s": f"{exposed['pp']:.9g}",
         "exposed_dp_s": f"{exposed['dp']:.9g}",
         "dp_bytes": int(trace.loc[trace["kind"] == "dp", "bytes"].sum()),

@@ -12,8 +12,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -24,6 +23,7 @@ from sim.errors import ConfigError
 from sim.network import models as network
 from sim.network import topology
 from sim.output import link_usage, trace
+from sim.output.summary import CriticalPathSeconds, Summary, summarize
 from sim.plan import Plan, resolve
 from sim.spec.scenario import CalibratedCostsSpec, Scenario
 from sim.workload import build as workload
@@ -32,14 +32,21 @@ from sim.workload.ir import TaskGraph
 
 @dataclass
 class RunResult:
+    """One simulated step: the scenario, the task graph it ran, the trace (one row per task, sim.output.trace
+    schema), the ``Summary``, the number of engine events and, on the contention network, the links' usage."""
+
     scenario: Scenario
     plan: Plan
     graph: TaskGraph
     trace: pd.DataFrame
-    summary: dict[str, Any]
+    summary: Summary
     events: int
     links: pd.DataFrame | None = None  # per-link usage under the contention network
     link_segments: pd.DataFrame | None = None  # per-link load over time, when asked for
+
+    def __repr__(self) -> str:  # the default would print the whole scenario, graph and trace (in a notebook, too)
+        return (f"RunResult({self.scenario.name!r}: step {self.summary.step_time_s:.6g} s, MFU {self.summary.mfu:.1%}, "
+                f"{len(self.trace):,} tasks)")
 
 
 _TOPOLOGIES: dict[str, topology.Topology] = {}  # a sweep's or search's points mostly share one cluster
@@ -119,20 +126,20 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
                                              scenario.cluster.gpu.sms or 1, scenario.network.nccl_sms,
                                              scenario.network.nccl_p2p_sms)
     frame = trace.to_frame(graph, result.start, result.end)
-    summary = trace.summarize(frame, plan)
-    if scenario.network.nccl_sms:
-        summary["nccl_sm_stretch_s"] = sm_stretch  # compute time NCCL's SMs added on the rank that lost most
+    summary = summarize(frame, plan)
+    if scenario.network.nccl_sms:  # compute time NCCL's SMs added on the rank that lost most
+        summary = replace(summary, nccl_sm_stretch_s=sm_stretch)
     if scenario.ranks == "all":  # who decided the step (in the slice every stage is its own representative)
         path = critical_path(graph, result.start, result.end, result.arrival)
-        summary["critical_rank"] = path.critical_rank
-        summary["critical_path_s"] = {"compute_by_rank": {str(r): s for r, s in sorted(path.compute_s.items())},
-                                      "comm_by_kind": path.comm_s}
-        summary["collective_wait_s"] = {str(r): s for r, s in sorted(path.wait_s.items())}
+        summary = replace(summary, critical_rank=path.critical_rank,
+                          critical_path_s=CriticalPathSeconds(
+                              compute_by_rank={str(r): s for r, s in sorted(path.compute_s.items())},
+                              comm_by_kind=path.comm_s),
+                          collective_wait_s={str(r): s for r, s in sorted(path.wait_s.items())})
     links = segments = None
     if result.flows is not None:
-        links = link_usage.usage_frame(topo, result.flows, summary["step_time_s"])
-        summary["busiest_links"] = link_usage.busiest(links)
-        summary["critical_link"] = link_usage.critical(links)
+        links = link_usage.usage_frame(topo, result.flows, summary.step_time_s)
+        summary = replace(summary, busiest_links=link_usage.busiest(links), critical_link=link_usage.critical(links))
         if record_links:
             segments = link_usage.segments_frame(topo, result.flows)
     return RunResult(scenario, plan, graph, frame, summary, result.events, links, segments)

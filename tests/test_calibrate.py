@@ -73,7 +73,7 @@ def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp
     # Every kernel is max(FLOPs / GEMM rate, bytes / copy bandwidth): 4x both is exactly a quarter of the
     # compute, whatever this machine measured (a test on the step alone would depend on its load).
     assert compute_s(after) == pytest.approx(compute_s(before) / 4, rel=1e-9)
-    assert after.summary["step_time_s"] < before.summary["step_time_s"]
+    assert after.summary.step_time_s < before.summary.step_time_s
 
 
 def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):

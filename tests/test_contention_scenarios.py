@@ -45,14 +45,14 @@ def test_oversubscribed_spine_slows_each_bucket_by_the_bottleneck_factor(runs):
 
 def test_the_step_grows_by_the_exposed_dp_communication(runs):
     slow, fast = runs[4].summary, runs[1].summary
-    assert slow["step_time_s"] > fast["step_time_s"] * 1.1
-    grown = slow["exposed_comm_s"]["dp"] - fast["exposed_comm_s"]["dp"]
-    assert slow["step_time_s"] - fast["step_time_s"] == pytest.approx(grown, rel=0.02)
+    assert slow.step_time_s > fast.step_time_s * 1.1
+    grown = slow.exposed_comm_s["dp"] - fast.exposed_comm_s["dp"]
+    assert slow.step_time_s - fast.step_time_s == pytest.approx(grown, rel=0.02)
 
 
 def test_links_say_which_links_were_busy(runs):
-    busiest = runs[4].summary["busiest_links"]
-    assert all("spine" in link["link"] and link["saturated_s"] > 0 for link in busiest)
+    busiest = runs[4].summary.busiest_links
+    assert busiest and all("spine" in link.link and link.saturated_s > 0 for link in busiest)
     usage = runs[4].links
     assert set(usage[usage["saturated_s"] > 0]["tier"]) == {"uplink"}  # only the spine links ever saturate
     full = runs[1].links
@@ -68,13 +68,13 @@ def test_no_link_ever_runs_over_capacity(runs):
 def test_without_contention_every_rank_agrees_with_the_analytic_slice(runs):
     analytic = runner.run(load_scenario(SPINE, ["cluster.fabric.oversubscription=1", "network.model=analytic",
                                                 "ranks=slice"]))
-    assert runs[1].summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-9)
+    assert runs[1].summary.step_time_s == pytest.approx(analytic.summary.step_time_s, rel=1e-9)
     all_ranks = runner.run(load_scenario(SPINE, ["network.model=analytic"]))
-    assert all_ranks.summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-12)
+    assert all_ranks.summary.step_time_s == pytest.approx(analytic.summary.step_time_s, rel=1e-12)
     assert all_ranks.trace["rank"].nunique() == 4  # one process per TP group of 8 (lockstep folding)
     unfolded = runner.run(load_scenario(SPINE, ["network.model=analytic", "fold_tp=false"]))
     assert unfolded.trace["rank"].nunique() == 32
-    assert unfolded.summary["step_time_s"] == pytest.approx(analytic.summary["step_time_s"], rel=1e-12)
+    assert unfolded.summary.step_time_s == pytest.approx(analytic.summary.step_time_s, rel=1e-12)
 
 
 def test_every_replica_prices_its_work_like_the_representative_of_its_stage():
@@ -96,4 +96,4 @@ def test_every_replica_prices_its_work_like_the_representative_of_its_stage():
                  for r, d in representative.items()}
     for rank, values in durations(all_run).items():
         assert values == pytest.approx(reference[int(stage_of[rank])], rel=1e-12), rank
-    assert all_run.summary["step_time_s"] == pytest.approx(slice_run.summary["step_time_s"], rel=1e-12)
+    assert all_run.summary.step_time_s == pytest.approx(slice_run.summary.step_time_s, rel=1e-12)

@@ -54,9 +54,9 @@ def test_step_difference_is_the_exposed_communication():
             (("ddp", {}), ("zero3", {"fsdp": {"sharding": "FULL_SHARD"}}))}
     for result in runs.values():
         s = result.summary
-        assert s["step_time_s"] == pytest.approx(compute_busy(result.trace) + s["exposed_comm_s"]["dp"], rel=1e-9)
-    d_step = runs["zero3"].summary["step_time_s"] - runs["ddp"].summary["step_time_s"]
-    d_exposed = runs["zero3"].summary["exposed_comm_s"]["dp"] - runs["ddp"].summary["exposed_comm_s"]["dp"]
+        assert s.step_time_s == pytest.approx(compute_busy(result.trace) + s.exposed_comm_s["dp"], rel=1e-9)
+    d_step = runs["zero3"].summary.step_time_s - runs["ddp"].summary.step_time_s
+    d_exposed = runs["zero3"].summary.exposed_comm_s["dp"] - runs["ddp"].summary.exposed_comm_s["dp"]
     d_compute = compute_busy(runs["zero3"].trace) - compute_busy(runs["ddp"].trace)  # the sharded optimizer step
     assert d_step == pytest.approx(d_exposed + d_compute, rel=1e-9)
 
@@ -97,9 +97,9 @@ def test_backward_prefetch_issues_the_next_gather_ahead_of_the_reduce_scatter():
     reduces = reduce_scatters(runs[False].trace)
     for layer in range(0, 7):  # without it the gather waits for unit k+1's compute and reduce-scatter
         assert gathers.loc[layer, "start_s"] >= reduces.loc[layer + 1, "end_s"] >= spans.loc[layer + 1, "last"]
-    exposed_on, exposed_off = (runs[p].summary["exposed_comm_s"]["dp"] for p in (True, False))
+    exposed_on, exposed_off = (runs[p].summary.exposed_comm_s["dp"] for p in (True, False))
     assert exposed_off > exposed_on  # and the step grows by exactly the extra exposure:
-    step_on, step_off = (runs[p].summary["step_time_s"] for p in (True, False))
+    step_on, step_off = (runs[p].summary.step_time_s for p in (True, False))
     assert step_off - step_on == pytest.approx(exposed_off - exposed_on, rel=1e-9)
 
 
@@ -117,22 +117,22 @@ def test_reduce_scatter_follows_each_units_backward():
 def test_sharded_memory_and_fit():
     scenario = comm_bound(fsdp={"sharding": "FULL_SHARD"})
     summary = runner.run(scenario).summary
-    parts = summary["memory_breakdown_bytes"]["0"]
+    parts = summary.memory_breakdown_bytes["0"]
     states = model_state_bytes(resolve(scenario).stage_params(0), "bf16", 3, 16)
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] == pytest.approx(states.total)
     gathers = sorted(t.nbytes for t in runner.run(scenario).graph.tasks
                      if t.name.startswith("param_gather") and t.rank == 0)
     # One unit computing, one gathered ahead, one gather in flight (FSDP's limit of two all-gathers).
     assert 0 < parts["gathered_weights"] <= sum(gathers[-3:])
-    sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary["memory_breakdown_bytes"]["0"]
+    sgo = runner.run(comm_bound(fsdp={"sharding": "SHARD_GRAD_OP"})).summary.memory_breakdown_bytes["0"]
     assert sgo["gathered_weights"] == pytest.approx(resolve(scenario).stage_params(0) * 2)  # all kept
 
 
 def test_over_large_model_does_not_fit_until_sharded():
     big = dict(model="llama2-13b", cluster={"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 8},
                training={"global_batch": 8, "micro_batch": 1, "seq_len": 1024}, parallel={"tp": 1, "pp": 1, "dp": 8})
-    assert not runner.run(make_scenario(**big)).summary["fits_in_memory"]
-    assert runner.run(make_scenario(**big, fsdp={"sharding": "FULL_SHARD"})).summary["fits_in_memory"]
+    assert not runner.run(make_scenario(**big)).summary.fits_in_memory
+    assert runner.run(make_scenario(**big, fsdp={"sharding": "FULL_SHARD"})).summary.fits_in_memory
 
 
 def test_zero1_with_pipeline_shards_the_optimizer_step_and_gathers_weights():
@@ -173,13 +173,13 @@ def test_deepspeed_zero2_gradients_do_not_pile_up_behind_lagging_reduce_scatters
     two_buckets = reduces["bytes"].nlargest(2).sum()
     pending = reduces[(reduces["microbatch"] < 3) & (reduces["end_s"] > last_backward)]["bytes"].sum()
     assert pending > 2 * two_buckets  # the earlier micro-batches' reductions are still running
-    assert 0 < result.summary["memory_breakdown_bytes"]["0"]["unreduced_gradients"] <= two_buckets
+    assert 0 < result.summary.memory_breakdown_bytes["0"]["unreduced_gradients"] <= two_buckets
 
 
 def test_deepspeed_block_sets_the_stage_and_bucket():
     scenario = comm_bound(zero_optimization={"stage": 2, "reduce_bucket_size": 5e7, "overlap_comm": True})
     assert resolve(scenario).zero_stage == 2 and scenario.parallel.dp_bucket_size == 1e8
-    assert np.isfinite(runner.run(scenario).summary["step_time_s"])
+    assert np.isfinite(runner.run(scenario).summary.step_time_s)
 
 
 @pytest.mark.parametrize("sections, message", [

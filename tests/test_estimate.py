@@ -20,9 +20,9 @@ def test_estimate_within_5_percent_of_the_simulation(path: Path) -> None:
     scenario = load_scenario(path)
     simulated = runner.run(scenario).summary
     est = estimate(scenario)
-    assert est.step_time_s == pytest.approx(simulated["step_time_s"], rel=0.05)
-    assert est.bound_s <= simulated["step_time_s"]
-    assert est.peak_memory_bytes == pytest.approx(simulated["peak_memory_bytes"]["max"], rel=0.05)  # sim check's plan
+    assert est.step_time_s == pytest.approx(simulated.step_time_s, rel=0.05)
+    assert est.bound_s <= simulated.step_time_s
+    assert est.peak_memory_bytes == pytest.approx(simulated.peak_memory_bytes.max, rel=0.05)  # sim check's plan
 
 
 @pytest.mark.parametrize("layout", [
@@ -34,7 +34,7 @@ def test_estimate_within_5_percent_of_the_simulation(path: Path) -> None:
 ], ids=lambda o: ",".join(o))
 def test_estimate_within_5_percent_across_layouts(layout: list[str]) -> None:
     scenario = load_scenario(GPT3, ["training.global_batch=256", "parallel.dp=null", *layout])
-    simulated = runner.run(scenario).summary["step_time_s"]
+    simulated = runner.run(scenario).summary.step_time_s
     assert Estimator(scenario).estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)
 
 
@@ -47,4 +47,4 @@ def test_estimate_is_the_closed_form_with_fixed_costs(schedule: str, closed_form
     path = Path(__file__).resolve().parent.parent / "scenarios" / "pipeline-4x8.yaml"
     scenario = load_scenario(path, [f"schedule={schedule}"])
     assert estimate(scenario).step_time_s == pytest.approx(closed_form_ms / 1e3, rel=1e-12)
-    assert runner.run(scenario).summary["step_time_s"] == pytest.approx(closed_form_ms / 1e3, rel=1e-12)
+    assert runner.run(scenario).summary.step_time_s == pytest.approx(closed_form_ms / 1e3, rel=1e-12)

@@ -34,6 +34,6 @@ def zhao_fsdp(nodes: int, prefetch: bool):
 
 @pytest.mark.parametrize("nodes", [16, 32, 64])
 def test_backward_prefetch_speedup_matches_the_fsdp_paper(nodes):
-    on, off = (runner.run(zhao_fsdp(nodes, prefetch)).summary["step_time_s"] for prefetch in (True, False))
+    on, off = (runner.run(zhao_fsdp(nodes, prefetch)).summary.step_time_s for prefetch in (True, False))
     speedup = off / on - 1
     assert speedup == pytest.approx(0.18, abs=0.05)

@@ -28,9 +28,9 @@ def test_report_errors_are_consistent_with_the_simulation():
     rows = fsdp_rows(FOLDER).iloc[:2]
     table = report(rows, FOLDER)
     summary = runner.run(scenario_for(rows.iloc[0], FOLDER)).summary
-    assert table.loc[0, "predicted_mfu"] == summary["mfu"]
-    assert table.loc[0, "mfu_error"] == pytest.approx(summary["mfu"] / 0.57 - 1)
-    assert table.loc[0, "predicted_tokens_per_s_per_gpu"] == pytest.approx(summary["tokens_per_s"] / 128)
+    assert table.loc[0, "predicted_mfu"] == summary.mfu
+    assert table.loc[0, "mfu_error"] == pytest.approx(summary.mfu / 0.57 - 1)
+    assert table.loc[0, "predicted_tokens_per_s_per_gpu"] == pytest.approx(summary.tokens_per_s / 128)
     assert table.loc[1, "recompute"] == "full (20/40 layers)"
     markdown = to_markdown(table)
     assert "| Llama2-7B | A100-80GB-SXM | 128 |" in markdown

@@ -46,8 +46,8 @@ def test_eager_kernels_move_the_counted_bytes_and_leave_the_gemms_alone(model: s
 
 
 def test_eager_kernels_slow_the_step_by_their_bytes_over_hbm() -> None:
-    fused = runner.run(load_scenario(LLAMA_13B, ["training.fused_kernels=true"])).summary["step_time_s"]
-    eager = runner.run(load_scenario(LLAMA_13B)).summary["step_time_s"]
+    fused = runner.run(load_scenario(LLAMA_13B, ["training.fused_kernels=true"])).summary.step_time_s
+    eager = runner.run(load_scenario(LLAMA_13B)).summary.step_time_s
     assert 1.05 < eager / fused < 1.30  # memory-bound extras of a compute-bound layer
 
 
@@ -70,8 +70,8 @@ def test_only_the_first_n_layers_are_recomputed(partial: dict[int, tuple]) -> No
 
 def test_step_time_is_linear_in_the_recomputed_layers(partial: dict[int, tuple]) -> None:
     none = runner.run(load_scenario(LLAMA_13B, ["training.recompute=none", "training.recompute_num_layers=null"]))
-    steps = {n: result.summary["step_time_s"] for n, (_, result) in partial.items()}
-    assert steps[0] == none.summary["step_time_s"]
+    steps = {n: result.summary.step_time_s for n, (_, result) in partial.items()}
+    assert steps[0] == none.summary.step_time_s
     assert steps[0] < steps[10] < steps[20] < steps[40]
     # Each recomputed layer adds one forward on the compute stream, which FSDP's overlap does not hide.
     assert steps[20] - steps[0] == pytest.approx(2 * (steps[10] - steps[0]), rel=0.02)
@@ -88,15 +88,15 @@ def test_memory_plan_keeps_the_other_layers_whole_and_the_trace_agrees(partial: 
     expected = 20 * full + 20 * whole + whole
     planned = stage_memory(resolve(scenario), 0)["activations"]
     assert planned == pytest.approx(expected)
-    traced = result.summary["memory_breakdown_bytes"]["0"]["activations"]  # peak from the trace's stash/free
+    traced = result.summary.memory_breakdown_bytes["0"]["activations"]  # peak from the trace's stash/free
     assert traced == pytest.approx(expected, rel=0.01)
-    assert estimate(scenario).peak_memory_bytes == pytest.approx(result.summary["peak_memory_bytes"]["max"],
+    assert estimate(scenario).peak_memory_bytes == pytest.approx(result.summary.peak_memory_bytes.max,
                                                                  rel=0.05)
 
 
 def test_estimate_follows_the_recomputed_share(partial: dict[int, tuple]) -> None:
     for n, (scenario, result) in partial.items():
-        assert estimate(scenario).step_time_s == pytest.approx(result.summary["step_time_s"], rel=0.05), n
+        assert estimate(scenario).step_time_s == pytest.approx(result.summary.step_time_s, rel=0.05), n
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -36,6 +36,7 @@ ORDER: tuple[tuple[str, ...], ...] = (
     ("output",),
     ("runner",),
     ("explore", "validation"),
+    ("api",),
     ("cli",),
 )
 LEVEL = {name: level for level, row in enumerate(ORDER) for name in row}
@@ -218,7 +219,7 @@ def test_every_kind_of_upward_arrow_is_reported(tmp_path):
         "sim/model/memory.py:6: model (layer 2) imports sim.runner (runner, layer 12), above it",
         "sim/model/memory.py:8: model (layer 2) imports sim.engine.event (engine, layer 10), above it",
         "sim/model/memory.py:9: model (layer 2) imports sim.workload (workload, layer 9), above it",
-        f"sim/model/memory.py:10: model (layer 2) imports sim ({API}, layer 15), above it",
+        f"sim/model/memory.py:10: model (layer 2) imports sim ({API}, layer 16), above it",
         "sim/model/memory.py:11: model imports simpy; only sim/engine may",
         "sim/model/memory.py:11: model imports torch; only sim/calibrate may",
         "sim/model/memory.py:12: model imports analysis.gantt; sim never imports analysis",

@@ -25,9 +25,9 @@ def offloaded():
 def test_zero_offload_moves_the_optimizer_to_the_host(offloaded):
     scenario = offloaded.scenario
     params = resolve(scenario).stage_params(0)
-    parts = offloaded.summary["memory_breakdown_bytes"]["0"]
+    parts = offloaded.summary.memory_breakdown_bytes["0"]
     assert parts["optimizer"] == 0
-    assert offloaded.summary["host_memory_bytes"] == pytest.approx(model_state_bytes(params, "bf16", 2, 16).optimizer)
+    assert offloaded.summary.host_memory_bytes == pytest.approx(model_state_bytes(params, "bf16", 2, 16).optimizer)
     assert not [t for t in offloaded.graph.tasks if t.stream == "compute" and t.kind == "optimizer"]
 
 
@@ -53,7 +53,7 @@ def test_each_reduced_shard_crosses_pcie_then_host_adam_then_the_weights_return(
 
 def test_parameter_offload_copies_each_unit_shard_before_its_gather():
     result = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD"}, offload={"optimizer": True, "params": True}))
-    assert result.summary["memory_breakdown_bytes"]["0"]["weights"] == 0
+    assert result.summary.memory_breakdown_bytes["0"]["weights"] == 0
     gathers = tasks(result, "param_gather_fwd") + tasks(result, "param_gather_bwd")
     copies = [t for t in tasks(result, "params_to_gpu") if t.layer >= 0]
     assert len(copies) == len(gathers)
@@ -61,7 +61,7 @@ def test_parameter_offload_copies_each_unit_shard_before_its_gather():
         assert copy.nbytes == pytest.approx(gather.nbytes / 16)
         assert span(result, gather)[0] >= span(result, copy)[1]
     plain = runner.run(comm_bound(fsdp={"sharding": "FULL_SHARD"}))
-    assert result.summary["step_time_s"] > plain.summary["step_time_s"]
+    assert result.summary.step_time_s > plain.summary.step_time_s
 
 
 def test_deepspeed_offload_keys():
@@ -79,14 +79,14 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_bucket_views():
     assert megatron["comm_buffers"] == 0 and megatron["gradients"] == 2 * ddp["gradients"]
     zero2 = memory_plan(resolve(comm_bound(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 2})))[0]
     assert zero2["comm_buffers"] == 2 * 25 * 2**20  # two reduce buckets (overlap_comm double buffer)
-    traced = runner.run(comm_bound(training=bf16_grads)).summary["memory_breakdown_bytes"]["0"]
+    traced = runner.run(comm_bound(training=bf16_grads)).summary.memory_breakdown_bytes["0"]
     assert traced["comm_buffers"] == ddp["comm_buffers"]
 
 
 def test_allocator_overhead_and_reserved_memory():
     plain = runner.run(comm_bound()).summary
     padded = runner.run(comm_bound(memory={"reserved": "1 GiB", "allocator_overhead": 0.1})).summary
-    assert padded["peak_memory_bytes"]["max"] == pytest.approx(1.1 * plain["peak_memory_bytes"]["max"] + 2**30)
-    parts = padded["memory_breakdown_bytes"]["0"]
+    assert padded.peak_memory_bytes.max == pytest.approx(1.1 * plain.peak_memory_bytes.max + 2**30)
+    parts = padded.memory_breakdown_bytes["0"]
     assert parts["reserved"] == 2**30 and parts["allocator_overhead"] == pytest.approx(
-        0.1 * plain["peak_memory_bytes"]["max"])
+        0.1 * plain.peak_memory_bytes.max)

@@ -33,8 +33,8 @@ def test_step_and_bubble_closed_form(schedule, p):
     for m in range(1, 33):
         result = runner.run(pipeline_scenario(p, m, schedule, forward=f"{T_F} s", backward=f"{T_B} s"))
         summary = result.summary
-        assert summary["step_time_s"] == (m + p - 1) * (T_F + T_B), (p, m)
-        assert summary["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), abs=1e-15), (p, m)
+        assert summary.step_time_s == (m + p - 1) * (T_F + T_B), (p, m)
+        assert summary.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-15), (p, m)
         held = in_flight_per_stage(result.trace)
         for stage in range(p):
             if schedule == "1f1b":
@@ -46,7 +46,7 @@ def test_step_and_bubble_closed_form(schedule, p):
 
 def test_layers_per_stage_scale_the_stage_time():
     result = runner.run(pipeline_scenario(4, 8, "1f1b", forward="0.25 s", backward="0.5 s", layers_per_stage=3))
-    assert result.summary["step_time_s"] == (8 + 4 - 1) * 3 * (0.25 + 0.5)
+    assert result.summary.step_time_s == (8 + 4 - 1) * 3 * (0.25 + 0.5)
 
 
 @pytest.mark.parametrize("p", [2, 3, 4, 6])
@@ -58,7 +58,7 @@ def test_interleaved_closed_form(p, v):
         result = runner.run(pipeline_scenario(p, m, "interleaved", forward=f"{T_F} s", backward=f"{T_B} s",
                                               layers_per_stage=v, vpp=v))
         t_stage = v * (T_F + T_B)
-        step = result.summary["step_time_s"]
+        step = result.summary.step_time_s
         assert step == pytest.approx((m + (p - 1) / v) * t_stage, rel=1e-12), (p, v, m)
         assert (step - m * t_stage) / (m * t_stage) == pytest.approx((p - 1) / (v * m), rel=1e-12)
-        assert result.summary["bubble_fraction"] == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)
+        assert result.summary.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), rel=1e-12)

@@ -129,9 +129,7 @@ def test_zb_v_runs_the_head_on_stage_0_and_every_consumer_agrees():
     assert _stage_dp_bytes(result, 0) == pytest.approx(4 * (layers_only + embedding_params(model)
                                                             + head_params(model)), abs=2)
     # Memory in the trace and in the plan: stage 1's weights are its layers' (2 bytes each)
-    summary = result.summary
-    breakdown = summary.to_dict() if hasattr(summary, "to_dict") else summary
-    weights = {int(r): parts["weights"] for r, parts in breakdown["memory_breakdown_bytes"].items()}
+    weights = {int(r): parts["weights"] for r, parts in result.summary.memory_breakdown_bytes.items()}
     assert weights[2] == pytest.approx(2 * layers_only)  # rank 2 is stage 1 (tp 1, dp 2)
     assert [row["weights"] for row in memory_plan(result.plan)] == pytest.approx([weights[0], weights[2]])
 
@@ -140,9 +138,8 @@ def test_zb_v_estimate_and_simulation_read_the_same_placement():
     scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml",
                              ["schedule=zb-v", "parallel.vpp=2", "parallel.pp=2", "parallel.dp=4"])
     simulated = runner.run(scenario).summary
-    simulated = simulated.to_dict() if hasattr(simulated, "to_dict") else simulated
     planned = [row["total"] for row in memory_plan(resolve(scenario))]
     assert planned[0] > planned[1]  # stage 0 holds the embedding and the head (untied Llama: two vocab x h)
     est = estimate(scenario)
     assert est.peak_memory_bytes == pytest.approx(max(planned))
-    assert est.step_time_s == pytest.approx(simulated["step_time_s"], rel=0.05)
+    assert est.step_time_s == pytest.approx(simulated.step_time_s, rel=0.05)

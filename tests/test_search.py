@@ -115,7 +115,7 @@ def test_an_empty_space_is_a_one_line_error(tmp_path: Path) -> None:
 
 def simulated_step(base, row: pd.Series) -> float:
     """The simulated step time of a screened layout."""
-    return runner.run(search.candidate(base, search.layout_of(row))).summary["step_time_s"]
+    return runner.run(search.candidate(base, search.layout_of(row))).summary.step_time_s
 
 
 def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining() -> None:

@@ -45,7 +45,7 @@ def test_rows_carry_status_and_match_direct_runs(tmp_path):
                                      "invalid: schedule: interleaved needs the micro-batch count (3) to be a "
                                      "multiple of pp (2)"]
     direct = runner.run(load_scenario(TINY, ["training.global_batch=null", "training.microbatches=3"]))
-    assert table.loc[2, "step_time_s"] == direct.summary["step_time_s"]
+    assert table.loc[2, "step_time_s"] == direct.summary.step_time_s
     assert table.loc[2, "global_batch"] == 3  # the global batch follows m (dp = 1)
     assert (tmp_path / "results.parquet").is_file()
 

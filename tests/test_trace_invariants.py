@@ -53,12 +53,12 @@ def test_durations_are_finite_and_non_negative(run):
 
 def test_summary_is_consistent(run):
     s = run.summary
-    assert s["step_time_s"] == pytest.approx(run.trace["end_s"].max())
-    assert 0 <= s["bubble_fraction"] < 1 and 0 < s["mfu"] <= 1
+    assert s.step_time_s == pytest.approx(run.trace["end_s"].max())
+    assert 0 <= s.bubble_fraction < 1 and 0 < s.mfu <= 1
     if run.scenario.costs.model != "fixed":  # fixed costs leave out the embedding and head tasks (zero time)
-        assert s["hfu"] >= s["mfu"] - 1e-12
-    assert s["tokens_per_s"] == pytest.approx(
-        resolve(run.scenario).global_batch * resolve(run.scenario).seq_len / s["step_time_s"])
+        assert s.hfu >= s.mfu - 1e-12
+    assert s.tokens_per_s == pytest.approx(
+        resolve(run.scenario).global_batch * resolve(run.scenario).seq_len / s.step_time_s)
 
 
 def _overlap_s(trace, rank: int, same_layer_backward: bool = True) -> float:

@@ -56,9 +56,9 @@ def test_stage_params_count_their_layers() -> None:
 
 def test_estimate_and_memory_plan_agree_with_the_simulation(run) -> None:
     est = estimate(run.scenario)
-    assert est.step_time_s == pytest.approx(run.summary["step_time_s"], rel=0.05)
-    assert est.bound_s <= run.summary["step_time_s"]
-    assert est.peak_memory_bytes == pytest.approx(run.summary["peak_memory_bytes"]["max"], rel=0.05)
+    assert est.step_time_s == pytest.approx(run.summary.step_time_s, rel=0.05)
+    assert est.bound_s <= run.summary.step_time_s
+    assert est.peak_memory_bytes == pytest.approx(run.summary.peak_memory_bytes.max, rel=0.05)
 
 
 @pytest.mark.parametrize("overrides, message", [

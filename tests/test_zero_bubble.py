@@ -37,7 +37,7 @@ def qi_scenario(row, schedule, hidden=256):
 @pytest.mark.parametrize("row", ROWS,
                          ids=[f"{r['model']}-p{r['pipeline_parallel']}-m{r['num_microbatches']}" for r in ROWS])
 def test_bubble_rate_matches_qi_et_al(row, schedule):
-    rate = runner.run(qi_scenario(row, schedule)).summary["bubble_rate_stagewise"]
+    rate = runner.run(qi_scenario(row, schedule)).summary.bubble_rate_stagewise
     assert rate == pytest.approx(float(row[COLUMNS[schedule]]), abs=0.01)
 
 
@@ -49,7 +49,7 @@ def test_closed_forms_of_the_bubbles():
     ideal = m * (f + b + w)
     for schedule, bubble in (("zb-h1", (p - 1) * (f + b - w) + 4 * (p - 1) * c),
                              ("zb-h2", (p - 1) * (f + b - 2 * w) + 2 * (p - 1) * c)):
-        rate = runner.run(qi_scenario(row, schedule)).summary["bubble_rate_stagewise"]
+        rate = runner.run(qi_scenario(row, schedule)).summary.bubble_rate_stagewise
         assert rate == pytest.approx(bubble / (ideal + bubble), rel=1e-9)
 
 
@@ -59,7 +59,7 @@ def test_zb_h1_memory_equals_1f1b_and_zb_h2_is_about_twice():
     activations = {}
     for schedule in ("1f1b", "zb-h1", "zb-h2"):
         summary = runner.run(qi_scenario(row, schedule)).summary
-        activations[schedule] = max(m["activations"] for m in summary["memory_breakdown_bytes"].values())
+        activations[schedule] = max(m["activations"] for m in summary.memory_breakdown_bytes.values())
     assert activations["zb-h1"] == activations["1f1b"]
     assert activations["zb-h2"] / activations["1f1b"] == pytest.approx((2 * p - 1) / p)
 
@@ -74,6 +74,6 @@ def test_zb_v_has_no_bubble_with_1f1b_memory(p):
                                            layers_per_stage=2, vpp=2)).summary
         ofob = runner.run(pipeline_scenario(p, m, "1f1b", forward="0.5 s", backward="0.5 s", weight_grad="0.5 s",
                                             layers_per_stage=2)).summary
-        assert zbv["bubble_rate_stagewise"] == pytest.approx(0.0, abs=1e-12)
-        activations = [max(x["activations"] for x in s["memory_breakdown_bytes"].values()) for s in (zbv, ofob)]
+        assert zbv.bubble_rate_stagewise == pytest.approx(0.0, abs=1e-12)
+        activations = [max(x["activations"] for x in s.memory_breakdown_bytes.values()) for s in (zbv, ofob)]
         assert activations[0] == activations[1]

@@ -26,17 +26,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
-from sim import runner
+from sim import api, runner
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.explore import search, sweep
 from sim.model.transformer import MODEL_PRESETS
 from sim.output import trace
+from sim.output.summary import Summary
 from sim.plan import resolve
 from sim.spec.degrees import degrees
 from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
-from sim.workload.memory_plan import PARTS, memory_plan
+from sim.workload.memory_plan import PARTS
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -53,53 +54,53 @@ def _gib(value: float) -> str:
     return f"{value / 2**30:.1f} GiB"
 
 
-def _memory_problem(summary: dict[str, Any]) -> str:
-    per_rank = summary["peak_memory_bytes"]["per_rank"]
-    rank = max(per_rank, key=per_rank.get)
-    parts = summary["memory_breakdown_bytes"][rank]
+def _memory_problem(summary: Summary) -> str:
+    per_rank = summary.peak_memory_bytes.per_rank
+    rank = max(per_rank, key=lambda r: per_rank[r])
+    parts = summary.memory_breakdown_bytes[rank]
     largest = sorted((k for k in parts if k not in ("total", "host")), key=lambda k: -parts[k])[:3]
     detail = ", ".join(f"{k} {_gib(parts[k])}" for k in largest)
-    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary['hbm_capacity_bytes'])} "
+    return (f"rank {rank} needs {_gib(per_rank[rank])} but the GPU has {_gib(summary.hbm_capacity_bytes)} "
             f"(largest: {detail})")
 
 
-def summary_title(summary: dict[str, Any]) -> str:
-    layout = summary["layout"]
-    return (f"{summary['scenario']}: {summary['num_gpus']} GPUs, tp {layout['tp']} pp {layout['pp']} "
-            f"dp {layout['dp']}, {summary['schedule']}, {summary['microbatches']} micro-batches")
+def summary_title(summary: Summary) -> str:
+    layout = summary.layout
+    return (f"{summary.scenario}: {summary.num_gpus} GPUs, tp {layout.tp} pp {layout.pp} "
+            f"dp {layout.dp}, {summary.schedule}, {summary.microbatches} micro-batches")
 
 
-def summary_table(summary: dict[str, Any], wall_s: float | None = None) -> Table:
+def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     table = Table("metric", Column("value", justify="right"), header_style="bold")
-    peak = summary["peak_memory_bytes"]
-    exposed = summary["exposed_comm_s"]
+    peak = summary.peak_memory_bytes
+    exposed = summary.exposed_comm_s
     rows = [
-        ("step time", f"{summary['step_time_s']:.4f} s"),
-        ("tokens/s", f"{summary['tokens_per_s']:,.0f}"),
-        ("TFLOP/s per GPU (model)", f"{summary['tflops_per_gpu']:.1f}"),
-        ("MFU / HFU", f"{summary['mfu']:.1%} / {summary['hfu']:.1%}"),
-        ("bubble fraction", f"{summary['bubble_fraction']:.2%}"),
+        ("step time", f"{summary.step_time_s:.4f} s"),
+        ("tokens/s", f"{summary.tokens_per_s:,.0f}"),
+        ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
+        ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),
+        ("bubble fraction", f"{summary.bubble_fraction:.2%}"),
         ("exposed comm tp / pp / dp", " / ".join(f"{exposed[k] * 1e3:.1f}" for k in ("tp", "pp", "dp")) + " ms"),
-        ("peak memory per GPU", f"{_gib(peak['max'])} of {_gib(summary['hbm_capacity_bytes'])}"
-                                + ("" if summary["fits_in_memory"] else "  [does not fit]")),
-        ("tasks simulated", f"{summary['tasks']:,}"),
+        ("peak memory per GPU", f"{_gib(peak.max)} of {_gib(summary.hbm_capacity_bytes)}"
+                                + ("" if summary.fits_in_memory else "  [does not fit]")),
+        ("tasks simulated", f"{summary.tasks:,}"),
     ]
-    if "critical_rank" in summary:  # ranks: all
-        rank = str(summary["critical_rank"])
-        waits = summary["collective_wait_s"]
-        rows.append(("critical rank", f"{rank}: {summary['critical_path_s']['compute_by_rank'].get(rank, 0.0):.4f} s "
+    if summary.critical_rank is not None and summary.critical_path_s is not None:  # ranks: all
+        rank = str(summary.critical_rank)
+        waits = summary.collective_wait_s or {}
+        rows.append(("critical rank", f"{rank}: {summary.critical_path_s.compute_by_rank.get(rank, 0.0):.4f} s "
                                       f"of compute on the critical path"))
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         if worst is not None and waits[worst] > 0:
             rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))
-    if "nccl_sm_stretch_s" in summary:  # network.nccl_sms
-        rows.append(("compute lost to NCCL's SMs", f"{summary['nccl_sm_stretch_s'] * 1e3:.1f} ms (worst rank)"))
-    if summary.get("critical_link"):
-        link = summary["critical_link"]
-        rows.append(("critical link", f"{link['link']}: saturated {link['saturated_s'] * 1e3:.1f} ms"))
-    for link in summary.get("busiest_links", [])[:3]:
-        rows.append((f"busy link {link['link']}", f"{link['utilization']:.0%} of the step, "
-                                                  f"saturated {link['saturated_s'] * 1e3:.1f} ms"))
+    if summary.nccl_sm_stretch_s is not None:  # network.nccl_sms
+        rows.append(("compute lost to NCCL's SMs", f"{summary.nccl_sm_stretch_s * 1e3:.1f} ms (worst rank)"))
+    if summary.critical_link is not None:
+        link = summary.critical_link
+        rows.append(("critical link", f"{link.link}: saturated {link.saturated_s * 1e3:.1f} ms"))
+    for busy in (summary.busiest_links or [])[:3]:
+        rows.append((f"busy link {busy.link}", f"{busy.utilization:.0%} of the step, "
+                                               f"saturated {busy.saturated_s * 1e3:.1f} ms"))
     if wall_s is not None:
         rows.append(("wall time", f"{wall_s:.2f} s"))
     for name, value in rows:
@@ -115,7 +116,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
-    (out / "summary.json").write_text(json.dumps(result.summary, indent=2, sort_keys=True) + "\n")
+    (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
     if result.links is not None:  # contention network: which links carried what
         result.links.to_csv(out / "links.csv", index=False)
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
-    if not result.summary["fits_in_memory"]:
+    if not result.summary.fits_in_memory:
         problem = _memory_problem(result.summary)
         if args.fail_on_oom:
             raise OutOfMemory(problem)
@@ -137,11 +138,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def memory_table(scenario: Scenario) -> Table:
-    plan = resolve(scenario)
-    rows = memory_plan(plan)
+def memory_table(scenario: Scenario, rows: list[dict[str, float]]) -> Table:
+    """``sim check``'s table of the memory plan (``rows``, one per pipeline stage), in GiB."""
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
-                        f"{plan.grad_dtype} gradients)", header_style="bold")
+                        f"{resolve(scenario).grad_dtype} gradients)", header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
     host = any(row["host"] for row in rows)
     for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):
@@ -154,9 +154,10 @@ def memory_table(scenario: Scenario) -> Table:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
-    scenario = load_scenario(args.scenario, args.set)
-    console.print(resolved_yaml(scenario), markup=False, highlight=False)
-    console.print(memory_table(scenario))
+    checked = api.check(args.scenario, args.set)
+    scenario = checked.scenario
+    console.print(checked.resolved_yaml, markup=False, highlight=False)
+    console.print(memory_table(scenario, checked.memory_plan))
     implied = degrees(scenario)
     console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0

@@ -170,13 +170,14 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
     for key in keys:
         value = _lookup(resolved, key)
         row[key] = value if value is not None and not isinstance(value, dict) else point.get(key)
-    exposed = summary["exposed_comm_s"]
+    exposed = summary.exposed_comm_s
     row |= {
-        "status": "ok" if summary["fits_in_memory"] else "oom",
-        **{k: summary[k] for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
-                                   "bubble_rate_stagewise", "fits_in_memory", "microbatches", "num_gpus", "tasks")},
+        "status": "ok" if summary.fits_in_memory else "oom",
+        **{k: getattr(summary, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
+                                            "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
+                                            "microbatches", "num_gpus", "tasks")},
         "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
-        "peak_memory_bytes": summary["peak_memory_bytes"]["max"], "global_batch": degrees(scenario).global_batch,
+        "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": degrees(scenario).global_batch,
     }
     return row
 

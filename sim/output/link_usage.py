@@ -10,12 +10,12 @@ links by utilization), and `critical` (the link saturated longest).
 from __future__ import annotations
 
 from itertools import pairwise
-from typing import Any
 
 import pandas as pd
 
 from sim.network.flows import FlowNetwork
 from sim.network.topology import Topology
+from sim.output.summary import BusyLink, SaturatedLink
 
 USAGE_COLUMNS = ["link", "src", "dst", "tier", "capacity_Bps", "bytes", "busy_s", "saturated_s", "utilization",
                  "peak_load_fraction"]
@@ -46,16 +46,16 @@ def segments_frame(topology: Topology, flows: FlowNetwork) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["link", "src", "dst", "tier", "start_s", "end_s", "load_fraction"])
 
 
-def busiest(usage: pd.DataFrame, top: int = 5) -> list[dict[str, Any]]:
+def busiest(usage: pd.DataFrame, top: int = 5) -> list[BusyLink]:
     best = usage.sort_values(["utilization", "link"], ascending=[False, True]).head(top)
-    return [{"link": f"{row.src}->{row.dst}", "tier": row.tier, "utilization": round(float(row.utilization), 4),
-             "saturated_s": float(row.saturated_s)} for row in best.itertuples()]
+    return [BusyLink(link=f"{row.src}->{row.dst}", tier=row.tier, utilization=round(float(row.utilization), 4),
+                     saturated_s=float(row.saturated_s)) for row in best.itertuples()]
 
 
-def critical(usage: pd.DataFrame) -> dict[str, Any] | None:
+def critical(usage: pd.DataFrame) -> SaturatedLink | None:
     """The link that throttled transfers longest (most seconds at capacity), or None if none ever saturated."""
     saturated = usage[usage["saturated_s"] > 0]
     if saturated.empty:
         return None
     row = saturated.sort_values(["saturated_s", "link"], ascending=[False, True]).iloc[0]
-    return {"link": f"{row.src}->{row.dst}", "tier": row.tier, "saturated_s": float(row.saturated_s)}
+    return SaturatedLink(link=f"{row.src}->{row.dst}", tier=row.tier, saturated_s=float(row.saturated_s))

@@ -59,15 +59,15 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
         summary = runner.run(scenario).summary
     except SimError as error:
         return {**out, "error": str(error)}
-    tokens = summary["tokens_per_s"] / scenario.cluster.num_gpus
+    tokens = summary.tokens_per_s / scenario.cluster.num_gpus
     out.update({"gpus": scenario.cluster.num_gpus, "gpu": scenario.cluster.gpu.name, "predicted_iteration_time_s":
-                summary["step_time_s"], "predicted_mfu": summary["mfu"], "predicted_tokens_per_s_per_gpu": tokens,
-                "peak_memory_gib": summary["peak_memory_bytes"]["max"] / 2**30,
-                "fits_in_memory": summary["fits_in_memory"], "error": ""})
-    out["iteration_time_error"] = _relative(summary["step_time_s"], row["iteration_time_s"])
-    out["mfu_error"] = _relative(summary["mfu"], row.get("mfu"))
+                summary.step_time_s, "predicted_mfu": summary.mfu, "predicted_tokens_per_s_per_gpu": tokens,
+                "peak_memory_gib": summary.peak_memory_bytes.max / 2**30,
+                "fits_in_memory": summary.fits_in_memory, "error": ""})
+    out["iteration_time_error"] = _relative(summary.step_time_s, row["iteration_time_s"])
+    out["mfu_error"] = _relative(summary.mfu, row.get("mfu"))
     out["tokens_error"] = _relative(tokens, row.get("tokens_per_s_per_gpu"))
-    out["memory_error"] = _relative(summary["peak_memory_bytes"]["max"] / 1e9, row.get("peak_memory_gb"))
+    out["memory_error"] = _relative(summary.peak_memory_bytes.max / 1e9, row.get("peak_memory_gb"))
     return out
 
 
