@@ -27,9 +27,10 @@ from dataclasses import dataclass, field
 import simpy
 from simpy.events import NORMAL, EventPriority
 
+from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
 from sim.network.flows import FlowNetwork
-from sim.network.models import Network, Phase, is_flow_level
+from sim.network.models import Network, Phase, is_flow_level, transfer_time
 from sim.workload.ir import Kind, Task, TaskGraph
 
 
@@ -124,11 +125,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
     start = [float("nan")] * len(tasks)
     end = [float("nan")] * len(tasks)
 
-    members = graph.shared_collectives()
-    arrived: dict[int, int] = {}
+    meets = Rendezvous(graph.shared_collectives())
     released: dict[int, float] = {}
-    arrival: dict[int, float] = {}
-    finished: dict[int, simpy.Event] = {key: env.event() for key in members}
+    finished: dict[int, simpy.Event] = {key: env.event() for key in meets.members}
 
     flow_net = network if is_flow_level(network) else None
     flows = FlowNetwork(flow_net.capacities, record_links) if flow_net is not None else None
@@ -200,10 +199,8 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         elif flows is not None:
             yield from run_phases(mirrored(task))
             return
-        elif task.op == "send":
-            seconds = network.p2p_time(task.nbytes, task.group[0], task.group[1])
         else:
-            seconds = network.collective_time(task.op, task.nbytes, task.group)
+            seconds = transfer_time(network, task.op, task.nbytes, task.group)
         if seconds > 0:
             yield env.timeout(seconds)
 
@@ -222,10 +219,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
                     yield waiter
             shared = finished.get(task.collective)
             if shared is not None:  # every member waits for the last; the last one runs the transfer once
-                arrival[task_id] = env.now
-                arrived[task.collective] = arrived.get(task.collective, 0) + 1
-                if arrived[task.collective] == members[task.collective]:
-                    released[task.collective] = env.now
+                met = meets.arrive(task.collective, task_id, env.now)
+                if met is not None:
+                    released[task.collective] = met[0]
                     env.process(run_shared(task, shared))
                 yield shared
                 start[task_id] = released[task.collective]
@@ -245,4 +241,4 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         raise deadlock_error(graph, end)
     if flows is not None:
         flows.close(env.now)
-    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows, arrival=arrival)
+    return EngineResult(start=start, end=end, events=env.scheduled, flows=flows, arrival=meets.arrival)

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.engine.event import EngineResult, deadlock_error, task_durations
-from sim.network.models import Network
+from sim.engine.rendezvous import Rendezvous
+from sim.network.models import Network, transfer_time
 from sim.workload.ir import TaskGraph
 
 
@@ -32,10 +33,8 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     end = [nan] * len(tasks)
     done = bytearray(len(tasks))
 
-    members = graph.shared_collectives()
-    shared = set(members)
-    arrivals: dict[int, list[tuple[float, int]]] = {key: [] for key in shared}
-    arrival: dict[int, float] = {}
+    meets = Rendezvous(graph.shared_collectives())
+    shared = set(meets.members)
 
     orders = [graph.streams[key] for key in sorted(graph.streams)]
     position = [0] * len(orders)
@@ -52,10 +51,7 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
         task = tasks[task_id]
         key = (task.op, task.nbytes, task.group)
         if key not in priced:
-            if task.op == "send":
-                priced[key] = network.p2p_time(task.nbytes, task.group[0], task.group[1])
-            else:
-                priced[key] = network.collective_time(task.op, task.nbytes, task.group)
+            priced[key] = transfer_time(network, task.op, task.nbytes, task.group)
         return priced[key]
 
     def wake(task_id: int) -> None:
@@ -85,19 +81,16 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
                 break
             key = tasks[task_id].collective
             if key in shared:
-                arrived = arrivals[key]
-                arrived.append((ready, task_id))
-                arrival[task_id] = ready
-                if len(arrived) < members[key]:
+                met = meets.arrive(key, task_id, ready)
+                if met is None:
                     waiting.setdefault(task_id, []).append(s)
                     break
-                released = max(when for when, _ in arrived)
+                released, arrived = met
                 finish = released + seconds(task_id)
-                for _, member in arrived:
+                for member in arrived:
                     start[member], end[member], done[member] = released, finish, 1
                     if member != task_id:
                         wake(member)
-                del arrivals[key]
             else:
                 duration = seconds_of[task_id]
                 start[task_id] = ready
@@ -111,4 +104,4 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
 
     if not all(done):
         raise deadlock_error(graph, end)
-    return EngineResult(start=start, end=end, events=len(tasks), arrival=arrival)
+    return EngineResult(start=start, end=end, events=len(tasks), arrival=meets.arrival)

@@ -271,6 +271,14 @@ class ContentionNetwork(AnalyticNetwork):
         return phase(across, op, part, outer_bw), phase(inside, "all_gather", nbytes, inner_bw)
 
 
+def transfer_time(network: Network, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    """A communication task's time on a network whose times do not depend on other traffic: a send (``group`` is
+    (src, dst)) by ``p2p_time``, a collective by ``collective_time``. Both replays price transfers with it."""
+    if op == "send":
+        return network.p2p_time(nbytes, group[0], group[1])
+    return network.collective_time(op, nbytes, group)
+
+
 def make(name: str, topology: Topology, algorithm: str = "auto") -> Network:
     if name == "ideal":
         return IdealNetwork()
