@@ -31,6 +31,7 @@ from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
 from sim.network.flows import FlowNetwork
 from sim.network.models import Network, Phase, is_flow_level, transfer_time
+from sim.parallel.grid import lockstep_groups
 from sim.workload.ir import Kind, Task, TaskGraph
 
 
@@ -178,7 +179,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
             return transfer(task.op, task.nbytes, task.group)
         key = (task.op, task.nbytes, task.group)
         if key not in merged:
-            peers = [transfer(task.op, task.nbytes, tuple(r + t for r in task.group)) for t in range(graph.lockstep)]
+            peers = [transfer(task.op, task.nbytes, group) for group in lockstep_groups(task.group, graph.lockstep)]
             merged[key] = tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
                                 for same in zip(*peers, strict=True))
         return merged[key]
