@@ -23,11 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.model.memory import peak_usage, with_allocator
 from sim.model.transformer import model_flops_per_step
 from sim.plan import Plan
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream
-from sim.workload.memory_plan import states_and_buffers
+from sim.workload.memory_plan import memory_timeline
 
 
 @dataclass(frozen=True)
@@ -176,75 +175,6 @@ def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -
 # -------------------------------------------------------------------------------------------------- summary
 
 
-def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
-    """First start and last end of each (rank, micro-batch, phase, FSDP unit)'s compute."""
-    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(COMPUTE_KINDS)]
-    phase = np.where(layered["kind"] == "forward", "fwd", "bwd")
-    return layered.assign(phase=phase, unit=layered["layer"] // unit_layers).groupby(
-        ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
-
-
-def _memory(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
-    """Per simulated rank: sharded model states, plus the peak of activations, gathered weights (ZeRO-3/FSDP)
-    and not-yet-reduced gradients (ZeRO-2/3) over the step, each taken from when the trace allocates and
-    frees them."""
-    # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
-    stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
-    # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
-    # weight-gradient pass W when the schedule splits the backward).
-    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
-    layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
-    ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
-    spans = _unit_spans(trace, plan.unit_layers) if plan.zero_stage >= 2 else None
-    result: dict[int, dict[str, float]] = {}
-    for rank, stage in trace.groupby("rank")["stage"].first().items():
-        rows = trace[trace["rank"] == rank]
-        resident, host = states_and_buffers(plan, int(stage))
-        stash = ends.loc[(rank, "forward")]
-        free = ends.loc[(rank, "backward")].to_numpy()
-        sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
-        parts = {"activations": (stash.to_numpy(), free, sizes)}
-        if spans is not None:
-            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
-        dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.rebuild_bytes
-        entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
-        memory = plan.scenario.memory
-        result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
-    return result
-
-
-def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
-                             plan: Plan) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
-    its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
-    until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
-    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series) -> pd.DataFrame:
-        keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
-                                          unit])
-        return spans.reindex(keys)
-
-    unit_layers = plan.unit_layers
-    gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
-    unit = gathers["layer"] // unit_layers
-    keep_to_backward = plan.zero_stage < 3
-    phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
-                      index=gathers.index)
-    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
-                gathers["bytes"].to_numpy(float))
-    reduces = rows[rows["name"] == "grad_reduce_scatter"]
-    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
-    freed = reduces["end_s"].to_numpy()
-    if plan.zero_stage == 2 and not plan.flat_params:
-        # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
-        # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
-        # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
-        # lag, fresh gradients do not pile up.
-        freed = np.minimum(freed, backward["last"].to_numpy())
-    grads = (backward["first"].to_numpy(), freed, reduces["bytes"].to_numpy(float))
-    return {"gathered_weights": gathered, "unreduced_gradients": grads}
-
-
 def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
@@ -281,7 +211,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
-    memory = _memory(trace, plan)
+    memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
     tokens = plan.global_batch * plan.seq_len
     return Summary(

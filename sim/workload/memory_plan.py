@@ -1,19 +1,30 @@
-"""Per-rank memory of a plan without simulating it (what ``sim check`` prints): the bound.
+"""The memory model of a step: the bound before simulating (what ``sim check`` prints) and the timeline of a trace.
 
-In: a ``Plan``. Out: for each pipeline stage, the bytes of weights, gradients and optimizer states (ZeRO
-sharding applied), activations (the schedule's in-flight bound x the bytes each layer of a chunk stashes), the
-weights ZeRO-3/FSDP gathers at once (two units: the forward gathers one ahead; all of them for SHARD_GRAD_OP)
-and the gradients not yet reduce-scattered (one unit or one bucket), the total and whether it fits. ``sim run``
-measures the same quantities from the trace (sim.output.trace), with the resident states and buffers from
-``states_and_buffers`` here and the per-layer activation bytes from the plan; this is the upper bound a user
-checks first.
+Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
+layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_bytes``), FSDP units
+(``Plan.unit_layers``) and the allocator's overheads (``sim.model.memory.with_allocator``).
+
+The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
+gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes
+each layer of a chunk stashes), the weights ZeRO-3/FSDP gathers at once (two units: the forward gathers one ahead;
+all of them for SHARD_GRAD_OP) and the gradients not yet reduce-scattered (one unit or one bucket), the total and
+whether it fits. ``sim run`` measures the same quantities from the trace; this is the upper bound a user checks
+first.
+
+The timeline (``memory_timeline``). In: a trace DataFrame and its ``Plan``. Out: per simulated rank, the same
+parts at the moment their sum peaks, each allocation living from the task that makes it to the task that frees
+it; ``sim.output.summary`` reports it.
 """
 
 from __future__ import annotations
 
-from sim.model.memory import comm_buffer_bytes, model_state_bytes, placed, with_allocator
+import numpy as np
+import pandas as pd
+
+from sim.model.memory import comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
+from sim.workload.ir import COMPUTE_KINDS
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients", "comm_buffers",
          "allocator_overhead", "reserved")
@@ -69,3 +80,73 @@ def memory_plan(plan: Plan) -> list[dict[str, float]]:
         rows.append({"stage": stage, "rank": plan.grid.stage_representative(stage), **parts,
                      "fits": parts["total"] <= capacity})
     return rows
+
+
+# ------------------------------------------------------------------------------------------------ timeline
+def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
+    """First start and last end of each (rank, micro-batch, phase, FSDP unit)'s compute."""
+    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(COMPUTE_KINDS)]
+    phase = np.where(layered["kind"] == "forward", "fwd", "bwd")
+    return layered.assign(phase=phase, unit=layered["layer"] // unit_layers).groupby(
+        ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
+
+
+def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
+    """The timeline side: per simulated rank of a trace, the resident states and buffers (as the bound's), plus
+    the peak of activations, gathered weights (ZeRO-3/FSDP) and not-yet-reduced gradients (ZeRO-2/3) over the
+    step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule."""
+    # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
+    stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
+    # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
+    # weight-gradient pass W when the schedule splits the backward).
+    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
+    layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
+    ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
+    spans = _unit_spans(trace, plan.unit_layers) if plan.zero_stage >= 2 else None
+    result: dict[int, dict[str, float]] = {}
+    for rank, stage in trace.groupby("rank")["stage"].first().items():
+        rows = trace[trace["rank"] == rank]
+        resident, host = states_and_buffers(plan, int(stage))
+        stash = ends.loc[(rank, "forward")]
+        free = ends.loc[(rank, "backward")].to_numpy()
+        sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
+        parts = {"activations": (stash.to_numpy(), free, sizes)}
+        if spans is not None:
+            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
+        dynamic = peak_usage(parts)
+        dynamic["activations"] += plan.rebuild_bytes
+        entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
+        memory = plan.scenario.memory
+        result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
+    return result
+
+
+def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
+                             plan: Plan) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
+    its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
+    until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
+    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series) -> pd.DataFrame:
+        keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
+                                          unit])
+        return spans.reindex(keys)
+
+    unit_layers = plan.unit_layers
+    gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
+    unit = gathers["layer"] // unit_layers
+    keep_to_backward = plan.zero_stage < 3
+    phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
+                      index=gathers.index)
+    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
+                gathers["bytes"].to_numpy(float))
+    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
+    freed = reduces["end_s"].to_numpy()
+    if plan.zero_stage == 2 and not plan.flat_params:
+        # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
+        # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
+        # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
+        # lag, fresh gradients do not pile up.
+        freed = np.minimum(freed, backward["last"].to_numpy())
+    grads = (backward["first"].to_numpy(), freed, reduces["bytes"].to_numpy(float))
+    return {"gathered_weights": gathered, "unreduced_gradients": grads}
