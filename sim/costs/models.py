@@ -29,11 +29,11 @@ from sim.costs.profile import Profile
 from sim.hardware import GpuSpec
 from sim.model.transformer import Op
 
-Phase = Literal["forward", "backward", "input_grad", "weight_grad"]
+ComputePhase = Literal["forward", "backward", "input_grad", "weight_grad"]
 ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient
 
 
-def phase_scale(op: Op, phase: Phase) -> float:
+def phase_scale(op: Op, phase: ComputePhase) -> float:
     """How many forward-equivalents of ``op`` a phase runs."""
     if phase == "forward":
         return 1.0
@@ -49,14 +49,14 @@ class Work:
     ops: tuple[Op, ...]
     layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
 
-    def flops(self, phase: Phase) -> float:
+    def flops(self, phase: ComputePhase) -> float:
         return sum(op.flops * phase_scale(op, phase) for op in self.ops)
 
 
 class CostModel(Protocol):
     name: str
 
-    def compute_time(self, work: Work, phase: Phase) -> float: ...
+    def compute_time(self, work: Work, phase: ComputePhase) -> float: ...
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
 
@@ -69,7 +69,7 @@ class FixedCosts:
                           "weight_grad": weight_grad}
         self.optimizer = optimizer
 
-    def compute_time(self, work: Work, phase: Phase) -> float:
+    def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return self.per_layer[phase] * work.layer_share
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
@@ -117,7 +117,7 @@ class RooflineCosts:
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
         return max(compute, op.bytes / self.bytes_rate)
 
-    def compute_time(self, work: Work, phase: Phase) -> float:
+    def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
@@ -143,7 +143,7 @@ class ScaledCosts:
     def __init__(self, inner: CostModel, factor: float) -> None:
         self.inner, self.factor, self.name = inner, factor, inner.name
 
-    def compute_time(self, work: Work, phase: Phase) -> float:
+    def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return self.inner.compute_time(work, phase) * self.factor
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:

@@ -30,7 +30,7 @@ from simpy.events import NORMAL, EventPriority
 from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
 from sim.network.flows import FlowNetwork
-from sim.network.models import Network, Phase, is_flow_level, transfer_time
+from sim.network.models import Network, TransferPhase, is_flow_level, transfer_time
 from sim.parallel.grid import lockstep_groups
 from sim.workload.ir import Kind, Task, TaskGraph
 
@@ -89,8 +89,8 @@ def task_durations(graph: TaskGraph, durations: Sequence[float | None] | None) -
     return durations
 
 
-def private_tp_transfers(graph: TaskGraph,
-                         phases_of: Callable[[Task], tuple[Phase, ...]]) -> set[tuple[str, float, tuple[int, ...]]]:
+def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[TransferPhase, ...]]
+                         ) -> set[tuple[str, float, tuple[int, ...]]]:
     """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
     other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
     others: set[int] = set()
@@ -152,7 +152,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         arm(flows.remove(key, env.now))
         event.succeed()
 
-    def run_phases(phases: tuple[Phase, ...]) -> Generator[simpy.Event, None, None]:
+    def run_phases(phases: tuple[TransferPhase, ...]) -> Generator[simpy.Event, None, None]:
         assert flows is not None
         for phase in phases:
             if phase.latency > 0:
@@ -169,9 +169,9 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
             elif waits:
                 yield env.all_of(waits)
 
-    merged: dict[tuple[str, float, tuple[int, ...]], tuple[Phase, ...]] = {}
+    merged: dict[tuple[str, float, tuple[int, ...]], tuple[TransferPhase, ...]] = {}
 
-    def mirrored(task: Task) -> tuple[Phase, ...]:
+    def mirrored(task: Task) -> tuple[TransferPhase, ...]:
         """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
         assert flow_net is not None
         transfer = flow_net.transfer
@@ -180,7 +180,8 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         key = (task.op, task.nbytes, task.group)
         if key not in merged:
             peers = [transfer(task.op, task.nbytes, group) for group in lockstep_groups(task.group, graph.lockstep)]
-            merged[key] = tuple(Phase(max(p.latency for p in same), tuple(ch for p in same for ch in p.channels))
+            merged[key] = tuple(TransferPhase(max(p.latency for p in same),
+                                              tuple(ch for p in same for ch in p.channels))
                                 for same in zip(*peers, strict=True))
         return merged[key]
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.costs.models import CostModel, Phase, Work
+from sim.costs.models import ComputePhase, CostModel, Work
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
@@ -84,7 +84,7 @@ class Estimator:
         self._orders: dict[tuple[str, int, int], list[list[Action]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
-    def _price(self, plan: Plan, what: str, phase: Phase) -> float:
+    def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a layer (a block, its column-parallel GEMMs ``<block>_column``, the
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
@@ -99,7 +99,7 @@ class Estimator:
         group = plan.grid.tp_group(0)
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
         tp_comm = sum(times) if times else 0.0
-        bwd: Phase = "input_grad" if split else "backward"
+        bwd: ComputePhase = "input_grad" if split else "backward"
         fwd_layer = sum(self._price(plan, b, "forward") for b in step.BLOCKS) + 2 * tp_comm
         if not split and step.overlaps_backward(plan, self._price(plan, "mlp_column", "weight_grad")):
             bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)

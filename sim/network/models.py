@@ -14,8 +14,8 @@ without NVSwitch reduction or across nodes) falls back to ring. Results are cach
 route (sim.network.flows shares every link max-min fairly); uncontended, it takes exactly the analytic time.
 It is a ``FlowLevelNetwork``: the protocol the event engine and the estimate read (``is_flow_level``).
 
-The topology is only a type here (imported for type checking): the engine imports this module for ``Phase``
-and the protocols, and must not load the topology's hardware specs (pydantic) or networkx.
+The topology is only a type here (imported for type checking): the engine imports this module for
+``TransferPhase`` and the protocols, and must not load the topology's hardware specs (pydantic) or networkx.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class FlowChannel:
 
 
 @dataclass(frozen=True)
-class Phase:
+class TransferPhase:
     latency: float
     channels: tuple[FlowChannel, ...]
 
@@ -73,7 +73,7 @@ class FlowLevelNetwork(Network, Protocol):
 
     capacities: list[float]
 
-    def transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]: ...
+    def transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[TransferPhase, ...]: ...
 
 
 def is_flow_level(network: Network) -> TypeGuard[FlowLevelNetwork]:
@@ -144,7 +144,7 @@ class AnalyticNetwork:
         return (sizes.pop(), len(counts)) if len(sizes) == 1 else (1, len(group))
 
     def _hierarchical(self, op: str, nbytes: float, group: tuple[int, ...]) -> list[tuple[float, str]]:
-        """Phase times of the 2D algorithm: (seconds, which tier) in execution order."""
+        """TransferPhase times of the 2D algorithm: (seconds, which tier) in execution order."""
         topo = self.topology
         local, domains = self._local_shape(group)
         intra = topo.intra_node
@@ -199,7 +199,7 @@ class ContentionNetwork(AnalyticNetwork):
         return out
 
     def _ring_phase(self, op: str, nbytes: float, group: tuple[int, ...], seconds: float,
-                    bandwidth: float) -> Phase:
+                    bandwidth: float) -> TransferPhase:
         """A ring (or pairwise all-to-all) taking ``seconds`` uncontended at ``bandwidth`` per rank: the
         latency is what the bandwidth term leaves of it."""
         node_of = {rank: self.topology.node_of(rank) for rank in group}
@@ -209,16 +209,17 @@ class ContentionNetwork(AnalyticNetwork):
         else:
             flows = self._channels(ring_channels(op, nbytes, orders), bandwidth / len(orders))
         moved = bytes_moved("ring", op, len(group), nbytes)
-        return Phase(max(0.0, seconds - moved / bandwidth), tuple(flows))
+        return TransferPhase(max(0.0, seconds - moved / bandwidth), tuple(flows))
 
-    def _transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]:
+    def _transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[TransferPhase, ...]:
         topo, n = self.topology, len(group)
         if n <= 1 or nbytes <= 0:
             return ()
         if op == "send":
             bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
             latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
-            return (Phase(latency, tuple(self._channels([Channel(((group[0], group[1]),), nbytes)], bandwidth))),)
+            hop = self._channels([Channel(((group[0], group[1]),), nbytes)], bandwidth)
+            return (TransferPhase(latency, tuple(hop)),)
         algorithm = self.algorithm_for(op, nbytes, group)
         seconds = self.options(op, nbytes, group)[algorithm]
         inside = topo.in_one_domain(group)
@@ -231,18 +232,18 @@ class ContentionNetwork(AnalyticNetwork):
             for rank in group:
                 switch = f"nvswitch{topo.domain_of(rank)}"
                 loads += [(topo.link_index[(f"gpu{rank}", switch)], 1), (topo.link_index[(switch, f"gpu{rank}")], 1)]
-            return (Phase(seconds - nbytes / bandwidth, (FlowChannel(tuple(loads), nbytes, bandwidth),)),)
+            return (TransferPhase(seconds - nbytes / bandwidth, (FlowChannel(tuple(loads), nbytes, bandwidth),)),)
         if algorithm == "tree":
             bandwidth = tier.bandwidth_at(nbytes, size)
             trees = tree_channels(nbytes, group, {rank: 0 if inside else topo.node_of(rank) for rank in group})
             per_node = len(trees) // 2
             channels = tuple(self._channels(trees, bandwidth / (4 * per_node)))
-            return (Phase(seconds - 2 * nbytes / bandwidth, channels),)
+            return (TransferPhase(seconds - 2 * nbytes / bandwidth, channels),)
         if algorithm == "hierarchical":
             return self._hierarchical_phases(op, nbytes, group)
         return (self._ring_phase(op, nbytes, group, seconds, tier.bandwidth_at(nbytes, size)),)
 
-    def _hierarchical_phases(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[Phase, ...]:
+    def _hierarchical_phases(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[TransferPhase, ...]:
         """The 2D algorithm's phases, each one ring per NVLink domain (inside) or per local rank (across)."""
         topo = self.topology
         local, _ = self._local_shape(group)
@@ -254,10 +255,10 @@ class ContentionNetwork(AnalyticNetwork):
         inter = topo.inter_node.model_copy(update={"bandwidth": topo.rail_bandwidth(1, self.shared_nics)})
         times = iter(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
 
-        def phase(rings: list[tuple[int, ...]], op_: str, size: float, bandwidth: float) -> Phase:
+        def phase(rings: list[tuple[int, ...]], op_: str, size: float, bandwidth: float) -> TransferPhase:
             seconds = next(times)
             parts = [self._ring_phase(op_, size, ring, seconds, bandwidth) for ring in rings]
-            return Phase(parts[0].latency, tuple(c for p in parts for c in p.channels))
+            return TransferPhase(parts[0].latency, tuple(c for p in parts for c in p.channels))
 
         inside = [tuple(d) for d in domains]
         across = [tuple(d[i] for d in domains) for i in range(local)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Phase = Literal["F", "B", "W"]
+PassKind = Literal["F", "B", "W"]
 Layout = Literal["interleaved", "v"]
 
 
@@ -29,8 +29,8 @@ def chunk_location(layout: Layout, p: int, global_chunk: int) -> tuple[int, int]
     return global_chunk % p, global_chunk // p
 
 
-def upstream(phase: Phase, global_chunk: int, microbatch: int,
-             last_chunk: int) -> tuple[Phase, int, int] | None:
+def upstream(phase: PassKind, global_chunk: int, microbatch: int,
+             last_chunk: int) -> tuple[PassKind, int, int] | None:
     """The pass (phase, model chunk, micro-batch) that a micro-batch's pass on ``global_chunk`` needs first: a
     forward the forward of the chunk before (none on chunk 0); an input-gradient backward the backward of the
     chunk after, or on the last chunk its own forward (the loss); a weight-gradient pass its own backward."""

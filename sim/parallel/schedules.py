@@ -26,16 +26,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.parallel.chunks import Layout, Phase, chunk_location, model_chunk, upstream
+from sim.parallel.chunks import Layout, PassKind, chunk_location, model_chunk, upstream
 from sim.parallel.zbv import zb_v_passes
 
-__all__ = ["SCHEDULES", "Action", "Layout", "Phase", "Schedule", "chunk_location", "model_chunk", "upstream"]
+__all__ = ["SCHEDULES", "Action", "Layout", "PassKind", "Schedule", "chunk_location", "model_chunk", "upstream"]
 
 
 
 @dataclass(frozen=True, slots=True)
 class Action:
-    phase: Phase
+    phase: PassKind
     microbatch: int
     chunk: int = 0
 
@@ -64,7 +64,7 @@ def _interleaved_warmup(p: int, m: int, v: int, stage: int) -> int:
 def interleaved(p: int, m: int, v: int) -> list[list[Action]]:
     total = m * v
 
-    def virtual(k: int, phase: Phase) -> Action:
+    def virtual(k: int, phase: PassKind) -> Action:
         chunk = (k // p) % v
         return Action(phase, (k // (p * v)) * p + k % p, chunk if phase == "F" else v - 1 - chunk)
 
@@ -111,7 +111,7 @@ def zb_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
     started = [{"F": 0, "B": 0, "W": 0} for _ in range(p)]
     orders: list[list[Action]] = [[] for _ in range(p)]
 
-    def ready(phase: Phase, stage: int, j: int, now: int) -> bool:
+    def ready(phase: PassKind, stage: int, j: int, now: int) -> bool:
         counts = started[stage]
         needs = upstream(phase, stage, j, p - 1)  # one chunk per stage: model chunk = stage
         arrived = needs is None or finished.get(needs, now + 1) <= now

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from sim.costs.models import CostModel, Phase, ScaledCosts, Work
+from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
 from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action
@@ -104,7 +104,7 @@ class _StageEmitter:
             self.blocking_tp = task
         return task
 
-    def _price(self, work: Work, phase: Phase) -> tuple[float, float]:
+    def _price(self, work: Work, phase: ComputePhase) -> tuple[float, float]:
         # The same few blocks recur for every micro-batch and layer: price each (block, phase) once. Keyed by
         # identity, which is stable because this emitter owns its Work objects for as long as the cache lives.
         key = (id(work), phase)
@@ -113,7 +113,7 @@ class _StageEmitter:
         return self.priced[key]
 
     def _compute(self, kind: str, name: str, mb: int, layer: int, work: Work, after: int | None,
-                 phase: Phase = "forward", cost: tuple[float, float] | None = None) -> int | None:
+                 phase: ComputePhase = "forward", cost: tuple[float, float] | None = None) -> int | None:
         duration, flops = cost or self._price(work, phase)
         if duration <= 0 and work.layer_share == 0:
             return after  # nothing to run (embedding/head under fixed costs)
@@ -136,7 +136,7 @@ class _StageEmitter:
             self.blocking_tp = task
         return task
 
-    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: Phase) -> int | None:
+    def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
@@ -208,7 +208,7 @@ class _StageEmitter:
     def backward(self, mb: int, chunk: int) -> None:
         """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
         g, last = self._global_chunk(chunk), self.p * self.v - 1
-        phase: Phase = "input_grad" if self.splits_backward else "backward"
+        phase: ComputePhase = "input_grad" if self.splits_backward else "backward"
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == last:
@@ -279,7 +279,7 @@ class _StageEmitter:
             for block in ("attention", "mlp"):
                 after = self._block("forward", block, mb, layer, after, "forward")
         else:
-            phase: Phase = "input_grad" if self.splits_backward else "backward"
+            phase: ComputePhase = "input_grad" if self.splits_backward else "backward"
             recompute = self.plan.scenario.training.recompute
             self.dp.before_layer(mb, layer, "backward")
             if recomputes:
