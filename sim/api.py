@@ -28,7 +28,7 @@ from sim.plan import resolve
 from sim.runner import RunResult
 from sim.spec import scenario as spec
 from sim.spec.scenario import Scenario
-from sim.workload.memory_plan import memory_plan
+from sim.workload.footprint import memory_plan
 
 ScenarioSource = str | Path | Mapping[str, Any] | Scenario
 Overrides = Mapping[str, Any] | Iterable[str] | str | None
@@ -38,7 +38,7 @@ Overrides = Mapping[str, Any] | Iterable[str] | str | None
 class Check:
     """What ``sim check`` prints, as data: the validated scenario, its YAML with every default filled in (the
     run directory's ``scenario.resolved.yaml``), and the memory plan, one row per pipeline stage
-    (``sim.workload.memory_plan.memory_plan``: stage, representative rank, bytes per part, total, host, fits)."""
+    (``sim.workload.footprint.memory_plan``: stage, representative rank, bytes per part, total, host, fits)."""
 
     scenario: Scenario
     resolved_yaml: str

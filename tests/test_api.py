@@ -19,7 +19,7 @@ from analysis.gantt import plot_gantt
 from sim.cli.commands import main
 from sim.explore.estimate import estimate as estimate_scenario
 from sim.spec.scenario import load_scenario, resolved_yaml
-from sim.workload.memory_plan import memory_plan
+from sim.workload.footprint import memory_plan
 
 from conftest import ROOT, SCENARIOS
 

@@ -10,7 +10,7 @@ from sim.hardware import GPU_PRESETS
 from sim.model.memory import model_state_bytes
 from sim.plan import resolve
 from sim.workload import build as workload
-from sim.workload.memory_plan import stage_memory
+from sim.workload.footprint import stage_memory
 
 from conftest import make_scenario
 

@@ -14,7 +14,7 @@ from sim.model.memory import activation_bytes_per_layer
 from sim.model.transformer import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, MODEL_PRESETS, layer_forward_ops
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
-from sim.workload.memory_plan import stage_memory
+from sim.workload.footprint import stage_memory
 
 from conftest import SCENARIOS
 

@@ -6,7 +6,7 @@ from test_data_parallel import comm_bound
 from sim import runner
 from sim.model.memory import model_state_bytes
 from sim.plan import resolve
-from sim.workload.memory_plan import memory_plan
+from sim.workload.footprint import memory_plan
 
 
 def tasks(result, name, rank=0):

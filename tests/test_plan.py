@@ -16,7 +16,7 @@ from sim.explore.estimate import estimate
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
-from sim.workload.memory_plan import memory_plan
+from sim.workload.footprint import memory_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "scenarios" / "tiny.yaml"

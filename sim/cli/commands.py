@@ -37,7 +37,7 @@ from sim.plan import resolve
 from sim.spec.degrees import degrees
 from sim.spec.scenario import Scenario, load_scenario, resolved_yaml
 from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
-from sim.workload.memory_plan import PARTS
+from sim.workload.footprint import PARTS
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"

@@ -2,7 +2,7 @@
 
 In: a validated ``Scenario`` (or a cheap ``model_copy`` of one with another layout). Out: ``Estimate``: step
 time, its parts (pipeline, exposed data-parallel tail, optimizer), MFU and the per-rank memory bound of
-``sim.workload.memory_plan`` with whether it fits. An ``Estimator`` keeps the cost model, the network and per-shape
+``sim.workload.footprint`` with whether it fits. An ``Estimator`` keeps the cost model, the network and per-shape
 costs between calls, so screening thousands of layouts of one model on one cluster prices each GEMM shape once.
 
 The same cost model and network as the event simulation price the pieces; what differs is the composition:
@@ -42,7 +42,7 @@ from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import Scenario
 from sim.workload import step
-from sim.workload.memory_plan import stage_memory
+from sim.workload.footprint import stage_memory
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ import pandas as pd
 
 from sim.model.transformer import model_flops_per_step
 from sim.plan import Plan
+from sim.workload.footprint import memory_timeline
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream
-from sim.workload.memory_plan import memory_timeline
 
 
 @dataclass(frozen=True)

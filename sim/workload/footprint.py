@@ -1,4 +1,4 @@
-"""The memory model of a step: the bound before simulating (what ``sim check`` prints) and the timeline of a trace.
+"""The memory footprint of a step: the bound before simulating (what ``sim check`` prints) and a trace's timeline.
 
 Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
 layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_bytes``), FSDP units
