@@ -67,7 +67,7 @@ def test_a_sweep_on_a_local_dask_cluster_gives_the_process_executors_table(tmp_p
 def test_an_unreachable_dask_scheduler_is_a_one_line_error(tmp_path: Path) -> None:
     spec = sweep.SweepSpec(TINY, {"training.microbatches": [1]})
     with pytest.raises(ConfigError, match="--scheduler: cannot reach the Dask scheduler at 'tcp://127.0.0.1:1'"):
-        sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1")
+        sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1", dask_timeout=1)
 
 
 def test_only_keeps_exactly_the_layouts_with_the_named_values() -> None:
