@@ -2,8 +2,9 @@
 they draw; here: they run, and they write a PNG). ``python -m analysis`` and ``sim`` are called through their
 ``main(argv)`` in this process; the end-to-end tests of tests/test_cli.py run real processes."""
 
-from analysis.__main__ import main as analysis
 from conftest import SCENARIOS
+
+from analysis.__main__ import main as analysis
 from sim.cli import main as sim
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -20,6 +20,11 @@ from sim.costs.profile import load  # noqa: E402
 from conftest import SCENARIOS  # noqa: E402
 
 
+# The calibration run (torch, two spawned gloo processes: about 6 s) is shared by the tests below that read it:
+# they are slow, and under pytest-xdist (--dist loadgroup) this module runs on one worker, so it runs once.
+pytestmark = pytest.mark.xdist_group("calibration")
+
+
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory):
     out = tmp_path_factory.mktemp("calibration")
@@ -31,6 +36,7 @@ def calibrated_tiny(profile_path):
     return load_scenario(SCENARIOS / "tiny.yaml", ["costs.model=calibrated", f"costs.profile={profile_path}"])
 
 
+@pytest.mark.slow
 def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     names = {p.name for p in calibration.iterdir()}
     assert {"gemm.csv", "copy.csv", "collectives.csv", "numerics.csv", "profile.json"} <= names
@@ -45,6 +51,7 @@ def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     assert profile.gemm_rate("bf16", 1e6) > 0 and profile.intra_node is not None
 
 
+@pytest.mark.slow
 def test_busbw_follows_nccl_tests_from_the_timed_algbw(calibration):
     comm = pd.read_csv(calibration / "collectives.csv")
     assert set(comm["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send"}
@@ -54,6 +61,7 @@ def test_busbw_follows_nccl_tests_from_the_timed_algbw(calibration):
         assert row.busbw_Bps == pytest.approx(row.algbw_Bps * bus_factor(row.op, row.n))
 
 
+@pytest.mark.slow
 def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp_path):
     before = runner.run(calibrated_tiny(calibration / "profile.json"))
     data = json.loads((calibration / "profile.json").read_text())
@@ -74,6 +82,7 @@ def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp
     assert after.summary["step_time_s"] < before.summary["step_time_s"]
 
 
+@pytest.mark.slow
 def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
     data = json.loads((calibration / "profile.json").read_text())
     del data["gemm"]["bf16"]
@@ -86,6 +95,7 @@ def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
         calibrated_tiny(tmp_path / "other.json")
 
 
+@pytest.mark.slow
 def test_numerics_report(calibration):
     rows = pd.read_csv(calibration / "numerics.csv")
     value = lambda dtype, check: float(rows[(rows["dtype"] == dtype) & rows["check"].str.startswith(check)]["value"].iloc[0])  # noqa: E731

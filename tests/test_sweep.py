@@ -77,6 +77,7 @@ def test_missing_base_is_one_error(tmp_path):
         make_spec(sweep_file, [], [])
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path, capsys):
     out = tmp_path / "sweep"
     args = ["sweep", str(TINY), "--grid", "training.microbatches=1..48", "--grid", "schedule=gpipe,1f1b", "-o",

@@ -3,8 +3,6 @@
 import numpy as np
 import pytest
 
-from sim import runner
-from sim.spec.scenario import load_scenario
 from sim.parallel.schedules import SCHEDULES
 
 from conftest import SCENARIOS
@@ -12,9 +10,12 @@ from conftest import SCENARIOS
 NAMES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))
 
 
+pytestmark = pytest.mark.xdist_group("bundled-runs")  # one worker runs each bundled scenario, once (conftest)
+
+
 @pytest.fixture(scope="module", params=NAMES)
-def run(request):
-    return runner.run(load_scenario(SCENARIOS / request.param))
+def run(request, bundled_run):
+    return bundled_run(request.param)
 
 
 def test_no_stream_runs_two_tasks_at_once(run):
