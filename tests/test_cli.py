@@ -71,14 +71,13 @@ def test_end_to_end_the_sim_script_runs_a_bundled_scenario(tmp_path, sim):
     summary table on stdout, every output (the Gantt chart from the analysis plugin included), and a trace byte
     for byte the one ``main`` writes here (two processes with two hash seeds, one trace). The README's 175B run
     is the same code path at about 3x the cost; tiny keeps this test near a second."""
-    scenario = TINY
-    done = sim_process(console_script(), "run", scenario, "-o", str(tmp_path / "script"), hash_seed="1")
+    done = sim_process(console_script(), "run", TINY, "-o", str(tmp_path / "script"), hash_seed="1")
     assert done.returncode == 0, done.stderr
     assert "step time" in done.stdout and "Traceback" not in done.stderr
     for name in ("summary.json", "trace.parquet", "gantt.png", "scenario.resolved.yaml"):
         assert (tmp_path / "script" / name).is_file(), name
     assert (tmp_path / "script" / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert sim("run", scenario, "-o", str(tmp_path / "here"), "--no-plot").returncode == 0
+    assert sim("run", TINY, "-o", str(tmp_path / "here"), "--no-plot").returncode == 0
     assert digest(tmp_path / "script" / "trace.parquet") == digest(tmp_path / "here" / "trace.parquet")
     assert (json.loads((tmp_path / "script" / "summary.json").read_text())
             == json.loads((tmp_path / "here" / "summary.json").read_text()))
