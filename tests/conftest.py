@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sim.spec.scenario import Scenario, scenario_from_dict
+from sim import runner
+from sim.runner import RunResult
+from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -49,6 +52,29 @@ def pipeline_scenario(p: int, m: int, schedule: str, forward: str = "1 s", backw
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the tests marked ``slow`` first, otherwise in collection order (a stable sort). Under pytest-xdist a
+    worker takes new tests as it finishes, so the long ones starting first keeps both workers busy to the end,
+    instead of one of them running a 10 s search last while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def bundled_scenarios() -> list[Path]:
     return sorted(SCENARIOS.glob("*.yaml"))
+
+
+@pytest.fixture(scope="session")
+def bundled_run() -> Callable[[str], RunResult]:
+    """bundled_run("tiny.yaml"): the run of scenarios/tiny.yaml as shipped, simulated once per session and shared
+    (test_trace_invariants and test_estimate both read every bundled scenario's run; the 175B one takes over a
+    second). Tests read it and never modify it. Tests that use it are in the xdist_group "bundled-runs", so
+    under pytest-xdist they share one worker's runs."""
+    runs: dict[str, RunResult] = {}
+
+    def get(name: str) -> RunResult:
+        if name not in runs:
+            runs[name] = runner.run(load_scenario(SCENARIOS / name))
+        return runs[name]
+
+    return get

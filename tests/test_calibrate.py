@@ -3,13 +3,17 @@
 The GPU path runs the same code with CUDA events and NCCL; its tests are marked ``gpu`` and skipped here.
 """
 
+import importlib.util
 import json
 import sys
 
 import pandas as pd
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is imported by the tests that use it, not here: importing it takes over a second, which every
+# pytest-xdist worker would pay while collecting, whether or not it runs these tests.
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("could not import 'torch'", allow_module_level=True)
 
 from sim import runner  # noqa: E402
 from sim.calibrate.run import resolve_device  # noqa: E402
@@ -20,6 +24,10 @@ from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
 
 from conftest import SCENARIOS  # noqa: E402
+
+# The calibration run (torch, two spawned gloo processes: about 6 s) is shared by the tests below that read it:
+# they are slow, and under pytest-xdist (--dist loadgroup) this module runs on one worker, so it runs once.
+pytestmark = pytest.mark.xdist_group("calibration")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +41,7 @@ def calibrated_tiny(profile_path):
     return load_scenario(SCENARIOS / "tiny.yaml", ["costs.model=calibrated", f"costs.profile={profile_path}"])
 
 
+@pytest.mark.slow
 def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     names = {p.name for p in calibration.iterdir()}
     assert {"gemm.csv", "copy.csv", "collectives.csv", "numerics.csv", "profile.json"} <= names
@@ -43,10 +52,12 @@ def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     assert {"qkv_proj", "mlp_up.wgrad", "square256"} <= set(gemm["name"])  # the layer's GEMMs and the sweep
     assert (pd.read_csv(calibration / "copy.csv")["bandwidth_Bps"] > 0).all()
     profile = load(calibration / "profile.json")
+    import torch
     assert profile.device.kind == "cpu" and profile.device.versions["torch"] == torch.__version__
     assert profile.gemm_rate("bf16", 1e6) > 0 and profile.intra_node is not None
 
 
+@pytest.mark.slow
 def test_busbw_follows_nccl_tests_from_the_timed_algbw(calibration):
     comm = pd.read_csv(calibration / "collectives.csv")
     assert set(comm["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "send"}
@@ -56,6 +67,7 @@ def test_busbw_follows_nccl_tests_from_the_timed_algbw(calibration):
         assert row.busbw_Bps == pytest.approx(row.algbw_Bps * bus_factor(row.op, row.n))
 
 
+@pytest.mark.slow
 def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp_path):
     before = runner.run(calibrated_tiny(calibration / "profile.json"))
     data = json.loads((calibration / "profile.json").read_text())
@@ -76,6 +88,7 @@ def test_a_scenario_runs_on_the_profile_and_follows_its_numbers(calibration, tmp
     assert after.summary.step_time_s < before.summary.step_time_s
 
 
+@pytest.mark.slow
 def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
     data = json.loads((calibration / "profile.json").read_text())
     del data["gemm"]["bf16"]
@@ -88,6 +101,7 @@ def test_a_profile_lacking_the_dtype_is_a_clear_error(calibration, tmp_path):
         calibrated_tiny(tmp_path / "other.json")
 
 
+@pytest.mark.slow
 def test_numerics_report(calibration):
     rows = pd.read_csv(calibration / "numerics.csv")
     value = lambda dtype, check: float(  # noqa: E731
@@ -102,6 +116,8 @@ def test_numerics_report(calibration):
 
 
 def test_the_device_defaults_to_what_torch_sees_and_a_missing_one_is_one_line(monkeypatch):
+    import torch
+
     assert resolve_device("cpu") == "cpu"
     assert resolve_device(None) == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
@@ -113,8 +129,10 @@ def test_the_device_defaults_to_what_torch_sees_and_a_missing_one_is_one_line(mo
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_gemms_are_timed_with_cuda_events_against_the_dense_peak(tmp_path):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     assert main(["calibrate", "--device", "cuda", "--quick", "--no-collectives", "-o", str(tmp_path)]) == 0
     gemm = pd.read_csv(tmp_path / "gemm.csv")
     assert gemm["efficiency"].notna().all() and (gemm["efficiency"] > 0).all() and (gemm["efficiency"] <= 1).all()

@@ -16,6 +16,9 @@ from conftest import SCENARIOS
 SPINE = SCENARIOS / "llama2-7b_h100-32_spine.yaml"
 
 
+pytestmark = pytest.mark.xdist_group("contention-spine")  # one worker runs the module's two runs, once
+
+
 @pytest.fixture(scope="module")
 def runs():
     return {ratio: runner.run(load_scenario(SPINE, [f"cluster.fabric.oversubscription={ratio}"]), record_links=True)

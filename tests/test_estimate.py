@@ -15,10 +15,11 @@ SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("
 GPT3 = Path(__file__).resolve().parent.parent / "scenarios" / "gpt3-175b_a100-1024.yaml"
 
 
+@pytest.mark.xdist_group("bundled-runs")
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
-def test_estimate_within_5_percent_of_the_simulation(path: Path) -> None:
+def test_estimate_within_5_percent_of_the_simulation(path: Path, bundled_run) -> None:
     scenario = load_scenario(path)
-    simulated = runner.run(scenario).summary
+    simulated = bundled_run(path.name).summary  # runner.run(scenario), shared with test_trace_invariants
     est = estimate(scenario)
     assert est.step_time_s == pytest.approx(simulated.step_time_s, rel=0.05)
     assert est.bound_s <= simulated.step_time_s

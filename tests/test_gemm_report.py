@@ -64,6 +64,7 @@ def test_no_dtype_is_priced_above_its_dense_peak(gpu):
     assert fp32.gemm_rate(2 * 8192**3) == pytest.approx(spec.peak("fp32") * spec.matmul_efficiency)
 
 
+@pytest.mark.slow
 def test_shipped_profiles_are_a_fresh_fit_of_the_shipped_rows():
     done = subprocess.run([sys.executable, "scripts/fit_default_profiles.py", "--check"], cwd=ROOT,
                           capture_output=True, text=True)

@@ -54,6 +54,7 @@ def test_search_simulates_the_best_and_prunes_by_the_bound(tmp_path: Path) -> No
     assert (tmp_path / "screen.parquet").is_file() and (tmp_path / "results.parquet").is_file()
 
 
+@pytest.mark.slow
 def test_a_sweep_on_a_local_dask_cluster_gives_the_process_executors_table(tmp_path: Path) -> None:
     spec = sweep.SweepSpec(TINY, {"schedule": ["1f1b", "gpipe", "zb-h1"], "training.microbatches": [1, 2, 4, 5]})
     local = sweep.run_sweep(spec, tmp_path / "process", jobs=2)
@@ -65,7 +66,7 @@ def test_a_sweep_on_a_local_dask_cluster_gives_the_process_executors_table(tmp_p
 def test_an_unreachable_dask_scheduler_is_a_one_line_error(tmp_path: Path) -> None:
     spec = sweep.SweepSpec(TINY, {"training.microbatches": [1]})
     with pytest.raises(ConfigError, match="--scheduler: cannot reach the Dask scheduler at 'tcp://127.0.0.1:1'"):
-        sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1")
+        sweep.run_sweep(spec, tmp_path, executor="dask", scheduler="tcp://127.0.0.1:1", dask_timeout=1)
 
 
 def test_only_keeps_exactly_the_layouts_with_the_named_values() -> None:
@@ -96,6 +97,7 @@ def test_a_bad_only_is_a_one_line_error_naming_the_knob(spec: str, message: str)
         search.parse_only([spec])
 
 
+@pytest.mark.slow
 def test_a_search_resumed_with_another_only_reports_and_prunes_with_its_own_layouts(tmp_path: Path) -> None:
     # ZeRO-1's best tiny step (0.0204 s) beats ZeRO-0's (0.0220 s): pruning ZeRO-0 against it would be wrong.
     first = search.run_search(TINY, [], tmp_path, only=search.parse_only(["zero=1"]))
@@ -118,6 +120,7 @@ def simulated_step(base, row: pd.Series) -> float:
     return runner.run(search.candidate(base, search.layout_of(row))).summary.step_time_s
 
 
+@pytest.mark.slow
 def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining() -> None:
     """Narayanan et al. SC21 (Sec. 5.4.1, Fig. 13, takeaway #1): tensor parallelism up to the node's 8 GPUs, then
     pipeline parallelism. Their Megatron-LM had no distributed optimizer (ZeRO 0): with 18 bytes per parameter
@@ -133,6 +136,7 @@ def test_with_megatron_2021s_options_the_175b_search_picks_tp8_with_pipelining()
     assert simulated_step(base, first) < simulated_step(base, deeper)
 
 
+@pytest.mark.slow
 def test_with_the_distributed_optimizer_the_175b_search_picks_nvidias_mlperf_layout() -> None:
     """NVIDIA's MLPerf Training GPT-3 175B submissions (mlcommons/training_results_v3.0 and v3.1,
     NVIDIA/benchmarks/gpt3/implementations/pytorch: config_DGXH100_*x4x8_mbs1.sh, conf/custom.yaml) run Megatron

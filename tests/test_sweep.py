@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from sim import runner
+from sim.cli import main
 from sim.errors import ConfigError
 from sim.explore.sweep import SweepSpec, make_spec, parse_axis, point_id, run_sweep
 from sim.spec.scenario import load_scenario
@@ -76,11 +77,14 @@ def test_missing_base_is_one_error(tmp_path):
         make_spec(sweep_file, [], [])
 
 
-def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path):
+@pytest.mark.slow
+def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path, capsys):
     out = tmp_path / "sweep"
-    command = [sys.executable, "-m", "sim", "sweep", str(TINY), "--grid", "training.microbatches=1..48",
-               "--grid", "schedule=gpipe,1f1b", "-o", str(out), "--no-plot"]
-    first = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = ["sweep", str(TINY), "--grid", "training.microbatches=1..48", "--grid", "schedule=gpipe,1f1b", "-o",
+            str(out), "--no-plot"]
+    # The first run is a real process, killed with SIGKILL half-way; the resumed run is main() in this process.
+    first = subprocess.Popen([sys.executable, "-m", "sim", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
     results = out / "results.csv"
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -93,10 +97,10 @@ def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path):
         before = [row for row in csv.DictReader(handle) if row.get("status")]
     assert 10 <= len(before) < 96, "the sweep should have been killed half-way"
 
-    second = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    assert second.returncode == 0, second.stderr
+    capsys.readouterr()
+    assert main(args) == 0
     done = len(before)
-    assert f"resuming: {done} of 96 points already" in second.stdout.replace("\n", " ")
+    assert f"resuming: {done} of 96 points already" in capsys.readouterr().out.replace("\n", " ")
     table = pd.read_csv(results)
     assert len(table) == 96 and table["point_id"].is_unique
     assert sorted(table["point"]) == list(range(96))

@@ -13,9 +13,12 @@ from conftest import SCENARIOS
 NAMES = sorted(p.name for p in SCENARIOS.glob("*.yaml"))
 
 
+pytestmark = pytest.mark.xdist_group("bundled-runs")  # one worker runs each bundled scenario, once (conftest)
+
+
 @pytest.fixture(scope="module", params=NAMES)
-def run(request):
-    return runner.run(load_scenario(SCENARIOS / request.param))
+def run(request, bundled_run):
+    return bundled_run(request.param)
 
 
 def test_no_stream_runs_two_tasks_at_once(run):
@@ -77,8 +80,6 @@ def test_synchronous_tp_collectives_block_the_compute_stream():
     # Megatron's TP all-reduce / reduce-scatter is synchronous: nothing computes on the GPU while it runs, even
     # a task that does not consume it (the next micro-batch's first block after a chunk ends). The one exception
     # is the backward's input-gradient reduction, which Megatron issues asynchronously under the weight gradient.
-    from sim import runner
-    from sim.spec.scenario import load_scenario
     base = ["schedule=interleaved", "parallel.vpp=2", "training.microbatches=4", "training.global_batch=null"]
     blocking = runner.run(load_scenario(SCENARIOS / "tiny.yaml", base)).trace
     ranks = blocking["rank"].unique()

@@ -30,6 +30,7 @@ from sim import api, runner
 from sim.cli.console import TableConsole
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.explore import search, sweep
+from sim.explore.executors import DASK_TIMEOUT_S
 from sim.model.transformer import MODEL_PRESETS
 from sim.output import trace
 from sim.output.summary import Summary
@@ -192,7 +193,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
 
         table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
-                                executor=args.executor, scheduler=args.scheduler)
+                                executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout)
     counts = table["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.no_plot:
@@ -208,7 +209,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
-                                  args.scheduler, not args.no_bound, lambda row: bar.advance(task), only)
+                                  args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,
+                                  args.dask_timeout)
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
@@ -240,6 +242,8 @@ def executor_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--executor", choices=("process", "dask"), default="process",
                      help="process: local worker processes; dask: a Dask cluster (local unless --scheduler)")
     cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")
+    cmd.add_argument("--dask-timeout", type=float, default=DASK_TIMEOUT_S, metavar="SECONDS",
+                     help=f"how long to wait to connect to the Dask scheduler (default {DASK_TIMEOUT_S:g})")
 
 
 def parser() -> argparse.ArgumentParser:

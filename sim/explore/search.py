@@ -31,7 +31,7 @@ import pandas as pd
 
 from sim.errors import ConfigError
 from sim.explore.estimate import Estimator
-from sim.explore.executors import Executor
+from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
@@ -192,10 +192,11 @@ class SearchResult:
 
 def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000, jobs: int = 1,
                executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
-               on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None) -> SearchResult:
+               on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None,
+               dask_timeout: float = DASK_TIMEOUT_S) -> SearchResult:
     """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
     estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
-    skipped (``pruned``)."""
+    skipped (``pruned``). ``dask_timeout``: seconds the Dask executor waits to connect to its scheduler."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
     space = list(layouts(base, only))
@@ -219,7 +220,7 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
         keep = prune(batch, best_step) if use_bound else batch
         pruned += [i for i in batch.index if i not in keep.index]
         table = run_sweep(spec, out, jobs, on_row=on_row, executor=executor, scheduler=scheduler,
-                          only=set(int(i) for i in keep.index))
+                          only=set(int(i) for i in keep.index), dask_timeout=dask_timeout)
         done = table[(table["status"] == "ok") & table["point_id"].isin(ours)]
         if len(done):
             best_step = min(best_step, float(done["step_time_s"].min()))

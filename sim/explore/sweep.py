@@ -32,7 +32,7 @@ import yaml
 
 from sim import runner
 from sim.errors import ConfigError, SimError
-from sim.explore.executors import Executor, run_all
+from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
 from sim.spec.degrees import degrees
 from sim.spec.scenario import apply_overrides, scenario_from_dict
 
@@ -223,10 +223,11 @@ def _check_same_base(spec: SweepSpec, out: Path) -> None:
 
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
-              scheduler: str | None = None, only: set[int] | None = None) -> pd.DataFrame:
+              scheduler: str | None = None, only: set[int] | None = None,
+              dask_timeout: float = DASK_TIMEOUT_S) -> pd.DataFrame:
     """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
     written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
-    progress."""
+    progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler."""
     out.mkdir(parents=True, exist_ok=True)
     _check_same_base(spec, out)
     points = spec.points()
@@ -251,7 +252,7 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
 
         base = (spec.base_data, str(spec.base.parent))
         jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys)) for index, point in todo]
-        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler):
+        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout):
             record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
     table.to_parquet(out / "results.parquet", index=False)
