@@ -23,7 +23,7 @@ from functools import cached_property
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element
-from sim.model.memory import activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
 from sim.model.transformer import ModelSpec
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.grid import RankGrid
@@ -37,6 +37,14 @@ class Plan:
     """The resolved facts of one scenario. Build with ``resolve(scenario)``."""
 
     scenario: Scenario
+
+    def __getstate__(self) -> dict[str, Scenario]:
+        """Pickle only the scenario: the cached facts are rebuilt on use (some, like the schedule's functions,
+        do not pickle), so a ``RunResult`` crosses process boundaries."""
+        return {"scenario": self.scenario}
+
+    def __setstate__(self, state: dict[str, Scenario]) -> None:
+        object.__setattr__(self, "scenario", state["scenario"])
 
     # ------------------------------------------------------------------------------------- degrees and grid
     @cached_property
@@ -166,11 +174,6 @@ class Plan:
         """First layer of each model chunk, plus num_layers at the end."""
         return tuple(itertools.accumulate(self.chunk_sizes, initial=0))
 
-    @cached_property
-    def layers_per_chunk(self) -> int:
-        """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
-        return self.degrees.layers_per_chunk
-
     def model_chunk(self, stage: int, chunk: int) -> int:
         """The model chunk that ``stage``'s local ``chunk`` holds."""
         return model_chunk(self.layout, self.pp, stage, chunk)
@@ -249,12 +252,12 @@ class Plan:
             return self.stage_layers(stage)
         return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
 
-    def activation_bytes(self, recompute: str | None = None) -> float:
+    def activation_bytes(self, recompute: Recompute | None = None) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
         2022 Table 2) under ``recompute`` (default: the scenario's mode)."""
         t = self.scenario.training
         return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          recompute or t.recompute, t.flash_attention)  # type: ignore[arg-type]
+                                          recompute or t.recompute, t.flash_attention)
 
     def stash_bytes(self, layer: int) -> float:
         """Activations ``layer`` keeps per micro-batch from its forward to its last backward pass: only its input
@@ -322,7 +325,7 @@ class Plan:
     @cached_property
     def zero_shards(self) -> int:
         """Ranks that share one copy of the sharded model states: a node's dp ranks under HYBRID_SHARD."""
-        return self.scenario.cluster.gpus_per_node // self.tp if self.hybrid else self.dp
+        return len(self.shard_group(0))
 
     @cached_property
     def optimizer_shards(self) -> int:

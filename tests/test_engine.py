@@ -89,7 +89,6 @@ def test_the_rendezvous_rule_releases_at_the_last_arrival():
     from sim.engine.rendezvous import Rendezvous
 
     meets = Rendezvous({7: 3})
-    assert meets.shared(7) and not meets.shared(8)
     assert meets.arrive(7, 10, 2.0) is None and meets.arrive(7, 11, 5.0) is None
     assert meets.arrive(7, 12, 3.5) == (5.0, [10, 11, 12])  # the latest member releases all three
     assert meets.arrival == {10: 2.0, 11: 5.0, 12: 3.5}

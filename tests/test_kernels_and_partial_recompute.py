@@ -114,6 +114,6 @@ def test_a_pipeline_chunk_recomputes_its_own_first_layers() -> None:
                                     "training.recompute_num_layers=3", "schedule=interleaved", "parallel.vpp=2"])
     trace = runner.run(scenario).trace
     layers = trace[(trace["kind"] == "recompute") & (trace["rank"] == 0)]["layer"].unique()
-    per_chunk = resolve(scenario).layers_per_chunk
+    per_chunk = resolve(scenario).degrees.layers_per_chunk
     assert per_chunk == 6 and pd.Series(layers % per_chunk).max() == 2
     assert sorted(layers) == [0, 1, 2, 48, 49, 50]  # stage 0 holds chunks 0 and 8 of 16

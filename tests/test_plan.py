@@ -143,3 +143,37 @@ def test_zb_v_estimate_and_simulation_read_the_same_placement():
     est = estimate(scenario)
     assert est.peak_memory_bytes == pytest.approx(max(planned))
     assert est.step_time_s == pytest.approx(simulated.step_time_s, rel=0.05)
+
+
+def test_a_run_result_pickles_with_its_plan():
+    """Notebook users send results to other processes (multiprocessing, joblib); the plan's cached schedule
+    holds functions that do not pickle, so a plan pickles as its scenario and resolves again."""
+    import pickle
+
+    result = runner.run(load_scenario(TINY))
+    back = pickle.loads(pickle.dumps(result))
+    assert back.plan.scenario == result.scenario and back.plan.head_stage == result.plan.head_stage == 1
+    assert back.summary == result.summary
+
+
+def test_fsdp_shard_grad_op_keeps_weights_sharded_after_the_step():
+    """SHARD_GRAD_OP stores weights sharded at rest (FSDP reshards after the backward) and gathers them unit by
+    unit in the next forward: no ZeRO-1/2-style all-gather of the whole stage after the optimizer step."""
+    result = runner.run(load_scenario(FSDP, ["fsdp.sharding=SHARD_GRAD_OP"]))
+    names = set(result.trace["name"])
+    assert "param_all_gather" not in names and "param_gather_fwd" in names
+    zero1 = runner.run(load_scenario(TINY, ["parallel.tp=1", "parallel.dp=2", "parallel.zero=1"]))
+    assert "param_all_gather" in set(zero1.trace["name"])  # Megatron's distributed optimizer does gather
+
+
+def test_the_calibration_profile_is_read_once_per_file_version(tmp_path, monkeypatch):
+    from sim.costs import profile as profiles
+
+    source = ROOT / "sim" / "data" / "profiles" / "A100.json"
+    path = tmp_path / "profile.json"
+    path.write_text(source.read_text())
+    reads = []
+    real_read = Path.read_text
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self) or real_read(self, *a, **k))
+    first, second = profiles.load(path), profiles.load(str(path))
+    assert first is second and reads.count(path) == 1

@@ -70,7 +70,7 @@ def test_rules():
 
 
 def test_v_layout_places_chunks_in_a_v():
-    from sim.parallel.schedules import chunk_location, model_chunk
+    from sim.parallel.chunks import chunk_location, model_chunk
     p = 4
     assert [model_chunk("v", p, s, 0) for s in range(p)] == [0, 1, 2, 3]
     assert [model_chunk("v", p, s, 1) for s in range(p)] == [7, 6, 5, 4]

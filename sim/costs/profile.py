@@ -14,7 +14,7 @@ k >= 1024 the spread at equal FLOPs is under 10%), and a single axis interpolate
 from __future__ import annotations
 
 import json
-from functools import cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,21 @@ class Profile(FrozenSpec):
 
 
 def load(path: Path | str) -> Profile:
+    """A measured profile from its JSON file, validated; ``ProfileError`` (one line naming the file) otherwise.
+    Loaded once per version of the file (its path, size and modification time): the rules validate it when the
+    scenario loads, and the plan then reads the same object."""
     path = Path(path)
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        raise ProfileError(f"costs.profile: no such file {str(path)!r}") from None
+    return _load(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@lru_cache(maxsize=16)
+def _load(path_text: str, size: int, mtime_ns: int) -> Profile:
+    """``load`` for one version of a file (``size`` and ``mtime_ns`` only key the cache)."""
+    path = Path(path_text)
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:

@@ -17,10 +17,6 @@ class Rendezvous:
         self.arrival: dict[int, float] = {}  # member task -> when its rank reached the collective
         self._waiting: dict[int, list[int]] = {}
 
-    def shared(self, key: int) -> bool:
-        """Whether rendezvous ``key`` has several simulated members (else the task runs on its own)."""
-        return key in self.members
-
     def arrive(self, key: int, task_id: int, when: float) -> tuple[float, list[int]] | None:
         """Records that ``task_id`` reached collective ``key`` at ``when``. Returns (release time, member tasks)
         once the last member has arrived, else None."""

@@ -201,7 +201,7 @@ class Estimator:
         if name.startswith("zb") and m < 2 * p:
             key = (name, p, m)
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
-                self._orders[key] = plan.schedule.actions(p, m, 2 if name == "zb-v" else 1)
+                self._orders[key] = plan.schedule.actions(p, m, plan.vpp)
             return stage_level_replay(self._orders[key], plan.layout, stages, c)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
@@ -216,7 +216,9 @@ class Estimator:
         exposed = 0.0
         if plan.data_parallel:
             op = "all_reduce" if zero == 0 else "reduce_scatter"
-            group = plan.shard_group(0) if plan.flat_params else plan.grid.dp_group(0)
+            # per unit where the emitters reduce per unit (ZeRO-3, FSDP's sharded strategies), else DDP buckets
+            per_unit = plan.gathers_units
+            group = plan.shard_group(0) if per_unit else plan.grid.dp_group(0)
             interleaved = plan.scenario.schedule == "interleaved"
             ready = []  # (layer, its gradient bytes, when they become final), in that order
             sizes = step.gradient_bytes(plan, stage)
@@ -231,7 +233,7 @@ class Estimator:
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
                 ready.append((-1, sizes[-1], ready[-1][2]))
             when = {layer: at for layer, _, at in ready}
-            if plan.flat_params:  # ZeRO-3 / FSDP: one reduction per unit, as its backward ends
+            if per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
                 for layer, _, _ in ready:
                     unit = max(layer, 0) // plan.unit_layers
@@ -243,7 +245,7 @@ class Estimator:
             free_at = per_microbatch = 0.0
             for layer, nbytes in buckets:  # on one stream, each as soon as its gradients are final
                 seconds = self._dp_collective(plan, op, nbytes, group)
-                if plan.flat_params and plan.hybrid:
+                if per_unit and plan.hybrid:
                     replicas = plan.replica_group(0)
                     seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
                 free_at = max(free_at, when[layer]) + seconds
@@ -279,10 +281,9 @@ class Estimator:
         gpus = plan.num_gpus
         flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
         tflops = flops / gpus / step_s / 1e12
-        # Even stages peak at an end of the pipe (most in flight, or the head); uneven ones may peak anywhere.
-        p = sc.parallel
-        uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
-        candidates = range(plan.pp) if uneven else {0, plan.pp - 1}
+        # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
+        uneven = len(set(plan.chunk_sizes)) > 1
+        candidates = range(plan.pp) if uneven else {0, plan.head_stage, plan.pp - 1}
         peak = max(stage_memory(plan, s)["total"] for s in candidates)
         bound = plan.microbatches * max(st.forward + st.backward + st.weight for st in stages)
         gpu = sc.cluster.gpu

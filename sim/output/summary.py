@@ -1,6 +1,7 @@
 """The summary of a run: the headline numbers of one simulated step, computed from its trace.
 
-In: a trace DataFrame (``sim.output.trace`` schema) and its ``Scenario`` (``summarize``). Out: a ``Summary``, a
+In: a trace DataFrame (``sim.output.trace`` schema) and its ``Plan`` (``summarize``); the memory timeline comes
+from ``sim.workload.footprint.memory_timeline``. Out: a ``Summary``, a
 frozen dataclass: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble fraction, exposed communication per
 kind, peak memory per rank and whether it fits; the runner adds the optional fields (NCCL's SM stretch; the
 critical rank and path with ``ranks: all``; the busiest and the critical link on the ``contention`` network).

@@ -26,10 +26,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sim.parallel.chunks import Layout, PassKind, chunk_location, model_chunk, upstream
+from sim.parallel.chunks import Layout, PassKind, upstream
 from sim.parallel.zbv import zb_v_passes
 
-__all__ = ["SCHEDULES", "Action", "Layout", "PassKind", "Schedule", "chunk_location", "model_chunk", "upstream"]
+__all__ = ["SCHEDULES", "Action", "Layout", "PassKind", "Schedule"]
 
 
 
@@ -123,17 +123,18 @@ def zb_h2(p: int, m: int, v: int = 1) -> list[list[Action]]:
 
     now = 0
     while any(counts["W"] < m for counts in started):
-        picks: list[tuple[int, str]] = []
+        picks: list[tuple[int, PassKind]] = []
         for stage in range(p):
-            phase = next((ph for ph in "BFW" if started[stage][ph] < m
-                          and ready(ph, stage, started[stage][ph], now)), None)  # type: ignore[arg-type]
-            if phase is not None:
-                picks.append((stage, phase))
+            order: tuple[PassKind, ...] = ("B", "F", "W")
+            pick = next((ph for ph in order if started[stage][ph] < m and ready(ph, stage, started[stage][ph], now)),
+                        None)
+            if pick is not None:
+                picks.append((stage, pick))
         for stage, phase in picks:  # all stages decide on the state at the start of the unit, then run
             j = started[stage][phase]
             started[stage][phase] += 1
             finished[(phase, stage, j)] = now + 1
-            orders[stage].append(Action(phase, j))  # type: ignore[arg-type]
+            orders[stage].append(Action(phase, j))
         now += 1
     return orders
 

@@ -44,6 +44,7 @@ class _Builder:
     def dependency(self, phase: str, chunk: int, stage: int, j: int) -> tuple[str, int, int, int] | None:
         """The pass on another stage this one waits for (same-stage order is implied by the stream)."""
         p = self.p
+        # the builder names passes by plain str ("F", "B", "W"); upstream takes the same letters as PassKind
         needs = upstream(phase, model_chunk("v", p, stage, chunk), j, 2 * p - 1)  # type: ignore[arg-type]
         if needs is None:
             return None

@@ -55,7 +55,7 @@ class _StageEmitter:
         self.stage = here.pp
         self.p, self.v = plan.pp, plan.vpp
         self.tp_group = grid.tp_group(self.rank)
-        self.tp, self.sp = plan.tp, plan.sequence_parallel
+        self.tp = plan.tp
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         work = blocks(plan)
@@ -124,8 +124,8 @@ class _StageEmitter:
         self.blocking_tp = None
         return self.g.add(self.rank, self.stage, "compute", kind, name, mb, layer, [after], duration, "", 0.0, flops)
 
-    def _tp(self, op: str, mb: int, layer: int, after: int | None) -> int | None:
-        if self.tp == 1:
+    def _tp(self, op: str | None, mb: int, layer: int, after: int | None) -> int | None:
+        if self.tp == 1 or op is None:
             return after
         if self.pending_deps or after is None or self.g.tasks[after].stream == "tp":
             return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=self.tp_bytes, group=self.tp_group)
@@ -143,7 +143,7 @@ class _StageEmitter:
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
             return self._overlapped_backward(block, mb, layer, after)
         after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
-        return self._tp(self.tp_after, mb, layer, after)  # type: ignore[arg-type]
+        return self._tp(self.tp_after, mb, layer, after)
 
     def _overlapped_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
         """A block's fused backward as Megatron-LM runs it (LinearWithGradAccumulationAndAsyncCommunication): the
@@ -162,7 +162,7 @@ class _StageEmitter:
                               cost=(total[0] - weight[0], total[1] - weight[1]))
         if gathered is not None:
             self._flagged(dgrad, False, True, ())
-        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True,  # type: ignore[arg-type]
+        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True,
                                False, (), consumed=True)
         extra = [gathered] if gathered is not None else []
         wgrad = self.g.add(self.rank, self.stage, "compute", "backward", block, mb, layer, extra,

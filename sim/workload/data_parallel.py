@@ -38,7 +38,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.model.transformer import layer_params
 from sim.workload import step
 from sim.workload.ir import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
@@ -53,7 +52,6 @@ class DataParallelEmitter:
         self.shard_group, self.replica_group = plan.shard_group(stage.rank), plan.replica_group(stage.rank)
         self.grad_bytes_per_param = plan.grad_bytes_per_param
         self.weight_bytes_per_param = plan.weight_bytes_per_param
-        self.layer_params = layer_params(plan.model).per_tp_rank(plan.tp)
         self.unit_layers = plan.unit_layers
         self.sharded_units = plan.gathers_units
         self.prefetch = plan.prefetch

@@ -32,7 +32,7 @@ PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights",
 
 def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]:
     """The resident model states (after ZeRO sharding and CPU offload) and communication buffers of a rank of
-    ``stage``, and the bytes it keeps in host memory. Shared with the trace's memory timeline (sim.output.trace)."""
+    ``stage``, and the bytes it keeps in host memory. Shared by the bound and the timeline below."""
     offload, parallel = plan.scenario.offload, plan.scenario.parallel
     params = plan.stage_params(stage)
     states, host = placed(model_state_bytes(params, plan.dtype, plan.zero_stage_at_rest, plan.zero_shards,

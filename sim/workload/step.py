@@ -158,9 +158,10 @@ def fill_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[int, 
 
 
 def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
-    """ZeRO-1/2 (Megatron's distributed optimizer): after the sharded step every rank all-gathers the updated
-    compute-dtype weights of its stage over the DP group; 0 where nothing is gathered."""
-    if plan.data_parallel and plan.zero_stage in (1, 2):
+    """ZeRO-1/2 (Megatron's distributed optimizer, DeepSpeed): after the sharded step every rank all-gathers the
+    updated compute-dtype weights of its stage over the DP group; 0 where nothing is gathered, FSDP's
+    SHARD_GRAD_OP included (its weights stay sharded at rest; the next forward gathers them unit by unit)."""
+    if plan.data_parallel and plan.zero_stage in (1, 2) and not plan.gathers_units:
         return plan.stage_params(stage) * plan.weight_bytes_per_param
     return 0.0
 
