@@ -128,7 +128,7 @@ class DataParallelEmitter:
             self._reduce(mb, layer, last_task, self._unit_bytes(unit, self.grad_bytes_per_param))
             return
         self.pending_bucket += self._unit_bytes(layer, self.grad_bytes_per_param)  # ZeRO-2: one-layer units
-        if self.pending_bucket >= self.plan.scenario.parallel.dp_bucket_size or layer == 0:
+        if step.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0
 

@@ -143,15 +143,19 @@ def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
     return sizes
 
 
+def bucket_full(plan: Plan, pending_bytes: float) -> bool:
+    """Whether a gradient bucket holding ``pending_bytes`` is reduced now: it reached ``parallel.dp_bucket_size``
+    (PyTorch DDP's bucket_cap_mb, DeepSpeed's reduce_bucket_size). The last gradients close a bucket anyway."""
+    return pending_bytes >= plan.scenario.parallel.dp_bucket_size
+
+
 def fill_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """DDP / ZeRO gradient buckets: (layer, bytes) in the order gradients become final, grouped until a bucket
-    holds ``parallel.dp_bucket_size`` bytes (PyTorch DDP's bucket_cap_mb, DeepSpeed's reduce_bucket_size) or
-    the gradients run out. Returns (the layer that closes each bucket, its bytes)."""
-    cap = plan.scenario.parallel.dp_bucket_size
+    """DDP / ZeRO-1 gradient buckets: (layer, bytes) in the order gradients become final, grouped until a bucket
+    is full (``bucket_full``) or the gradients run out. Returns (the layer that closes each bucket, its bytes)."""
     buckets, pending = [], 0.0
     for index, (layer, nbytes) in enumerate(ready):
         pending += nbytes
-        if pending >= cap or index == len(ready) - 1:
+        if bucket_full(plan, pending) or index == len(ready) - 1:
             buckets.append((layer, pending))
             pending = 0.0
     return buckets
