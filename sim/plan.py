@@ -22,7 +22,7 @@ from functools import cached_property
 
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
-from sim.hardware import bytes_per_element
+from sim.hardware import bytes_per_element, parameter_dtype
 from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
 from sim.model.transformer import ModelSpec
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
@@ -118,14 +118,17 @@ class Plan:
         """The dtype gradients are accumulated and reduced in (``training.grad_dtype``, ``auto`` resolved).
         Megatron-LM: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"
         (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
-        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the training dtype."""
+        fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the parameters' dtype.
+        FP8 training (Transformer Engine) runs only the GEMMs in FP8: the parameters and their gradients are
+        bf16, so Megatron-LM keeps fp32 main gradients as for bf16 (issue 22: fp8 had dropped them)."""
         t = self.scenario.training
         if t.grad_dtype != "auto":
             return t.grad_dtype
-        if t.dtype in ("fp32", "tf32"):
+        params = parameter_dtype(t.dtype)
+        if params == "fp32":
             return "fp32"
         sharded_grads = self.scenario.fsdp is not None or self.zero_stage >= 2
-        return "fp32" if t.dtype == "bf16" and not sharded_grads else t.dtype
+        return "fp32" if params == "bf16" and not sharded_grads else params
 
     @cached_property
     def weight_bytes_per_param(self) -> int:

@@ -15,6 +15,7 @@ from sim.workload.footprint import stage_memory
 from conftest import make_scenario
 
 TRAINING = {"global_batch": 8, "micro_batch": 1, "seq_len": 512}
+H100 = {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8}  # FP8 needs Hopper's tensor cores
 
 
 @pytest.mark.parametrize(("sections", "expected"), [
@@ -29,6 +30,12 @@ TRAINING = {"global_batch": 8, "micro_batch": 1, "seq_len": 512}
     ({"training": {**TRAINING, "dtype": "fp32"}}, "fp32"),
     ({"training": {**TRAINING, "grad_dtype": "bf16"}}, "bf16"),  # Megatron's --grad-reduce-in-bf16
     ({"training": {**TRAINING, "grad_dtype": "fp32"}, "fsdp": {"sharding": "FULL_SHARD"}}, "fp32"),
+    # FP8 (Transformer Engine): FP8 GEMMs from bf16 weights, so the gradients are bf16's (issue 22)
+    ({"training": {**TRAINING, "dtype": "fp8"}, "cluster": H100}, "fp32"),  # Megatron's fp32 main grads
+    ({"training": {**TRAINING, "dtype": "fp8"}, "cluster": H100, "parallel": {"tp": 1, "pp": 1, "dp": 8, "zero": 2}},
+     "bf16"),
+    ({"training": {**TRAINING, "dtype": "fp8"}, "cluster": H100, "zero_optimization": {"stage": 1}}, "bf16"),
+    ({"training": {**TRAINING, "dtype": "tf32"}, "zero_optimization": {"stage": 1}}, "fp32"),  # was an error
 ])
 def test_auto_grad_dtype_follows_the_framework_default(sections, expected):
     assert resolve(make_scenario(**sections)).grad_dtype == expected
@@ -59,3 +66,16 @@ def test_memory_and_buckets_carry_fp32_gradients_for_megatron_bf16():
 def test_the_optimizer_reads_the_gradient_in_its_dtype():
     costs = RooflineCosts(GPU_PRESETS["A100-80GB-SXM"], "bf16")
     assert costs.optimizer_time(1e9, 4.0) / costs.optimizer_time(1e9) == pytest.approx(30 / 28)
+
+
+def test_fp8_keeps_megatrons_fp32_main_gradients_in_memory():
+    """Switching a Megatron-LM run from bf16 to FP8 changes which GEMMs run in FP8, not the model states:
+    bf16 weights, fp32 main gradients and Adam (2 + 4 + 12 bytes per parameter) either way. The old rule
+    resolved fp8's gradients to 2 bytes and dropped 2 bytes per parameter (Llama 3 8B: 82.3 -> 67.4 GiB)."""
+    bf16 = resolve(make_scenario(cluster=H100))
+    fp8 = resolve(make_scenario(cluster=H100, training={**TRAINING, "dtype": "fp8"}))
+    params = fp8.stage_params(0)
+    assert stage_memory(fp8, 0)["gradients"] == pytest.approx(4 * params)
+    for part in ("weights", "gradients", "optimizer", "comm_buffers", "total"):
+        assert stage_memory(fp8, 0)[part] == pytest.approx(stage_memory(bf16, 0)[part])
+

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.errors import ConfigError
-from sim.hardware import FrozenSpec
+from sim.hardware import FrozenSpec, parameter_dtype
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
@@ -188,8 +188,9 @@ class Scenario(FrozenSpec):
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel
-        training = dict(data.get("training") or {})  # DeepSpeed reduces in the model's dtype by default
-        training.setdefault("grad_dtype", training.get("dtype", TrainingSpec.model_fields["dtype"].default))
+        training = dict(data.get("training") or {})  # DeepSpeed reduces in the parameters' dtype by default
+        dtype = training.get("dtype", TrainingSpec.model_fields["dtype"].default)
+        training.setdefault("grad_dtype", parameter_dtype(dtype) if isinstance(dtype, str) else dtype)
         data["training"] = training
         offload = dict(data.get("offload") or {})
         for key, field in (("offload_optimizer", "optimizer"), ("offload_param", "params")):
