@@ -95,8 +95,15 @@ def profiled_dtype(profile: Profile, gpu: GpuSpec, dtype: str) -> str:
 class RooflineCosts:
     name = "roofline"
 
-    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None) -> None:
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
+                 fp8_attention: bool = False) -> None:
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
+        # FP8 as Transformer Engine runs it: fp8_autocast makes the linear layers' GEMMs FP8 (te.Linear,
+        # LayerNormLinear, LayerNormMLP); the attention core (no weights) stays bf16 unless fp8_dpa
+        # (Megatron-LM's --fp8-dot-product-attention). Those kernels are priced on a bf16 model of the same GPU.
+        self.weightless: RooflineCosts | None = None
+        if dtype == "fp8" and not fp8_attention:
+            self.weightless = RooflineCosts(gpu, "bf16", profile)
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
         self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
@@ -114,6 +121,8 @@ class RooflineCosts:
         return self.profile.gemm_rate(self.curve_dtype, flops) * self.scale
 
     def kernel_time(self, op: Op) -> float:
+        if self.weightless is not None and op.matmul and not op.has_weights:
+            return self.weightless.kernel_time(op)
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
         return max(compute, op.bytes / self.bytes_rate)
 
@@ -129,9 +138,9 @@ class CalibratedCosts(RooflineCosts):
 
     name = "calibrated"
 
-    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile) -> None:
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False) -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
-        super().__init__(gpu, dtype, profile)
+        super().__init__(gpu, dtype, profile, fp8_attention)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth

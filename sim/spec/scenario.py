@@ -45,6 +45,10 @@ class TrainingSpec(FrozenSpec):
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
         "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
         "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
+    fp8_attention: bool = Field(default=False, description=(
+        "with dtype fp8: also run the attention core (QK^T, softmax-V; flash attention) in FP8, as Megatron-LM's "
+        "--fp8-dot-product-attention (Transformer Engine's fp8_dpa). Default false: fp8_autocast makes only the "
+        "linear layers' GEMMs FP8 and attention stays bf16"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
 

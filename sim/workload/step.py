@@ -57,11 +57,13 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     gpu = gpu or own
     if isinstance(spec, FixedCostsSpec):
         return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
+    fp8_attention = plan.scenario.training.fp8_attention
     if isinstance(spec, CalibratedCostsSpec):
-        return CalibratedCosts(gpu, plan.dtype, plan.profile)  # type: ignore[arg-type]  # calibrated: loaded
+        return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention)  # type: ignore[arg-type]  # loaded
     if not spec.shape_efficiency:
-        return RooflineCosts(gpu, plan.dtype, None)
-    return RooflineCosts(gpu, plan.dtype, plan.profile if gpu.name == own.name else profiles.default_for(gpu.name))
+        return RooflineCosts(gpu, plan.dtype, None, fp8_attention)
+    profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
+    return RooflineCosts(gpu, plan.dtype, profile, fp8_attention)
 
 
 def blocks(plan: Plan) -> Blocks:
