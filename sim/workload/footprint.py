@@ -7,7 +7,7 @@ layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
 gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes
 each layer of a chunk stashes), the weights ZeRO-3/FSDP gathers at once (two units: the forward gathers one ahead;
-all of them for SHARD_GRAD_OP) and the gradients not yet reduce-scattered (one unit or one bucket), the total and
+all of them for SHARD_GRAD_OP) and the gradients not yet reduce-scattered (two units or a bucket), the total and
 whether it fits. ``sim run`` measures the same quantities from the trace; this is the upper bound a user checks
 first.
 
@@ -54,17 +54,19 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.recomputed_layers(stage) > 0:
         activations += plan.rebuild_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
-    unit = (plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra) * elem
+    unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
+    unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
     gathered = unreduced = 0.0
-    if plan.data_parallel and plan.zero_stage >= 3:
-        gathered = 2 * unit  # the forward gathers one unit ahead (FSDP's rate limiter: two at most)
-        unreduced = unit
-    elif plan.data_parallel and plan.zero_stage == 2:
-        if plan.gathers_units:  # SHARD_GRAD_OP: the whole model stays gathered through the backward
-            gathered = plan.stage_params(stage) * elem
-            unreduced = unit
-        else:
-            unreduced = min(plan.scenario.parallel.dp_bucket_size + unit, plan.stage_params(stage) * elem)
+    if plan.data_parallel and plan.gathers_units:
+        # ZeRO-3 / FSDP: the forward gathers one unit ahead (FSDP's rate limiter: two at most); SHARD_GRAD_OP
+        # keeps the whole model gathered through the backward. Gradients: the unit whose backward runs and the
+        # one before, whose reduce-scatter may still be running on the group's one stream (the timeline holds
+        # two there, in the gradient dtype).
+        gathered = 2 * unit if plan.zero_stage >= 3 else plan.stage_params(stage) * elem
+        unreduced = 2 * unit_grads
+    elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
+        unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads,
+                        plan.stage_params(stage) * plan.grad_bytes_per_param)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
                         "unreduced_gradients": unreduced}
     memory = plan.scenario.memory
