@@ -262,19 +262,23 @@ class Plan:
         return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
                                           recompute or t.recompute, t.flash_attention)
 
+    @cached_property
+    def _kept_bytes(self) -> tuple[float, float]:
+        """(a layer's activations under the scenario's recompute mode, a whole layer's without recomputation)."""
+        return self.activation_bytes(), self.activation_bytes("none")
+
     def stash_bytes(self, layer: int) -> float:
         """Activations ``layer`` keeps per micro-batch from its forward to its last backward pass: only its input
         where full recomputation rebuilds it, everything where ``recompute_num_layers`` leaves it alone."""
-        if self.scenario.training.recompute == "full" and not self.recomputes(layer):
-            return self.activation_bytes("none")
-        return self.activation_bytes()
+        stashed, whole = self._kept_bytes
+        return whole if self.scenario.training.recompute == "full" and not self.recomputes(layer) else stashed
 
     @cached_property
     def rebuild_bytes(self) -> float:
         """Activations of the one layer full recomputation is rebuilding during its backward (0 without)."""
         t = self.scenario.training
         rebuilds = t.recompute == "full" and t.recompute_num_layers != 0
-        return self.activation_bytes("none") if rebuilds else 0.0
+        return self._kept_bytes[1] if rebuilds else 0.0
 
     # --------------------------------------------------------------------------------------- ZeRO and FSDP
     @cached_property

@@ -35,7 +35,7 @@ from sim.costs.models import ComputePhase, CostModel, Work
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
-from sim.parallel.chunks import Layout, chunk_location, model_chunk, upstream
+from sim.parallel.chunks import Layout, PassKind, chunk_location, model_chunk, upstream
 from sim.parallel.grid import lockstep_groups
 from sim.parallel.schedules import Action
 from sim.plan import Plan, resolve
@@ -81,17 +81,20 @@ class Estimator:
             network_models.ContentionNetwork(build_topology(plan), spec.algorithm) if contention else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
-        self._orders: dict[tuple[str, int, int], list[list[Action]]] = {}
+        self._blocks: dict[Any, step.Blocks] = {}
+        self._orders: dict[tuple[str, int, int], tuple[int, list[list[_Pass]]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a layer (a block, its column-parallel GEMMs ``<block>_column``, the
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
-        key = (what, phase, plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
-               t.fused_kernels)
+        shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels)
+        key = (what, phase, shape)
         if key not in self._compute:
-            self._compute[key] = self.costs.compute_time(_work(step.blocks(plan), what), phase)
+            if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
+                self._blocks[shape] = step.blocks(plan)
+            self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
 
     def _stages(self, plan: Plan) -> list[_Stage]:
@@ -159,8 +162,11 @@ class Estimator:
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
         time."""
-        if self.flows is None:
-            return self.net.collective_time(op, nbytes, group)
+        if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
+            alone = (op, nbytes, (group,))
+            if alone not in self._concurrent:
+                self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
+            return self._concurrent[alone]
         groups = lockstep_groups(group, plan.tp)
         key = (op, nbytes, groups)
         if key not in self._concurrent:
@@ -201,8 +207,8 @@ class Estimator:
         if name.startswith("zb") and m < 2 * p:
             key = (name, p, m)
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
-                self._orders[key] = plan.schedule.actions(p, m, plan.vpp)
-            return stage_level_replay(self._orders[key], plan.layout, stages, c)
+                self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout)
+            return stage_level_replay(*self._orders[key], stages, c)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
             ends.append(total - behind)
@@ -308,32 +314,50 @@ def _overlap_cost(compute: float, comm: float, held: float) -> float:
     return stretched - compute + max(0.0, comm - stretched)
 
 
-def stage_level_replay(orders: list[list[Action]], layout: Layout, stages: list[_Stage],
-                       c: float) -> tuple[float, list[float]]:
-    """Makespan of a schedule's action orders with each stage's F, B and W split evenly over its chunks and
-    one p2p time ``c`` between stages; and when each stage's last B ends."""
+_Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool]
+
+
+def pass_dependencies(orders: list[list[Action]], layout: Layout) -> tuple[int, list[list[_Pass]]]:
+    """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and per stage
+    each pass's (phase, (phase, model chunk, micro-batch), the pass it needs (``parallel.chunks.upstream``),
+    whether that pass ran on another stage)."""
     p = len(orders)
     v = 1 + max(action.chunk for order in orders for action in order)
     last = p * v - 1
+    resolved = []
+    for s, order in enumerate(orders):
+        passes = []
+        for action in order:
+            g = model_chunk(layout, p, s, action.chunk)
+            dep = upstream(action.phase, g, action.microbatch, last)
+            crosses = dep is not None and chunk_location(layout, p, dep[1])[0] != s
+            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses))
+        resolved.append(passes)
+    return v, resolved
+
+
+def stage_level_replay(chunks: int, passes: list[list[_Pass]], stages: list[_Stage],
+                       c: float) -> tuple[float, list[float]]:
+    """Makespan of a schedule's passes (``pass_dependencies``) with each stage's F, B and W split evenly over
+    its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends."""
+    p = len(passes)
     done: dict[tuple[str, int, int], float] = {}
     position, free, last_b = [0] * p, [0.0] * p, [0.0] * p
     progress = True
     while progress:
         progress = False
-        for s, order in enumerate(orders):
-            times = {"F": stages[s].forward / v, "B": stages[s].backward / v, "W": stages[s].weight / v}
+        for s, order in enumerate(passes):
+            times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
+                     "W": stages[s].weight / chunks}
             while position[s] < len(order):
-                action = order[position[s]]
-                g = model_chunk(layout, p, s, action.chunk)
-                dep = upstream(action.phase, g, action.microbatch, last)
+                phase, key, dep, crosses = order[position[s]]
                 if dep is not None and dep not in done:
                     break
                 ready = free[s]
                 if dep is not None:
-                    hop = c if chunk_location(layout, p, dep[1])[0] != s else 0.0
-                    ready = max(ready, done[dep] + hop)
-                free[s] = done[(action.phase, g, action.microbatch)] = ready + times[action.phase]
-                if action.phase == "B":
+                    ready = max(ready, done[dep] + (c if crosses else 0.0))
+                free[s] = done[key] = ready + times[phase]
+                if phase == "B":
                     last_b[s] = free[s]
                 position[s] += 1
                 progress = True

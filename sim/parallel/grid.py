@@ -45,17 +45,21 @@ class RankGrid:
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
+    # Groups are arithmetic progressions of ranks (tp fastest): built by range, not rank by rank, since the search's
+    # screen asks for groups of up to thousands of ranks for every layout.
     def tp_group(self, rank: int) -> tuple[int, ...]:
-        c = self.coord(rank)
-        return tuple(self.rank(t, c.dp, c.pp) for t in range(self.tp))
+        first = rank - rank % self.tp
+        return tuple(range(first, first + self.tp))
 
     def dp_group(self, rank: int) -> tuple[int, ...]:
         c = self.coord(rank)
-        return tuple(self.rank(c.tp, d, c.pp) for d in range(self.dp))
+        first = self.rank(c.tp, 0, c.pp)
+        return tuple(range(first, first + self.tp * self.dp, self.tp))
 
     def pp_group(self, rank: int) -> tuple[int, ...]:
         c = self.coord(rank)
-        return tuple(self.rank(c.tp, c.dp, p) for p in range(self.pp))
+        first = self.rank(c.tp, c.dp, 0)
+        return tuple(range(first, first + self.tp * self.dp * self.pp, self.tp * self.dp))
 
     def stage_representative(self, stage: int) -> int:
         """The rank simulated for a pipeline stage in representative-slice mode (tp 0, dp 0)."""
