@@ -25,7 +25,8 @@ backward prefetch is about issue order, and it is what this module replays:
   Without prefetch (FSDP's backward_prefetch=None) the forward still runs a unit ahead, but in the backward a
   unit's all-gather is issued when its compute is reached, after the previous unit's reduce-scatter: both are
   exposed. Zhao et al. VLDB 2023 Sec. 5.2 measured backward prefetch as ~18% faster on GPT-175B.
-  SHARD_GRAD_OP keeps the forward's gather until the unit's backward. HYBRID_SHARD shards inside a node and
+  SHARD_GRAD_OP keeps the forward's gather until the unit's backward (and, its weights sharded at rest, has no
+  weight all-gather after the step). HYBRID_SHARD shards inside a node and
   adds an all-reduce of each reduced shard across nodes, on its own process group's stream.
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
