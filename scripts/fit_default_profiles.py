@@ -9,12 +9,15 @@ bandwidth of the preset (measured on H100/H200, ``measured_gpu_figures.csv``). A
 the GPU's dense peak for it gets no curve (H100 fp8), and XLA's f32 rows are TF32 (``sim.calibrate.reference``).
 A100: no GEMM sweep in the reference data, so the H100 curve scaled by the published MAMF ratio
 (271.2 / 794.5 TFLOP/s bf16, ml-engineering): the shape of the size dependence is assumed to carry over.
-Then one A100 calibration: a single factor k on every kernel's time (GEMM curve / k, HBM efficiency / k),
-chosen by least squares on relative error over the ten layer times Korthikanti et al. 2022 Table 4 measured
-with Megatron-LM on A100 (22B layer, tp 8; ``tests/data/korthikanti2022_layer_time.csv``), simulated as the
-test ``tests/test_layer_time.py`` does. It stands for what a burst GEMM benchmark does not see in a training
-run (sustained clocks, kernel gaps, shapes off the benchmark's best); the iteration-time rows of the paper are
-not used, so they stay blind (``sim validate``).
+Then one end-to-end calibration per GPU type, the same procedure for each: a single factor k on every
+kernel's time (``end_to_end_factor`` in the profile; the cost model multiplies every kernel and the optimizer
+step by it), chosen by least squares on relative error over that GPU type's named fit measurements, simulated
+with the profile: for A100 the ten layer times Korthikanti et al. 2022 Table 4 measured with Megatron-LM (22B
+layer, tp 8; ``tests/data/korthikanti2022_layer_time.csv``, as ``tests/test_layer_time.py`` simulates them);
+for every other GPU type the rows of ``scenarios/validation/published.csv`` marked ``role: fit`` whose GPU takes
+that profile (their iteration times). It stands for what a burst GEMM benchmark does not see in a training run
+(sustained clocks under load, kernel gaps, shapes off the benchmark's best). Fit rows are reported as "fit",
+never as validation; the other rows stay blind (``sim validate``).
 Run: ``python scripts/fit_default_profiles.py`` (``--check``: exit 1 if a shipped profile differs from a fresh fit).
 """
 
@@ -23,15 +26,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from sim.calibrate import reference
 from sim.calibrate.fitting import fit_log_curve
-from sim.costs.profile import FORMAT, VERSION
+from sim.costs.profile import DEFAULT_PROFILE_FOR_GPU, FORMAT, VERSION
 from sim.hardware import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sim" / "data" / "profiles"
+VALIDATION = ROOT / "scenarios" / "validation"
 DTYPES = ("bf16", "fp16", "tf32", "fp8")
 KNOTS = [2.0 ** e for e in range(24, 41)]
 A100_OVER_H100 = 271.2 / 794.5
@@ -58,39 +64,79 @@ def profile(name: str, gpu: str, gemm: dict[str, dict[str, object]], source: str
             "gemm": gemm, "copy_bandwidth": spec.hbm_bandwidth * spec.memory_efficiency, "source": source}
 
 
-def a100_layer_times(profile_data: dict[str, object]) -> list[tuple[float, float]]:
+def a100_layer_times(profile_path: Path) -> list[tuple[float, float]]:
     """(simulated, measured) ms of every forward and backward in Korthikanti Table 4, under this profile."""
     import csv
-    import tempfile
 
     from sim.validation.validate import LAYER_EXPERIMENTS, layer_times
 
     pairs = []
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "a100.json"
-        path.write_text(json.dumps(profile_data))
-        for row in csv.DictReader(open(ROOT / "tests" / "data" / "korthikanti2022_layer_time.csv")):
-            forward, backward = layer_times(*LAYER_EXPERIMENTS[row["experiment"]],
-                                            costs={"model": "calibrated", "profile": str(path)})
-            pairs += [(forward, float(row["forward_ms"])), (backward, float(row["backward_ms"]))]
+    for row in csv.DictReader(open(ROOT / "tests" / "data" / "korthikanti2022_layer_time.csv")):
+        forward, backward = layer_times(*LAYER_EXPERIMENTS[row["experiment"]],
+                                        costs={"model": "calibrated", "profile": str(profile_path)})
+        pairs += [(forward, float(row["forward_ms"])), (backward, float(row["backward_ms"]))]
     return pairs
 
 
-def derated(data: dict[str, object], k: float) -> dict[str, object]:
-    spec = GPU_PRESETS["A100-80GB-SXM"]
-    gemm = {dtype: {**curve, "rate": [[x, round(y / k, 1)] for x, y in curve["rate"]]}  # type: ignore[attr-defined]
-            for dtype, curve in data["gemm"].items()}  # type: ignore[attr-defined]
-    return {**data, "gemm": gemm, "memory_efficiency": round(spec.memory_efficiency / k, 4),
-            "copy_bandwidth": round(spec.hbm_bandwidth * spec.memory_efficiency / k, 1)}
+def fit_rows(profile_name: str) -> list[str]:
+    """The validation-set scenarios marked ``role: fit`` whose GPU takes this default profile."""
+    import pandas as pd
+    import yaml
+
+    table = pd.read_csv(VALIDATION / "published.csv")
+    rows = table[table.get("role", pd.Series("validation", index=table.index)).fillna("validation") == "fit"]
+    names = []
+    for scenario in rows["scenario"]:
+        gpu = yaml.safe_load((VALIDATION / scenario).read_text())["cluster"]["gpu"]
+        if DEFAULT_PROFILE_FOR_GPU.get(gpu if isinstance(gpu, str) else gpu.get("name", "")) == profile_name:
+            names.append(scenario)
+    return names
 
 
-def fit_a100(data: dict[str, object]) -> float:
-    """The factor k (to 0.005) that minimises the squared relative error over Korthikanti Table 4."""
-    def loss(k: float) -> float:
-        return sum((sim / measured - 1) ** 2 for sim, measured in a100_layer_times(derated(data, k)))
+def step_times(scenarios: list[str], profile_path: Path) -> list[tuple[float, float]]:
+    """(simulated, published) iteration seconds of named validation scenarios, their costs priced by this
+    profile (``calibrated``: the profile's curve and copy bandwidth, as the shipped default would price them)."""
+    import pandas as pd
 
-    best = min((loss(1 + i * 0.05), 1 + i * 0.05) for i in range(11))[1]  # coarse: 1.00..1.50
-    return min((loss(best + j * 0.005), best + j * 0.005) for j in range(-9, 10))[1]
+    from sim import runner
+    from sim.spec.scenario import load_scenario
+
+    table = pd.read_csv(VALIDATION / "published.csv").set_index("scenario")
+    pairs = []
+    for name in scenarios:
+        scenario = load_scenario(VALIDATION / name, [f"costs={{model: calibrated, profile: {profile_path}}}"])
+        pairs.append((runner.run(scenario).summary.step_time_s, float(table.loc[name, "iteration_time_s"])))
+    return pairs
+
+
+def fit_factor(data: dict[str, object], times: Callable[[Path], list[tuple[float, float]]]) -> float:
+    """The end-to-end factor k (to 0.005) on every kernel's time that minimises the summed squared relative
+    error of ``times`` (pairs of simulated and measured times, under a profile file) against the measurements."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json"
+
+        def loss(k: float) -> float:
+            path.write_text(json.dumps({**data, "end_to_end_factor": k}))
+            return sum((sim / measured - 1) ** 2 for sim, measured in times(path))
+
+        best = min((loss(1 + i * 0.05), 1 + i * 0.05) for i in range(17))[1]  # coarse: 1.00..1.80
+        return round(min((loss(best + j * 0.005), best + j * 0.005) for j in range(-9, 10))[1], 3)
+
+
+def calibrated(data: dict[str, object], name: str) -> dict[str, object]:
+    """A profile with its GPU type's end-to-end factor: A100's fitted on Korthikanti Table 4's layer times, every
+    other GPU type's on the validation rows marked ``role: fit`` for it (none: factor 1)."""
+    if name == "A100":
+        rows = "Korthikanti et al. 2022 Table 4 (Megatron-LM 22B layer on A100, tp 8: 10 forward/backward times)"
+        k = fit_factor(data, a100_layer_times)
+    else:
+        scenarios = fit_rows(name)
+        if not scenarios:
+            return {**data, "end_to_end_factor": 1.0, "end_to_end_source": "no fit rows: curves as measured"}
+        rows = "scenarios/validation/published.csv rows marked fit: " + ", ".join(scenarios)
+        k = fit_factor(data, lambda path: step_times(scenarios, path))
+    return {**data, "end_to_end_factor": k,
+            "end_to_end_source": f"least squares on relative time error (scripts/fit_default_profiles.py) over {rows}"}
 
 
 def build() -> dict[str, dict[str, object]]:
@@ -101,18 +147,11 @@ def build() -> dict[str, dict[str, object]]:
     a100 = {dtype: {"rate": [[x, round(y * A100_OVER_H100, 1)] for x, y in curve["rate"]],  # type: ignore[attr-defined]
                     "peak_flops": a100_peaks.get(dtype)}
             for dtype, curve in h100.items() if dtype in a100_peaks}
-    return {"H100": profile("H100 SXM (OpenXLA sm_90 table)", "H100-SXM", h100, xla),
-            "B200": profile("B200 (OpenXLA sm_100 table)", "B200", b200, xla),
-            "A100": a100_profile(profile("A100 80GB SXM (H100 curve x MAMF ratio)", "A100-80GB-SXM", a100, ""))}
-
-
-def a100_profile(data: dict[str, object]) -> dict[str, object]:
-    k = fit_a100(data)
-    source = (f"H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering), "
-              f"then every kernel time x {k:.3f}: "
-              "least squares on Korthikanti et al. 2022 Table 4 (Megatron-LM 22B layer on A100), fitted by "
-              "scripts/fit_default_profiles.py")
-    return {**derated(data, k), "source": source}
+    a100_source = "H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering)"
+    return {name: calibrated(data, name) for name, data in (
+        ("H100", profile("H100 SXM (OpenXLA sm_90 table)", "H100-SXM", h100, xla)),
+        ("B200", profile("B200 (OpenXLA sm_100 table)", "B200", b200, xla)),
+        ("A100", profile("A100 80GB SXM (H100 curve x MAMF ratio)", "A100-80GB-SXM", a100, a100_source)))}
 
 
 def main() -> int:

@@ -44,9 +44,12 @@ def test_fp16_is_priced_on_the_bf16_curve_where_the_peaks_are_equal():
     bf16, fp16 = RooflineCosts(a100, "bf16", profile), RooflineCosts(a100, "fp16", profile)
     for flops in (2 * 1024**3, 2 * 6144 * 6912 * 2304, 2 * 8192**3):
         assert fp16.gemm_rate(flops) == bf16.gemm_rate(flops)
-    assert fp16.bytes_rate == bf16.bytes_rate == a100.hbm_bandwidth * profile.memory_efficiency
-    # The fitted curve tops out at 71% of peak, not the flat large-GEMM rate fp16 used to fall back to (87%).
-    assert fp16.gemm_rate(2 * 8192**3) == pytest.approx(0.711 * 312e12, rel=0.01)
+    assert fp16.bytes_rate == bf16.bytes_rate == a100.hbm_bandwidth * a100.memory_efficiency
+    # With A100's end-to-end factor (1.23) the curve tops out at 71% of peak, not the flat large-GEMM rate fp16
+    # used to fall back to (87%, and no factor).
+    assert profile.end_to_end_factor == pytest.approx(1.23)
+    assert fp16.factor == bf16.factor == profile.end_to_end_factor
+    assert fp16.gemm_rate(2 * 8192**3) / fp16.factor == pytest.approx(0.711 * 312e12, rel=0.01)
     # Where the two peaks differ there is no shared curve: the flat rate of the preset stays.
     uneven = a100.model_copy(update={"peak_flops": {**a100.peak_flops, "fp16": 624e12}})
     assert RooflineCosts(uneven, "fp16", profile).gemm_rate(1e12) == 624e12 * a100.matmul_efficiency

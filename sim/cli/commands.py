@@ -253,19 +253,24 @@ def parser() -> argparse.ArgumentParser:
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
     table = run_validation(args.folder, args.only)
     view = Table(title="predicted vs published (iteration time; MFU where published)", header_style="bold")
-    for column in ("scenario", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
+    for column in ("scenario", "role", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
         view.add_column(column, justify="left" if column == "scenario" else "right")
     for r in table.to_dict("records"):
         if r.get("error"):
-            view.add_row(r["scenario"], "", f"{r['published_iteration_time_s']:.3f}", "failed", r["error"][:60], "")
+            view.add_row(r["scenario"], r["role"], "", f"{r['published_iteration_time_s']:.3f}", "failed",
+                         r["error"][:60], "")
             continue
         published_mfu = r["published_mfu"]
         mfu = f"{published_mfu:.3f} / {r['predicted_mfu']:.3f}" if published_mfu == published_mfu else ""  # not NaN
-        view.add_row(r["scenario"], str(r["gpus"]), f"{r['published_iteration_time_s']:.3f}",
+        view.add_row(r["scenario"], r["role"], str(r["gpus"]), f"{r['published_iteration_time_s']:.3f}",
                      f"{r['predicted_iteration_time_s']:.3f}", f"{r['iteration_time_error']:+.1%}", mfu)
     console.print(view)
-    for key, value in error_stats(table).items():
-        if key != "rows":
+    stats = error_stats(table)
+    console.print(f"{stats['rows']:.0f} validation rows: mean absolute error {stats['mean_abs']:.1%}, maximum "
+                  f"{stats['max_abs']:.1%}, signed mean {stats['signed_mean']:+.1%} "
+                  f"({stats['optimistic_share']:.0%} predicted too short)")
+    for key, value in stats.items():
+        if ":" in key:
             console.print(f"{key.replace('_abs', ' absolute error')}: {value:.1%}")
     if args.output:
         Path(args.output).mkdir(parents=True, exist_ok=True)

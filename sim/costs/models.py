@@ -16,6 +16,9 @@ al. 2009). A GEMM's achievable FLOP/s comes from the GPU's shipped default profi
 FLOP/s over GEMM size, fitted to OpenXLA's measured tables; scaled by this GPU's peak over the profiled one),
 or, without one (or with ``shape_efficiency: false``), the preset's flat large-GEMM efficiency (MAMF).
 ``calibrated``: the same roofline with a measured profile's GEMM curve and copy bandwidth (``sim calibrate``).
+Both multiply every kernel's time (and the optimizer step's) by the GPU type's one end-to-end factor
+(``Profile.end_to_end_factor``, fitted on named rows by scripts/fit_default_profiles.py; the scenario's
+``costs.end_to_end_factor`` overrides it, 1 = none).
 The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
 m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
 """
@@ -96,14 +99,18 @@ class RooflineCosts:
     name = "roofline"
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
-                 fp8_attention: bool = False) -> None:
+                 fp8_attention: bool = False, factor: float | None = None) -> None:
+        # The GPU type's end-to-end calibration: every kernel's time x factor (default: the profile's).
+        if factor is None:
+            factor = profile.end_to_end_factor if profile is not None else 1.0
+        self.factor = factor
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         # FP8 as Transformer Engine runs it: fp8_autocast makes the linear layers' GEMMs FP8 (te.Linear,
         # LayerNormLinear, LayerNormMLP); the attention core (no weights) stays bf16 unless fp8_dpa
         # (Megatron-LM's --fp8-dot-product-attention). Those kernels are priced on a bf16 model of the same GPU.
         self.weightless: RooflineCosts | None = None
         if dtype == "fp8" and not fp8_attention:
-            self.weightless = RooflineCosts(gpu, "bf16", profile)
+            self.weightless = RooflineCosts(gpu, "bf16", profile, factor=factor)
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
         self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
@@ -124,13 +131,13 @@ class RooflineCosts:
         if self.weightless is not None and op.matmul and not op.has_weights:
             return self.weightless.kernel_time(op)
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
-        return max(compute, op.bytes / self.bytes_rate)
+        return max(compute, op.bytes / self.bytes_rate) * self.factor
 
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
-        return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate
+        return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate * self.factor
 
 
 class CalibratedCosts(RooflineCosts):
@@ -138,9 +145,10 @@ class CalibratedCosts(RooflineCosts):
 
     name = "calibrated"
 
-    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False) -> None:
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
+                 factor: float | None = None) -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
-        super().__init__(gpu, dtype, profile, fp8_attention)
+        super().__init__(gpu, dtype, profile, fp8_attention, factor)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth

@@ -3,7 +3,8 @@
 In: a profile file (JSON, written by ``sim calibrate`` or by ``scripts/fit_default_profiles.py``), or a GPU
 preset name for the shipped default profiles. Out: a frozen ``Profile``: per dtype, the achieved GEMM FLOP/s
 as a curve over the GEMM's FLOPs (``gemm_rate``: knots interpolated linearly in log2-log2 space, clamped at
-both ends); the achieved device-copy bandwidth; and optional link tiers (``intra_node`` / ``inter_node``
+both ends); the achieved device-copy bandwidth; the end-to-end factor on every kernel's time (one per GPU type,
+fitted on named rows; 1 for a measured profile); and optional link tiers (``intra_node`` / ``inter_node``
 fields of ``sim.hardware.LinkSpec``: latencies, plateau efficiency, efficiency curve, line rate).
 ``ProfileError`` (a ``ValueError``) says in one line what a profile lacks.
 
@@ -55,6 +56,11 @@ class Profile(FrozenSpec):
     copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
     memory_efficiency: float | None = Field(default=None, gt=0, le=1, description=(
         "achieved fraction of HBM bandwidth on memory-bound kernels, where the profile fixes it (else the preset's)"))
+    end_to_end_factor: float = Field(default=1.0, gt=0, description=(
+        "every kernel's time x this: the GPU type's one end-to-end calibration (what a burst microbenchmark does "
+        "not see in a training run: sustained clocks, kernel gaps, shapes off the benchmark's best), fitted by "
+        "scripts/fit_default_profiles.py on named 'fit' rows; 1 = the measured curves as they are"))
+    end_to_end_source: str = Field(default="", description="the rows the factor was fitted on")
     intra_node: dict[str, Any] | None = None
     inter_node: dict[str, Any] | None = None
     source: str = ""

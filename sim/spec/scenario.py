@@ -122,6 +122,9 @@ class RooflineCostsSpec(FrozenSpec):
     model: Literal["roofline"] = "roofline"
     shape_efficiency: bool = Field(default=True, description="GEMM efficiency by size from the GPU's default "
                                    "profile (else the flat large-GEMM efficiency)")
+    end_to_end_factor: float | None = Field(default=None, gt=0, description=(
+        "every kernel's time x this; default: the GPU type's fitted factor from its default profile "
+        "(docs/validation.md, 'Calibration'); 1 = the microbenchmark curves as measured"))
 
 
 class CalibratedCostsSpec(FrozenSpec):
@@ -129,6 +132,8 @@ class CalibratedCostsSpec(FrozenSpec):
 
     model: Literal["calibrated"]
     profile: str = Field(description="path to a profile JSON (relative to the scenario file)")
+    end_to_end_factor: float | None = Field(default=None, gt=0, description=(
+        "every kernel's time x this; default: the profile's own end_to_end_factor (1 for a measured profile)"))
 
 
 class NetworkSpec(FrozenSpec):

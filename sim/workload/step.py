@@ -59,11 +59,15 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
         return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
     fp8_attention = plan.scenario.training.fp8_attention
     if isinstance(spec, CalibratedCostsSpec):
-        return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention)  # type: ignore[arg-type]  # loaded
-    if not spec.shape_efficiency:
-        return RooflineCosts(gpu, plan.dtype, None, fp8_attention)
+        return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention,  # type: ignore[arg-type]  # loaded
+                               spec.end_to_end_factor)
     profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
-    return RooflineCosts(gpu, plan.dtype, profile, fp8_attention)
+    # The GPU type's end-to-end factor comes with its default profile, curve or flat rate alike.
+    factor = spec.end_to_end_factor
+    if factor is None:
+        fitted = profile if profile is not None else profiles.default_for(gpu.name)
+        factor = fitted.end_to_end_factor if fitted is not None else 1.0
+    return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, factor)
 
 
 def blocks(plan: Plan) -> Blocks:
