@@ -5,7 +5,8 @@
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
-  validate [--folder DIR] [--out DIR]  run the validation set; write DIR/validation.md and the parity plot
+  validate [--folder DIR] [--out DIR] [--mechanisms]  run the validation set; write DIR/validation.md (with the
+                                  calibration and, with --mechanisms, each mechanism's effect) and the parity plot
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     val = commands.add_parser("validate", help="run scenarios/validation; write the report and parity plot")
     val.add_argument("--folder", default="scenarios/validation")
     val.add_argument("--out", default="docs", help="validation.md goes here, the plot under OUT/images/")
+    val.add_argument("--mechanisms", action="store_true",
+                     help="also run the set once per mechanism switched off and add the ablation table")
     args = top.parse_args(argv)
     reports = {"fsdp-report": fsdp_report, "network-report": network_report, "gemm-report": gemm_report}
     try:
@@ -55,12 +58,22 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {args.output}")
             return 0
         if args.command == "validate":
-            from analysis.validation_report import to_markdown, write_validation_report
+            from analysis.validation_report import (
+                calibration_markdown,
+                mechanism_table,
+                mechanisms_markdown,
+                write_validation_report,
+            )
             from sim.validation.validate import run_validation
 
             table = run_validation(args.folder)
             write_validation_report(args.out, table, Path(args.out) / "images")
-            print(to_markdown(table, "images/parity.png"))
+            report = Path(args.out) / "validation.md"
+            extra = calibration_markdown()
+            if args.mechanisms:
+                extra += mechanisms_markdown(mechanism_table(args.folder, table), table)
+            report.write_text(report.read_text() + extra)
+            print(report.read_text())
             print(f"wrote {args.out}/validation.md, {args.out}/images/parity.png")
             return 0
         if args.command == "compare":

@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.validation.validate import error_stats
+from sim.costs.profile import DEFAULT_PROFILE_FOR_GPU, default_for
+from sim.validation.mechanisms import MECHANISMS
+from sim.validation.validate import error_stats, run_validation
 
 BAND = 0.10  # issue 8: a row fails past 10% iteration-time error
 
@@ -87,6 +89,50 @@ def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
     if len(outside):
         lines += ["", f"Outside the {BAND:.0%} band: " + ", ".join(
             f"{r.scenario} ({r.iteration_time_error:+.1%})" for r in outside.itertuples())]
+    return "\n".join(lines) + "\n"
+
+
+def calibration_markdown() -> str:
+    """The end-to-end factor of every shipped default profile and the rows it was fitted on."""
+    lines = ["", "## Calibration", "",
+             "One end-to-end factor per GPU type on every kernel's time (and the optimizer step's), the same "
+             "procedure for each (`scripts/fit_default_profiles.py`): least squares on the relative time error over "
+             "that GPU type's named fit rows. Fit rows are marked `fit` above and left out of every statistic.", "",
+             "| profile | GPUs it prices | factor | fitted on |", "|---|---|---|---|"]
+    for name in sorted(set(DEFAULT_PROFILE_FOR_GPU.values())):
+        gpus = ", ".join(sorted(g for g, p in DEFAULT_PROFILE_FOR_GPU.items() if p == name))
+        gpu = next(g for g, p in DEFAULT_PROFILE_FOR_GPU.items() if p == name)
+        profile = default_for(gpu)
+        assert profile is not None
+        lines.append(f"| {name} | {gpus} | {profile.end_to_end_factor:.3f} | {profile.end_to_end_source} |")
+    return "\n".join(lines) + "\n"
+
+
+def mechanism_table(folder: Path | str, baseline: pd.DataFrame) -> pd.DataFrame:
+    """Each mechanism of ``sim.validation.mechanisms`` switched off on every validation scenario: the error
+    statistics without it, and how much it moves them (with - without)."""
+    on = error_stats(baseline)
+    rows = []
+    for mechanism in MECHANISMS:
+        off = error_stats(run_validation(folder, overrides=list(mechanism.off)))
+        rows.append({"mechanism": mechanism.name, "knob": mechanism.knob, "source": mechanism.source,
+                     "mean_abs_off": off["mean_abs"], "signed_mean_off": off["signed_mean"],
+                     "max_abs_off": off["max_abs"], "moves_mean_abs": on["mean_abs"] - off["mean_abs"],
+                     "moves_signed_mean": on["signed_mean"] - off["signed_mean"]})
+    return pd.DataFrame(rows)
+
+
+def mechanisms_markdown(table: pd.DataFrame, baseline: pd.DataFrame) -> str:
+    on = error_stats(baseline)
+    lines = ["", "## Mechanisms", "",
+             "Every modelled mechanism that issue 22 added or kept (`sim/validation/mechanisms.py`), switched off "
+             "alone on every validation row (`python -m analysis validate --mechanisms`). With all on: mean |error| "
+             f"{on['mean_abs']:.2%}, signed mean {on['signed_mean']:+.2%}. 'Moves' = with it - without it.", "",
+             "| mechanism | knob (default) | source | mean abs error without | signed mean without | "
+             "moves mean abs | moves signed mean |", "|---|---|---|---|---|---|---|"]
+    for r in table.to_dict("records"):
+        lines.append(f"| {r['mechanism']} | {r['knob']} | {r['source']} | {r['mean_abs_off']:.2%} | "
+                     f"{r['signed_mean_off']:+.2%} | {r['moves_mean_abs']:+.2%} | {r['moves_signed_mean']:+.2%} |")
     return "\n".join(lines) + "\n"
 
 

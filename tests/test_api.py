@@ -57,7 +57,7 @@ def test_run_gives_the_summary_json_of_the_command_line(tmp_path):
     result = sim.run(str(TINY))
     assert main(["run", str(TINY), "-o", str(tmp_path), "--no-plot"]) == 0
     written = (tmp_path / "summary.json").read_text()
-    assert json.loads(written)["step_time_s"] == result.summary.step_time_s == pytest.approx(0.0287006, rel=1e-6)
+    assert json.loads(written)["step_time_s"] == result.summary.step_time_s == pytest.approx(0.0287007, rel=1e-6)
     assert written == json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n"
     assert list(result.trace.columns)[:3] == ["task", "rank", "stage"] and len(result.trace) == 370
 

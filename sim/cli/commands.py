@@ -231,6 +231,8 @@ def parser() -> argparse.ArgumentParser:
     val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
     val.add_argument("folder", nargs="?", default=str(DEFAULT_FOLDER), help="scenarios + published.csv")
     val.add_argument("--only", action="append", help="one scenario file name (repeatable)")
+    val.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a field of every scenario, e.g. costs.end_to_end_factor=1 (repeatable)")
     val.add_argument("-o", "--output", help="write validation.csv here")
     val.set_defaults(handler=cmd_validate)
     cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
@@ -251,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    table = run_validation(args.folder, args.only)
+    table = run_validation(args.folder, args.only, args.overrides)
     view = Table(title="predicted vs published (iteration time; MFU where published)", header_style="bold")
     for column in ("scenario", "role", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
         view.add_column(column, justify="left" if column == "scenario" else "right")

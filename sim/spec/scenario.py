@@ -216,6 +216,8 @@ class Scenario(FrozenSpec):
     @classmethod
     def _model_shorthand(cls, value: Any, info: ValidationInfo) -> Any:
         value = _shorthand(value)
+        if info.field_name == "costs" and isinstance(value, dict) and "model" not in value:
+            value = {**value, "model": "roofline"}  # the default model, so `--set costs.x=...` needs no tag
         if isinstance(value, dict) and value.get("model") == "calibrated" and isinstance(value.get("profile"), str):
             base_dir = Path((info.context or {}).get("base_dir", "."))
             value = {**value, "profile": str(base_dir / value["profile"])}  # an absolute path stays as it is

@@ -48,8 +48,8 @@ def _relative(predicted: float | None, reference: Any) -> float | None:
     return predicted / float(reference) - 1
 
 
-def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
-    """One published run against its scenario's simulation."""
+def validate_row(folder: Path, row: pd.Series, overrides: list[str] | None = None) -> dict[str, Any]:
+    """One published run against its scenario's simulation (``overrides``: ``a.b=value`` on every scenario)."""
     role = row.get("role")
     out: dict[str, Any] = {"scenario": row["scenario"], "group": row["group"], "source": row["source"],
                            "role": role if isinstance(role, str) and role else "validation",
@@ -58,7 +58,7 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
                            "published_tokens_per_s_per_gpu": row.get("tokens_per_s_per_gpu"),
                            "published_peak_memory_gb": row.get("peak_memory_gb")}
     try:
-        scenario = load_scenario(folder / str(row["scenario"]))
+        scenario = load_scenario(folder / str(row["scenario"]), overrides)
         summary = runner.run(scenario).summary
     except SimError as error:
         return {**out, "error": str(error)}
@@ -74,7 +74,8 @@ def validate_row(folder: Path, row: pd.Series) -> dict[str, Any]:
     return out
 
 
-def run_validation(folder: Path | str = DEFAULT_FOLDER, only: list[str] | None = None) -> pd.DataFrame:
+def run_validation(folder: Path | str = DEFAULT_FOLDER, only: list[str] | None = None,
+                   overrides: list[str] | None = None) -> pd.DataFrame:
     folder = Path(folder)
     rows = published(folder)
     if only:
@@ -82,7 +83,7 @@ def run_validation(folder: Path | str = DEFAULT_FOLDER, only: list[str] | None =
         if unknown:
             raise ConfigError(f"validate --only: {', '.join(unknown)} not in {folder / PUBLISHED}")
         rows = rows[rows["scenario"].isin(only)]
-    return pd.DataFrame([validate_row(folder, row) for _, row in rows.iterrows()])
+    return pd.DataFrame([validate_row(folder, row, overrides) for _, row in rows.iterrows()])
 
 
 def error_stats(table: pd.DataFrame, column: str = "iteration_time_error") -> dict[str, float]:

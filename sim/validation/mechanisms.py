@@ -1,0 +1,40 @@
+"""The fidelity mechanisms (issue 22): what each adds to a step, the knob that turns it off, and its source.
+
+In: nothing (a registry). Out: ``MECHANISMS``, one ``Mechanism`` per modelled effect that the validation set
+measures: its name, the ``--set`` overrides that switch it off on every validation scenario (so its effect is
+measured against the same rows, ``python -m analysis validate --mechanisms``), the scenario knob and its
+default, and where its number comes from. The ablation table in ``docs/validation.md`` is generated from here,
+so a mechanism is listed exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    name: str
+    off: tuple[str, ...]  # overrides (``a.b=value``) that switch it off on any scenario
+    knob: str  # the scenario field and its default
+    source: str  # where its number comes from
+    doc: str = ""  # the note under docs/ that says more
+
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    Mechanism(
+        name="end-to-end factor per GPU type",
+        off=("costs.end_to_end_factor=1",),
+        knob="costs.end_to_end_factor (default: the GPU type's fitted factor, Profile.end_to_end_factor)",
+        source="one least-squares factor per GPU type on named fit rows (scripts/fit_default_profiles.py): A100 on "
+               "Korthikanti et al. 2022 Table 4 layer times; other GPUs on published.csv rows marked fit",
+        doc="validation.md#calibration",
+    ),
+    Mechanism(
+        name="FP8 attention core in BF16",
+        off=("training.fp8_attention=true",),
+        knob="training.fp8_attention (default false: Megatron-LM --fp8-dot-product-attention off)",
+        source="Transformer Engine fp8_autocast covers te.Linear / LayerNormLinear / LayerNormMLP GEMMs only; "
+               "DotProductAttention runs FP8 only with fp8_dpa",
+    ),
+)
