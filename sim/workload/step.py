@@ -25,6 +25,7 @@ from sim.hardware import GpuSpec
 from sim.model.transformer import (
     ATTENTION_CORE,
     COLUMN_PARALLEL,
+    Fp8Casts,
     embedding_forward_ops,
     embedding_params,
     head_forward_ops,
@@ -61,9 +62,20 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     if isinstance(spec, CalibratedCostsSpec):
         return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention)  # type: ignore[arg-type]  # loaded
     if not spec.shape_efficiency:
-        return RooflineCosts(gpu, plan.dtype, None, fp8_attention)
+        return RooflineCosts(gpu, plan.dtype, None, fp8_attention, spec.fp8_gemm)
     profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
-    return RooflineCosts(gpu, plan.dtype, profile, fp8_attention)
+    return RooflineCosts(gpu, plan.dtype, profile, fp8_attention, spec.fp8_gemm)
+
+
+def fp8_casts(plan: Plan) -> Fp8Casts | None:
+    """FP8's cast kernels under ``plan`` (None: not fp8, or ``training.fp8_cast_kernels`` off). With the weight
+    cache (``training.fp8_weight_cache``) each layer casts its weights once per step, in its first micro-batch
+    (Megatron-LM core_r0.8 schedules.py set_is_first_microbatch, TE Linear's is_first_microbatch): priced as
+    1/m of a cast per micro-batch, the same step total spread over the micro-batches."""
+    t = plan.scenario.training
+    if plan.dtype != "fp8" or not t.fp8_cast_kernels:
+        return None
+    return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0)
 
 
 def blocks(plan: Plan) -> Blocks:
@@ -71,7 +83,7 @@ def blocks(plan: Plan) -> Blocks:
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels)
+                            t.fused_kernels, fp8_casts(plan))
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
