@@ -165,7 +165,8 @@ def test_squared_relu_mlp_has_two_matrices_and_two_elementwise_passes() -> None:
     gelu = MODEL_PRESETS["gpt3-13b"]
     sq = gelu.model_copy(update={"mlp": "squared_relu"})
     from sim.model.transformer import layer_forward_flops, layer_params
-    assert layer_params(sq) == layer_params(gelu) and layer_forward_flops(sq, 1, 2048) == layer_forward_flops(gelu, 1, 2048)
+    assert layer_params(sq) == layer_params(gelu)
+    assert layer_forward_flops(sq, 1, 2048) == layer_forward_flops(gelu, 1, 2048)
     act = {m: next(op for op in layer_forward_ops(spec, 1, 2048, 1, False, 2, True)["mlp"]
                    if op.name == "mlp_activation") for m, spec in (("gelu", gelu), ("sq", sq))}
     assert act["sq"].bytes == pytest.approx(2 * act["gelu"].bytes)  # torch.pow(F.relu(x), 2): two kernels
