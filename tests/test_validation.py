@@ -30,9 +30,18 @@ H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compu
              "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
 OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
                                         "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
+# NeMo 24.07 H100 FP8 rows (issue 22): -11..-30% with FP8's cast kernels, the bf16 LM head and FP8 GEMMs on the
+# bf16 curve; H100 has no end-to-end factor yet (A100's x1.23 is fitted on Korthikanti), which issue 22's
+# per-GPU calibration adds. Strict: a row that comes inside the band says so.
+NEMO_H100 = "H100 has no end-to-end calibration yet (issue 22); FP8 mechanisms alone leave these rows fast"
+OUTSIDE.update({name: NEMO_H100 for name in ("nemo2407-gpt3-5b-64.yaml", "nemo2407-gpt3-20b-64.yaml",
+                                             "nemo2407-gpt3-175b-128.yaml", "nemo2407-gpt3-175b-512.yaml",
+                                             "nemo2407-llama2-7b-8.yaml", "nemo2407-llama2-13b-16.yaml",
+                                             "nemo2407-llama2-70b-64.yaml", "nemo2407-nemotron-8b-64.yaml",
+                                             "nemo2407-nemotron-22b-64.yaml", "nemo2407-nemotron-340b-128.yaml")})
 
 
-# The table simulates all 53 scenarios (about 30 s), once per module: every test that reads it is marked slow,
+# The table simulates all 63 scenarios (about 35 s), once per module: every test that reads it is marked slow,
 # and under pytest-xdist (--dist loadgroup) this module's tests all go to one worker, so it is built once per run.
 pytestmark = pytest.mark.xdist_group("validation")
 
@@ -59,8 +68,8 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) pull the mean to 6.5%; the other 49 "
-                                       "rows average 4.4%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) and the ten NeMo H100 "
+                                       "FP8 rows (-11..-30%) pull the mean over 5%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 

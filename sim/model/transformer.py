@@ -31,7 +31,8 @@ class ModelSpec(FrozenSpec):
     ffn_hidden_size: int | None = Field(default=None, ge=1, description="default 4*hidden (GELU MLP)")
     vocab_size: int = Field(ge=1)
     max_seq_len: int = Field(ge=1)
-    mlp: Literal["gelu", "swiglu"] = "gelu"
+    mlp: Literal["gelu", "swiglu", "squared_relu"] = Field(default="gelu", description=(
+        "gelu: 2 matrices; swiglu: 3 (gate, up, down); squared_relu: 2 matrices, relu(x)^2 (Nemotron-4)"))
     position_embedding: Literal["learned", "rope"] = "learned"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = True
@@ -149,7 +150,10 @@ class Op:
     """One kernel of a forward pass on one TP rank: FLOPs (GEMMs) and bytes moved through HBM. A GEMM with
     weights has two backward GEMMs, one for the input gradient (B) and one for the weight gradient (W); ops
     without weights (attention core, element-wise) have only the input-gradient part, about twice the
-    forward (Qi et al. ICLR 2024 Table 1)."""
+    forward (Qi et al. ICLR 2024 Table 1). ``runs_in``: a kernel that runs once in one pass only (FP8's
+    cast/transpose kernels: the forward's input cast, the backward's output-gradient cast, the weight-gradient
+    pass's input transpose), priced there and nowhere else (sim.costs.models.phase_scale). ``te_linear``: a
+    Transformer Engine linear module's GEMM, the GEMMs fp8_autocast runs in FP8."""
 
     name: str
     flops: float
@@ -157,6 +161,8 @@ class Op:
     matmul: bool
     has_weights: bool = False
     shape: tuple[int, int, int, int] | None = None  # GEMMs: (batch, m, n, k), for calibration
+    runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
+    te_linear: bool = False
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
@@ -169,6 +175,13 @@ COLUMN_PARALLEL = frozenset({"qkv_proj", "mlp_up"})
 def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:
     return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True, weights,
               (round(batch), round(m), round(n), round(k)))
+
+
+def _linear(name: str, m: float, n: float, k: float, elem: int) -> Op:
+    """A transformer layer's linear GEMM: Megatron-LM builds it from Transformer Engine's modules
+    (TELayerNormColumnParallelLinear, TERowParallelLinear: gpt_layer_specs.py), so fp8_autocast runs it in FP8."""
+    gemm = _gemm(name, m, n, k, elem)
+    return Op(gemm.name, gemm.flops, gemm.bytes, True, True, gemm.shape, te_linear=True)
 
 
 def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0) -> Op:
@@ -202,12 +215,14 @@ def layer_forward_ops(
     elem_bytes: int,
     flash_attention: bool,
     fused_kernels: bool = True,
+    fp8_casts: Fp8Casts | None = None,
 ) -> dict[str, tuple[Op, ...]]:
     """Forward kernels of one layer on one TP rank, as two blocks (``attention``, ``mlp``) separated by the
     Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
     parallelism (without it every TP rank repeats it). ``fused_kernels``: Megatron-LM's fused norm, bias-
     activation and dropout-add kernels (one read and one write per tensor); without it, the unfused element-wise
-    kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above)."""
+    kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above). ``fp8_casts``:
+    FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
     tokens = b * s
     heads = spec.num_attention_heads / tp
@@ -219,7 +234,7 @@ def layer_forward_ops(
     norm = _elementwise if fused_kernels else _eager_norm
     attention: list[Op] = [
         norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
-        _gemm("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
+        _linear("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
     ]
     if not fused_kernels and spec.position_embedding == "rope":
         attention.append(_eager_rope(tokens * (h / tp + kv_local)))
@@ -243,7 +258,7 @@ def layer_forward_ops(
     if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
         attention.append(_elementwise("attention_transpose", tokens * h / tp, elem_bytes, reads=1, writes=1))
     attention += [
-        _gemm("out_proj", tokens, h, h / tp, elem_bytes),
+        _linear("out_proj", tokens, h, h / tp, elem_bytes),
         _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
                      masks=1 if fused_kernels else 0),
     ]
@@ -252,18 +267,85 @@ def layer_forward_ops(
     activation_reads = 2 if spec.mlp == "swiglu" else 1
     if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
         activation_reads, activation_writes = 3, 2
+    elif spec.mlp == "squared_relu":
+        # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
+        # two element-wise kernels, each reading and writing the (tokens, ffn) tensor.
+        activation_reads, activation_writes = 2, 2
     else:
         activation_writes = 1
     mlp = (
         norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
-        _gemm("mlp_up", tokens, up_width, h, elem_bytes),
+        _linear("mlp_up", tokens, up_width, h, elem_bytes),
         _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads,
                      writes=activation_writes),
-        _gemm("mlp_down", tokens, h, ffn_local, elem_bytes),
+        _linear("mlp_down", tokens, h, ffn_local, elem_bytes),
         _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
                      masks=1 if fused_kernels else 0),
     )
-    return {"attention": tuple(attention), "mlp": mlp}
+    blocks = {"attention": tuple(attention), "mlp": mlp}
+    if fp8_casts is None:
+        return blocks
+    return {name: tuple(out for op in ops for out in (op, *fp8_cast_ops(op, tp, sequence_parallel, fp8_casts)))
+            for name, ops in blocks.items()}
+
+
+# --------------------------------------------------------------------------------------- FP8 cast kernels
+
+
+@dataclass(frozen=True)
+class Fp8Casts:
+    """What Transformer Engine's delayed-scaling FP8 adds around each linear GEMM (``fp8_cast_ops``).
+    ``weight_casts_per_microbatch``: how often a weight is cast per micro-batch: 1/m where Megatron-LM passes
+    ``is_first_microbatch`` (the cast weight and its transpose are cached for the step's other micro-batches),
+    1 where every forward casts it."""
+
+    weight_casts_per_microbatch: float = 1.0
+
+
+# Bytes per element of Transformer Engine's cast kernels (TE v1.8, transformer_engine/pytorch/module/linear.py,
+# base.py grad_output_preprocess): fp8_cast_transpose_fused reads bf16 (2) and writes the FP8 tensor (1) and its
+# transpose (1); cast_to_fp8 writes no transpose; fp8_transpose reads and writes one byte each.
+CAST_TRANSPOSE_BYTES = 4.0
+CAST_BYTES = 3.0
+TRANSPOSE_BYTES = 2.0
+# Linear modules whose input comes from a norm fused into the module (Megatron-LM's
+# TELayerNormColumnParallelLinear: the norm kernel writes its output in FP8, layernorm_linear.py).
+NORM_FUSED_LINEAR = frozenset({"qkv_proj", "mlp_up"})
+# Row-parallel linears (TERowParallelLinear): their output gradient is gathered over TP with sequence parallelism.
+ROW_PARALLEL = frozenset({"out_proj", "mlp_down"})
+
+
+def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> tuple[Op, ...]:
+    """The cast/transpose kernels Transformer Engine runs for FP8 GEMM ``op`` (none for other ops), one pass each
+    (``Op.runs_in``). Per TE v1.8's Linear and LayerNormLinear with delayed scaling:
+    - input, forward: fp8_cast_transpose_fused (the transpose feeds the weight gradient); under sequence
+      parallelism cast_to_fp8 only and an fp8_transpose in the backward. A norm-fused module's norm writes FP8
+      itself (priced as the norm's), so only its backward transpose remains.
+    - weight: cast with its transpose, once per ``casts.weight_casts_per_microbatch``.
+    - output gradient, input-gradient pass: fp8_cast_transpose_bgrad_fused; row-parallel under sequence
+      parallelism: cast the local shard, gather, fp8_transpose the gathered tensor.
+    Element counts are of the GEMM's (tokens, in) input and (tokens, out) output on this TP rank."""
+    if not op.te_linear or op.shape is None:
+        return ()
+    _, tokens, out_features, in_features = op.shape
+    inputs, outputs = float(tokens) * in_features, float(tokens) * out_features
+    ops: list[Op] = []
+    if op.name in NORM_FUSED_LINEAR:
+        ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
+    elif sequence_parallel:
+        ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_BYTES, False, runs_in="forward"))
+        ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
+    else:
+        ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_TRANSPOSE_BYTES, False, runs_in="forward"))
+    weights = float(in_features) * out_features
+    ops.append(Op(f"{op.name}_weight_cast", 0.0, weights * CAST_TRANSPOSE_BYTES * casts.weight_casts_per_microbatch,
+                  False, runs_in="forward"))
+    if op.name in ROW_PARALLEL and sequence_parallel and tp > 1:
+        grad_bytes = outputs / tp * CAST_BYTES + outputs * TRANSPOSE_BYTES
+    else:
+        grad_bytes = outputs * CAST_TRANSPOSE_BYTES
+    ops.append(Op(f"{op.name}_grad_cast", 0.0, grad_bytes, False, runs_in="input_grad"))
+    return tuple(ops)
 
 
 def embedding_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, elem_bytes: int) -> tuple[Op, ...]:
@@ -272,7 +354,10 @@ def embedding_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, elem_
 
 
 def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int) -> tuple[Op, ...]:
-    """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 logits) on one TP rank."""
+    """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 logits) on one TP rank. The logits GEMM is
+    not a Transformer Engine module (Megatron-LM's output_layer is tensor_parallel.ColumnParallelLinear,
+    gpt_model.py) and runs outside the decoder's fp8_autocast (transformer_block.py), so it stays bf16 under
+    FP8 training (``te_linear`` false)."""
     tokens = micro_batch * seq_len
     vocab_local = spec.vocab_size / tp
     return (
@@ -348,7 +433,7 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
     fields.update(
         num_kv_heads=int(config.get("num_key_value_heads") or fields["num_attention_heads"]),
         ffn_hidden_size=int(_first(config, "intermediate_size", "ffn_dim")),
-        mlp="swiglu" if act in ("silu", "swish", "swiglu") else "gelu",
+        mlp="swiglu" if act in ("silu", "swish", "swiglu") else "squared_relu" if act == "relu2" else "gelu",
         position_embedding="rope" if "rope_theta" in config or config.get("position_embedding_type") != "absolute"
         else "learned",
         norm="rmsnorm" if "rms_norm_eps" in config else "layernorm",

@@ -49,6 +49,14 @@ class TrainingSpec(FrozenSpec):
         "with dtype fp8: also run the attention core (QK^T, softmax-V; flash attention) in FP8, as Megatron-LM's "
         "--fp8-dot-product-attention (Transformer Engine's fp8_dpa). Default false: fp8_autocast makes only the "
         "linear layers' GEMMs FP8 and attention stays bf16"))
+    fp8_cast_kernels: bool = Field(default=True, description=(
+        "with dtype fp8: Transformer Engine's cast/transpose kernels around each FP8 linear GEMM (input cast, "
+        "weight cast, output-gradient cast, with the transposes the backward needs; delayed scaling). False: "
+        "free casts (an FP8 model without them). docs/mechanisms/fp8.md"))
+    fp8_weight_cache: bool = Field(default=True, description=(
+        "with dtype fp8: weights are cast to FP8 once per step and cached for its other micro-batches "
+        "(Megatron-LM passes is_first_microbatch to TE's modules); false: cast in every micro-batch's forward "
+        "(TE modules called without is_first_microbatch, e.g. under DeepSpeed or FSDP)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
 
@@ -125,6 +133,10 @@ class RooflineCostsSpec(FrozenSpec):
     end_to_end_factor: float | None = Field(default=None, gt=0, description=(
         "every kernel's time x this; default: the GPU type's fitted factor from its default profile "
         "(docs/validation.md, 'Calibration'); 1 = the microbenchmark curves as measured"))
+    fp8_gemm: Literal["scaled_bf16", "profile"] = Field(default="scaled_bf16", description=(
+        "FP8 GEMMs: scaled_bf16 prices an FP8 GEMM of f FLOPs as a bf16 GEMM of f/R FLOPs (R = FP8/bf16 peak, "
+        "2 on Hopper): the bf16 curve's shape at twice the rate; profile: the profile's own fp8 curve, or the "
+        "preset's flat efficiency of the FP8 peak where it has none (H100)"))
 
 
 class CalibratedCostsSpec(FrozenSpec):

@@ -37,4 +37,19 @@ MECHANISMS: tuple[Mechanism, ...] = (
         source="Transformer Engine fp8_autocast covers te.Linear / LayerNormLinear / LayerNormMLP GEMMs only; "
                "DotProductAttention runs FP8 only with fp8_dpa",
     ),
+    Mechanism(
+        name="FP8 cast/transpose kernels",
+        off=("training.fp8_cast_kernels=false",),
+        knob="training.fp8_cast_kernels (default true), training.fp8_weight_cache (true: Megatron/NeMo)",
+        source="Transformer Engine v1.8 linear.py / layernorm_linear.py / base.py (cast_to_fp8, fp8_cast_transpose);"
+               " Megatron core_r0.8 is_first_microbatch weight cache",
+        doc="mechanisms/fp8.md",
+    ),
+    Mechanism(
+        name="FP8 GEMMs on the bf16 curve at the peak ratio",
+        off=("costs.fp8_gemm=profile",),
+        knob="costs.fp8_gemm (default scaled_bf16)",
+        source="OpenXLA sm_100 fp8 vs bf16 tables (ratio within 0.12); cuBLASLt H100 fp8 ~1,600 TFLOP/s at 8192^3",
+        doc="mechanisms/fp8.md",
+    ),
 )

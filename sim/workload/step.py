@@ -25,6 +25,7 @@ from sim.hardware import GpuSpec
 from sim.model.transformer import (
     ATTENTION_CORE,
     COLUMN_PARALLEL,
+    Fp8Casts,
     embedding_forward_ops,
     embedding_params,
     head_forward_ops,
@@ -67,7 +68,19 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     if factor is None:
         fitted = profile if profile is not None else profiles.default_for(gpu.name)
         factor = fitted.end_to_end_factor if fitted is not None else 1.0
-    return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, factor)
+    return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, spec.fp8_gemm,
+                         factor)
+
+
+def fp8_casts(plan: Plan) -> Fp8Casts | None:
+    """FP8's cast kernels under ``plan`` (None: not fp8, or ``training.fp8_cast_kernels`` off). With the weight
+    cache (``training.fp8_weight_cache``) each layer casts its weights once per step, in its first micro-batch
+    (Megatron-LM core_r0.8 schedules.py set_is_first_microbatch, TE Linear's is_first_microbatch): priced as
+    1/m of a cast per micro-batch, the same step total spread over the micro-batches."""
+    t = plan.scenario.training
+    if plan.dtype != "fp8" or not t.fp8_cast_kernels:
+        return None
+    return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0)
 
 
 def blocks(plan: Plan) -> Blocks:
@@ -75,7 +88,7 @@ def blocks(plan: Plan) -> Blocks:
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels)
+                            t.fused_kernels, fp8_casts(plan))
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
