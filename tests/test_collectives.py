@@ -168,3 +168,9 @@ def test_nccl_protocols_on_a_ring_across_nodes():
     small = [multinode_ring_time("all_gather", 1e6, n, n // 8, bw)[0] for n in (384, 768, 1536)]
     assert small[0] < small[1] < small[2] and small[2] / small[0] == pytest.approx(4, rel=0.05)
     assert multinode_ring_time("all_gather", 1e6, 16, 2, bw, "Simple")[1] == "Simple"
+
+
+def test_nccl_sms_is_off_by_default():
+    """docs/mechanisms/collectives_at_scale.md: the A100 profile's end-to-end factor already holds NCCL's SM use."""
+    from sim.spec.scenario import NetworkSpec
+    assert NetworkSpec().nccl_sms == 0 and NetworkSpec().protocol == "auto"
