@@ -24,12 +24,12 @@ from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
 from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
-from sim.model.transformer import ModelSpec
+from sim.model.transformer import ModelSpec, layer_modules
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
-from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec, Scenario
+from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
 
 
 @dataclass(frozen=True, eq=False)
@@ -324,10 +324,26 @@ class Plan:
         return fsdp.unit_layers if fsdp is not None else 1
 
     @cached_property
+    def deepspeed(self) -> DeepSpeedSpec | None:
+        """DeepSpeed ZeRO-3's granularity knobs where they apply (a ``zero_optimization`` block at stage 3): the
+        weights are gathered module by module and the gradients reduced in buckets (sim.workload.step
+        gather_calls, reduce_buckets); None for FSDP, lower stages or a bare ``parallel.zero: 3``."""
+        return self.scenario.deepspeed if self.zero_stage >= 3 and self.scenario.fsdp is None else None
+
+    @cached_property
     def prefetch(self) -> bool:
-        """FSDP's backward prefetch (BACKWARD_PRE); DeepSpeed ZeRO-3 prefetches too."""
+        """FSDP's backward prefetch (BACKWARD_PRE); DeepSpeed ZeRO-3 prefetches while fewer than
+        ``stage3_max_live_parameters`` elements are gathered and its prefetch bucket is not 0
+        (partitioned_param_coordinator.py: max_params_to_prefetch = min(max_live - available, bucket)): after
+        fetching a layer's largest module (the full tensor, all TP ranks' shards) there must be room left."""
         fsdp = self.scenario.fsdp
-        return fsdp.prefetch if fsdp is not None else True
+        if fsdp is not None:
+            return fsdp.prefetch
+        ds = self.deepspeed
+        if ds is None:
+            return True
+        largest = max(sum(m.tensors) for m in layer_modules(self.model))
+        return ds.stage3_prefetch_bucket_size > 0 and largest < ds.stage3_max_live_parameters
 
     @cached_property
     def zero_shards(self) -> int:

@@ -45,7 +45,8 @@ def test_analytic_network_picks_the_tier_a_group_crosses():
     net = AnalyticNetwork(build(2, 4, intra, inter))
     inside, across = (0, 1, 2, 3), (0, 4)
     assert net.collective_time("all_reduce", S, inside) == pytest.approx(6e-6 + 1.5 * S / 200e9)
-    assert net.collective_time("all_reduce", S, across) == pytest.approx(2 * 5e-6 + S / 50e9)
+    # across nodes a ring pays NCCL's per-protocol hop latencies, not the link's (Simple wins at 1 GB)
+    assert net.collective_time("all_reduce", S, across) == pytest.approx(2 * 14e-6 + S / 50e9)
     assert net.p2p_time(S, 0, 1) == pytest.approx(1e-6 + S / 200e9)
     assert net.p2p_time(S, 3, 4) == pytest.approx(5e-6 + S / 50e9)
     assert IdealNetwork().collective_time("all_reduce", S, across) == 0.0
@@ -110,7 +111,9 @@ def test_tree_nvls_and_multi_node_ring_closed_forms():
     # A 16-rank ring over 2 nodes: 2(n-1) = 30 steps, 2(nodes-1) = 2 of them cross InfiniBand (NCCL's tuning).
     assert ring_latency("all_reduce", 16, 2, 1e-6, 5e-6) == pytest.approx(28e-6 + 10e-6)
     everything = tuple(range(16))  # 8 rails: 8 x 50 GB/s per node, under NVLink's 400
-    assert net("ring").collective_time("all_reduce", S, everything) == pytest.approx(38e-6 + 2 * 15 / 16 * S / 400e9)
+    # the ring across nodes: 28 NVLink steps and 2 network steps at NCCL's Simple latencies (3.4, 14 us)
+    assert net("ring").collective_time("all_reduce", S, everything) == pytest.approx(
+        28 * 3.4e-6 + 2 * 14e-6 + 2 * 15 / 16 * S / 400e9)
 
 
 def test_auto_takes_the_fastest_and_fixed_algorithms_fall_back_to_ring():
@@ -148,3 +151,26 @@ def test_group_size_factor_scales_the_nvlink_bandwidth_of_small_groups():
     assert network.collective_time("all_gather", S, tuple(range(8))) == pytest.approx(7e-6 + 7 / 8 * S / 400e9)
     with pytest.raises(ValueError, match="group_efficiency"):
         LinkSpec(bandwidth=1, latency=0, group_efficiency=[[1, 0.5]])
+
+
+def test_nccl_protocols_on_a_ring_across_nodes():
+    """NCCL tuning.cc: LL128 wins where the ring's latency matters, Simple where bandwidth does, LL on tiny
+    messages; the ring's latency grows with its length (1,535 steps at 1,536 ranks on 192 nodes)."""
+    from sim.network.collectives import RING_PROTOCOLS, multinode_ring_time
+    bw = 192e9
+    assert multinode_ring_time("all_gather", 1e3, 16, 2, bw)[1] == "LL"
+    assert multinode_ring_time("all_gather", 4e9, 16, 2, bw)[1] == "Simple"
+    seconds, protocol = multinode_ring_time("all_gather", 1.2e9, 1536, 192, bw)
+    assert protocol == "LL128"
+    ll128 = RING_PROTOCOLS["LL128"]
+    assert seconds == pytest.approx(1344 * 1.9e-6 + 191 * 4.0e-6 + 1535 / 1536 * 1.2e9 / (bw * 0.92))
+    assert ll128.nvlink == 1.9e-6 and ll128.net == 4.0e-6
+    small = [multinode_ring_time("all_gather", 1e6, n, n // 8, bw)[0] for n in (384, 768, 1536)]
+    assert small[0] < small[1] < small[2] and small[2] / small[0] == pytest.approx(4, rel=0.05)
+    assert multinode_ring_time("all_gather", 1e6, 16, 2, bw, "Simple")[1] == "Simple"
+
+
+def test_nccl_sms_is_off_by_default():
+    """docs/mechanisms/collectives_at_scale.md: the A100 profile's end-to-end factor already holds NCCL's SM use."""
+    from sim.spec.scenario import NetworkSpec
+    assert NetworkSpec().nccl_sms == 0 and NetworkSpec().protocol == "auto"

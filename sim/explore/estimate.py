@@ -76,9 +76,10 @@ class Estimator:
         contention = spec.model == "contention"
         # the cluster's topology (built once per cluster, sim.runner), only where a network model is made here
         self.net = network or network_models.make("analytic" if contention else spec.model, build_topology(plan),
-                                                  spec.algorithm)
+                                                  spec.algorithm, spec.protocol)
         self.flows: network_models.FlowLevelNetwork | None = (
-            network_models.ContentionNetwork(build_topology(plan), spec.algorithm) if contention else None)
+            network_models.ContentionNetwork(build_topology(plan), spec.algorithm, spec.protocol)
+            if contention else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
@@ -144,11 +145,18 @@ class Estimator:
         if not plan.gathers_units or not plan.data_parallel:
             return 0.0, 0.0
         group = plan.shard_group(0)
-        unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
-        gather = self.net.collective_time("all_gather", unit_params * plan.weight_bytes_per_param, group) \
-            / plan.unit_layers
-        reduce = self.net.collective_time("reduce_scatter", unit_params * plan.grad_bytes_per_param, group) \
-            / plan.unit_layers
+        if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
+            middle = plan.model.num_layers // 2
+            gather = sum(self.net.collective_time("all_gather", params * plan.weight_bytes_per_param, group)
+                         for params in step.gather_calls(plan, middle))
+            reduce = sum(self.net.collective_time("reduce_scatter", params * plan.grad_bytes_per_param, group)
+                         for _, params in step.reduce_buckets(plan)) / plan.model.num_layers
+        else:
+            unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
+            gather = self.net.collective_time("all_gather", unit_params * plan.weight_bytes_per_param, group) \
+                / plan.unit_layers
+            reduce = self.net.collective_time("reduce_scatter", unit_params * plan.grad_bytes_per_param, group) \
+                / plan.unit_layers
         network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
         held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
@@ -239,7 +247,9 @@ class Estimator:
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
                 ready.append((-1, sizes[-1], ready[-1][2]))
             when = {layer: at for layer, _, at in ready}
-            if per_unit:  # one reduction per unit, as its backward ends
+            if per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
+                buckets = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
+            elif per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
                 for layer, _, _ in ready:
                     unit = max(layer, 0) // plan.unit_layers

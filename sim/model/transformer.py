@@ -106,6 +106,39 @@ def layer_params(spec: ModelSpec) -> LayerParams:
     return LayerParams(sharded=weights + column_bias, replicated=row_bias + 2 * _norm_params(spec))
 
 
+@dataclass(frozen=True)
+class LayerModule:
+    """One leaf module of a transformer layer (what a framework hooks and fetches as one): its parameter tensors'
+    element counts per TP rank, in registration order (weight, then bias)."""
+
+    name: str
+    block: str  # attention or mlp
+    tensors: tuple[float, ...]
+
+    @property
+    def params(self) -> float:
+        return sum(self.tensors)
+
+
+def layer_modules(spec: ModelSpec, tp: int = 1) -> tuple[LayerModule, ...]:
+    """A layer's leaf modules in forward order, as Megatron-style fused modules (Megatron-DeepSpeed GPT: fused QKV
+    and, for SwiGLU, one fused gate+up projection): input norm, QKV, output projection, post-attention norm, MLP
+    up (fc1) and down (fc2). Weights and column-parallel biases are divided by ``tp``; norms and row-parallel
+    biases are not. Their sum is ``layer_params(spec).per_tp_rank(tp)``."""
+    h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
+    norm = (float(h), float(h)) if spec.norm == "layernorm" else (float(h),)
+    bias = spec.bias
+    up = (spec.mlp_matrices - 1) * f  # gate + up under SwiGLU, one matrix under GELU
+    return (
+        LayerModule("input_norm", "attention", norm),
+        LayerModule("qkv", "attention", (h * (h + 2 * kv) / tp,) + (((h + 2 * kv) / tp,) if bias else ())),
+        LayerModule("out_proj", "attention", (h * h / tp,) + ((float(h),) if bias else ())),
+        LayerModule("post_attention_norm", "mlp", norm),
+        LayerModule("fc1", "mlp", (h * up / tp,) + ((up / tp,) if bias else ())),
+        LayerModule("fc2", "mlp", (h * f / tp,) + ((float(h),) if bias else ())),
+    )
+
+
 def embedding_params(spec: ModelSpec) -> int:
     positions = spec.max_seq_len * spec.hidden_size if spec.position_embedding == "learned" else 0
     return spec.vocab_size * spec.hidden_size + positions

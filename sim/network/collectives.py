@@ -88,6 +88,43 @@ def ring_latency(op: str, n: int, nodes: int, alpha_intra: float, alpha_inter: f
     return (steps - inter) * alpha_intra + inter * alpha_inter
 
 
+@dataclass(frozen=True)
+class RingProtocol:
+    """One of NCCL's ring protocols across nodes: seconds per ring step over NVLink and over the network, and the
+    fraction of the Simple protocol's bus bandwidth it reaches."""
+
+    nvlink: float
+    net: float
+    bandwidth: float
+
+
+# NCCL src/graph/tuning.cc (2.19 and later), Ring, multi-node: hwLat NVLink {LL .6, LL128 1.9, Simple 3.4} us, NET
+# {2.7, 4.0, 14.0} us; LL's NVLink latency x1.8 when the communicator spans nodes; LL moves 8 bytes of flag with
+# every 8 of data and the model gives it 1/4 of the bus bandwidth across nodes, LL128 120 of 128 bytes (x0.92).
+# The tuner takes the protocol with the least latency + bytes / bandwidth (ncclTopoGetAlgoTime).
+RING_PROTOCOLS = {
+    "LL": RingProtocol(nvlink=0.6e-6 * 1.8, net=2.7e-6, bandwidth=0.25),
+    "LL128": RingProtocol(nvlink=1.9e-6, net=4.0e-6, bandwidth=0.92),
+    "Simple": RingProtocol(nvlink=3.4e-6, net=14.0e-6, bandwidth=1.0),
+}
+PROTOCOLS = ("auto", *RING_PROTOCOLS)
+
+
+def multinode_ring_time(op: str, nbytes: float, n: int, nodes: int, bandwidth: float,
+                        protocol: str = "auto") -> tuple[float, str]:
+    """(seconds, protocol) of a ring over n ranks on ``nodes`` > 1 nodes, without the per-collective base
+    latency: (steps - inter-node steps) NVLink hops and the inter-node steps network hops at the protocol's
+    latencies (``ring_latency``), plus the bytes each rank moves at ``bandwidth`` x the protocol's fraction;
+    ``auto`` takes the fastest, as NCCL's tuner does. The ring's latency grows with the ring: about
+    n x 1.9 us + nodes x 4 us with LL128, which at 1,536 ranks is 3.3 ms per all-gather."""
+    moved = bytes_moved("ring", op, n, nbytes)
+    names = tuple(RING_PROTOCOLS) if protocol == "auto" else (protocol,)
+    times = {name: ring_latency(op, n, nodes, RING_PROTOCOLS[name].nvlink, RING_PROTOCOLS[name].net)
+             + moved / (bandwidth * RING_PROTOCOLS[name].bandwidth) for name in names}
+    best = min(times, key=times.__getitem__)
+    return times[best], best
+
+
 def ring_time(op: str, nbytes: float, n: int, latency: float, bandwidth: float) -> float:
     _check(op)
     if n <= 1:

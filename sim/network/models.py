@@ -29,10 +29,10 @@ from sim.network.collectives import (
     Channel,
     all_to_all_channels,
     bytes_moved,
+    multinode_ring_time,
     nvls_time,
     p2p_time,
     ring_channels,
-    ring_latency,
     ring_orders,
     ring_time,
     tree_channels,
@@ -97,9 +97,10 @@ class AnalyticNetwork:
     flow_level = False
     shared_nics = True  # symmetric traffic: a GPU gets its share of the node's NICs (see Topology.rail_bandwidth)
 
-    def __init__(self, topology: Topology, algorithm: str = "auto") -> None:
+    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> None:
         self.topology = topology
         self.algorithm = algorithm
+        self.protocol = protocol  # NCCL_PROTO for rings across nodes (sim.network.collectives.RING_PROTOCOLS)
         self.options = lru_cache(maxsize=None)(self._options)
         self.p2p_time = lru_cache(maxsize=None)(self._p2p_time)  # type: ignore[method-assign]
 
@@ -126,12 +127,17 @@ class AnalyticNetwork:
         base, bandwidth = tier.base_latency, tier.bandwidth_at(nbytes)
         local, domains = self._local_shape(group)
         nodes = len(topo.per_node(group))
-        latency = ring_latency(op, n, nodes, intra.latency, tier.latency)
-        times = {"ring": base + latency + ring_time(op, nbytes, n, 0.0, bandwidth)}
+        # Across nodes the ring's steps pay NCCL's per-protocol hop latencies (sim.network.collectives
+        # RING_PROTOCOLS): a ring of 1,536 ranks has 1,535 steps.
+        times = {"ring": base + multinode_ring_time(op, nbytes, n, nodes, bandwidth, self.protocol)[0]}
         if op == "all_reduce":
             depth = (local - 1) * intra.latency + math.ceil(math.log2(domains)) * tier.latency
             times["tree"] = base + tree_time(nbytes, depth, bandwidth)
-        if op in ("all_reduce", "reduce_scatter", "all_gather") and local > 1:
+        # NCCL runs all-gather and reduce-scatter across nodes as rings only (tuning.cc: "if (coll !=
+        # ncclCollAllReduce && a != NCCL_ALGO_RING) continue"; PAT, 2.23+, only at one GPU per node): the 2D
+        # scheme is offered to ``auto`` for all-reduce, and for the others only when asked for by name.
+        two_d = op == "all_reduce" or (self.algorithm == "hierarchical" and op in ("reduce_scatter", "all_gather"))
+        if two_d and local > 1:
             times["hierarchical"] = sum(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
         return times
 
@@ -182,8 +188,8 @@ class ContentionNetwork(AnalyticNetwork):
     flow_level = True
     shared_nics = False  # NIC sharing is what the flows compute
 
-    def __init__(self, topology: Topology, algorithm: str = "auto") -> None:
-        super().__init__(topology, algorithm)
+    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> None:
+        super().__init__(topology, algorithm, protocol)
         self.capacities = [link.capacity for link in topology.links]
         self.transfer = lru_cache(maxsize=None)(self._transfer)
 
@@ -280,11 +286,11 @@ def transfer_time(network: Network, op: str, nbytes: float, group: tuple[int, ..
     return network.collective_time(op, nbytes, group)
 
 
-def make(name: str, topology: Topology, algorithm: str = "auto") -> Network:
+def make(name: str, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> Network:
     if name == "ideal":
         return IdealNetwork()
     if name == "analytic":
-        return AnalyticNetwork(topology, algorithm)
+        return AnalyticNetwork(topology, algorithm, protocol)
     if name == "contention":
-        return ContentionNetwork(topology, algorithm)
+        return ContentionNetwork(topology, algorithm, protocol)
     raise ValueError(f"unknown network model {name!r}")

@@ -39,6 +39,9 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
     if m.ffn % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
+    if s.fsdp is not None and s.deepspeed is not None:
+        raise ValueError("deepspeed: a scenario runs either PyTorch FSDP (fsdp) or DeepSpeed ZeRO "
+                         "(zero_optimization / deepspeed), not both")
     t = s.training
     if t.global_batch is None and t.microbatches is None:
         raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")

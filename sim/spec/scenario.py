@@ -95,6 +95,26 @@ class FsdpSpec(FrozenSpec):
         return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
 
 
+class DeepSpeedSpec(FrozenSpec):
+    """What DeepSpeed ZeRO-3 issues, by DeepSpeed's own config names and defaults (deepspeed/runtime/zero/config.py;
+    counts are parameter elements, not bytes). Set from a scenario's ``zero_optimization`` block. With ZeRO-3,
+    every leaf module's parameters are all-gathered when its pre-forward/pre-backward hook fetches them
+    (partitioned_param_coordinator.py fetch_sub_module): parameters of at most
+    ``stage3_param_persistence_threshold`` elements stay whole on every rank and are never gathered
+    (partition_parameters.py: ds_numel <= threshold); the next modules' parameters are prefetched in one coalesced
+    all-gather of at least ``stage3_prefetch_bucket_size`` elements (a module is never split), as long as fewer
+    than ``stage3_max_live_parameters`` are gathered (0: no prefetch); gradients are reduce-scattered in buckets of
+    ``reduce_bucket_size`` elements, a bucket being reduced when the next gradient would overflow it
+    (stage3.py reduce_independent_p_g_buckets_and_remove_grads). See docs/mechanisms/zero3_granularity.md."""
+
+    stage3_prefetch_bucket_size: float = Field(default=5e7, ge=0, description="elements per prefetch all-gather")
+    stage3_param_persistence_threshold: float = Field(default=1e5, ge=0, description="parameters of at most this "
+                                                      "many elements are not partitioned (never gathered)")
+    stage3_max_live_parameters: float = Field(default=1e9, ge=0, description="elements gathered at once before "
+                                              "prefetching stops")
+    reduce_bucket_size: float = Field(default=5e8, gt=0, description="elements per gradient reduce-scatter")
+
+
 class OffloadSpec(FrozenSpec):
     """CPU offload (ZeRO-Offload, Ren et al. ATC 2021; ZeRO-Infinity; FSDP CPUOffload). ``optimizer``: the fp32
     master weights and Adam states live in host memory; each rank copies its reduced gradient shard to the host
@@ -155,6 +175,9 @@ class NetworkSpec(FrozenSpec):
 
     model: Literal["ideal", "analytic", "contention"] = "analytic"
     algorithm: Literal["auto", "ring", "tree", "nvls", "hierarchical"] = "auto"
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = Field(default="auto", description=(
+        "NCCL protocol of rings across nodes (NCCL_PROTO): per-hop latency and bandwidth from NCCL's tuning "
+        "model (sim.network.collectives.RING_PROTOCOLS); auto: the fastest per collective, as NCCL's tuner"))
     nccl_sms: int = Field(default=0, ge=0, description="SMs an in-flight collective holds (NCCL channels); "
                           "overlapped compute runs at (SMs - held) / SMs of its rate "
                           "(sim.engine.sm_contention); 0: off")
@@ -183,6 +206,8 @@ class Scenario(FrozenSpec):
     engine: Literal["auto", "event"] = Field(default="auto", description="auto: exact longest-path evaluation "
                                              "when no time depends on contention, else the simpy replay")
     fsdp: FsdpSpec | None = None
+    deepspeed: DeepSpeedSpec | None = Field(default=None, description="DeepSpeed ZeRO's communication granularity "
+                                            "(set by a zero_optimization block)")
     offload: OffloadSpec = OffloadSpec()
     memory: MemorySpec = MemorySpec()
     variation: VariationSpec = VariationSpec()
@@ -199,7 +224,8 @@ class Scenario(FrozenSpec):
             raise ValueError("zero_optimization: expected a mapping like {stage: 2, reduce_bucket_size: 5e8}")
         known = {"stage", "reduce_bucket_size", "overlap_comm", "contiguous_gradients", "reduce_scatter",
                  "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                 "offload_optimizer", "offload_param"}
+                 "stage3_param_persistence_threshold", "stage3_max_live_parameters", "offload_optimizer",
+                 "offload_param"}
         unknown = sorted(set(block) - known)
         if unknown:
             raise ValueError(f"zero_optimization: unsupported key {unknown[0]!r} (known: {', '.join(sorted(known))})")
@@ -209,6 +235,8 @@ class Scenario(FrozenSpec):
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel
+        data["deepspeed"] = {**{key: block[key] for key in DeepSpeedSpec.model_fields if key in block},
+                             **dict(data.get("deepspeed") or {})}
         training = dict(data.get("training") or {})  # DeepSpeed reduces in the parameters' dtype by default
         dtype = training.get("dtype", TrainingSpec.model_fields["dtype"].default)
         training.setdefault("grad_dtype", parameter_dtype(dtype) if isinstance(dtype, str) else dtype)

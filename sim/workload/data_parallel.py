@@ -63,6 +63,11 @@ class DataParallelEmitter:
         self.reduce_tasks: list[int] = []
         self.multi = len(self.dp_group) > 1
         self.offload = plan.scenario.offload
+        # Per layer, the reduce-scatters its backward issues (one per unit; DeepSpeed: its buckets).
+        self.reduce_at: dict[int, list[float]] = {}
+        if self.sharded_units and self.zero >= 3:
+            for layer, params in step.reduce_buckets(plan):
+                self.reduce_at.setdefault(layer, []).append(params)
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1,
               also: list[int] | None = None) -> int:
@@ -110,8 +115,13 @@ class DataParallelEmitter:
             shard = self._unit_bytes(unit, self.weight_bytes_per_param) / len(self.shard_group)
             waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers, also=waits))
         name = "param_gather_bwd" if backward else "param_gather_fwd"
-        return self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers, None, waits, op="all_gather",
-                            nbytes=self._unit_bytes(unit, self.weight_bytes_per_param), group=self.shard_group)
+        task = -1
+        # One all-gather per unit (FSDP), or DeepSpeed's per-module calls back to back on the group's stream.
+        for params in step.gather_calls(self.plan, unit):
+            task = self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers, None, waits, op="all_gather",
+                                nbytes=params * self.weight_bytes_per_param, group=self.shard_group)
+            waits = []
+        return task
 
     def unit_compute_done(self, layer: int, phase: str, last_task: int) -> None:
         """Record the end of a unit's compute (the last layer of a unit in this phase's order)."""
@@ -123,6 +133,10 @@ class DataParallelEmitter:
         if not self.multi or self.zero < 2:
             return
         if self.sharded_units:
+            if self.zero >= 3:
+                for params in self.reduce_at.get(layer, ()):
+                    self._reduce(mb, layer, last_task, params * self.grad_bytes_per_param)
+                return
             if layer % self.unit_layers:
                 return
             unit = layer // self.unit_layers

@@ -31,6 +31,7 @@ from sim.model.transformer import (
     head_forward_ops,
     head_params,
     layer_forward_ops,
+    layer_modules,
     layer_params,
 )
 from sim.network.collectives import p2p_time
@@ -125,6 +126,71 @@ def unit_params(plan: Plan, unit: int) -> float:
     if last == plan.model.num_layers - 1:
         params += head_params(plan.model) / plan.tp
     return params
+
+
+def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
+    """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
+    order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
+    norm and LM head in the last. They sum to ``unit_params``."""
+    model, tp, layers = plan.model, plan.tp, plan.unit_layers
+    first, last = unit * layers, (unit + 1) * layers - 1
+    modules: list[tuple[float, ...]] = []
+    if first == 0:
+        modules.append((embedding_params(model) / tp,))
+    modules += [module.tensors for _ in range(layers) for module in layer_modules(model, tp)]
+    if last == model.num_layers - 1:
+        modules.append((head_params(model) / tp,))
+    return modules
+
+
+def gather_calls(plan: Plan, unit: int) -> tuple[float, ...]:
+    """Parameters (per TP rank) of each all-gather that brings unit ``unit``'s weights, in issue order.
+
+    FSDP (and ``parallel.zero: 3`` without a DeepSpeed block): one all-gather of the unit's flat parameter.
+    DeepSpeed ZeRO-3 (``plan.deepspeed``): per leaf module, leaving out the parameters of at most
+    ``stage3_param_persistence_threshold`` elements (kept whole on every rank), consecutive modules coalesced into
+    one all-gather until it holds ``stage3_prefetch_bucket_size`` elements, as the prefetcher fills its bucket
+    (partitioned_param_coordinator.py fetch_sub_module; a module is never split, and a bucket of 0 fetches module
+    by module). Buckets do not run across units here (DeepSpeed's prefetch queue does)."""
+    ds = plan.deepspeed
+    if ds is None:
+        return (unit_params(plan, unit),)
+    calls, pending = [], 0.0
+    for tensors in unit_modules(plan, unit):
+        gathered = sum(n for n in tensors if n > ds.stage3_param_persistence_threshold)
+        if gathered <= 0:
+            continue
+        pending += gathered
+        if pending >= ds.stage3_prefetch_bucket_size:
+            calls.append(pending)
+            pending = 0.0
+    if pending > 0:
+        calls.append(pending)
+    return tuple(calls)
+
+
+def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
+    """The gradient reduce-scatters of one micro-batch's backward under ZeRO-3 / FSDP, in issue order: (the layer
+    whose backward issues it, parameters per TP rank). FSDP: one per unit, after its first layer's backward.
+    DeepSpeed ZeRO-3: gradients join a bucket module by module as the backward produces them (reverse forward
+    order), and the bucket is reduced when the next module's gradients would take it past ``reduce_bucket_size``
+    elements (stage3.py reduce_independent_p_g_buckets_and_remove_grads: ``elements_in_ipg_bucket + numel >
+    reduce_bucket_size``); the rest after the last layer (with the embedding's). Issued at the end of the layer
+    whose module overflowed the bucket (the emitters run a layer's backward as one piece)."""
+    units = plan.model.num_layers // plan.unit_layers
+    ds = plan.deepspeed
+    if ds is None:
+        return [(unit * plan.unit_layers, unit_params(plan, unit)) for unit in reversed(range(units))]
+    buckets, pending = [], 0.0
+    for unit in reversed(range(units)):
+        for tensors in reversed(unit_modules(plan, unit)):
+            numel = sum(tensors)
+            if pending > 0 and pending + numel > ds.reduce_bucket_size:
+                buckets.append((unit * plan.unit_layers, pending))
+                pending = 0.0
+            pending += numel
+    buckets.append((0, pending))
+    return buckets
 
 
 def head_gradient_params(plan: Plan, stage: int) -> float:
