@@ -30,9 +30,14 @@ H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compu
              "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
 OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
                                         "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
+# MosaicML's MPT runs on H100 (llm-foundry benchmarking README, eager PyTorch 2.1 + Composer FSDP) are 18-39% slower
+# than predicted in the same way as IBM's: H100 has no end-to-end calibration yet (A100's x1.23 comes from
+# Korthikanti Table 4). These rows are the evidence for that per-GPU fit (docs/validation/ibm_h100_notes.md).
+H100_UNCALIBRATED = "H100 has no end-to-end calibration yet; eager PyTorch FSDP on H100 runs at 40-46% MFU, not ~60%"
+OUTSIDE.update({name: H100_UNCALIBRATED for name in ROWS if name.startswith("mosaic-mpt-")})
 
 
-# The table simulates all 53 scenarios (about 30 s), once per module: every test that reads it is marked slow,
+# The table simulates all 64 scenarios (about 50 s), once per module: every test that reads it is marked slow,
 # and under pytest-xdist (--dist loadgroup) this module's tests all go to one worker, so it is built once per run.
 pytestmark = pytest.mark.xdist_group("validation")
 
@@ -59,8 +64,8 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) pull the mean to 6.5%; the other 49 "
-                                       "rows average 4.4%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the H100 rows (IBM FSDP -29..-36%, MosaicML MPT -18..-39%) pull the mean to "
+                                       "10.2%; the other 49 rows average 4.4%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
