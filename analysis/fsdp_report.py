@@ -6,10 +6,11 @@ scenarios (the same files ``sim validate`` runs: one source for both). Out: a Da
 one row per published run: recomputation, predicted and published MFU and tokens/s per GPU, the relative MFU
 error, and the exposed data-parallel communication.
 
-Mapping notes (in each scenario's header too): FSDP FULL_SHARD over every GPU, FlashAttention, 2 x 4096-token
-sequences per GPU and step, the blog's inter-node bandwidth per node split over its 8 GPUs, PyTorch eager
-element-wise kernels (the blog lists kernel fusion / torch.compile as not used); "selective (every n blocks)"
-checkpointing recomputes every second block; the 34B dimensions are CodeLlama-34B's (unverified).
+Mapping notes (in each scenario's header too): FSDP FULL_SHARD over every GPU (7B: HYBRID_SHARD, the fms-fsdp
+README's "HSDP"), FlashAttention, 2 x 4096-token sequences per GPU and step, the blog's inter-node bandwidth per
+node split over its 8 GPUs, PyTorch eager element-wise kernels (the blog lists kernel fusion / torch.compile as
+not used); "selective (every n blocks)" checkpointing recomputes every second block; the 34B dimensions are
+CodeLlama-34B's (unverified).
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ def test_rows_become_the_published_setup():
     assert len(rows) == 8
     scenario = scenario_for(rows.iloc[0], FOLDER)
     plan = resolve(scenario)
-    assert scenario.cluster.num_gpus == 128 and plan.zero_stage == 3 and scenario.fsdp.sharding == "FULL_SHARD"
+    # 7B ran HSDP (fms-fsdp README table "7b | HSDP", scripts/train.sh --sharding_strategy=hsdp): sharded in a node
+    assert scenario.cluster.num_gpus == 128 and plan.zero_stage == 3 and scenario.fsdp.sharding == "HYBRID_SHARD"
     assert scenario.cluster.inter_node.bandwidth == pytest.approx(400e9 / 8 / 8)  # 400 Gb/s per node, 8 GPUs
     assert plan.global_batch * plan.seq_len == 1048576  # the blog's 1M-token batch on 128 GPUs
     assert not scenario.training.fused_kernels  # the blog did not use kernel fusion / torch.compile

@@ -41,7 +41,14 @@ OUTSIDE.update({name: NEMO_H100 for name in ("nemo2407-gpt3-5b-64.yaml", "nemo24
                                              "nemo2407-nemotron-22b-64.yaml", "nemo2407-nemotron-340b-128.yaml")})
 
 
-# The table simulates all 63 scenarios (about 35 s), once per module: every test that reads it is marked slow,
+# MosaicML's MPT runs on H100 (llm-foundry benchmarking README, eager PyTorch 2.1 + Composer FSDP) are 18-39% slower
+# than predicted in the same way as IBM's: H100 has no end-to-end calibration yet (A100's x1.23 comes from
+# Korthikanti Table 4). These rows are the evidence for that per-GPU fit (docs/validation/ibm_h100_notes.md).
+H100_UNCALIBRATED = "H100 has no end-to-end calibration yet; eager PyTorch FSDP on H100 runs at 40-46% MFU, not ~60%"
+OUTSIDE.update({name: H100_UNCALIBRATED for name in ROWS if name.startswith("mosaic-mpt-")})
+
+
+# The table simulates all 74 scenarios (about 50 s), once per module: every test that reads it is marked slow,
 # and under pytest-xdist (--dist loadgroup) this module's tests all go to one worker, so it is built once per run.
 pytestmark = pytest.mark.xdist_group("validation")
 
@@ -68,8 +75,8 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) and the ten NeMo H100 "
-                                       "FP8 rows (-11..-30%) pull the mean over 5%; see OUTSIDE")
+@pytest.mark.xfail(strict=True, reason="the H100 rows (IBM FSDP, MosaicML MPT, NeMo FP8) pull the mean over 5% "
+                                       "until H100's calibration; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
