@@ -44,10 +44,11 @@ def to_markdown(screened: pd.DataFrame, best: pd.DataFrame, title: str = "") -> 
              "exposed PP s | exposed DP s | peak GiB |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, row in enumerate(best.to_dict("records"), 1):
+        sp = "yes" if row["parallel.sequence_parallel"] else "no"
         lines.append(
             f"| {i} | {_layout(pd.Series(row))} | {row['training.micro_batch']} | {row['schedule']} | "
-            f"{row['parallel.zero']} | {row['training.recompute']} | {'yes' if row['parallel.sequence_parallel'] else 'no'}"
-            f" | {row['step_time_s']:.2f} | {row['mfu']:.1%} | {row['bubble_fraction']:.1%} | "
+            f"{row['parallel.zero']} | {row['training.recompute']} | {sp} | "
+            f"{row['step_time_s']:.2f} | {row['mfu']:.1%} | {row['bubble_fraction']:.1%} | "
             f"{row['exposed_tp_s']:.2f} | {row['exposed_pp_s']:.2f} | {row['exposed_dp_s']:.2f} | "
             f"{row['peak_memory_bytes'] / 2**30:.0f} |")
     return "\n".join(lines) + "\n"
