@@ -18,6 +18,15 @@ or, without one (or with ``shape_efficiency: false``), the preset's flat large-G
 ``calibrated``: the same roofline with a measured profile's GEMM curve and copy bandwidth (``sim calibrate``).
 The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
 m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
+
+Launch overheads (roofline and calibrated; docs/mechanisms/kernel_launch.md): no kernel takes less than
+``kernel_floor`` per launch on the device (an op of k kernels: k floors), and where no CUDA graph replays the step
+the CPU issues each kernel in ``launch_overhead`` seconds, so a piece of work of n kernel launches takes at least
+n x ``launch_overhead`` (the CPU runs ahead of the GPU only while the kernels are longer than their launches):
+    kernel  = max(FLOPs / rate, bytes / bandwidth, k x kernel_floor)
+    work    = max(sum of its kernels x phase scale, launches x launch_overhead)
+A backward issues twice the forward's launches for the ops without weights and one per GEMM for each of B and W,
+the same scale as its time (``phase_scale``).
 """
 
 from __future__ import annotations
@@ -60,6 +69,8 @@ class CostModel(Protocol):
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
 
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float: ...
+
 
 class FixedCosts:
     name = "fixed"
@@ -74,6 +85,9 @@ class FixedCosts:
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return self.optimizer
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        return 0.0  # fixed costs time only the layers and the optimizer (exact schedule tests)
 
 
 # The other 16-bit type of each: fp16 and bf16 GEMMs run on the same tensor cores, at the same dense peak on every
@@ -96,14 +110,15 @@ class RooflineCosts:
     name = "roofline"
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
-                 fp8_attention: bool = False) -> None:
+                 fp8_attention: bool = False, kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
+        self.kernel_floor, self.launch_overhead = kernel_floor, launch_overhead
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         # FP8 as Transformer Engine runs it: fp8_autocast makes the linear layers' GEMMs FP8 (te.Linear,
         # LayerNormLinear, LayerNormMLP); the attention core (no weights) stays bf16 unless fp8_dpa
         # (Megatron-LM's --fp8-dot-product-attention). Those kernels are priced on a bf16 model of the same GPU.
         self.weightless: RooflineCosts | None = None
         if dtype == "fp8" and not fp8_attention:
-            self.weightless = RooflineCosts(gpu, "bf16", profile)
+            self.weightless = RooflineCosts(gpu, "bf16", profile, kernel_floor=kernel_floor)
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
         self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
@@ -124,13 +139,22 @@ class RooflineCosts:
         if self.weightless is not None and op.matmul and not op.has_weights:
             return self.weightless.kernel_time(op)
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
-        return max(compute, op.bytes / self.bytes_rate)
+        return max(compute, op.bytes / self.bytes_rate, op.kernels * self.kernel_floor)
 
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
-        return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+        device = sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+        if not self.launch_overhead:
+            return device
+        launches = sum(phase_scale(op, phase) * op.kernels for op in work.ops)
+        return max(device, launches * self.launch_overhead)
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        """A memory-bound kernel sequence moving ``nbytes`` through HBM (``kernels`` launches, each at least the
+        floor)."""
+        return max(nbytes / self.bytes_rate, kernels * self.kernel_floor)
 
 
 class CalibratedCosts(RooflineCosts):
@@ -138,9 +162,10 @@ class CalibratedCosts(RooflineCosts):
 
     name = "calibrated"
 
-    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False) -> None:
+    def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
+                 kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
-        super().__init__(gpu, dtype, profile, fp8_attention)
+        super().__init__(gpu, dtype, profile, fp8_attention, kernel_floor, launch_overhead)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth
@@ -157,3 +182,6 @@ class ScaledCosts:
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return self.inner.optimizer_time(params, grad_bytes) * self.factor
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        return self.inner.memory_time(nbytes, kernels) * self.factor
