@@ -50,16 +50,16 @@ def test_the_readme_one_liner_runs_from_the_repository_root():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     step, tasks = result.stdout.split()
-    assert float(step) == sim.run(TINY).summary.step_time_s and int(tasks) == 370
+    assert float(step) == sim.run(TINY).summary.step_time_s and int(tasks) == 374
 
 
 def test_run_gives_the_summary_json_of_the_command_line(tmp_path):
     result = sim.run(str(TINY))
     assert main(["run", str(TINY), "-o", str(tmp_path), "--no-plot"]) == 0
     written = (tmp_path / "summary.json").read_text()
-    assert json.loads(written)["step_time_s"] == result.summary.step_time_s == pytest.approx(0.0287007, rel=1e-6)
+    assert json.loads(written)["step_time_s"] == result.summary.step_time_s == pytest.approx(0.0295429, rel=1e-6)
     assert written == json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n"
-    assert list(result.trace.columns)[:3] == ["task", "rank", "stage"] and len(result.trace) == 370
+    assert list(result.trace.columns)[:3] == ["task", "rank", "stage"] and len(result.trace) == 374
 
 
 def test_set_as_a_mapping_or_as_strings_gives_the_same_scenario():

@@ -43,9 +43,11 @@ def test_the_default_is_the_gpu_types_fitted_factor_and_the_scenario_overrides_i
     assert make_costs(Plan(scenario)).factor == pytest.approx(1.23)  # type: ignore[attr-defined]
     flat = scenario_from_dict({**ONE_GPU, "costs": {"model": "roofline", "shape_efficiency": False}})
     assert make_costs(Plan(flat)).factor == pytest.approx(1.23)  # type: ignore[attr-defined]  # flat rate too
-    # One GPU, no communication: the whole step is kernel time, so it scales exactly with the factor.
-    assert _step({"model": "roofline", "end_to_end_factor": 2.46}) == pytest.approx(2 * _step(), rel=1e-9)
-    assert _step({"model": "roofline", "end_to_end_factor": 1.0}) == pytest.approx(_step() / 1.23, rel=1e-9)
+    # One GPU, no communication and no launch floors: the whole step is kernel time, so it scales exactly with
+    # the factor.
+    no_floor = {"model": "roofline", "kernel_floor": 0, "launch_overhead": 0}
+    assert _step({**no_floor, "end_to_end_factor": 2.46}) == pytest.approx(2 * _step(no_floor), rel=1e-9)
+    assert _step({**no_floor, "end_to_end_factor": 1.0}) == pytest.approx(_step(no_floor) / 1.23, rel=1e-9)
 
 
 def test_a_non_positive_factor_is_a_one_line_error() -> None:

@@ -23,4 +23,4 @@ def test_tiny_trace_matches_golden():
     golden = trace.read_trace(GOLDEN)
     assert list(frame.columns) == list(trace.TRACE_COLUMNS)
     assert_frame_equal(frame.reset_index(drop=True), golden, check_exact=False, rtol=1e-9, atol=1e-15)
-    assert len(golden) == 370 and pd.api.types.is_float_dtype(golden["start_s"])
+    assert len(golden) == 374 and pd.api.types.is_float_dtype(golden["start_s"])

@@ -43,7 +43,7 @@ def test_stream_and_kind_names_are_the_strings_the_trace_holds():
     for column, names in (("stream", Stream), ("kind", Kind)):
         assert {type(value) for value in frame[column]} == {str}  # exact str, not the enum
         assert set(frame[column]) <= set(names)
-    assert set(frame["stream"]) == {"compute", "tp", "pp"}
+    assert set(frame["stream"]) == {"compute", "tp", "pp", "dp"}  # dp: the gradient norm's all-reduce
     assert set(frame["kind"]) == {"forward", "backward", "optimizer", "tp", "pp"}
 
 

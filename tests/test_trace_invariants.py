@@ -85,6 +85,7 @@ def test_synchronous_tp_collectives_block_the_compute_stream():
     ranks = blocking["rank"].unique()
     assert all(_overlap_s(blocking, rank, same_layer_backward=False) == 0.0 for rank in ranks)
     assert all(_overlap_s(blocking, rank) > 0.0 for rank in ranks)  # the asynchronous backward reductions
-    overlapped = runner.run(load_scenario(SCENARIOS / "tiny.yaml", [*base, "parallel.tp_comm_overlap=true"])).trace
+    overlapped = runner.run(load_scenario(SCENARIOS / "tiny.yaml", [*base, "parallel.tp_comm_overlap=true",
+                                                                     "parallel.overlap_p2p_comm=true"])).trace
     assert max(_overlap_s(overlapped, rank, same_layer_backward=False) for rank in overlapped["rank"].unique()) > 0
     assert overlapped["end_s"].max() < blocking["end_s"].max()

@@ -26,7 +26,9 @@ def qi_scenario(row, schedule, hidden=256):
                            "base_latency": 0, "efficiency_curve": []}},
         "model": {"name": "m", "num_layers": p, "hidden_size": hidden, "num_attention_heads": 4, "vocab_size": 1000,
                   "max_seq_len": 128},
-        "training": {"microbatches": m}, "parallel": {"tp": 1, "pp": p, "dp": 1}, "schedule": schedule,
+        # The paper's schedule model: T_comm a hop the sender does not wait for, and no step tail.
+        "training": {"microbatches": m, "clip_grad": 0},
+        "parallel": {"tp": 1, "pp": p, "dp": 1, "overlap_p2p_comm": True}, "schedule": schedule,
         "costs": {"model": "fixed", "forward": f"{row['T_F_ms']} ms", "backward": f"{row['T_B_ms']} ms",
                   "weight_grad": f"{row['T_W_ms']} ms"},
         "network": "analytic",

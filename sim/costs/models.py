@@ -21,6 +21,15 @@ Both multiply every kernel's time (and the optimizer step's) by the GPU type's o
 ``costs.end_to_end_factor`` overrides it, 1 = none).
 The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
 m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
+
+Launch overheads (roofline and calibrated; docs/mechanisms/kernel_launch.md): no kernel takes less than
+``kernel_floor`` per launch on the device (an op of k kernels: k floors), and where no CUDA graph replays the step
+the CPU issues each kernel in ``launch_overhead`` seconds, so a piece of work of n kernel launches takes at least
+n x ``launch_overhead`` (the CPU runs ahead of the GPU only while the kernels are longer than their launches):
+    kernel  = max(FLOPs / rate, bytes / bandwidth, k x kernel_floor)
+    work    = max(sum of its kernels x phase scale, launches x launch_overhead)
+A backward issues twice the forward's launches for the ops without weights and one per GEMM for each of B and W,
+the same scale as its time (``phase_scale``).
 """
 
 from __future__ import annotations
@@ -69,6 +78,8 @@ class CostModel(Protocol):
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
 
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float: ...
+
 
 class FixedCosts:
     name = "fixed"
@@ -83,6 +94,9 @@ class FixedCosts:
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return self.optimizer
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        return 0.0  # fixed costs time only the layers and the optimizer (exact schedule tests)
 
 
 # The other 16-bit type of each: fp16 and bf16 GEMMs run on the same tensor cores, at the same dense peak on every
@@ -106,18 +120,19 @@ class RooflineCosts:
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
                  fp8_attention: bool = False, fp8_gemm: Fp8GemmRule = "scaled_bf16",
-                 factor: float | None = None) -> None:
+                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
         # The GPU type's end-to-end calibration: every kernel's time x factor (default: the profile's).
         if factor is None:
             factor = profile.end_to_end_factor if profile is not None else 1.0
         self.factor = factor
+        self.kernel_floor, self.launch_overhead = kernel_floor, launch_overhead
         self.flops_rate = gpu.peak(dtype) * gpu.matmul_efficiency
         # FP8 as Transformer Engine runs it: fp8_autocast makes the linear layers' GEMMs FP8 (te.Linear,
         # LayerNormLinear, LayerNormMLP: Op.te_linear); the attention core (no weights) stays bf16 unless fp8_dpa
         # (Megatron-LM's --fp8-dot-product-attention), and the LM head (Megatron's output_layer, not a TE module)
         # always does. Those kernels are priced on a bf16 model of the same GPU (``bf16``).
-        self.bf16: RooflineCosts | None = (RooflineCosts(gpu, "bf16", profile, factor=factor) if dtype == "fp8"
-                                           else None)
+        self.bf16: RooflineCosts | None = (RooflineCosts(gpu, "bf16", profile, factor=factor,
+                                                         kernel_floor=kernel_floor) if dtype == "fp8" else None)
         self.fp8_attention = fp8_attention
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
@@ -149,13 +164,23 @@ class RooflineCosts:
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op)
         compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
-        return max(compute, op.bytes / self.bytes_rate) * self.factor
+        # The floor is a measured launch-to-end time, outside the end-to-end factor.
+        return max(max(compute, op.bytes / self.bytes_rate) * self.factor, op.kernels * self.kernel_floor)
 
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
-        return sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+        device = sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+        if not self.launch_overhead:
+            return device
+        launches = sum(phase_scale(op, phase) * op.kernels for op in work.ops)
+        return max(device, launches * self.launch_overhead)
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate * self.factor
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        """A memory-bound kernel sequence moving ``nbytes`` through HBM (``kernels`` launches, each at least the
+        floor)."""
+        return max(nbytes / self.bytes_rate * self.factor, kernels * self.kernel_floor)
 
 
 class CalibratedCosts(RooflineCosts):
@@ -164,10 +189,10 @@ class CalibratedCosts(RooflineCosts):
     name = "calibrated"
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
-                 factor: float | None = None) -> None:
+                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
         super().__init__(gpu, dtype, profile, fp8_attention, fp8_gemm="profile",  # its own measured fp8 curve
-                         factor=factor)
+                         factor=factor, kernel_floor=kernel_floor, launch_overhead=launch_overhead)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth
@@ -184,3 +209,6 @@ class ScaledCosts:
 
     def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
         return self.inner.optimizer_time(params, grad_bytes) * self.factor
+
+    def memory_time(self, nbytes: float, kernels: int = 1) -> float:
+        return self.inner.memory_time(nbytes, kernels) * self.factor

@@ -92,12 +92,14 @@ def task_durations(graph: TaskGraph, durations: Sequence[float | None] | None) -
 def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[TransferPhase, ...]]
                          ) -> set[tuple[str, float, tuple[int, ...]]]:
     """(op, bytes, group) of the TP collectives whose links carry nothing else: no DP/PP transfer's route and no
-    other TP group's collective touches them (TP collectives of one group run one at a time on its stream)."""
+    other TP group's collective touches them (TP collectives of one group run one at a time on its stream). The
+    optimizer's one-float all-reduces (gradient norm, found-inf) are not counted: they run after the step's last
+    TP collective (the optimizer waits for every pass), and carry 4 bytes."""
     others: set[int] = set()
     seen: set[tuple[str, float, tuple[int, ...], str]] = set()
     tp: dict[tuple[str, float, tuple[int, ...]], set[int]] = {}
     for task in graph.tasks:
-        if not task.op or task.duration is not None:
+        if not task.op or task.duration is not None or task.kind == Kind.OPTIMIZER:
             continue
         key = (task.op, task.nbytes, task.group, task.kind)
         if key in seen:

@@ -126,8 +126,15 @@ class Estimator:
                     f += self._price(plan, piece, "forward")
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
-            stages.append(_Stage(f, b, w, layer_bwd + fsdp_b, layers))
+            sends_f, sends_b = _blocking_sends(plan, s)
+            c = self._p2p(plan)
+            stages.append(_Stage(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
         return stages
+
+    def _p2p(self, plan: Plan) -> float:
+        """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
+        rank = plan.grid.stage_representative
+        return self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float]) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
@@ -192,8 +199,9 @@ class Estimator:
     def _pipeline(self, plan: Plan, stages: list[_Stage]) -> tuple[float, list[float]]:
         """Makespan of the pipeline and when each stage's last backward pass ends."""
         p, v, m = plan.pp, plan.vpp, plan.microbatches
-        rank = plan.grid.stage_representative
-        c = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if p > 1 else 0.0
+        # With blocking sends (parallel.overlap_p2p_comm: false) each stage's passes already hold their sends
+        # (_stages), so the trip of a micro-batch down and back up adds no further hop.
+        c = 0.0 if not plan.scenario.parallel.overlap_p2p_comm else self._p2p(plan)
         work = [st.forward + st.backward + st.weight for st in stages]
         slowest = max(work)
         f, b, w = (max(getattr(st, part) for st in stages) for part in ("forward", "backward", "weight"))
@@ -279,6 +287,9 @@ class Estimator:
                 + step.pcie_seconds(plan, step.weights_to_gpu_bytes(plan, shard))
         else:
             optimizer = self.costs.optimizer_time(shard, grad_elem)
+        for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
+            optimizer += self.costs.memory_time(nbytes) + self.net.collective_time(
+                "all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, plan.grid.stage_representative(stage)))
         gather = step.final_weight_gather_bytes(plan, stage)
         if gather:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
@@ -305,6 +316,19 @@ class Estimator:
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
+
+
+def _blocking_sends(plan: Plan, stage: int) -> tuple[int, int]:
+    """(forward sends, backward sends) one micro-batch costs ``stage``'s compute stream when sends block
+    (``parallel.overlap_p2p_comm: false``): one per local chunk whose neighbour chunk is on another stage."""
+    if plan.scenario.parallel.overlap_p2p_comm or plan.pp == 1:
+        return 0, 0
+    last = plan.pp * plan.vpp - 1
+    forward = backward = 0
+    for g in plan.stage_chunks[stage]:
+        forward += g < last and plan.chunk_location(g + 1)[0] != stage
+        backward += g > 0 and plan.chunk_location(g - 1)[0] != stage
+    return forward, backward
 
 
 def _work(pieces: step.Blocks, what: str) -> Work:

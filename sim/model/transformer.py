@@ -196,6 +196,7 @@ class Op:
     shape: tuple[int, int, int, int] | None = None  # GEMMs: (batch, m, n, k), for calibration
     runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
     te_linear: bool = False
+    kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
@@ -217,9 +218,10 @@ def _linear(name: str, m: float, n: float, k: float, elem: int) -> Op:
     return Op(gemm.name, gemm.flops, gemm.bytes, True, True, gemm.shape, te_linear=True)
 
 
-def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0) -> Op:
+def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0,
+                 kernels: int = 1) -> Op:
     # Dropout masks are one byte per element (Korthikanti et al. Table 2 accounting).
-    return Op(name, 0.0, float(elements * (elem * (reads + writes) + masks)), False)
+    return Op(name, 0.0, float(elements * (elem * (reads + writes) + masks)), False, kernels=kernels)
 
 
 # Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
@@ -229,14 +231,20 @@ EAGER_RMSNORM_BYTES = 36.0
 # Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
 # rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
 EAGER_ROPE_BYTES = 36.0
+# Kernel launches of those eager ops (what a launch floor counts): the RMSNorm's six kernels above plus the
+# eps add and rsqrt on the per-token mean; the rotary embedding's four kernels, once for q and once for k.
+EAGER_RMSNORM_KERNELS = 8
+EAGER_ROPE_KERNELS = 8
+# Eager SwiGLU: silu(gate), then the product with up (two kernels; Megatron fuses them into one).
+EAGER_SWIGLU_KERNELS = 2
 
 
 def _eager_norm(name: str, elements: float, elem: int, reads: int, writes: int) -> Op:
-    return Op(name, 0.0, float(elements * EAGER_RMSNORM_BYTES * elem / 2), False)
+    return Op(name, 0.0, float(elements * EAGER_RMSNORM_BYTES * elem / 2), False, kernels=EAGER_RMSNORM_KERNELS)
 
 
 def _eager_rope(elements: float) -> Op:
-    return Op("rotary_embedding", 0.0, float(elements * EAGER_ROPE_BYTES), False)
+    return Op("rotary_embedding", 0.0, float(elements * EAGER_ROPE_BYTES), False, kernels=EAGER_ROPE_KERNELS)
 
 
 def layer_forward_ops(
@@ -298,19 +306,20 @@ def layer_forward_ops(
 
     up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
     activation_reads = 2 if spec.mlp == "swiglu" else 1
+    activation_kernels = 1
     if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
-        activation_reads, activation_writes = 3, 2
+        activation_reads, activation_writes, activation_kernels = 3, 2, EAGER_SWIGLU_KERNELS
     elif spec.mlp == "squared_relu":
         # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
         # two element-wise kernels, each reading and writing the (tokens, ffn) tensor.
-        activation_reads, activation_writes = 2, 2
+        activation_reads, activation_writes, activation_kernels = 2, 2, 2
     else:
         activation_writes = 1
     mlp = (
         norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
         _linear("mlp_up", tokens, up_width, h, elem_bytes),
         _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads,
-                     writes=activation_writes),
+                     writes=activation_writes, kernels=activation_kernels),
         _linear("mlp_down", tokens, h, ffn_local, elem_bytes),
         _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
                      masks=1 if fused_kernels else 0),

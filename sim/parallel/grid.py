@@ -69,7 +69,11 @@ class RankGrid:
 def lockstep_groups(group: tuple[int, ...], lockstep: int) -> tuple[tuple[int, ...], ...]:
     """The same collective's group for each of ``lockstep`` TP peers running in lockstep with ``group``'s
     members: tp is the fastest dimension of the grid, so rank r's peers are r+1 .. r+lockstep-1 and their DP
-    (or PP) groups are ``group`` shifted by 1 .. lockstep-1. A folded rank's DP/PP transfers carry these flows."""
+    (or PP) groups are ``group`` shifted by 1 .. lockstep-1. A folded rank's DP/PP transfers carry these flows.
+    A group that spans the TP dimension itself (a member off TP rank 0: the model-parallel group of a gradient-norm
+    all-reduce) already holds the peers, and is its own only group."""
+    if any(rank % lockstep for rank in group):
+        return (group,)
     return tuple(tuple(rank + t for rank in group) for t in range(lockstep))
 
 

@@ -25,7 +25,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
-from sim.units import Bytes, BytesPerSecond, Seconds
+from sim.units import Bytes, BytesPerSecond, Seconds, parse_seconds
 
 MiB = 2**20
 
@@ -59,6 +59,15 @@ class TrainingSpec(FrozenSpec):
         "(TE modules called without is_first_microbatch, e.g. under DeepSpeed or FSDP)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
+    cuda_graphs: bool = Field(default=False, description=(
+        "the layers' kernels replay from CUDA graphs, so the CPU launches none of them one by one (no "
+        "costs.launch_overhead). Off by default in Megatron-LM (--enable-cuda-graph / --external-cuda-graph), "
+        "NeMo 24.x, DeepSpeed and PyTorch FSDP (eager; torch.compile mode='reduce-overhead' turns it on)"))
+    clip_grad: float = Field(default=1.0, ge=0, description=(
+        "gradient clipping by global norm (Megatron-LM's --clip-grad, default 1.0; 0 = off): before the optimizer "
+        "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
+        "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
+        "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
 
 
 class ParallelSpec(FrozenSpec):
@@ -79,6 +88,10 @@ class ParallelSpec(FrozenSpec):
     tp_comm_overlap: bool = Field(default=False, description="false: a TP collective blocks the compute stream in "
                                   "issue order (Megatron-LM's synchronous all-reduce / reduce-scatter); true: only "
                                   "its consumer waits (asynchronous TP communication)")
+    overlap_p2p_comm: bool = Field(default=False, description=(
+        "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
+        "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "
+        "true: only the receiver waits (Megatron's --overlap-p2p-communication, interleaved schedule)"))
 
 
 class FsdpSpec(FrozenSpec):
@@ -157,6 +170,12 @@ class RooflineCostsSpec(FrozenSpec):
         "FP8 GEMMs: scaled_bf16 prices an FP8 GEMM of f FLOPs as a bf16 GEMM of f/R FLOPs (R = FP8/bf16 peak, "
         "2 on Hopper): the bf16 curve's shape at twice the rate; profile: the profile's own fp8 curve, or the "
         "preset's flat efficiency of the FP8 peak where it has none (H100)"))
+    kernel_floor: Seconds = Field(default=parse_seconds("1.2 us"), ge=0, description=(
+        "the least device time of one kernel launch (a tiny kernel and the gap to the next): 1.1-1.3 us measured "
+        "for a 1024-element add (pytorch/pytorch#161104)"))
+    launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
+        "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
+        "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
 
 
 class CalibratedCostsSpec(FrozenSpec):
@@ -166,6 +185,12 @@ class CalibratedCostsSpec(FrozenSpec):
     profile: str = Field(description="path to a profile JSON (relative to the scenario file)")
     end_to_end_factor: float | None = Field(default=None, gt=0, description=(
         "every kernel's time x this; default: the profile's own end_to_end_factor (1 for a measured profile)"))
+    kernel_floor: Seconds = Field(default=parse_seconds("1.2 us"), ge=0, description=(
+        "the least device time of one kernel launch (a tiny kernel and the gap to the next): 1.1-1.3 us measured "
+        "for a 1024-element add (pytorch/pytorch#161104)"))
+    launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
+        "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
+        "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
 
 
 class NetworkSpec(FrozenSpec):

@@ -72,4 +72,27 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/zero3_granularity.md",
         note="no validation row runs DeepSpeed ZeRO-3; must-show 2 (tests/test_zero3_scale.py) exercises it",
     ),
+    Mechanism(
+        name="kernel launch floor and host launch overhead",
+        off=("costs.kernel_floor=0", "costs.launch_overhead=0"),
+        knob="costs.kernel_floor (1.2 us), costs.launch_overhead (5 us), training.cuda_graphs (false)",
+        source="pytorch/pytorch#161104 (1024-element add: 1.1-1.3 us); HolisticTraceAnalysis docs (5-20 us CPU "
+               "launch); eager op kernel counts (RMSNorm 8, RoPE 8, SwiGLU 2)",
+        doc="mechanisms/kernel_launch.md",
+    ),
+    Mechanism(
+        name="gradient clipping and the fp16 inf/nan check",
+        off=("training.clip_grad=0",),
+        knob="training.clip_grad (1.0: Megatron --clip-grad; DeepSpeed gradient_clipping 0)",
+        source="Megatron-LM optimizer clip_grads.py (multi-tensor L2 norm + one-float all-reduce over "
+               "get_grad_stats_parallel_group); fp16 check in optimizer.py _unscale_main_grads_and_check_for_nan",
+        doc="mechanisms/grad_clip.md",
+    ),
+    Mechanism(
+        name="blocking pipeline sends",
+        off=("parallel.overlap_p2p_comm=true",),
+        knob="parallel.overlap_p2p_comm (false: Megatron's _communicate waits on every send/receive)",
+        source="Megatron-LM core pipeline_parallel/p2p_communication.py _communicate, schedules.py",
+        doc="mechanisms/p2p_wait.md",
+    ),
 )

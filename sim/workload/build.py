@@ -75,6 +75,7 @@ class _StageEmitter:
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
+        self.p2p_blocks = not scenario.parallel.overlap_p2p_comm  # the next compute waits for this stage's send
         self.blocking_tp: int | None = None
         self.dp = DataParallelEmitter(self)
         # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
@@ -187,8 +188,16 @@ class _StageEmitter:
             return
         dst = self.stage_rank[to_stage]
         name = "send_forward" if phase == "F" else "send_backward"
-        task = self._add("pp", "pp", name, mb, -1, after, op="send", nbytes=self.p2p_bytes, group=(self.rank, dst))
+        # The send leaves once the pass's output is final: after its last task and the TP reduction that compute
+        # still owes (Megatron waits the asynchronous input-gradient reduction before the backward returns).
+        also = [self.blocking_tp] if self.blocking_tp is not None else []
+        task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes,
+                         group=(self.rank, dst))
         self.sends[(phase, self._global_chunk(chunk), mb)] = task
+        if self.p2p_blocks:
+            # Megatron-LM's _communicate waits on every isend/irecv request before returning, so the stage launches
+            # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
+            self.blocking_tp = task
 
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:

@@ -165,7 +165,13 @@ class DataParallelEmitter:
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
         else:
-            optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, self.reduce_tasks,
+            ready = list(self.reduce_tasks)
+            for name, nbytes in step.grad_checks(plan, st.stage):  # fp16 inf/nan check, gradient-norm clipping
+                kernel = st._add("compute", "optimizer", name, -1, -1, None, ready,
+                                 duration=st.costs.memory_time(nbytes))
+                ready = [st._add(NCCL_STREAM, "optimizer", f"{name}_all_reduce", -1, -1, kernel, op="all_reduce",
+                                 nbytes=step.GRAD_STAT_BYTES, group=step.grad_stats_group(plan, st.rank))]
+            optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, ready,
                                 duration=st.costs.optimizer_time(shard_params, self.grad_bytes_per_param))
         gather = step.final_weight_gather_bytes(plan, st.stage)
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights

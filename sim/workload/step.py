@@ -59,10 +59,13 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     gpu = gpu or own
     if isinstance(spec, FixedCostsSpec):
         return FixedCosts(spec.forward, spec.backward, spec.weight_grad, spec.optimizer)
-    fp8_attention = plan.scenario.training.fp8_attention
+    training = plan.scenario.training
+    fp8_attention = training.fp8_attention
+    # Launch overheads (docs/mechanisms/kernel_launch.md): the CPU launches nothing one by one under CUDA graphs.
+    floor, launch = spec.kernel_floor, 0.0 if training.cuda_graphs else spec.launch_overhead
     if isinstance(spec, CalibratedCostsSpec):
         return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention,  # type: ignore[arg-type]  # loaded
-                               spec.end_to_end_factor)
+                               spec.end_to_end_factor, floor, launch)
     profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
     # The GPU type's end-to-end factor comes with its default profile, curve or flat rate alike.
     factor = spec.end_to_end_factor
@@ -70,7 +73,7 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
         fitted = profile if profile is not None else profiles.default_for(gpu.name)
         factor = fitted.end_to_end_factor if fitted is not None else 1.0
     return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, spec.fp8_gemm,
-                         factor)
+                         factor, floor, launch)
 
 
 def fp8_casts(plan: Plan) -> Fp8Casts | None:
@@ -258,6 +261,40 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
 def optimizer_params(plan: Plan, stage: int) -> float:
     """Parameters one rank of ``stage`` updates in the optimizer step (its shard under ZeRO)."""
     return plan.stage_params(stage) / plan.optimizer_shards
+
+
+# One fp32 scalar: the global gradient norm, or the found-inf flag of the loss-scale check.
+GRAD_STAT_BYTES = 4.0
+
+
+def grad_checks(plan: Plan, stage: int) -> list[tuple[str, float]]:
+    """(name, HBM bytes) of the kernels Megatron-LM's optimizer runs over the gradients a rank of ``stage``
+    updates before its step, each followed by an all-reduce of ``GRAD_STAT_BYTES`` over ``grad_stats_group``
+    (megatron/core/optimizer/optimizer.py, MixedPrecisionOptimizer.step; docs/mechanisms/grad_clip.md):
+    - fp16: unscale the gradients and check them for inf/nan (torch._amp_foreach_non_finite_check_and_unscale_,
+      in place: one read and one write), then all-reduce the found-inf flag (MAX);
+    - ``training.clip_grad`` > 0: the global L2 norm (multi_tensor_l2norm: one read), then all-reduce its square
+      (SUM). Scaling the gradients by clip/norm happens only on steps whose norm exceeds the threshold, a fact
+      of the data, and is left out.
+    None under CPU offload (the host owns the optimizer there)."""
+    if plan.scenario.offload.optimizer:
+        return []
+    grads = optimizer_params(plan, stage) * plan.grad_bytes_per_param
+    checks = [("grad_unscale_check", 2.0 * grads)] if plan.dtype == "fp16" else []
+    if plan.scenario.training.clip_grad > 0:
+        checks.append(("grad_norm", grads))
+    return checks
+
+
+def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
+    """The ranks a gradient statistic is all-reduced over (MegatronOptimizer.get_grad_stats_parallel_group): the
+    model-parallel group (every TP and PP rank of ``rank``'s data-parallel index), or every rank when the optimizer
+    is sharded (the distributed optimizer; ZeRO and FSDP likewise reduce the norm over all shards)."""
+    grid = plan.grid
+    if plan.optimizer_shards > 1:
+        return tuple(range(grid.world_size))
+    dp = grid.coord(rank).dp
+    return tuple(sorted(grid.rank(t, dp, p) for p in range(plan.pp) for t in range(plan.tp)))
 
 
 def pcie_seconds(plan: Plan, nbytes: float) -> float:
