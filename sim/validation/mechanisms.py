@@ -29,7 +29,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
         knob="costs.end_to_end_factor (default: the GPU type's fitted factor, Profile.end_to_end_factor)",
         source="one least-squares factor per GPU type on named fit rows (scripts/fit_default_profiles.py): A100 on "
                "Korthikanti et al. 2022 Table 4 layer times; other GPUs on published.csv rows marked fit",
-        doc="validation.md#calibration",
+        doc="mechanisms/end_to_end_calibration.md",
     ),
     Mechanism(
         name="FP8 attention core in BF16",
