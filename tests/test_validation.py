@@ -30,9 +30,10 @@ H100_FSDP = ("the IBM H100 runs are 1.4-1.6x slower than the model's eager compu
              "FSDP communication; the blog itself calls them under-performing (HBM, exposed network)")
 OUTSIDE = {name: H100_FSDP for name in ("ibm-fsdp-llama2-7b-h100-96.yaml", "ibm-fsdp-llama2-13b-h100-96.yaml",
                                         "ibm-fsdp-llama2-34b-h100-96.yaml", "ibm-fsdp-llama2-70b-h100-96.yaml")}
-# NeMo 24.07 H100 FP8 rows (issue 22): -11..-30% with FP8's cast kernels, the bf16 LM head and FP8 GEMMs on the
-# bf16 curve; H100 has no end-to-end factor yet (A100's x1.23 is fitted on Korthikanti), which issue 22's
-# per-GPU calibration adds. Strict: a row that comes inside the band says so.
+# NeMo 24.07 H100 FP8 rows (issue 22): -12..-31% with FP8's cast kernels, the bf16 LM head, FP8 GEMMs on the
+# bf16 curve and the distributed optimizer's weight gather under the forward (overlap_param_gather); H100 has no
+# end-to-end factor yet (A100's x1.23 is fitted on Korthikanti), which issue 22's per-GPU calibration adds.
+# Strict: a row that comes inside the band says so.
 NEMO_H100 = "H100 has no end-to-end calibration yet (issue 22); FP8 mechanisms alone leave these rows fast"
 OUTSIDE.update({name: NEMO_H100 for name in ("nemo2407-gpt3-5b-64.yaml", "nemo2407-gpt3-20b-64.yaml",
                                              "nemo2407-gpt3-175b-128.yaml", "nemo2407-gpt3-175b-512.yaml",
@@ -69,7 +70,7 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="the four H100 FSDP rows (-29..-37%) and the ten NeMo H100 "
-                                       "FP8 rows (-11..-30%) pull the mean over 5%; see OUTSIDE")
+                                       "FP8 rows (-12..-31%) pull the mean over 5%; see OUTSIDE")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05
 
