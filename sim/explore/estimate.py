@@ -264,8 +264,11 @@ class Estimator:
                     units[unit] = step.unit_params(plan, unit) * grad_elem
                 closing = {max(layer, 0) // plan.unit_layers: layer for layer, _, _ in ready}
                 buckets = [(closing[unit], nbytes) for unit, nbytes in units.items()]
-            else:
+            elif plan.scenario.parallel.overlap_grad_reduce or zero >= 2:
                 buckets = step.fill_buckets(plan, [(layer, nbytes) for layer, nbytes, _ in ready])
+            else:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
+                when[-2] = backward_end
+                buckets = [(-2, nbytes) for _, nbytes in step.chunk_gradient_bytes(plan, stage)]
             free_at = per_microbatch = 0.0
             for layer, nbytes in buckets:  # on one stream, each as soon as its gradients are final
                 seconds = self._dp_collective(plan, op, nbytes, group)
@@ -295,16 +298,57 @@ class Estimator:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
         return exposed, optimizer
 
+    def _param_gather_delay(self, plan: Plan, stage: int, st: _Stage, start: float) -> float:
+        """ZeRO-1/2 with ``parallel.overlap_param_gather``: how much the per-bucket weight all-gathers
+        (``step.param_gather_buckets``, issued from the step start) delay the stage's first micro-batch forward,
+        whose compute could begin at ``start``. Bucket i's forward starts once its gather has ended and the
+        previous bucket's compute is done; gather i+1 follows gather i on the group's stream and is issued when
+        bucket i's forward starts, or with ``align_param_gather`` a chunk's gathers all at once when the chunk
+        before it starts (the first two chunks' at the step start; the emitter's ``before_forward``).
+        Between a chunk's last bucket and the next chunk, the other micro-batches of the pipeline fill run
+        (min(m, p) - 1 more chunk forwards)."""
+        buckets = step.param_gather_buckets(plan, stage)
+        if not buckets:
+            return 0.0
+        group, aligned = plan.grid.dp_group(0), plan.scenario.parallel.align_param_gather
+        per_layer = st.forward / st.layers  # a layer's forward, the embedding and head spread over the layers
+        chunk_forward = st.forward / plan.vpp
+        gathered = issued = 0.0
+        free = start  # when the compute could start the next bucket
+        busy = 0.0  # compute time of the buckets, without waiting
+        chunk_begins: dict[int, float] = {}  # when each local chunk's first bucket starts
+        for index, bucket in enumerate(buckets):
+            if aligned:  # chunk k+1's gathers are issued when chunk k starts (0 and 1: at once)
+                issued = chunk_begins.get(bucket.chunk - 1, 0.0) if bucket.chunk >= 2 else 0.0
+            gathered = max(gathered, issued) + self._dp_collective(plan, "all_gather", bucket.nbytes, group)
+            begin = max(free, gathered)
+            chunk_begins.setdefault(bucket.chunk, begin)
+            issued = begin  # unaligned: the next bucket's gather is issued as this bucket starts
+            work = sum(layer >= 0 for layer in bucket.layers) * per_layer
+            if index + 1 < len(buckets) and buckets[index + 1].chunk != bucket.chunk:
+                work += (min(plan.microbatches, plan.pp) - 1) * chunk_forward
+            free, busy = begin + work, busy + work
+        return max(0.0, free - start - busy)
+
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
         stages = self._stages(plan)
         pipeline, ends = self._pipeline(plan, stages)
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
+        # The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
+        # step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
+        # their first chunk's forward and sent it).
+        rank = plan.grid.stage_representative
+        hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
+        start = delay = 0.0
+        for s, st in enumerate(stages):
+            delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            start += st.forward / plan.vpp + hop
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
             exposed, opt = self._tail(plan, s, st, end)
-            if end + exposed + opt > step_s:
-                step_s, exposed_dp, optimizer = end + exposed + opt, exposed, opt
+            if end + delay + exposed + opt > step_s:
+                step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
         flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
         tflops = flops / gpus / step_s / 1e12

@@ -90,6 +90,12 @@ def check_rules(s: Scenario) -> None:
     if s.offload.params and d.zero_stage < 3:
         raise ValueError(f"offload.params: offloading the weights needs ZeRO-3/FSDP FULL_SHARD (zero stage is "
                          f"{d.zero_stage})")
+    if p.overlap_param_gather and (d.zero_stage not in (1, 2) or s.fsdp is not None):
+        raise ValueError(f"parallel.overlap_param_gather: needs the distributed optimizer (parallel.zero 1 or 2 "
+                         f"without fsdp; zero stage is {d.zero_stage})")
+    if p.overlap_param_gather and s.offload.optimizer:
+        raise ValueError("parallel.overlap_param_gather: the weights come back from the host after the step "
+                         "(offload.optimizer); set one of them false")
     if s.offload.optimizer and d.zero_stage < 1 and d.dp > 1:
         raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
     if s.costs.model == "calibrated":

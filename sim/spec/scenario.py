@@ -92,6 +92,19 @@ class ParallelSpec(FrozenSpec):
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "
         "true: only the receiver waits (Megatron's --overlap-p2p-communication, interleaved schedule)"))
+    overlap_grad_reduce: bool = Field(default=True, description=(
+        "DDP / ZeRO-1: true: a gradient bucket is reduced as soon as its gradients are final in the last "
+        "micro-batch's backward (PyTorch DDP; Megatron-LM --overlap-grad-reduce; NeMo overlap_grad_sync); false: "
+        "one reduction per model chunk after the whole backward (Megatron-LM's default: bucket_size None). "
+        "docs/mechanisms/distributed_optimizer.md"))
+    overlap_param_gather: bool = Field(default=False, description=(
+        "ZeRO-1/2 (Megatron's distributed optimizer): the updated weights are all-gathered per gradient bucket "
+        "under the next step's forward, each layer's forward waiting for its bucket (Megatron-LM "
+        "--overlap-param-gather, NeMo/Apex overlap_param_sync); false: one all-gather after the optimizer step"))
+    align_param_gather: bool = Field(default=False, description=(
+        "with overlap_param_gather: every bucket's all-gather is issued at the step start (Megatron-LM core "
+        "0.9+'s default, --no-align-param-gather turns it off); false: the next bucket's all-gather is issued when "
+        "the forward reaches the previous bucket (Megatron core_r0.8 and Apex DistributedFusedAdam)"))
 
 
 class FsdpSpec(FrozenSpec):

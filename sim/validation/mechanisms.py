@@ -95,4 +95,22 @@ MECHANISMS: tuple[Mechanism, ...] = (
         source="Megatron-LM core pipeline_parallel/p2p_communication.py _communicate, schedules.py",
         doc="mechanisms/p2p_wait.md",
     ),
+    Mechanism(
+        name="distributed optimizer: weight all-gather overlapped with the next forward",
+        off=("parallel.overlap_param_gather=false",),
+        knob="parallel.overlap_param_gather (default false: Megatron-LM; NeMo 24.07 configs set overlap_param_sync "
+             "true), parallel.align_param_gather (false: chained, core_r0.8 / Apex without interleaving)",
+        source="Megatron-LM core_r0.8 distrib_optimizer.py (forward pre-hook, _finish_param_sync_helper), "
+               "schedules.py param_sync_func; Apex DistributedFusedAdam overlap_param_sync",
+        doc="mechanisms/distributed_optimizer.md",
+    ),
+    Mechanism(
+        name="gradient buckets reduced during the backward",
+        off=("parallel.overlap_grad_reduce=false",),
+        knob="parallel.overlap_grad_reduce (default true: PyTorch DDP, NeMo overlap_grad_sync; Megatron-LM CLI "
+             "false), parallel.dp_bucket_size",
+        source="Megatron-LM core_r0.8 distributed_data_parallel.py (bucket_size None without overlap_grad_reduce), "
+               "param_and_grad_buffer.py; PyTorch DDP bucket_cap_mb",
+        doc="mechanisms/distributed_optimizer.md",
+    ),
 )

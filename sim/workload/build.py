@@ -205,8 +205,10 @@ class _StageEmitter:
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == 0:
+            self.dp.before_forward(mb, g, -1, after)
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
         for layer in self._layers(chunk):
+            self.dp.before_forward(mb, g, layer, after)
             after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)

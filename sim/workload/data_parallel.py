@@ -14,7 +14,11 @@ backward prefetch is about issue order, and it is what this module replays:
 - ZeRO-0 / NO_SHARD (PyTorch DDP): gradient all-reduce in buckets filled in the order gradients become final,
   after the last micro-batch's backward.
 - ZeRO-1 (optimizer states sharded; Megatron's distributed optimizer): the same buckets as a reduce-scatter,
-  the optimizer step on 1/N of the parameters, then an all-gather of the updated 16-bit weights.
+  the optimizer step on 1/N of the parameters, then an all-gather of the updated 16-bit weights; with
+  ``parallel.overlap_param_gather`` that all-gather runs per bucket under the next step's forward instead, which
+  the step models as gathers from the step start that each bucket's first forward waits for (``before_forward``).
+  Without ``parallel.overlap_grad_reduce`` (Megatron-LM's default) each model chunk's gradients are one bucket,
+  reduced after the whole backward.
 - ZeRO-2 (+ gradients): bucketed reduce-scatter during every micro-batch's backward (the full gradient is
   never kept), then the sharded step and the weight all-gather.
 - ZeRO-3 / FSDP FULL_SHARD (+ weights): per unit of ``fsdp.unit_layers`` layers, an all-gather of the unit's
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.parallel.chunks import upstream
 from sim.workload import step
 from sim.workload.ir import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
@@ -68,6 +73,11 @@ class DataParallelEmitter:
         if self.sharded_units and self.zero >= 3:
             for layer, params in step.reduce_buckets(plan):
                 self.reduce_at.setdefault(layer, []).append(params)
+        # ZeRO-1/2 with overlap_param_gather: the weight all-gathers of the previous step's update, per bucket,
+        # issued from the step start; the forward of a bucket's first layer (micro-batch 0) waits for its gather.
+        self.param_buckets = step.param_gather_buckets(plan, stage.stage) if self.multi else []
+        self.bucket_starts = {bucket.layers[0]: index for index, bucket in enumerate(self.param_buckets)}
+        self.param_gathers: list[int] = []
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1,
               also: list[int] | None = None) -> int:
@@ -107,6 +117,57 @@ class DataParallelEmitter:
             # BACKWARD_PRE: the next unit's gather is issued now, ahead of this unit's reduce-scatter on the
             # group's stream; it may start once the unit computed before this one is freed.
             self.prefetched[(mb, unit - 1)] = self._gather(mb, unit - 1, backward, 1)
+
+    def before_forward(self, mb: int, chunk: int, layer: int, after: int | None) -> None:
+        """ZeRO-1/2 with ``parallel.overlap_param_gather``: before the forward of ``layer`` (-1: the embedding) of
+        global model ``chunk``, whose previous task is ``after``. The first micro-batch's forward of a bucket's
+        first layer waits for that bucket's all-gather (Megatron-LM core_r0.8 distrib_optimizer.py
+        _make_forward_pre_hook; Apex DistributedFusedAdam's pre-forward hook). When the gathers are issued:
+        - ``align_param_gather: false``, one at a time: bucket 0's at the step start (zero_grad_buffer, before the
+          forward), the next one in this pre-hook, once this bucket's is complete (_finish_param_sync_helper:
+          "launch the all-gather for the next bucket now", not all at once, so they do not head-of-line block
+          compute), i.e. when the compute reaches this bucket;
+        - ``align_param_gather: true``, a model chunk at a time: the first two chunks' at the step start, chunk
+          k+1's when chunk k's first micro-batch starts (the interleaved schedule's param_sync_func, Megatron-LM
+          core_r0.8 and current schedules.py, which NeMo 24.07 points at Apex's _try_start_bucket_param_sync;
+          without interleaving, every bucket at the step start)."""
+        if mb != 0 or layer not in self.bucket_starts:
+            return
+        index = self.bucket_starts[layer]
+        buckets = self.param_buckets
+        local = buckets[index].chunk
+        if self.plan.scenario.parallel.align_param_gather:
+            if not self.param_gathers:
+                self._param_gathers([b for b in buckets if b.chunk <= 1], [])
+            if local >= 1 and (index == 0 or buckets[index - 1].chunk != local):  # chunk k's first bucket
+                self._param_gathers([b for b in buckets if b.chunk == local + 1], self._reached(chunk, mb, after))
+        else:
+            if not self.param_gathers:
+                self._param_gathers(buckets[:1], [])
+            if index + 1 < len(buckets):
+                self._param_gathers(buckets[index + 1:index + 2], self._reached(chunk, mb, after))
+        self.st.pending_deps.append(self.param_gathers[index])
+
+    def _reached(self, chunk: int, mb: int, after: int | None) -> list[int | tuple[str, int, int]]:
+        """What a collective issued when the compute reaches this point waits for: the previous task or, at a
+        chunk's start, the activations from the upstream chunk (sim.parallel.chunks.upstream, resolved once every
+        stage has emitted its sends)."""
+        if after is not None:
+            return [after]
+        needs = upstream("F", chunk, mb, self.plan.pp * self.plan.vpp - 1)
+        return [needs] if needs is not None else []
+
+    def _param_gathers(self, buckets: list[step.GatherBucket], waits: list[int | tuple[str, int, int]]) -> None:
+        for bucket in buckets:
+            tasks = [w for w in waits if isinstance(w, int)]
+            task = self._param_gather(bucket.nbytes, tasks)
+            self.st.waits.extend((task, w) for w in waits if isinstance(w, tuple))
+
+    def _param_gather(self, nbytes: float, waits: list[int]) -> int:
+        task = self.st._add(NCCL_STREAM, "dp", f"param_gather_bucket{len(self.param_gathers)}", -1, -1, None, waits,
+                            op="all_gather", nbytes=nbytes, group=self.dp_group)
+        self.param_gathers.append(task)
+        return task
 
     def _gather(self, mb: int, unit: int, backward: bool, lag: int) -> int:
         """A unit's weight all-gather, waiting for the unit computed ``lag`` units ago to be freed."""
@@ -160,7 +221,11 @@ class DataParallelEmitter:
     def finish(self) -> None:
         st, plan = self.st, self.plan
         if self.multi and self.zero < 2:
-            self._end_of_step_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
+            op = "all_reduce" if self.zero == 0 else "reduce_scatter"
+            if plan.scenario.parallel.overlap_grad_reduce:
+                self._end_of_step_buckets(op)
+            else:
+                self._after_backward_buffers(op)
         shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
@@ -191,6 +256,16 @@ class DataParallelEmitter:
         adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None, copies,
                        duration=step.host_adam_seconds(self.plan, shard_params))
         return self._pcie("params_to_gpu", step.weights_to_gpu_bytes(self.plan, shard_params), adam)
+
+    def _after_backward_buffers(self, op: str) -> None:
+        """Megatron-LM without --overlap-grad-reduce: each model chunk's gradient buffer is one bucket, reduced
+        synchronously after the last backward (finalize_model_grads -> finish_grad_sync)."""
+        st = self.st
+        last = max(st.grad_ready.values())  # the stage's last backward task (the compute stream runs in order)
+        for _, nbytes in step.chunk_gradient_bytes(self.plan, st.stage):
+            name = f"grad_bucket{len(self.reduce_tasks)}"
+            self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, -1, last, op=op, nbytes=nbytes,
+                                             group=self.dp_group))
 
     def _end_of_step_buckets(self, op: str) -> None:
         """DDP / ZeRO-1: buckets in the order gradients become final (the last micro-batch's backward)."""

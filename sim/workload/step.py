@@ -9,7 +9,8 @@ In: a ``Plan`` (and, for times, a cost model). Out, with no task graph and no cl
 - ``overlaps_backward``: whether a block's backward runs Megatron's asynchronous reduction under its
   weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication);
 - the data-parallel pieces: the parameters of an FSDP/ZeRO-3 unit, the embedding and head gradients that join
-  the end-of-step buckets of the stages holding them, the ZeRO-1/2 final weight all-gather, and the host Adam
+  the end-of-step buckets of the stages holding them (or one per model chunk without overlap_grad_reduce), the
+  ZeRO-1/2 final weight all-gather or, overlapped with the next forward, its per-bucket all-gathers, and the host Adam
   step with its PCIe copies under CPU offload (ZeRO-Offload, Ren et al. ATC 2021).
 The emitters (sim.workload.build, sim.workload.data_parallel) turn these into tasks; the estimate
 (sim.explore.estimate) composes makespans over them.
@@ -237,23 +238,85 @@ def bucket_full(plan: Plan, pending_bytes: float) -> bool:
     return pending_bytes >= plan.scenario.parallel.dp_bucket_size
 
 
-def fill_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """DDP / ZeRO-1 gradient buckets: (layer, bytes) in the order gradients become final, grouped until a bucket
-    is full (``bucket_full``) or the gradients run out. Returns (the layer that closes each bucket, its bytes)."""
-    buckets, pending = [], 0.0
+def group_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[list[int], float]]:
+    """(layer, bytes) in the order gradients become final, grouped until a bucket is full (``bucket_full``) or
+    the gradients run out. Returns each bucket's layers, in that order, and its bytes."""
+    buckets: list[tuple[list[int], float]] = []
+    layers: list[int] = []
+    pending = 0.0
     for index, (layer, nbytes) in enumerate(ready):
+        layers.append(layer)
         pending += nbytes
         if bucket_full(plan, pending) or index == len(ready) - 1:
-            buckets.append((layer, pending))
-            pending = 0.0
+            buckets.append((layers, pending))
+            layers, pending = [], 0.0
     return buckets
+
+
+def fill_buckets(plan: Plan, ready: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """DDP / ZeRO-1 gradient buckets (``group_buckets``). Returns (the layer that closes each bucket, its bytes)."""
+    return [(layers[-1], nbytes) for layers, nbytes in group_buckets(plan, ready)]
+
+
+def chunk_gradient_bytes(plan: Plan, stage: int) -> list[tuple[list[int], float]]:
+    """Megatron-LM without --overlap-grad-reduce (``parallel.overlap_grad_reduce: false``): DDP's bucket_size is
+    None, so each model chunk's gradient buffer is one bucket, reduced after the whole backward (core_r0.8
+    distributed_data_parallel.py). Returns, per local chunk in order, its layers (-1: the embedding) and bytes."""
+    sizes = gradient_bytes(plan, stage)
+    out = []
+    for chunk in plan.stage_chunks[stage]:
+        layers = list(plan.chunk_layers(chunk)) + ([-1] if -1 in sizes and 0 in plan.chunk_layers(chunk) else [])
+        out.append((layers, sum(sizes[layer] for layer in layers)))
+    return out
+
+
+def overlaps_param_gather(plan: Plan) -> bool:
+    """Whether ZeRO-1/2's weight all-gather runs per bucket under the next step's forward
+    (``parallel.overlap_param_gather``: Megatron-LM --overlap-param-gather, NeMo/Apex overlap_param_sync)."""
+    return (plan.scenario.parallel.overlap_param_gather and plan.data_parallel and plan.zero_stage in (1, 2)
+            and not plan.gathers_units)
+
+
+@dataclass(frozen=True)
+class GatherBucket:
+    """One bucket of the distributed optimizer's weight all-gather: its layers in forward order (-1: the input
+    embedding; the head's weights go with the last layer), the local model chunk holding them, and its bytes."""
+
+    layers: tuple[int, ...]
+    chunk: int
+    nbytes: float
+
+
+def param_gather_buckets(plan: Plan, stage: int) -> list[GatherBucket]:
+    """The weight all-gathers of ``stage`` in the order the forward needs them, under ``overlaps_param_gather``
+    (else none). Megatron-LM's buckets are the gradient buckets (param_and_grad_buffer.py: one buffer per model
+    chunk, parameters taken in reverse order, a bucket closed once it holds bucket_size; Apex
+    DistributedFusedAdam the same with bucket_cap_mb), so they are filled in backward order per chunk and
+    gathered in reverse (distrib_optimizer.py _get_model_param_buffer_dp_views: "all-gathers to run first for
+    the start of the model"): the first bucket the forward reads holds the remainder. Bytes are the updated
+    compute-dtype weights of the bucket's parameters, summing to the stage's ``final_weight_gather_bytes``."""
+    if not overlaps_param_gather(plan):
+        return []
+    sizes = gradient_bytes(plan, stage)
+    per_grad_byte = plan.weight_bytes_per_param / plan.grad_bytes_per_param
+    out = []
+    for local, chunk in enumerate(plan.stage_chunks[stage]):
+        layers = plan.chunk_layers(chunk)
+        ready = [(layer, sizes[layer]) for layer in reversed(layers)]
+        if -1 in sizes and 0 in layers:
+            ready.append((-1, sizes[-1]))
+        out += [GatherBucket(tuple(reversed(members)), local, nbytes * per_grad_byte)
+                for members, nbytes in reversed(group_buckets(plan, ready))]
+    return out
 
 
 def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
     """ZeRO-1/2 (Megatron's distributed optimizer, DeepSpeed): after the sharded step every rank all-gathers the
     updated compute-dtype weights of its stage over the DP group; 0 where nothing is gathered, FSDP's
-    SHARD_GRAD_OP included (its weights stay sharded at rest; the next forward gathers them unit by unit)."""
-    if plan.data_parallel and plan.zero_stage in (1, 2) and not plan.gathers_units:
+    SHARD_GRAD_OP included (its weights stay sharded at rest; the next forward gathers them unit by unit), and
+    under ``overlaps_param_gather`` (the gather moves to the next forward, bucket by bucket:
+    ``param_gather_buckets``)."""
+    if plan.data_parallel and plan.zero_stage in (1, 2) and not plan.gathers_units and not overlaps_param_gather(plan):
         return plan.stage_params(stage) * plan.weight_bytes_per_param
     return 0.0
 
