@@ -65,17 +65,21 @@ def profile(name: str, gpu: str, gemm: dict[str, dict[str, object]], source: str
             "gemm": gemm, "copy_bandwidth": spec.hbm_bandwidth * spec.memory_efficiency, "source": source}
 
 
-def a100_layer_times(profile_path: Path) -> list[tuple[float, float]]:
-    """(simulated, measured) ms of every forward and backward in Korthikanti Table 4, under this profile."""
+def a100_layer_times(data: dict[str, object], k: float) -> list[tuple[float, float]]:
+    """(simulated, measured) ms of every forward and backward in Korthikanti Table 4, under this profile with
+    factor k (written to a temporary file: the layer test prices by a profile file)."""
     import csv
 
     from sim.validation.validate import LAYER_EXPERIMENTS, layer_times
 
     pairs = []
-    for row in csv.DictReader(open(ROOT / "tests" / "data" / "korthikanti2022_layer_time.csv")):
-        forward, backward = layer_times(*LAYER_EXPERIMENTS[row["experiment"]],
-                                        costs={"model": "calibrated", "profile": str(profile_path)})
-        pairs += [(forward, float(row["forward_ms"])), (backward, float(row["backward_ms"]))]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "profile.json"
+        path.write_text(json.dumps({**data, "end_to_end_factor": k}))
+        for row in csv.DictReader(open(ROOT / "tests" / "data" / "korthikanti2022_layer_time.csv")):
+            forward, backward = layer_times(*LAYER_EXPERIMENTS[row["experiment"]],
+                                            costs={"model": "calibrated", "profile": str(path)})
+            pairs += [(forward, float(row["forward_ms"])), (backward, float(row["backward_ms"]))]
     return pairs
 
 
@@ -94,34 +98,34 @@ def fit_rows(profile_name: str) -> list[str]:
     return names
 
 
-def step_times(scenarios: list[str], profile_path: Path) -> list[tuple[float, float]]:
-    """(simulated, published) iteration seconds of named validation scenarios, their costs priced by this
-    profile (``calibrated``: the profile's curve and copy bandwidth, as the shipped default would price them)."""
+def step_times(scenarios: list[str], data: dict[str, object], k: float) -> list[tuple[float, float]]:
+    """(simulated, published) iteration seconds of named validation scenarios with every kernel x k. They are
+    priced on the shipped default profile, so its curves must be this fresh fit's (``--check`` verifies)."""
     import pandas as pd
 
     from sim import runner
     from sim.spec.scenario import load_scenario
 
+    shipped = json.loads((OUT / f"{data['_name']}.json").read_text()) if (OUT / f"{data['_name']}.json").is_file() \
+        else {}
+    if shipped.get("gemm") != json.loads(json.dumps(data["gemm"])):
+        raise SystemExit(f"{data['_name']}: the shipped curves differ from the fresh fit; write them first")
     table = pd.read_csv(VALIDATION / "published.csv").set_index("scenario")
     pairs = []
     for name in scenarios:
-        scenario = load_scenario(VALIDATION / name, [f"costs={{model: calibrated, profile: {profile_path}}}"])
+        scenario = load_scenario(VALIDATION / name, [f"costs.end_to_end_factor={k}"])
         pairs.append((runner.run(scenario).summary.step_time_s, float(table.loc[name, "iteration_time_s"])))
     return pairs
 
 
-def fit_factor(data: dict[str, object], times: Callable[[Path], list[tuple[float, float]]]) -> float:
+def fit_factor(times: Callable[[float], list[tuple[float, float]]]) -> float:
     """The end-to-end factor k (to 0.005) on every kernel's time that minimises the summed squared relative
-    error of ``times`` (pairs of simulated and measured times, under a profile file) against the measurements."""
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "profile.json"
+    error of ``times(k)`` (pairs of simulated and measured times) against the measurements."""
+    def loss(k: float) -> float:
+        return sum((sim / measured - 1) ** 2 for sim, measured in times(k))
 
-        def loss(k: float) -> float:
-            path.write_text(json.dumps({**data, "end_to_end_factor": k}))
-            return sum((sim / measured - 1) ** 2 for sim, measured in times(path))
-
-        best = min((loss(1 + i * 0.05), 1 + i * 0.05) for i in range(17))[1]  # coarse: 1.00..1.80
-        return round(min((loss(best + j * 0.005), best + j * 0.005) for j in range(-9, 10))[1], 3)
+    best = min((loss(1 + i * 0.05), 1 + i * 0.05) for i in range(21))[1]  # coarse: 1.00..2.00
+    return round(min((loss(best + j * 0.005), best + j * 0.005) for j in range(-9, 10))[1], 3)
 
 
 # A GPU type without fit rows takes the nearest fitted type's factor, marked as transferred (not fitted): B200 has
@@ -137,7 +141,7 @@ def calibrated(data: dict[str, object], name: str, fitted: dict[str, dict[str, o
     factor (``fitted``: the profiles already calibrated), else 1."""
     if name == "A100":
         rows = "Korthikanti et al. 2022 Table 4 (Megatron-LM 22B layer on A100, tp 8: 10 forward/backward times)"
-        k = fit_factor(data, a100_layer_times)
+        k = fit_factor(lambda k: a100_layer_times(data, k))
     else:
         scenarios = fit_rows(name)
         if not scenarios:
@@ -148,7 +152,7 @@ def calibrated(data: dict[str, object], name: str, fitted: dict[str, dict[str, o
                     "end_to_end_source": f"not fitted: no {name} fit rows (no public measured {name} run with its "
                                          f"layout outside the reserved set); {TRANSFER[name]}'s factor transferred"}
         rows = "scenarios/validation/published.csv rows marked fit: " + ", ".join(scenarios)
-        k = fit_factor(data, lambda path: step_times(scenarios, path))
+        k = fit_factor(lambda k: step_times(scenarios, {**data, "_name": name}, k))
     return {**data, "end_to_end_factor": k,
             "end_to_end_source": f"least squares on relative time error (scripts/fit_default_profiles.py) over {rows}"}
 

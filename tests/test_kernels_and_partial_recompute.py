@@ -117,3 +117,27 @@ def test_a_pipeline_chunk_recomputes_its_own_first_layers() -> None:
     per_chunk = resolve(scenario).degrees.layers_per_chunk
     assert per_chunk == 6 and pd.Series(layers % per_chunk).max() == 2
     assert sorted(layers) == [0, 1, 2, 48, 49, 50]  # stage 0 holds chunks 0 and 8 of 16
+
+
+def test_causal_flash_attention_computes_the_tiles_on_and_below_the_diagonal():
+    """FlashAttention-2 (Dao 2023, Sec. 3.1.1) skips score tiles above the diagonal: n(n+1)/2 of n^2 tiles of 128."""
+    from sim.model.transformer import causal_fraction
+
+    assert causal_fraction(2048) == 17 / 32 and causal_fraction(8192) == 65 / 128 and causal_fraction(128) == 1.0
+    assert causal_fraction(200) == 3 / 4  # two tiles per row: the diagonal pair and one below
+    spec = MODEL_PRESETS["llama2-7b"]
+    full, causal = (next(op for op in layer_forward_ops(spec, 2, 4096, 1, False, 2, True, causal=c)["attention"]
+                         if op.name == "flash_attention") for c in (False, True))
+    assert full.flops == 2 * 2 * 2 * 32 * 4096 * 4096 * 128  # 4 b s^2 h, Megatron's full-matrix count
+    assert causal.flops == full.flops * 33 / 64 and causal.bytes == full.bytes
+
+
+def test_eager_layernorm_is_one_kernel_and_eager_rmsnorm_eight():
+    """PyTorch's LayerNorm is one fused ATen kernel (layer_norm_kernel.cu); a Python RMSNorm (HF/FMS Llama) is
+    eight element-wise kernels (EAGER_RMSNORM_BYTES)."""
+    llama = MODEL_PRESETS["llama2-7b"]
+    gpt = llama.model_copy(update={"norm": "layernorm"})
+    norm = {name: next(op for op in layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)
+                       ["attention"] if op.name == "input_norm") for name, spec in (("rms", llama), ("ln", gpt))}
+    assert norm["ln"].kernels == 1 and norm["ln"].bytes == 1024 * 4096 * 2 * 2
+    assert norm["rms"].kernels == 8 and norm["rms"].bytes == 1024 * 4096 * 36

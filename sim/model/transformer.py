@@ -247,6 +247,20 @@ def _eager_rope(elements: float) -> Op:
     return Op("rotary_embedding", 0.0, float(elements * EAGER_ROPE_BYTES), False, kernels=EAGER_ROPE_KERNELS)
 
 
+# FlashAttention-2's tile along the key/value sequence (Dao 2023, Sec. 3.1: block sizes 64 or 128 by head
+# dimension; 128 for the head dimension 128 of the presets here).
+FLASH_TILE = 128
+
+
+def causal_fraction(seq_len: int, tile: int = FLASH_TILE) -> float:
+    """The share of the s x s score tiles a causal flash-attention kernel computes: of n = ceil(s / tile) tiles per
+    row of tiles, the n(n+1)/2 on and below the diagonal (FlashAttention-2, Dao 2023, Sec. 3.1.1: blocks whose
+    column indices all exceed their row indices are skipped, "about half of the blocks" at long sequences; the
+    diagonal blocks are computed whole and masked). 2048 tokens: 17/32; 8192: 65/128."""
+    n = -(-seq_len // tile)
+    return (n + 1) / (2 * n)
+
+
 def layer_forward_ops(
     spec: ModelSpec,
     micro_batch: int,
@@ -257,13 +271,16 @@ def layer_forward_ops(
     flash_attention: bool,
     fused_kernels: bool = True,
     fp8_casts: Fp8Casts | None = None,
+    causal: bool = False,
 ) -> dict[str, tuple[Op, ...]]:
     """Forward kernels of one layer on one TP rank, as two blocks (``attention``, ``mlp``) separated by the
     Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
     parallelism (without it every TP rank repeats it). ``fused_kernels``: Megatron-LM's fused norm, bias-
     activation and dropout-add kernels (one read and one write per tensor); without it, the unfused element-wise
     kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above). ``fp8_casts``:
-    FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none."""
+    FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none. ``causal``: flash
+    attention skips the score tiles above the diagonal (``causal_fraction``); the unfused path computes the full
+    s x s matrix and masks it, as Megatron-LM's fused masked softmax does."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
     tokens = b * s
     heads = spec.num_attention_heads / tp
@@ -272,7 +289,9 @@ def layer_forward_ops(
     replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
 
-    norm = _elementwise if fused_kernels else _eager_norm
+    # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
+    # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as the eight kernels above.
+    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
     attention: list[Op] = [
         norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
         _linear("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
@@ -281,10 +300,12 @@ def layer_forward_ops(
         attention.append(_eager_rope(tokens * (h / tp + kv_local)))
     if flash_attention:
         # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
+        # These are the FLOPs it executes (what its time and HFU count); MFU keeps Megatron's full-matrix count.
+        executed = causal_fraction(s) if causal else 1.0
         attention.append(
             Op(
                 "flash_attention",
-                2.0 * 2 * b * heads * s * s * spec.head_dim,
+                2.0 * 2 * b * heads * s * s * spec.head_dim * executed,
                 float(elem_bytes * tokens * (2 * h / tp + 2 * kv_local)),
                 True,
             )

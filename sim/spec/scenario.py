@@ -41,6 +41,10 @@ class TrainingSpec(FrozenSpec):
         "with full recompute: layers of each model chunk recomputed, the first ones (Megatron-LM's "
         "--recompute-method block); the rest keep their activations. Default: all"))
     flash_attention: bool = False
+    causal_attention: bool = Field(default=True, description=(
+        "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
+        "diagonal (model.transformer.causal_fraction; MFU keeps Megatron's full-matrix FLOPs); false: "
+        "bidirectional attention (every tile)"))
     grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
         "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "

@@ -113,4 +113,11 @@ MECHANISMS: tuple[Mechanism, ...] = (
                "param_and_grad_buffer.py; PyTorch DDP bucket_cap_mb",
         doc="mechanisms/distributed_optimizer.md",
     ),
+    Mechanism(
+        name="causal flash attention skips the tiles above the diagonal",
+        off=("training.causal_attention=false",),
+        knob="training.causal_attention (default true: decoder LMs); MFU keeps Megatron's full-matrix FLOPs",
+        source="FlashAttention-2 (Dao 2023) Sec. 3.1.1: blocks above the diagonal are skipped, diagonal blocks "
+               "computed and masked; 128-token tiles (model.transformer.causal_fraction)",
+    ),
 )
