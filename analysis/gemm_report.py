@@ -31,7 +31,8 @@ def report() -> pd.DataFrame:
     rows = []
     for (platform, dtype), part in table.groupby(["platform", "dtype"]):
         gpu = PLATFORMS[platform]
-        costs = RooflineCosts(GPU_PRESETS[gpu], dtype, default_for(gpu))
+        # The curve as measured: the GPU type's end-to-end factor prices training steps, not these benchmarks.
+        costs = RooflineCosts(GPU_PRESETS[gpu], dtype, default_for(gpu), factor=1.0)
         elem = bytes_per_element(dtype)
         for r in part.itertuples():
             moved = float(elem * r.b * (r.m * r.k + r.k * r.n + r.m * r.n))

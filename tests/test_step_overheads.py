@@ -36,7 +36,8 @@ def test_a_block_of_tiny_kernels_costs_n_floors_or_n_launches():
 
 
 def test_an_eager_rmsnorm_is_eight_launches():
-    ops = layer_forward_ops(make_scenario().model, 1, 8, 1, False, 2, True, fused_kernels=False)
+    llama = make_scenario().model.model_copy(update={"norm": "rmsnorm"})  # eager LayerNorm is one ATen kernel
+    ops = layer_forward_ops(llama, 1, 8, 1, False, 2, True, fused_kernels=False)
     norm = next(op for op in ops["attention"] if op.name == "input_norm")
     assert norm.kernels == EAGER_RMSNORM_KERNELS == 8
     costs = RooflineCosts(A100, "bf16", kernel_floor=1e-6)

@@ -163,7 +163,8 @@ class RooflineCosts:
     def kernel_time(self, op: Op) -> float:
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op)
-        compute = op.flops / self.gemm_rate(op.flops) if op.flops > 0 else 0.0
+        flops = op.flops * op.executed  # the FLOPs the kernel runs (causal flash attention: about half)
+        compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
         # The floor is a measured launch-to-end time, outside the end-to-end factor.
         return max(max(compute, op.bytes / self.bytes_rate) * self.factor, op.kernels * self.kernel_floor)
 

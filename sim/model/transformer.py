@@ -197,6 +197,9 @@ class Op:
     runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
     te_linear: bool = False
     kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
+    # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
+    # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
+    executed: float = 1.0
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
@@ -300,14 +303,14 @@ def layer_forward_ops(
         attention.append(_eager_rope(tokens * (h / tp + kv_local)))
     if flash_attention:
         # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
-        # These are the FLOPs it executes (what its time and HFU count); MFU keeps Megatron's full-matrix count.
-        executed = causal_fraction(s) if causal else 1.0
+        # Its FLOPs are Megatron's full-matrix count (MFU, HFU); its time is that of the tiles it executes.
         attention.append(
             Op(
                 "flash_attention",
-                2.0 * 2 * b * heads * s * s * spec.head_dim * executed,
+                2.0 * 2 * b * heads * s * s * spec.head_dim,
                 float(elem_bytes * tokens * (2 * h / tp + 2 * kv_local)),
                 True,
+                executed=causal_fraction(s) if causal else 1.0,
             )
         )
     else:
