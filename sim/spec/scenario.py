@@ -44,8 +44,7 @@ class TrainingSpec(FrozenSpec):
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
         "diagonal (model.transformer.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "
-        "false: "
-        "bidirectional attention (every tile)"))
+        "false: bidirectional attention (every tile)"))
     grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
         "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
@@ -177,38 +176,36 @@ class FixedCostsSpec(FrozenSpec):
     optimizer: Seconds = 0.0
 
 
-class RooflineCostsSpec(FrozenSpec):
+class KernelCostsSpec(FrozenSpec):
+    """What the roofline and calibrated cost models share: the end-to-end factor and the launch overheads."""
+
+    end_to_end_factor: float | None = Field(default=None, gt=0, description=(
+        "every kernel's time x this; default: the profile's factor (a shipped default profile: the GPU type's, "
+        "fitted on named rows, docs/mechanisms/end_to_end_calibration.md; a measured profile: 1); 1 = the "
+        "microbenchmark curves as measured"))
+    kernel_floor: Seconds = Field(default=parse_seconds("1.2 us"), ge=0, description=(
+        "the least device time of one kernel launch (a tiny kernel and the gap to the next): 1.1-1.3 us measured "
+        "for a 1024-element add (pytorch/pytorch#161104)"))
+    launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
+        "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
+        "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
+
+
+class RooflineCostsSpec(KernelCostsSpec):
     model: Literal["roofline"] = "roofline"
     shape_efficiency: bool = Field(default=True, description="GEMM efficiency by size from the GPU's default "
                                    "profile (else the flat large-GEMM efficiency)")
-    end_to_end_factor: float | None = Field(default=None, gt=0, description=(
-        "every kernel's time x this; default: the GPU type's fitted factor from its default profile "
-        "(docs/validation.md, 'Calibration'); 1 = the microbenchmark curves as measured"))
     fp8_gemm: Literal["scaled_bf16", "profile"] = Field(default="scaled_bf16", description=(
         "FP8 GEMMs: scaled_bf16 prices an FP8 GEMM of f FLOPs as a bf16 GEMM of f/R FLOPs (R = FP8/bf16 peak, "
         "2 on Hopper): the bf16 curve's shape at twice the rate; profile: the profile's own fp8 curve, or the "
         "preset's flat efficiency of the FP8 peak where it has none (H100)"))
-    kernel_floor: Seconds = Field(default=parse_seconds("1.2 us"), ge=0, description=(
-        "the least device time of one kernel launch (a tiny kernel and the gap to the next): 1.1-1.3 us measured "
-        "for a 1024-element add (pytorch/pytorch#161104)"))
-    launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
-        "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
-        "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
 
 
-class CalibratedCostsSpec(FrozenSpec):
+class CalibratedCostsSpec(KernelCostsSpec):
     """A measured profile (``sim calibrate``): its GEMM curve and copy bandwidth, and its link tiers if any."""
 
     model: Literal["calibrated"]
     profile: str = Field(description="path to a profile JSON (relative to the scenario file)")
-    end_to_end_factor: float | None = Field(default=None, gt=0, description=(
-        "every kernel's time x this; default: the profile's own end_to_end_factor (1 for a measured profile)"))
-    kernel_floor: Seconds = Field(default=parse_seconds("1.2 us"), ge=0, description=(
-        "the least device time of one kernel launch (a tiny kernel and the gap to the next): 1.1-1.3 us measured "
-        "for a 1024-element add (pytorch/pytorch#161104)"))
-    launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
-        "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
-        "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
 
 
 class NetworkSpec(FrozenSpec):
