@@ -18,7 +18,7 @@ from sim.calibrate import reference
 from sim.costs.models import RooflineCosts
 from sim.costs.profile import default_for
 from sim.hardware import GPU_PRESETS, bytes_per_element
-from sim.model.transformer import Op
+from sim.model.ops import Op
 
 PLATFORMS = {"sm_90": "H100-SXM", "sm_100_B200": "B200"}
 DTYPES = ("bf16", "fp16", "tf32")

@@ -10,7 +10,7 @@ from sim import runner
 from sim.costs.models import RooflineCosts
 from sim.costs.profile import default_for
 from sim.hardware import GPU_PRESETS
-from sim.model.transformer import Op
+from sim.model.ops import Op
 from sim.plan import Plan
 from sim.spec.scenario import scenario_from_dict
 from sim.validation.validate import error_stats

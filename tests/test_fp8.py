@@ -8,7 +8,8 @@ import pytest
 
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware import GPU_PRESETS
-from sim.model.transformer import ATTENTION_CORE, MODEL_PRESETS, layer_forward_ops
+from sim.model.ops import ATTENTION_CORE, layer_forward_ops
+from sim.model.transformer import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
 
@@ -49,14 +50,8 @@ def test_the_scenario_knob_reaches_the_cost_model() -> None:
 # ------------------------------------------------------------------------------------- cast/transpose kernels
 from sim.costs.models import phase_scale  # noqa: E402
 from sim.costs.profile import default_for  # noqa: E402
-from sim.model.transformer import (  # noqa: E402
-    CAST_BYTES,
-    CAST_TRANSPOSE_BYTES,
-    TRANSPOSE_BYTES,
-    Fp8Casts,
-    head_forward_ops,
-    spec_from_hf_config,
-)
+from sim.model.ops import CAST_BYTES, CAST_TRANSPOSE_BYTES, TRANSPOSE_BYTES, Fp8Casts, head_forward_ops  # noqa: E402
+from sim.model.transformer import spec_from_hf_config  # noqa: E402
 
 
 def _cast_bytes(ops: dict[str, tuple], phase: str) -> float:
@@ -113,7 +108,7 @@ def test_weight_cache_and_cast_knobs_reach_the_step() -> None:
 
 
 def test_one_pass_kernels_run_only_in_their_pass() -> None:
-    from sim.model.transformer import Op
+    from sim.model.ops import Op
     cast = Op("x_grad_cast", 0.0, 1.0, False, runs_in="input_grad")
     assert [phase_scale(cast, p) for p in ("forward", "backward", "input_grad", "weight_grad")] == [0, 1, 1, 0]
     fwd = Op("x_input_cast", 0.0, 1.0, False, runs_in="forward")

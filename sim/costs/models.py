@@ -39,7 +39,7 @@ from typing import Literal, Protocol
 
 from sim.costs.profile import Profile
 from sim.hardware import GpuSpec
-from sim.model.transformer import Op
+from sim.model.ops import Op
 
 ComputePhase = Literal["forward", "backward", "input_grad", "weight_grad"]
 # How FP8 GEMMs are priced: ``scaled_bf16`` on the GPU's bf16 curve (RooflineCosts), ``profile`` on the profile's

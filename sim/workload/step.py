@@ -23,18 +23,15 @@ from dataclasses import dataclass
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
 from sim.hardware import GpuSpec
-from sim.model.transformer import (
+from sim.model.ops import (
     ATTENTION_CORE,
     COLUMN_PARALLEL,
     Fp8Casts,
     embedding_forward_ops,
-    embedding_params,
     head_forward_ops,
-    head_params,
     layer_forward_ops,
-    layer_modules,
-    layer_params,
 )
+from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec

@@ -1,0 +1,272 @@
+"""The kernels of one transformer layer's forward pass on one TP rank, which the cost models price.
+
+In: a ``ModelSpec`` (sim.model.transformer), the micro-batch, sequence length, TP split, dtype size and the
+kernel options (flash attention, Megatron's fused kernels or eager PyTorch, FP8's cast kernels, causal
+attention). Out: ``Op`` tuples: GEMMs with FLOPs and bytes, memory-bound element-wise kernels with bytes, their
+launch counts and the share of their FLOPs they execute; for the layer's two blocks (``layer_forward_ops``), the
+embedding and the head. Backward phases are derived from these by ``sim.costs.models.phase_scale``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sim.model.transformer import ModelSpec
+
+# --------------------------------------------------------------------------------------- per-op forward work
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel of a forward pass on one TP rank: FLOPs (GEMMs) and bytes moved through HBM. A GEMM with
+    weights has two backward GEMMs, one for the input gradient (B) and one for the weight gradient (W); ops
+    without weights (attention core, element-wise) have only the input-gradient part, about twice the
+    forward (Qi et al. ICLR 2024 Table 1). ``runs_in``: a kernel that runs once in one pass only (FP8's
+    cast/transpose kernels: the forward's input cast, the backward's output-gradient cast, the weight-gradient
+    pass's input transpose), priced there and nowhere else (sim.costs.models.phase_scale). ``te_linear``: a
+    Transformer Engine linear module's GEMM, the GEMMs fp8_autocast runs in FP8."""
+
+    name: str
+    flops: float
+    bytes: float
+    matmul: bool
+    has_weights: bool = False
+    shape: tuple[int, int, int, int] | None = None  # GEMMs: (batch, m, n, k), for calibration
+    runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
+    te_linear: bool = False
+    kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
+    # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
+    # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
+    executed: float = 1.0
+
+
+# The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
+ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+# The column-parallel GEMM of each block (Megatron's ColumnParallelLinear): the one whose input gradient is
+# all-reduced (reduce-scattered with SP) across the TP group in the backward.
+COLUMN_PARALLEL = frozenset({"qkv_proj", "mlp_up"})
+
+
+def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:
+    return Op(name, 2.0 * batch * m * n * k, float(elem * batch * (m * k + k * n + m * n)), True, weights,
+              (round(batch), round(m), round(n), round(k)))
+
+
+def _linear(name: str, m: float, n: float, k: float, elem: int) -> Op:
+    """A transformer layer's linear GEMM: Megatron-LM builds it from Transformer Engine's modules
+    (TELayerNormColumnParallelLinear, TERowParallelLinear: gpt_layer_specs.py), so fp8_autocast runs it in FP8."""
+    gemm = _gemm(name, m, n, k, elem)
+    return Op(gemm.name, gemm.flops, gemm.bytes, True, True, gemm.shape, te_linear=True)
+
+
+def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int, masks: int = 0,
+                 kernels: int = 1) -> Op:
+    # Dropout masks are one byte per element (Korthikanti et al. Table 2 accounting).
+    return Op(name, 0.0, float(elements * (elem * (reads + writes) + masks)), False, kernels=kernels)
+
+
+# Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
+# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out:
+# cast to fp32 (2+4), pow (4+4), mean (4), multiply by rsqrt (4+4), cast back (4+2), multiply by weight (2+2).
+EAGER_RMSNORM_BYTES = 36.0
+# Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
+# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
+EAGER_ROPE_BYTES = 36.0
+# Kernel launches of those eager ops (what a launch floor counts): the RMSNorm's six kernels above plus the
+# eps add and rsqrt on the per-token mean; the rotary embedding's four kernels, once for q and once for k.
+EAGER_RMSNORM_KERNELS = 8
+EAGER_ROPE_KERNELS = 8
+# Eager SwiGLU: silu(gate), then the product with up (two kernels; Megatron fuses them into one).
+EAGER_SWIGLU_KERNELS = 2
+
+
+def _eager_norm(name: str, elements: float, elem: int, reads: int, writes: int) -> Op:
+    return Op(name, 0.0, float(elements * EAGER_RMSNORM_BYTES * elem / 2), False, kernels=EAGER_RMSNORM_KERNELS)
+
+
+def _eager_rope(elements: float) -> Op:
+    return Op("rotary_embedding", 0.0, float(elements * EAGER_ROPE_BYTES), False, kernels=EAGER_ROPE_KERNELS)
+
+
+# FlashAttention-2's tile along the key/value sequence (Dao 2023, Sec. 3.1: block sizes 64 or 128 by head
+# dimension; 128 for the head dimension 128 of the presets here).
+FLASH_TILE = 128
+
+
+def causal_fraction(seq_len: int, tile: int = FLASH_TILE) -> float:
+    """The share of the s x s score tiles a causal flash-attention kernel computes: of n = ceil(s / tile) tiles per
+    row of tiles, the n(n+1)/2 on and below the diagonal (FlashAttention-2, Dao 2023, Sec. 3.1.1: blocks whose
+    column indices all exceed their row indices are skipped, "about half of the blocks" at long sequences; the
+    diagonal blocks are computed whole and masked). 2048 tokens: 17/32; 8192: 65/128."""
+    n = -(-seq_len // tile)
+    return (n + 1) / (2 * n)
+
+
+def layer_forward_ops(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    elem_bytes: int,
+    flash_attention: bool,
+    fused_kernels: bool = True,
+    fp8_casts: Fp8Casts | None = None,
+    causal: bool = False,
+) -> dict[str, tuple[Op, ...]]:
+    """Forward kernels of one layer on one TP rank, as two blocks (``attention``, ``mlp``) separated by the
+    Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
+    parallelism (without it every TP rank repeats it). ``fused_kernels``: Megatron-LM's fused norm, bias-
+    activation and dropout-add kernels (one read and one write per tensor); without it, the unfused element-wise
+    kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above). ``fp8_casts``:
+    FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none. ``causal``: flash
+    attention skips the score tiles above the diagonal (``causal_fraction``); the unfused path computes the full
+    s x s matrix and masks it, as Megatron-LM's fused masked softmax does."""
+    b, s, h = micro_batch, seq_len, spec.hidden_size
+    tokens = b * s
+    heads = spec.num_attention_heads / tp
+    kv_local = spec.kv_dim / tp
+    ffn_local = spec.ffn / tp
+    replicated_tokens = tokens / tp if sequence_parallel else tokens
+    hidden_elems = replicated_tokens * h
+
+    # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
+    # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as the eight kernels above.
+    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
+    attention: list[Op] = [
+        norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        _linear("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
+    ]
+    if not fused_kernels and spec.position_embedding == "rope":
+        attention.append(_eager_rope(tokens * (h / tp + kv_local)))
+    if flash_attention:
+        # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
+        # Its FLOPs are Megatron's full-matrix count (MFU, HFU); its time is that of the tiles it executes.
+        attention.append(
+            Op(
+                "flash_attention",
+                2.0 * 2 * b * heads * s * s * spec.head_dim,
+                float(elem_bytes * tokens * (2 * h / tp + 2 * kv_local)),
+                True,
+                executed=causal_fraction(s) if causal else 1.0,
+            )
+        )
+    else:
+        score_elems = b * heads * s * s
+        attention += [
+            _gemm("attention_scores", s, s, spec.head_dim, elem_bytes, batch=b * heads, weights=False),
+            _elementwise("softmax_dropout", score_elems, elem_bytes, reads=1, writes=2, masks=1),
+            _gemm("attention_values", s, spec.head_dim, s, elem_bytes, batch=b * heads, weights=False),
+        ]
+    if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
+        attention.append(_elementwise("attention_transpose", tokens * h / tp, elem_bytes, reads=1, writes=1))
+    attention += [
+        _linear("out_proj", tokens, h, h / tp, elem_bytes),
+        _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
+    ]
+
+    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
+    activation_reads = 2 if spec.mlp == "swiglu" else 1
+    activation_kernels = 1
+    if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
+        activation_reads, activation_writes, activation_kernels = 3, 2, EAGER_SWIGLU_KERNELS
+    elif spec.mlp == "squared_relu":
+        # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
+        # two element-wise kernels, each reading and writing the (tokens, ffn) tensor.
+        activation_reads, activation_writes, activation_kernels = 2, 2, 2
+    else:
+        activation_writes = 1
+    mlp = (
+        norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        _linear("mlp_up", tokens, up_width, h, elem_bytes),
+        _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads,
+                     writes=activation_writes, kernels=activation_kernels),
+        _linear("mlp_down", tokens, h, ffn_local, elem_bytes),
+        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
+    )
+    blocks = {"attention": tuple(attention), "mlp": mlp}
+    if fp8_casts is None:
+        return blocks
+    return {name: tuple(out for op in ops for out in (op, *fp8_cast_ops(op, tp, sequence_parallel, fp8_casts)))
+            for name, ops in blocks.items()}
+
+
+# --------------------------------------------------------------------------------------- FP8 cast kernels
+
+
+@dataclass(frozen=True)
+class Fp8Casts:
+    """What Transformer Engine's delayed-scaling FP8 adds around each linear GEMM (``fp8_cast_ops``).
+    ``weight_casts_per_microbatch``: how often a weight is cast per micro-batch: 1/m where Megatron-LM passes
+    ``is_first_microbatch`` (the cast weight and its transpose are cached for the step's other micro-batches),
+    1 where every forward casts it."""
+
+    weight_casts_per_microbatch: float = 1.0
+
+
+# Bytes per element of Transformer Engine's cast kernels (TE v1.8, transformer_engine/pytorch/module/linear.py,
+# base.py grad_output_preprocess): fp8_cast_transpose_fused reads bf16 (2) and writes the FP8 tensor (1) and its
+# transpose (1); cast_to_fp8 writes no transpose; fp8_transpose reads and writes one byte each.
+CAST_TRANSPOSE_BYTES = 4.0
+CAST_BYTES = 3.0
+TRANSPOSE_BYTES = 2.0
+# Linear modules whose input comes from a norm fused into the module (Megatron-LM's
+# TELayerNormColumnParallelLinear: the norm kernel writes its output in FP8, layernorm_linear.py).
+NORM_FUSED_LINEAR = frozenset({"qkv_proj", "mlp_up"})
+# Row-parallel linears (TERowParallelLinear): their output gradient is gathered over TP with sequence parallelism.
+ROW_PARALLEL = frozenset({"out_proj", "mlp_down"})
+
+
+def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> tuple[Op, ...]:
+    """The cast/transpose kernels Transformer Engine runs for FP8 GEMM ``op`` (none for other ops), one pass each
+    (``Op.runs_in``). Per TE v1.8's Linear and LayerNormLinear with delayed scaling:
+    - input, forward: fp8_cast_transpose_fused (the transpose feeds the weight gradient); under sequence
+      parallelism cast_to_fp8 only and an fp8_transpose in the backward. A norm-fused module's norm writes FP8
+      itself (priced as the norm's), so only its backward transpose remains.
+    - weight: cast with its transpose, once per ``casts.weight_casts_per_microbatch``.
+    - output gradient, input-gradient pass: fp8_cast_transpose_bgrad_fused; row-parallel under sequence
+      parallelism: cast the local shard, gather, fp8_transpose the gathered tensor.
+    Element counts are of the GEMM's (tokens, in) input and (tokens, out) output on this TP rank."""
+    if not op.te_linear or op.shape is None:
+        return ()
+    _, tokens, out_features, in_features = op.shape
+    inputs, outputs = float(tokens) * in_features, float(tokens) * out_features
+    ops: list[Op] = []
+    if op.name in NORM_FUSED_LINEAR:
+        ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
+    elif sequence_parallel:
+        ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_BYTES, False, runs_in="forward"))
+        ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
+    else:
+        ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_TRANSPOSE_BYTES, False, runs_in="forward"))
+    weights = float(in_features) * out_features
+    ops.append(Op(f"{op.name}_weight_cast", 0.0, weights * CAST_TRANSPOSE_BYTES * casts.weight_casts_per_microbatch,
+                  False, runs_in="forward"))
+    if op.name in ROW_PARALLEL and sequence_parallel and tp > 1:
+        grad_bytes = outputs / tp * CAST_BYTES + outputs * TRANSPOSE_BYTES
+    else:
+        grad_bytes = outputs * CAST_TRANSPOSE_BYTES
+    ops.append(Op(f"{op.name}_grad_cast", 0.0, grad_bytes, False, runs_in="input_grad"))
+    return tuple(ops)
+
+
+def embedding_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, elem_bytes: int) -> tuple[Op, ...]:
+    tokens = micro_batch * seq_len
+    return (_elementwise("embedding_lookup", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),)
+
+
+def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int) -> tuple[Op, ...]:
+    """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 logits) on one TP rank. The logits GEMM is
+    not a Transformer Engine module (Megatron-LM's output_layer is tensor_parallel.ColumnParallelLinear,
+    gpt_model.py) and runs outside the decoder's fp8_autocast (transformer_block.py), so it stays bf16 under
+    FP8 training (``te_linear`` false)."""
+    tokens = micro_batch * seq_len
+    vocab_local = spec.vocab_size / tp
+    return (
+        _elementwise("final_norm", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),
+        _gemm("logits", tokens, vocab_local, spec.hidden_size, elem_bytes),
+        _elementwise("cross_entropy", tokens * vocab_local, 4, reads=2, writes=1),
+    )
