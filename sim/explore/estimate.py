@@ -32,12 +32,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
+from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
-from sim.parallel.chunks import Layout, PassKind, chunk_location, model_chunk, upstream
 from sim.parallel.grid import lockstep_groups
-from sim.parallel.schedules import Action
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import Scenario
@@ -58,15 +57,6 @@ class Estimate:
     bound_s: float  # no layout's step is shorter: each stage runs its m micro-batches' work back to back
 
 
-@dataclass(frozen=True)
-class _Stage:
-    forward: float  # one micro-batch, all chunks, TP collectives included
-    backward: float  # input-gradient pass (+ weight gradients unless split) with recomputation
-    weight: float  # split weight-gradient pass (zero-bubble schedules)
-    layer_backward: float  # one layer's backward, for when gradients become final
-    layers: int
-
-
 class Estimator:
     def __init__(self, scenario: Scenario, costs: CostModel | None = None,
                  network: network_models.Network | None = None) -> None:
@@ -83,7 +73,7 @@ class Estimator:
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
-        self._orders: dict[tuple[str, int, int], tuple[int, list[list[_Pass]]]] = {}
+        self._orders: dict[tuple[str, int, int], tuple[int, list[list[Pass]]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
@@ -99,7 +89,7 @@ class Estimator:
             self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
 
-    def _stages(self, plan: Plan) -> list[_Stage]:
+    def _stages(self, plan: Plan) -> list[StageTimes]:
         split = plan.splits_backward
         group = plan.grid.tp_group(0)
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
@@ -129,7 +119,7 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = _blocking_sends(plan, s)
             c = self._p2p(plan)
-            stages.append(_Stage(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
+            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
         return stages
 
     def _p2p(self, plan: Plan) -> float:
@@ -197,7 +187,7 @@ class Estimator:
             self._concurrent[key] = seconds
         return self._concurrent[key]
 
-    def _pipeline(self, plan: Plan, stages: list[_Stage]) -> tuple[float, list[float]]:
+    def _pipeline(self, plan: Plan, stages: list[StageTimes]) -> tuple[float, list[float]]:
         """Makespan of the pipeline and when each stage's last backward pass ends."""
         p, v, m = plan.pp, plan.vpp, plan.microbatches
         # With blocking sends (parallel.overlap_p2p_comm: false) each stage's passes already hold their sends
@@ -232,7 +222,7 @@ class Estimator:
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: _Stage, backward_end: float) -> tuple[float, float]:
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
         zero = plan.zero_stage
         grad_elem = plan.grad_bytes_per_param
@@ -299,7 +289,7 @@ class Estimator:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
         return exposed, optimizer
 
-    def _param_gather_delay(self, plan: Plan, stage: int, st: _Stage, start: float) -> float:
+    def _param_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
         """ZeRO-1/2 with ``parallel.overlap_param_gather``: how much the per-bucket weight all-gathers
         (``step.param_gather_buckets``, issued from the step start) delay the stage's first micro-batch forward,
         whose compute could begin at ``start``. Bucket i's forward starts once its gather has ended and the
@@ -391,56 +381,6 @@ def _overlap_cost(compute: float, comm: float, held: float) -> float:
     of the collective is exposed."""
     stretched = compute / (1.0 - held) if comm * (1.0 - held) >= compute else compute + held * comm
     return stretched - compute + max(0.0, comm - stretched)
-
-
-_Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool]
-
-
-def pass_dependencies(orders: list[list[Action]], layout: Layout) -> tuple[int, list[list[_Pass]]]:
-    """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and per stage
-    each pass's (phase, (phase, model chunk, micro-batch), the pass it needs (``parallel.chunks.upstream``),
-    whether that pass ran on another stage)."""
-    p = len(orders)
-    v = 1 + max(action.chunk for order in orders for action in order)
-    last = p * v - 1
-    resolved = []
-    for s, order in enumerate(orders):
-        passes = []
-        for action in order:
-            g = model_chunk(layout, p, s, action.chunk)
-            dep = upstream(action.phase, g, action.microbatch, last)
-            crosses = dep is not None and chunk_location(layout, p, dep[1])[0] != s
-            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses))
-        resolved.append(passes)
-    return v, resolved
-
-
-def stage_level_replay(chunks: int, passes: list[list[_Pass]], stages: list[_Stage],
-                       c: float) -> tuple[float, list[float]]:
-    """Makespan of a schedule's passes (``pass_dependencies``) with each stage's F, B and W split evenly over
-    its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends."""
-    p = len(passes)
-    done: dict[tuple[str, int, int], float] = {}
-    position, free, last_b = [0] * p, [0.0] * p, [0.0] * p
-    progress = True
-    while progress:
-        progress = False
-        for s, order in enumerate(passes):
-            times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
-                     "W": stages[s].weight / chunks}
-            while position[s] < len(order):
-                phase, key, dep, crosses = order[position[s]]
-                if dep is not None and dep not in done:
-                    break
-                ready = free[s]
-                if dep is not None:
-                    ready = max(ready, done[dep] + (c if crosses else 0.0))
-                free[s] = done[key] = ready + times[phase]
-                if phase == "B":
-                    last_b[s] = free[s]
-                position[s] += 1
-                progress = True
-    return max(free), last_b
 
 
 def estimate(scenario: Scenario) -> Estimate:
