@@ -17,9 +17,11 @@ INSTALL = "\n(ruff and mypy come with the test extra: pip install -e '.[test]')"
 # mypy needs about 20 s of CPU from a cold cache (CI's fresh clone), ruff well under one. mypy is therefore started
 # when pytest collects this module: it checks on the second core while the tests before this file run, and
 # test_mypy only waits for it. (A run that collects but deselects test_mypy leaves it to finish on its own.)
+# Under pytest-xdist every worker collects this module, so two mypy processes run at once: with a shared
+# .mypy_cache they race on a cold cache (a fresh clone: "INTERNAL ERROR" seen in CI), so neither writes one.
 _mypy_report = tempfile.TemporaryFile(mode="w+")
-_mypy = subprocess.Popen([sys.executable, "-m", "mypy"], cwd=ROOT, stdout=_mypy_report, stderr=subprocess.STDOUT,
-                         text=True)
+_mypy = subprocess.Popen([sys.executable, "-m", "mypy", "--cache-dir", "/dev/null"], cwd=ROOT,
+                         stdout=_mypy_report, stderr=subprocess.STDOUT, text=True)
 
 
 def test_ruff_finds_nothing():
