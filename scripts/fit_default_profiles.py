@@ -98,18 +98,23 @@ def fit_rows(profile_name: str) -> list[str]:
     return names
 
 
-def step_times(scenarios: list[str], data: dict[str, object], k: float) -> list[tuple[float, float]]:
-    """(simulated, published) iteration seconds of named validation scenarios with every kernel x k. They are
-    priced on the shipped default profile, so its curves must be this fresh fit's (``--check`` verifies)."""
+def shipped_curves_match(name: str, data: dict[str, object]) -> None:
+    """Step-time fit rows are priced on the shipped default profile (``costs.end_to_end_factor`` varies k), so its
+    curves must be this fresh fit's: stop with a one-line message otherwise (write the curves first)."""
+    path = OUT / f"{name}.json"
+    shipped = json.loads(path.read_text()) if path.is_file() else {}
+    if shipped.get("gemm") != json.loads(json.dumps(data["gemm"])):
+        raise SystemExit(f"{name}: the shipped curves differ from the fresh fit; write them first")
+
+
+def step_times(scenarios: list[str], k: float) -> list[tuple[float, float]]:
+    """(simulated, published) iteration seconds of named validation scenarios with every kernel x k, on the
+    shipped default profiles."""
     import pandas as pd
 
     from sim import runner
     from sim.spec.scenario import load_scenario
 
-    shipped = json.loads((OUT / f"{data['_name']}.json").read_text()) if (OUT / f"{data['_name']}.json").is_file() \
-        else {}
-    if shipped.get("gemm") != json.loads(json.dumps(data["gemm"])):
-        raise SystemExit(f"{data['_name']}: the shipped curves differ from the fresh fit; write them first")
     table = pd.read_csv(VALIDATION / "published.csv").set_index("scenario")
     pairs = []
     for name in scenarios:
@@ -152,7 +157,8 @@ def calibrated(data: dict[str, object], name: str, fitted: dict[str, dict[str, o
                     "end_to_end_source": f"not fitted: no {name} fit rows (no public measured {name} run with its "
                                          f"layout outside the reserved set); {TRANSFER[name]}'s factor transferred"}
         rows = "scenarios/validation/published.csv rows marked fit: " + ", ".join(scenarios)
-        k = fit_factor(lambda k: step_times(scenarios, {**data, "_name": name}, k))
+        shipped_curves_match(name, data)
+        k = fit_factor(lambda k: step_times(scenarios, k))
     return {**data, "end_to_end_factor": k,
             "end_to_end_source": f"least squares on relative time error (scripts/fit_default_profiles.py) over {rows}"}
 

@@ -138,8 +138,6 @@ class RooflineCosts:
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
         self.curve_dtype = profiled_dtype(profile, gpu, dtype) if profile is not None else dtype
         self.profile = profile if profile is not None and self.curve_dtype in profile.gemm else None
-        if profile is not None and profile.memory_efficiency is not None:  # HBM's, whatever the GEMM dtype
-            self.bytes_rate = gpu.hbm_bandwidth * profile.memory_efficiency
         self.scale = 1.0
         if self.profile is not None:
             profiled_peak = self.profile.gemm[self.curve_dtype].peak_flops

@@ -54,8 +54,6 @@ class Profile(FrozenSpec):
     device: DeviceInfo
     gemm: dict[str, GemmCurve] = Field(description="per dtype (fp32, tf32, fp16, bf16, fp8)")
     copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
-    memory_efficiency: float | None = Field(default=None, gt=0, le=1, description=(
-        "achieved fraction of HBM bandwidth on memory-bound kernels, where the profile fixes it (else the preset's)"))
     end_to_end_factor: float = Field(default=1.0, gt=0, description=(
         "every kernel's time x this: the GPU type's one end-to-end calibration (what a burst microbenchmark does "
         "not see in a training run: sustained clocks, kernel gaps, shapes off the benchmark's best), fitted by "
