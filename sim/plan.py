@@ -222,8 +222,14 @@ class Plan:
 
     def stage_params(self, stage: int) -> float:
         """Parameters held by one TP rank of ``stage``: its layers, plus the embedding and head where they run."""
-        return rank_params(self.model, self.tp, self.stage_layers(stage), embedding=stage == self.embedding_stage,
-                           head=stage == self.head_stage, tied_copy=self.tied_copy(stage))
+        return self._stage_params[stage]
+
+    @cached_property
+    def _stage_params(self) -> tuple[float, ...]:
+        """``stage_params`` of every stage, counted once per plan (the estimate and the emitters ask per stage,
+        several times each)."""
+        return tuple(rank_params(self.model, self.tp, self.stage_layers(s), embedding=s == self.embedding_stage,
+                                 head=s == self.head_stage, tied_copy=self.tied_copy(s)) for s in range(self.pp))
 
     @cached_property
     def tp_bytes(self) -> float:

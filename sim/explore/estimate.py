@@ -222,8 +222,10 @@ class Estimator:
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float) -> tuple[float, float]:
-        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage."""
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float,
+              stat_reduce: float) -> tuple[float, float]:
+        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage;
+        ``stat_reduce``: one gradient statistic's all-reduce (the same group shape on every stage)."""
         zero = plan.zero_stage
         grad_elem = plan.grad_bytes_per_param
         exposed = 0.0
@@ -282,8 +284,7 @@ class Estimator:
         else:
             optimizer = self.costs.optimizer_time(shard, grad_elem)
         for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
-            optimizer += self.costs.memory_time(nbytes) + self.net.collective_time(
-                "all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, plan.grid.stage_representative(stage)))
+            optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
         if gather:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
@@ -336,8 +337,11 @@ class Estimator:
         for s, st in enumerate(stages):
             delay = max(delay, self._param_gather_delay(plan, s, st, start))
             start += st.forward / plan.vpp + hop
+        # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
+        # one shape on every stage, so priced once.
+        stat_reduce = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, 0))
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
-            exposed, opt = self._tail(plan, s, st, end)
+            exposed, opt = self._tail(plan, s, st, end, stat_reduce)
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
