@@ -1,11 +1,11 @@
 """The cluster as a directed graph of links.
 
-In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, InfiniBand per NIC, PCIe to the host),
-NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric (``FabricSpec``). Out: a ``Topology``: a
-networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``, ``leaf{group}.{rail}``, ``spine``,
-``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s and a ``tier``), the links as an
-indexed list, and the questions the network models ask: which tier a group of ranks crosses (``tier``), and
-the links a transfer between two GPUs loads (``route``, cached).
+In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, as rings and as all-to-alls use it,
+InfiniBand per NIC, PCIe to the host), NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric
+(``FabricSpec``). Out: a ``Topology``: a networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``,
+``leaf{group}.{rail}``, ``spine``, ``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s
+and a ``tier``), the links as an indexed list, and the questions the network models ask: which tier a group of
+ranks crosses (``tier``), and the links a transfer between two GPUs loads (``route``, cached).
 
 Routes. Inside an NVSwitch domain: GPU -> NVSwitch -> GPU. Across domains, NCCL's PXN path (NCCL >= 2.12):
 the data first moves over NVLink to the local GPU whose NIC sits on the destination's rail, then NIC -> leaf

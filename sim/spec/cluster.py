@@ -2,8 +2,8 @@
 
 In: the ``cluster:`` mapping of a scenario (GPU preset name or fields, node preset, overrides). Out: a frozen
 ``ClusterSpec`` in SI units with every default taken from the node preset (``dgx-a100``, ``dgx-h100``,
-``dgx-b200``, ``gb200-nvl72``, or the GPU's usual node), and the preset-expansion helpers the scenario uses for
-its other presets. Errors are ``ValueError`` with a one-line message naming the field.
+``hgx-h800``, ``dgx-b200``, ``gb200-nvl72``, or the GPU's usual node), and the preset-expansion helpers the
+scenario uses for its other presets. Errors are ``ValueError`` with a one-line message naming the field.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class ClusterSpec(FrozenSpec):
     gpu: GpuSpec
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
-    node: str | None = Field(default=None, description="node preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72)")
+    node: str | None = Field(default=None, description="node preset (dgx-a100, dgx-h100, hgx-h800, dgx-b200, "
+                                                               "gb200-nvl72)")
     intra_node: LinkSpec
     inter_node: LinkSpec = Field(description="InfiniBand, per NIC")
     nics_per_node: int = Field(ge=1)
