@@ -74,7 +74,7 @@ def _build_topology(plan: Plan) -> topology.Topology:
     try:
         return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
                               nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls,
-                              link_factors=scenario.variation.links)
+                              link_factors=scenario.variation.links, all_to_all=c.all_to_all)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

@@ -27,8 +27,8 @@ from sim.hardware import FrozenSpec, LinkSpec, interpolate_log2
 FORMAT = "clustersim-profile"
 VERSION = 1
 # Which shipped profile stands in for a GPU preset (same chip, or the closest measured one).
-DEFAULT_PROFILE_FOR_GPU = {"H100-SXM": "H100", "H200": "H100", "B200": "B200", "GB200": "B200",
-                           "A100-40GB-SXM": "A100", "A100-80GB-SXM": "A100"}
+DEFAULT_PROFILE_FOR_GPU = {"H100-SXM": "H100", "H800-SXM": "H100", "H200": "H100", "B200": "B200",
+                           "GB200": "B200", "A100-40GB-SXM": "A100", "A100-80GB-SXM": "A100"}
 
 
 class ProfileError(ValueError):
