@@ -7,6 +7,7 @@ publisher uses for "active" said at each test."""
 
 import pytest
 
+from sim.model.memory import activation_bytes_per_layer
 from sim.model.ops import (
     Fp8Casts,
     attention_forward_ops,
@@ -318,3 +319,41 @@ def test_fp8_casts_of_a_grouped_gemm_cover_every_expert():
     # TE's cast+transpose reads 2 bytes and writes 1 + 1 per element: 4 local experts x (2 x 14336) x 4096.
     assert ops["experts_fc1_weight_cast"].bytes == 4 * 2 * 14336 * 4096 * 4.0
     assert ops["experts_fc1_input_cast"].bytes == 4 * 1024 * 4096 * 4.0
+
+
+# ------------------------------------------------------------------------------------------ activation memory
+
+
+def test_moe_layer_activations_closed_form_mixtral():
+    """Korthikanti et al. 2022 Table 2's per-layer terms with the MLP's replaced: a dense SwiGLU MLP keeps its
+    fc1 output and activation output, 6f bytes per token; a MoE layer keeps, per token routed to k experts,
+    the router's scores (2E), the permuted tokens (2kh), the experts' fc1 and activation outputs (6kf) and the
+    expert outputs before the top-k weighted sum (2kh)."""
+    spec = MODEL_PRESETS["mixtral-8x7b"]
+    s, b, h, kv, f, E, k = 4096, 1, 4096, 1024, 14336, 8, 2
+    T = s * b
+    attention = T * (10 * h + 2 * h + 2 * kv + 2 * kv + 2 * h) + 4 * b * 32 * s  # + flash's fp32 LSE
+    moe = 2 * T * E + 2 * T * k * h + 6 * T * k * f + 2 * T * k * h
+    assert activation_bytes_per_layer(spec, b, s, 1, False, "none", True, moe=True, routed_tokens=T * k) == \
+        pytest.approx(attention + moe, rel=1e-12)
+    dense = activation_bytes_per_layer(spec, b, s, 1, False, "none", True)
+    assert dense == pytest.approx(attention + 6 * T * f, rel=1e-12)
+    # Full recompute keeps the layer input only, MoE or not.
+    assert activation_bytes_per_layer(spec, b, s, 1, False, "full", moe=True, routed_tokens=T * k) == 2 * T * h
+
+
+def test_moe_layer_activations_shard_experts_by_etp_and_the_rest_by_tp():
+    spec = MODEL_PRESETS["deepseek-v3"]
+    s, b, tp, etp = 4096, 1, 4, 2
+    h, E, k, f_moe, f_shared, heads = 7168, 256, 8, 2048, 2048, 128
+    T = s * b
+    routed = 3.0 * T * k / tp  # a rank that receives 3x its uniform share
+    latents = 2 * T * (2 * 1536 + 2 * 512 + 64)  # q and kv latents and their norms' outputs, whole on every rank
+    attention = (10 * T * h / tp  # sequence parallel: the replicated 10sbh divided by tp
+                 + T * heads * (2 * 192 + 2 * 192 + 2 * 128 + 2 * 128) / tp + 4 * b * heads * s / tp + latents)
+    shared = T * 6 * f_shared / tp
+    rank_tokens = T / tp
+    experts = 2 * rank_tokens * E + 2 * routed * h + routed * 6 * f_moe / etp + 2 * rank_tokens * k * h
+    got = activation_bytes_per_layer(spec, b, s, tp, True, "selective", True, moe=True, routed_tokens=routed,
+                                     etp=etp)
+    assert got == pytest.approx(attention + shared + experts, rel=1e-12)
