@@ -1,6 +1,7 @@
-"""Transformer shapes: presets, Hugging Face ``config.json`` import, parameter and FLOP counts.
+"""Transformer shapes: presets, parameter and FLOP counts (the Hugging Face ``config.json`` import is
+``sim.model.hf_config``).
 
-In: a preset name, an explicit shape, or a parsed HF config dict. Out: a frozen ``ModelSpec`` and pure
+In: a preset name, an explicit shape, or the fields an HF config gives. Out: a frozen ``ModelSpec`` and pure
 functions of it: parameters per layer / per tensor-parallel rank and model FLOPs per token. The kernels of a
 layer's forward pass, which the cost models price, are in ``sim.model.ops``.
 
@@ -11,14 +12,14 @@ s x s score matrix as Megatron does): a GPT layer's forward is 24*b*s*h^2 + 4*b*
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from sim.hardware import FrozenSpec
+from sim.model.hf_config import read_hf_config as read_hf_config  # re-exported: the importer's old home
+from sim.model.hf_config import spec_from_hf_config as spec_from_hf_config
 
 
 class ModelSpec(FrozenSpec):
@@ -443,56 +444,3 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         *MOE_PRESETS,
     )
 }
-
-
-def _first(config: dict[str, Any], *keys: str) -> Any:
-    for key in keys:
-        if config.get(key) is not None:
-            return config[key]
-    raise KeyError(" or ".join(keys))
-
-
-def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
-    """Fields of a ``ModelSpec`` from a Hugging Face ``config.json`` (Llama/Mistral/Qwen style or GPT-2 style).
-    Raises KeyError naming the missing key."""
-    is_gpt2 = config.get("model_type") == "gpt2" or "n_embd" in config
-    hidden = int(_first(config, "hidden_size", "n_embd", "d_model"))
-    fields: dict[str, Any] = {
-        "name": name,
-        "num_layers": int(_first(config, "num_hidden_layers", "n_layer", "num_layers")),
-        "hidden_size": hidden,
-        "num_attention_heads": int(_first(config, "num_attention_heads", "n_head")),
-        "vocab_size": int(_first(config, "vocab_size")),
-        "max_seq_len": int(_first(config, "max_position_embeddings", "n_positions", "n_ctx")),
-    }
-    if is_gpt2:
-        fields.update(ffn_hidden_size=config.get("n_inner") or 4 * hidden, mlp="gelu", position_embedding="learned",
-                      norm="layernorm", tied_embeddings=bool(config.get("tie_word_embeddings", True)), bias=True)
-        return fields
-    act = str(config.get("hidden_act", "silu")).lower()
-    fields.update(
-        num_kv_heads=int(config.get("num_key_value_heads") or fields["num_attention_heads"]),
-        ffn_hidden_size=int(_first(config, "intermediate_size", "ffn_dim")),
-        mlp="swiglu" if act in ("silu", "swish", "swiglu") else "squared_relu" if act == "relu2" else "gelu",
-        position_embedding="rope" if "rope_theta" in config or config.get("position_embedding_type") != "absolute"
-        else "learned",
-        norm="rmsnorm" if "rms_norm_eps" in config else "layernorm",
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        bias=bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
-    )
-    return fields
-
-
-def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
-    path = Path(path_text)
-    candidates = [path] if path.is_absolute() else [base_dir / path, path]
-    found = next((p for p in candidates if p.is_file()), None)
-    if found is None:
-        raise ValueError(f"Hugging Face config {path_text!r} not found")
-    try:
-        config = json.loads(found.read_text())
-        return spec_from_hf_config(config, name=config.get("_name_or_path") or found.parent.name or found.stem)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path_text!r} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    except KeyError as exc:
-        raise ValueError(f"{path_text!r} lacks {exc.args[0]}") from None
