@@ -357,3 +357,20 @@ def test_moe_layer_activations_shard_experts_by_etp_and_the_rest_by_tp():
     got = activation_bytes_per_layer(spec, b, s, tp, True, "selective", True, moe=True, routed_tokens=routed,
                                      etp=etp)
     assert got == pytest.approx(attention + shared + experts, rel=1e-12)
+
+
+def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
+    """GPT-OSS attends over 128 tokens on even (0-based) layers: the flash kernel runs query tile i against key
+    tiles i-1 and i (128-token tiles), 1 + 2 x 31 of 32^2 at 4096 tokens; the full layers run the causal
+    33/64. The model FLOPs keep Megatron's full-matrix count."""
+    from sim.model.ops import window_fraction
+
+    spec = MODEL_PRESETS["gpt-oss-120b"]
+    assert spec.window_layers == (True, False) * 18
+    assert window_fraction(4096, 128) == 63 / 1024
+    ops = {op.name: op for op in attention_forward_ops(spec, 1, 4096, 1, False, 2, True, causal=True)}
+    assert ops["flash_attention"].executed == pytest.approx((18 * 33 / 64 + 18 * 63 / 1024) / 36, rel=1e-15)
+    assert ops["flash_attention"].flops == 4 * 64 * 4096 * 4096 * 64
+    dense = {op.name: op for op in attention_forward_ops(MODEL_PRESETS["llama3-8b"], 1, 4096, 1, False, 2, True,
+                                                         causal=True)}
+    assert dense["flash_attention"].executed == 33 / 64

@@ -116,6 +116,27 @@ def causal_fraction(seq_len: int, tile: int = FLASH_TILE) -> float:
     return (n + 1) / (2 * n)
 
 
+def window_fraction(seq_len: int, window: int, tile: int = FLASH_TILE) -> float:
+    """The share of the s x s score tiles a sliding-window flash-attention kernel computes: query tile i needs the
+    key tiles from the one holding token i*tile - window + 1 to its own (FlashAttention-2's window_size, the band
+    below the diagonal; tiles wholly outside it are skipped, those it crosses computed and masked). GPT-OSS's
+    128-token window at 4096 tokens: (1 + 2 x 31) / 32^2."""
+    n = -(-seq_len // tile)
+    return sum(i - max(0, (i * tile - window + 1) // tile) + 1 for i in range(n)) / (n * n)
+
+
+def _executed_share(spec: ModelSpec, seq_len: int, causal: bool) -> float:
+    """The share of the full-matrix attention FLOPs the flash kernel executes, averaged over the model's layers
+    (the ops are one layer's, the same for every layer): full-attention layers ``causal_fraction`` (or all of it),
+    sliding-window layers (``ModelSpec.window_layers``) ``window_fraction``."""
+    full = causal_fraction(seq_len) if causal else 1.0
+    if spec.window_size is None:
+        return full
+    windowed = sum(spec.window_layers)
+    band = window_fraction(seq_len, spec.window_size)
+    return ((spec.num_layers - windowed) * full + windowed * band) / spec.num_layers
+
+
 def _with_casts(ops: tuple[Op, ...], tp: int, sequence_parallel: bool, fp8_casts: Fp8Casts | None) -> tuple[Op, ...]:
     """``ops`` with FP8's cast kernels after each linear GEMM (``fp8_cast_ops``); unchanged without FP8."""
     if fp8_casts is None:
@@ -192,9 +213,8 @@ def attention_forward_ops(
         else:
             flash_flops = 2.0 * 2 * b * heads * s * s * spec.head_dim
             flash_bytes = float(elem_bytes * tokens * (2 * q_local + 2 * kv_local))
-        attention.append(
-            Op("flash_attention", flash_flops, flash_bytes, True, executed=causal_fraction(s) if causal else 1.0)
-        )
+        executed = _executed_share(spec, s, causal)
+        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=executed))
     else:
         score_elems = b * heads * s * s
         attention += [

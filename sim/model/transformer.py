@@ -141,6 +141,15 @@ class ModelSpec(FrozenSpec):
         return tuple(i % self.moe_layer_freq == 0 for i in range(self.num_layers))
 
     @property
+    def window_layers(self) -> tuple[bool, ...]:
+        """Whether each layer attends over a sliding window of ``window_size`` tokens: all but every
+        ``window_attn_skip_freq``-th layer (1-based, Megatron-Core's rule; GPT-OSS: even 0-based layers)."""
+        if self.window_size is None:
+            return (False,) * self.num_layers
+        skip = self.window_attn_skip_freq
+        return tuple(skip is None or (i + 1) % skip != 0 for i in range(self.num_layers))
+
+    @property
     def num_moe_layers(self) -> int:
         return sum(self.moe_layers)
 
@@ -345,8 +354,9 @@ def moe_mlp_forward_flops(spec: ModelSpec, tokens: float) -> float:
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool = False) -> float:
     """Model FLOPs of one layer's forward for one micro-batch (all TP ranks together); ``moe``: a MoE layer,
     its MLP counted active (top-k routed experts, shared expert, router). Sliding-window layers (GPT-OSS) keep
-    the full s x s count, as Megatron-LM's num_floating_point_operations does; biases, norms and sinks are not
-    GEMMs and not counted."""
+    the full s x s count, as Megatron-LM's num_floating_point_operations does (the flash kernel's time counts
+    only the tiles it runs: sim.model.ops.window_fraction); biases, norms and sinks are not GEMMs and not
+    counted."""
     tokens = micro_batch * seq_len
     h, f = spec.hidden_size, spec.ffn
     # Integers until the end, so a dense layer's count is exactly 24bsh^2(1 + ...) as before MoE existed.
