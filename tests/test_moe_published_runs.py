@@ -83,7 +83,8 @@ def test_validation_rows_are_complete(runs: pd.DataFrame) -> None:
         assert pd.notna(row["micro_batch"]) and pd.notna(row["global_batch"]) and pd.notna(row["seq_len"]), row["id"]
         assert row["precision"] in {"bf16", "fp8"}, row["id"]
         assert row["gpu"] in {"H100-SXM", "H800"}, row["id"]
-        assert any(pd.notna(row[m]) for m in ["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s", "mfu"]), row["id"]
+        metrics = ["tflops_per_gpu", "tokens_per_s_per_gpu", "step_time_s", "mfu"]
+        assert any(pd.notna(row[m]) for m in metrics), row["id"]
         assert str(row["scenario"]).endswith(".yaml"), row["id"]
         assert row["flop_formula"] in {"megatron_2025_03_causal", "megatron_pre_2025_03"}, row["id"]
     assert validation["scenario"].is_unique
