@@ -152,3 +152,38 @@ def test_tokens_and_tflops_agree_within_a_source(runs: pd.DataFrame) -> None:
         # sequence length adds the rest; a sanity band, not a formula.
         assert 1.9e10 < per_token.mean() < 2.6e10
         assert math.isfinite(per_token.mean())
+
+
+MOE_FOLDER = Path(__file__).resolve().parent.parent / "scenarios" / "validation" / "moe"
+
+
+def test_moe_scenarios_match_their_rows(runs: pd.DataFrame) -> None:
+    """Every validation row has its scenario in scenarios/validation/moe/ (read as plain YAML: they load once
+    issue 23's EP fields land) with the row's layout and batch, and a line in that folder's published.csv whose
+    iteration time is the published step time, or the TFLOPS turned into one with the row's FLOP count."""
+    import yaml
+
+    published = pd.read_csv(MOE_FOLDER / "published.csv").set_index("scenario")
+    validation = runs[runs["use"] == "validation"]
+    assert set(published.index) == set(validation["scenario"])
+    assert {p.name for p in MOE_FOLDER.glob("*.yaml")} == set(validation["scenario"])
+    for _, row in validation.iterrows():
+        doc = yaml.safe_load((MOE_FOLDER / row["scenario"]).read_text())
+        cluster, parallel, training = doc["cluster"], doc["parallel"], doc["training"]
+        assert cluster["nodes"] * cluster["gpus_per_node"] == row["num_gpus"], row["id"]
+        for key in ["tp", "pp", "dp", "ep", "etp"]:
+            assert parallel[key] == row[key], (row["id"], key)
+        assert parallel.get("vpp", 1) == row["vpp"], row["id"]
+        assert (training["global_batch"], training["micro_batch"], training["seq_len"]) == (
+            row["global_batch"], row["micro_batch"], row["seq_len"]), row["id"]
+        assert training["dtype"] == row["precision"], row["id"]
+        assert doc["model"] == row["model"], row["id"]
+        seconds = published.loc[row["scenario"], "iteration_time_s"]
+        if pd.notna(row["step_time_s"]):
+            assert seconds == row["step_time_s"], row["id"]
+        else:
+            flops = megatron_flops_per_token(SHAPES[row["model"]], int(row["seq_len"]), row["flop_formula"])
+            expected = flops * row["global_batch"] * row["seq_len"] / (row["tflops_per_gpu"] * 1e12 * row["num_gpus"])
+            assert seconds == pytest.approx(expected, rel=1e-4), row["id"]
+    # Mixtral 8x7B, 438 TFLOPS under the 2024 count: 82.93 GFLOP/token x 256 x 4096 / (438e12 x 64) = 3.10 s.
+    assert published.loc["mcore08-mixtral-8x7b-h100-64.yaml", "iteration_time_s"] == pytest.approx(3.102, abs=1e-3)
