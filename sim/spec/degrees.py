@@ -36,7 +36,7 @@ class Degrees:
     @property
     def layers_per_chunk(self) -> int:
         """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
-        return max(self.chunk_sizes)
+        return max(self.chunk_sizes, default=0)
 
 
 def degrees(scenario: Scenario) -> Degrees:
@@ -51,5 +51,8 @@ def degrees(scenario: Scenario) -> Degrees:
         global_batch=t.global_batch or microbatches * dp * t.micro_batch,
         seq_len=t.seq_len or scenario.model.max_seq_len,
         zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
-        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers),
+        # More pipeline slots than layers is refused by the rules; no chunk list is built for it (a fuzzed pp of 1e12
+        # would otherwise allocate one entry per slot before the rule could say so).
+        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers)
+        if p.pp * p.vpp <= scenario.model.num_layers else (),
     )
