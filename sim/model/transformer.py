@@ -389,9 +389,10 @@ def moe_mlp_forward_flops(spec: ModelSpec, tokens: float) -> float:
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool = False) -> float:
     """Model FLOPs of one layer's forward for one micro-batch (all TP ranks together); ``moe``: a MoE layer,
     its MLP counted active (top-k routed experts, shared expert, router). Sliding-window layers (GPT-OSS) keep
-    the full s x s count, as Megatron-LM's num_floating_point_operations does (the flash kernel's time counts
-    only the tiles it runs: sim.model.ops.window_fraction); biases, norms and sinks are not GEMMs and not
-    counted."""
+    this module's full s x s convention (Narayanan et al.; causal attention is not halved either), so MFU stays
+    comparable across models; Megatron-Bridge's newer FLOPs formula counts min(window, s) keys there instead.
+    The flash kernel's time counts only the tiles it runs (sim.model.ops.window_fraction). Biases, norms and
+    sinks are not GEMMs and not counted."""
     tokens = micro_batch * seq_len
     h, f = spec.hidden_size, spec.ffn
     # Integers until the end, so a dense layer's count is exactly 24bsh^2(1 + ...) as before MoE existed.
