@@ -29,6 +29,8 @@ class Stream(StrEnum):
     DP_REPLICA = "dp_replica"  # HYBRID_SHARD's inter-node process group
     OFFLOAD = "offload"  # PCIe copies of ZeRO-Offload
     HOST = "host"  # the CPU's optimizer step under ZeRO-Offload
+    EP = "ep"  # a MoE layer's token dispatch and combine (expert-parallel process groups)
+    EXPERT_DP = "expert_dp"  # expert gradients and weights over the expert-data-parallel group
 
 
 class Kind(StrEnum):
@@ -43,13 +45,16 @@ class Kind(StrEnum):
     PP = "pp"
     DP = "dp"
     OFFLOAD = "offload"
+    EP = "ep"  # token dispatch / combine of a MoE layer
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)
 NCCL_STREAM, REPLICA_STREAM = Stream.DP, Stream.DP_REPLICA
 OFFLOAD_STREAM, HOST_STREAM = Stream.OFFLOAD, Stream.HOST
+EP_STREAM, EXPERT_DP_STREAM = Stream.EP, Stream.EXPERT_DP
 COMPUTE_KINDS: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT, Kind.RECOMPUTE)  # the model's passes
 COMM_KINDS: tuple[Kind, ...] = (Kind.TP, Kind.PP, Kind.DP)  # the summary's exposed communication, per kind
+MOE_COMM_KINDS: tuple[Kind, ...] = (Kind.EP,)  # reported beside them for a MoE model
 
 
 @dataclass(slots=True)
