@@ -243,7 +243,12 @@ class Plan:
 
     def stage_layer_ids(self, stage: int) -> list[int]:
         """The transformer layers ``stage`` holds, chunk by chunk in model order."""
-        return [layer for chunk in self.stage_chunks[stage] for layer in self.chunk_layers(chunk)]
+        return list(self._stage_layer_ids[stage])
+
+    @cached_property
+    def _stage_layer_ids(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(layer for chunk in self.stage_chunks[s] for layer in self.chunk_layers(chunk))
+                     for s in range(self.pp))
 
     def layer_params(self, layer: int) -> float:
         """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
@@ -286,7 +291,7 @@ class Plan:
 
     @cached_property
     def _stage_moe_layers(self) -> tuple[int, ...]:
-        return tuple(sum(self.moe_layers[layer] for layer in self.stage_layer_ids(s)) for s in range(self.pp))
+        return tuple(sum(self.moe_layers[layer] for layer in self._stage_layer_ids[s]) for s in range(self.pp))
 
     @cached_property
     def moe_layer_params(self) -> LayerParams:
@@ -327,10 +332,21 @@ class Plan:
     @cached_property
     def dispatch_bytes(self) -> float:
         """The all-to-all "size" of one dispatch (and of one combine): the bytes a rank sends, its tokens x top-k
-        x hidden x dtype (nccl-tests all_to_all: size/ep to each peer), x ``expert_load`` (the most loaded rank
-        receives that much more, and the exchange ends when it has)."""
-        return (self.dispatch_tokens * self.model.moe_router_topk * self.model.hidden_size * self.elem_bytes
-                * self.expert_load)
+        x hidden x dtype (nccl-tests all_to_all: size/ep to each peer); padded to capacity, x the capacity factor
+        (Megatron pads the exchanged tokens too). The hottest receiver's share is ``dispatch_skew``."""
+        moe = self.scenario.moe
+        padded = moe.capacity_factor if moe.capacity_factor is not None and moe.pad_to_capacity else 1.0
+        return self.dispatch_tokens * self.model.moe_router_topk * self.model.hidden_size * self.elem_bytes * padded
+
+    @cached_property
+    def dispatch_skew(self) -> float:
+        """The all-to-all's routing skew: the most loaded rank receives this x the mean (``expert_load``; 1 when
+        padded, where every expert receives its capacity), at most ep (one rank receiving everything). The
+        network prices it (sim.network.models, ``skew``: the hot receiver's ingress sets the time)."""
+        moe = self.scenario.moe
+        if moe.capacity_factor is not None and moe.pad_to_capacity:
+            return 1.0
+        return min(self.expert_load, float(self.ep))
 
     @cached_property
     def expert_gather_bytes(self) -> float:

@@ -65,18 +65,21 @@ def test_expert_groups_fold_over_a_stage_with_etp_fastest_then_ep_then_edp() -> 
 
 
 # ------------------------------------------------------------------------------------------ dispatch facts
-@pytest.mark.parametrize("moe, load", [
-    ({}, 1.0),  # dropless, even routing
-    ({"imbalance": 1.5}, 1.5),  # skewed: the most loaded rank takes 1.5x the mean
-    ({"imbalance": 1.5, "capacity_factor": 1.25}, 1.25),  # the capacity drops what is over it
-    ({"imbalance": 1.1, "capacity_factor": 1.25}, 1.1),
-    ({"capacity_factor": 1.25, "pad_to_capacity": True}, 1.25),  # padded: every expert gets its capacity
+@pytest.mark.parametrize("moe, load, padded", [
+    ({}, 1.0, 1.0),  # dropless, even routing
+    ({"imbalance": 1.5}, 1.5, 1.0),  # skewed: the most loaded rank takes 1.5x the mean
+    ({"imbalance": 1.5, "capacity_factor": 1.25}, 1.25, 1.0),  # the capacity drops what is over it
+    ({"imbalance": 1.1, "capacity_factor": 1.25}, 1.1, 1.0),
+    ({"capacity_factor": 1.25, "pad_to_capacity": True}, 1.25, 1.25),  # padded: every expert gets its capacity
 ])
-def test_dispatch_bytes_per_rank_uniform_and_skewed(moe: dict[str, Any], load: float) -> None:
+def test_dispatch_bytes_per_rank_uniform_and_skewed(moe: dict[str, Any], load: float, padded: float) -> None:
     plan = resolve(scenario(moe=moe, parallel={"tp": 2, "sequence_parallel": True, "ep": 4, "etp": 2}))
     tokens = 1 * 2048 / 2  # b*s/tp under sequence parallelism
     assert plan.dispatch_tokens == tokens
-    assert plan.dispatch_bytes == pytest.approx(tokens * TOPK * H * 2 * load)  # tokens x topk x h x bf16
+    # what a rank sends: tokens x topk x h x bf16 (x the capacity factor when padded); the hot receiver gets
+    # ``load`` x the mean unless every expert is padded to its capacity
+    assert plan.dispatch_bytes == pytest.approx(tokens * TOPK * H * 2 * padded)
+    assert plan.dispatch_skew == pytest.approx(1.0 if padded > 1 else load)
     assert plan.routed_tokens == pytest.approx(tokens * TOPK * 2 * load)  # x etp: gathered over the etp group
     assert plan.local_experts == E // 4
     assert plan.expert_gather_bytes == pytest.approx(plan.routed_tokens * H * 2)
@@ -89,13 +92,15 @@ def _ep_durations(trace, name: str):
 
 @pytest.mark.parametrize("imbalance", [1.0, 1.5])
 def test_all_to_all_time_on_the_analytic_network_closed_form(imbalance: float) -> None:
-    """ep = 4 ranks of one NVLink node: a pairwise all-to-all of S bytes takes base + (n-1) alpha + (n-1)/n S/B(S)
-    (sim.network.collectives: nccl-tests all_to_all convention, each rank sends S/n to every peer)."""
+    """ep = 4 ranks of one NVLink node: NCCL's all-to-all of S bytes a rank (S/n to every peer) takes
+    base + (n-1) alpha + skew (n-1)/n S / B(S, n) on the NVLink all-to-all tier, the hottest receiver setting the
+    pace (docs/mechanisms/all_to_all.md); S = b*s/tp x topk x h x bf16 whatever the skew."""
     sc = scenario(moe={"imbalance": imbalance})
     plan = resolve(sc)
-    link = runner.build_topology(plan).intra_node
-    n, size = 4, 2048 * TOPK * H * 2 * imbalance
-    expected = link.base_latency + (n - 1) * link.latency + (n - 1) / n * size / link.bandwidth_at(size, n)
+    link = runner.build_topology(plan).all_to_all_link
+    n, size = 4, 2048 * TOPK * H * 2
+    expected = (link.base_latency + (n - 1) * link.latency
+                + imbalance * (n - 1) / n * size / link.bandwidth_at(size, n))
     trace = runner.run(sc).trace
     for name in ("dispatch_all_to_all", "combine_all_to_all", "combine_grad_all_to_all", "dispatch_grad_all_to_all"):
         durations = _ep_durations(trace, name)
@@ -235,7 +240,7 @@ def test_search_enumerates_ep_over_divisors_of_the_experts_that_divide_tp_dp() -
     kept = [layout for layout in space if layout.ep == 4]
     assert candidate(sc, kept[0]).parallel.ep == 4
     dense = scenario(model={"num_moe_experts": None}, parallel={"ep": 1})
-    assert {(layout.ep, layout.etp) for layout in layouts(dense)} == {(1, None)}
+    assert {(layout.ep, layout.etp) for layout in layouts(dense)} == {(1, 1)}
     wide = scenario(parallel={"tp": 2, "sequence_parallel": True})  # tp 2 x dp 4: etp 1 or 2
     pairs = {(layout.ep, layout.etp) for layout in layouts(wide, {"tp": frozenset({2}), "pp": frozenset({2})})}
     assert pairs == {(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2)}

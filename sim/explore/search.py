@@ -59,7 +59,7 @@ class Layout:
     recompute: str
     sequence_parallel: bool
     ep: int = 1  # expert parallel (MoE models; 1 for dense ones)
-    etp: int | None = None  # expert tensor parallel (MoE models; None: tp)
+    etp: int = 1  # expert tensor parallel (MoE models; 1 for dense ones)
 
     def point(self) -> dict[str, Any]:
         """The layout as sweep overrides (dotted scenario keys)."""
@@ -103,12 +103,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def expert_degrees(base: Scenario, tp: int, dp: int) -> list[tuple[int, int | None]]:
+def expert_degrees(base: Scenario, tp: int, dp: int) -> list[tuple[int, int]]:
     """(ep, etp) of a MoE model on a stage of tp*dp ranks: etp over the divisors of tp that divide the expert FFN,
-    ep over the divisors of the expert count with ep*etp dividing tp*dp; [(1, None)] for a dense model."""
+    ep over the divisors of the expert count with ep*etp dividing tp*dp; [(1, 1)] for a dense model."""
     model = base.model
     if model.num_moe_experts is None:
-        return [(1, None)]
+        return [(1, 1)]
     return [(ep, etp) for etp in _divisors(tp) if model.moe_ffn % etp == 0
             for ep in _divisors(model.num_moe_experts) if (tp * dp) % (ep * etp) == 0]
 

@@ -94,8 +94,10 @@ class _StageEmitter:
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
             self.moe_work = moe_blocks(plan)
             self.has_shared = bool(self.moe_work["moe_shared"].ops)
-            self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group)) for ex in dispatch_exchanges(plan)]
-            self.combine = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group)) for ex in combine_exchanges(plan)]
+            self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+                             for ex in dispatch_exchanges(plan)]
+            self.combine = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+                            for ex in combine_exchanges(plan)]
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
@@ -217,15 +219,15 @@ class _StageEmitter:
     # ---------------------------------------------------------------------------------- mixture of experts
     def _moe_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
                   also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
-                  exchange: tuple[str, float, tuple[int, ...]] | None = None) -> int:
+                  exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
         """One task of a MoE layer's MLP part: after ``prev`` (the task emitted just before it, None: no edge to
         it) and the tasks in ``also``; compute priced from ``work`` in ``phase``, or an ``exchange`` (op, bytes,
-        group). Flagged for stamping with exactly these edges (see ``_layer``)."""
+        group, all-to-all skew). Flagged for stamping with exactly these edges (see ``_layer``)."""
         assert prev is None or prev == len(self.g.tasks) - 1
         if exchange is not None:
-            op, nbytes, group = exchange
+            op, nbytes, group, skew = exchange
             task = self._add(stream, kind, f"{name}_{op}" if name else op, mb, layer, prev, also, op=op,
-                             nbytes=nbytes, group=group)
+                             nbytes=nbytes, group=group, skew=skew)
         else:
             assert work is not None
             duration, flops = self._price(work, phase)
@@ -282,9 +284,10 @@ class _StageEmitter:
         work = self.moe_work["moe_shared"]
         if self.tp > 1:
             gather = self._moe_task("tp", "tp", "", mb, layer, None, [source],
-                                    exchange=("all_gather", self.tp_bytes, self.tp_group))
+                                    exchange=("all_gather", self.tp_bytes, self.tp_group, 1.0))
             shared = self._moe_task("compute", kind, "moe_shared", mb, layer, gather, work=work, phase=phase)
-            self._moe_task("tp", "tp", "", mb, layer, shared, exchange=("reduce_scatter", self.tp_bytes, self.tp_group))
+            self._moe_task("tp", "tp", "", mb, layer, shared,
+                           exchange=("reduce_scatter", self.tp_bytes, self.tp_group, 1.0))
         else:
             self._moe_task("compute", kind, "moe_shared", mb, layer, None, work=work, phase=phase)
 
@@ -357,7 +360,7 @@ class _StageEmitter:
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
-            for stream, kind, name, duration, op, nbytes, flops, group, flags in chain:
+            for stream, kind, name, duration, op, nbytes, flops, group, skew, flags in chain:
                 task_id = len(tasks)
                 if flags is None:
                     deps = [after] if after is not None and tasks[after].stream != stream else []
@@ -368,7 +371,7 @@ class _StageEmitter:
                     deps += [task_id - back for back in extra]
                     blocking = (self._blocking(stream, deps) if touch else False) or consumed
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, key(rank, kind, op, group) if op and meets else -1))
+                                  flops, group, key(rank, kind, op, group) if op and meets else -1, skew))
                 orders[stream].append(task_id)
                 after = task_id
                 if blocking:
@@ -401,7 +404,7 @@ class _StageEmitter:
                     after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
+            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group, t.skew,
                                        self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after

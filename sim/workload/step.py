@@ -116,12 +116,14 @@ def moe_blocks(plan: Plan) -> dict[str, Work]:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One collective of a MoE layer's token dispatch or combine: op, bytes (nccl-tests size) and the group it
-    runs over (``expert_group``: ``ep``, ``etp`` or ``tp_ep``)."""
+    """One collective of a MoE layer's token dispatch or combine: op, bytes (nccl-tests size), the group it runs
+    over (``expert_group``: ``ep``, ``etp`` or ``tp_ep``) and, for the all-to-all, the routing skew the network
+    prices (the hottest receiver's bytes / the mean: ``Plan.dispatch_skew``)."""
 
     op: str
     nbytes: float
     group: str
+    skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (sim.network.models)
 
 
 def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
@@ -132,7 +134,7 @@ def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
     of the combine runs these same collectives."""
     if plan.scenario.moe.token_dispatcher == "allgather":
         return (Exchange("all_gather", plan.allgather_dispatch_bytes, "tp_ep"),)
-    out: tuple[Exchange, ...] = (Exchange("all_to_all", plan.dispatch_bytes, "ep"),)
+    out: tuple[Exchange, ...] = (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
     if plan.etp > 1:
         out += (Exchange("all_gather", plan.expert_gather_bytes, "etp"),)
     return out
@@ -144,7 +146,7 @@ def combine_exchanges(plan: Plan) -> tuple[Exchange, ...]:
     if plan.scenario.moe.token_dispatcher == "allgather":
         return (Exchange("reduce_scatter", plan.allgather_dispatch_bytes, "tp_ep"),)
     out: tuple[Exchange, ...] = (Exchange("reduce_scatter", plan.expert_gather_bytes, "etp"),) if plan.etp > 1 else ()
-    return out + (Exchange("all_to_all", plan.dispatch_bytes, "ep"),)
+    return out + (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
 
 
 def expert_group(plan: Plan, rank: int, which: str) -> tuple[int, ...]:
