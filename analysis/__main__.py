@@ -5,7 +5,8 @@
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
-  search-report [-o FILE.md]      sim search on the bundled GPT-3 175B scenario: the best layouts and what sets each
+  search-report [--scenario S] [--top N] [-o FILE.md]   sim search on a scenario (default the bundled GPT-3 175B):
+                                  the best layouts and what sets each
   validate [--folder DIR] [--out DIR] [--mechanisms]  run the validation set; write DIR/validation.md (with the
                                   calibration and, with --mechanisms, each mechanism's effect) and the parity plot
 """
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     search = commands.add_parser("search-report", help="the best layouts of GPT-3 175B on 1024 A100 (docs/scale.md)")
     search.add_argument("--scenario", default="scenarios/gpt3-175b_a100-1024.yaml")
     search.add_argument("--set", dest="overrides", action="append", default=[])
+    search.add_argument("--top", type=int, default=1000, help="layouts to confirm by simulation (sim search --top)")
     search.add_argument("-o", "--output", help="also write the markdown here")
     val = commands.add_parser("validate", help="run scenarios/validation; write the report and parity plot")
     val.add_argument("--folder", default="scenarios/validation")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search-report":
             from analysis import search_report
 
-            screened, best = search_report.report(args.scenario, args.overrides)
+            screened, best = search_report.report(args.scenario, args.overrides, top=args.top)
             markdown = search_report.to_markdown(screened, best, f"`sim search {args.scenario}`"
                                                  + "".join(f" --set {o}" for o in args.overrides))
             print(markdown)

@@ -429,6 +429,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(f"--set {item!r}: expected a.b=value")
         path_text, value_text = item.split("=", 1)
         keys = path_text.strip().split(".")
+        path_text = ".".join(_field_name(key) for key in keys)  # as printed in errors: one line, quoted if odd
         node: dict[str, Any] = data
         for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
@@ -437,7 +438,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {path_text}: {'.'.join(keys[: depth + 1])} is not a mapping")
+                where = ".".join(map(_field_name, keys[: depth + 1]))
+                raise ConfigError(f"--set {path_text}: {where} is not a mapping")
             node[key] = child
             node = child
         node[keys[-1]] = parse_yaml(value_text, f"--set {path_text}")
