@@ -149,7 +149,7 @@ def test_uncontended_contention_takes_the_analytic_time(shape, group):
         # ... and the phases directly, skewed: the hottest receiver's flows end last, at the analytic time.
         for skew in (1.0, 2.0, 3.5):
             phases = contention.transfer("all_to_all", size, group, skew)
-            assert len(phases[0].channels) == len(group) * (len(group) - 1)  # one flow per (sender, receiver)
+            assert len(phases[0].channels) <= 3 * len(group)  # per sender: its NVLink peers, the others, the hot one
             assert _finish(contention, phases) == pytest.approx(
                 analytic.collective_time("all_to_all", size, group, skew), rel=1e-9), (shape, size, skew)
 
