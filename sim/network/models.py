@@ -155,11 +155,16 @@ class AnalyticNetwork:
             times["hierarchical"] = sum(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
         return times
 
-    def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
-        """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
+    def _domain_counts(self, group: tuple[int, ...]) -> dict[int, int]:
+        """NVLink domain -> how many of the group's ranks it holds."""
         counts: dict[int, int] = {}
         for rank in group:
             counts[self.topology.domain_of(rank)] = counts.get(self.topology.domain_of(rank), 0) + 1
+        return counts
+
+    def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
+        """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
+        counts = self._domain_counts(group)
         sizes = set(counts.values())
         return (sizes.pop(), len(counts)) if len(sizes) == 1 else (1, len(group))
 
@@ -196,9 +201,7 @@ class AnalyticNetwork:
         """Per distinct domain count ``local`` of the group: (local, NVLink bandwidth at this size and local
         group, the per-GPU NIC bandwidth, the network's per-peer latency); the NIC figures only across domains."""
         topo = self.topology
-        counts: dict[int, int] = {}
-        for rank in group:
-            counts[topo.domain_of(rank)] = counts.get(topo.domain_of(rank), 0) + 1
+        counts = self._domain_counts(group)
         nvlink = topo.all_to_all_link
         net_bandwidth, net_latency = math.inf, 0.0
         if len(counts) > 1:  # each GPU's own NIC (its share of the node's NICs when shared: analytic)
@@ -269,9 +272,7 @@ class ContentionNetwork(AnalyticNetwork):
         topo, n = self.topology, len(group)
         latency, _ = self.all_to_all_terms(nbytes, group, skew)
         domain_of = {rank: topo.domain_of(rank) for rank in group}
-        members: dict[int, int] = {}  # domain -> the group's ranks in it
-        for rank in group:
-            members[domain_of[rank]] = members.get(domain_of[rank], 0) + 1
+        members = self._domain_counts(group)
         caps = {local: (nvlink_bw / (local - 1) if local > 1 else math.inf,
                         net_bw / (n - local) if n > local else math.inf)
                 for local, nvlink_bw, net_bw, _ in self._all_to_all_shape(nbytes, group)}
