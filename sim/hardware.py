@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Sequence
 from importlib import resources
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,14 +28,16 @@ DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 class FrozenSpec(BaseModel):
-    """Base of every validated spec: immutable, unknown keys rejected (ARCHITECTURE.md rule 1)."""
+    """Base of every validated spec: immutable, unknown keys rejected (ARCHITECTURE.md rule 1), and every float
+    finite: a NaN or infinite number is refused at the boundary, naming its field, instead of surfacing as a
+    NaN step time or an MFU above 1 (NaN slips through checks such as ``factor <= 0``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class GpuSpec(FrozenSpec):
     name: str
-    peak_flops: dict[str, FlopsPerSecond] = Field(description="dense peak FLOP/s per dtype")
+    peak_flops: dict[str, Annotated[FlopsPerSecond, Field(gt=0)]] = Field(description="dense peak FLOP/s per dtype")
     hbm_capacity: Bytes
     hbm_bandwidth: BytesPerSecond
     matmul_efficiency: float = Field(gt=0, le=1)

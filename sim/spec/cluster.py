@@ -58,6 +58,8 @@ class ClusterSpec(FrozenSpec):
             return data
         data = dict(data)
         gpu = data.get("gpu")
+        if not isinstance(gpu, (str, dict)) or not isinstance(data.get("gpus_per_node", 0), int):
+            return data  # a wrongly typed gpu or gpus_per_node: its field's own validation names it
         gpu_name = gpu if isinstance(gpu, str) else (gpu or {}).get("preset") or (gpu or {}).get("name")
         by_lower = {k.lower(): v for k, v in DEFAULT_NODE_FOR_GPU.items()}
         node_name = data.get("node") or by_lower.get(str(gpu_name).lower())
