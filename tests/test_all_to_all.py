@@ -219,6 +219,26 @@ def test_h100_all_to_all_errors_against_openxla():
     assert rows.error.mean() == pytest.approx(-0.094, abs=0.005)
 
 
+@pytest.mark.parametrize("platform, node_name, nodes, expected", [
+    # (mean |error|, bias) over all rows, then over rows >= 16 MiB; docs/mechanisms/all_to_all.md
+    ("sm_100_B200", "dgx-b200", 1, (0.171, -0.127, 0.063, 0.000)),
+    ("sm_100_GB200", "gb200-nvl72", 18, (0.287, 0.010, 0.102, -0.075)),
+])
+def test_blackwell_all_to_all_errors_against_openxla(platform, node_name, nodes, expected):
+    """The B200 (groups of 2, 4, 8) and GB200 NVL72 (groups of 4..72 in the 72-GPU domain) all-to-all rows shipped
+    in sim/data/reference, against the fitted tiers."""
+    node = NODE_PRESETS[node_name]
+    net = AnalyticNetwork(build(nodes, node.gpus_per_node, node.intra_node, node.inter_node,
+                                nvlink_domain=node.nvlink_domain, all_to_all=node.all_to_all))
+    rows = reference.xla_collectives(reference.ALL_TO_ALL_OPS)
+    rows = rows[rows["platform"] == platform]
+    error = pd.Series([net.collective_time("all_to_all", r.bytes, tuple(range(r.n))) / r.seconds - 1
+                       for r in rows.itertuples()], index=rows.index)
+    large = error[rows["bytes"] >= 2**24]
+    measured = (error.abs().mean(), error.mean(), large.abs().mean(), large.mean())
+    assert measured == pytest.approx(expected, abs=0.005)
+
+
 def test_the_fitted_tier_beats_the_ring_curve_on_all_to_all():
     node = NODE_PRESETS["dgx-h100"]
     rows = pd.read_csv(DATA / "xla_h100_all_to_all.csv")
