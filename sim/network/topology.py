@@ -166,8 +166,8 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
             links.append(Link(u, v, tier, capacity if capacity is not None else rate * spec.efficiency * best(spec)))
 
-    # NVLink carries the best of what its ring and its all-to-all reach (GB200's all-to-all plateau is above its
-    # ring's): the all-to-all's capacity replaces the ring's only where it is higher.
+    # NVLink carries the best of what its ring and its all-to-all reach: the all-to-all's capacity replaces the
+    # ring's only where it is higher (no shipped preset's is; a profile or an override may be).
     nvlink_capacity = None
     if all_to_all is not None:
         a2a_capacity = all_to_all.bandwidth * all_to_all.efficiency * best(all_to_all)
