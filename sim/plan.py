@@ -313,13 +313,14 @@ class Plan:
     def expert_load(self) -> float:
         """The most loaded expert rank's token-expert pairs / the mean (the slowest rank sets the pace):
         ``moe.capacity_factor`` when padded to capacity (every expert gets exactly its capacity), else
-        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped)."""
+        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped) and by ep (a rank cannot
+        receive more than every token: with ep = 1 the one rank computes all its pairs however they route)."""
         moe = self.scenario.moe
         if moe.capacity_factor is not None and moe.pad_to_capacity:
             return moe.capacity_factor
         if moe.capacity_factor is not None:
-            return min(moe.imbalance, moe.capacity_factor)
-        return moe.imbalance
+            return min(moe.imbalance, moe.capacity_factor, float(self.ep))
+        return min(moe.imbalance, float(self.ep))
 
     @cached_property
     def routed_tokens(self) -> float:

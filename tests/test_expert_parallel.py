@@ -85,6 +85,15 @@ def test_dispatch_bytes_per_rank_uniform_and_skewed(moe: dict[str, Any], load: f
     assert plan.expert_gather_bytes == pytest.approx(plan.routed_tokens * H * 2)
 
 
+def test_the_load_is_capped_by_ep() -> None:
+    """A rank cannot receive more than every token: with ep = 1 the one rank computes all its pairs however they
+    route; with ep = 2 at most twice the mean."""
+    one = resolve(scenario(parallel={"ep": 1}, moe={"imbalance": 1.5}))
+    assert one.expert_load == 1.0 and one.routed_tokens == 2048 * TOPK and one.dispatch_skew == 1.0
+    two = resolve(scenario(parallel={"ep": 2}, moe={"imbalance": 3.0}))
+    assert two.expert_load == 2.0 and two.dispatch_skew == 2.0
+
+
 def _ep_durations(trace, name: str):
     rows = trace[(trace["stream"] == "ep") & (trace["name"] == name)]
     return (rows["end_s"] - rows["start_s"]).to_numpy()
@@ -213,6 +222,8 @@ def test_same_seed_gives_a_byte_identical_trace() -> None:
     ({"moe": {"a2a_overlap": True}}, "moe.a2a_overlap: overlapping dispatch/combine"),
     ({"moe": {"imbalance": 0.5}}, "moe.imbalance: Input should be greater than or equal to 1"),
     ({"model": {"num_moe_experts": None}}, "parallel.ep: expert parallelism needs a MoE model"),
+    ({"model": {"num_moe_experts": None}, "parallel": {"ep": 1}, "moe": {"imbalance": 1.2}},
+     "moe: the token-dispatch settings need a MoE model"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_expert_layouts_get_one_line_naming_the_field(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as error:
