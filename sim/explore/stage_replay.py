@@ -29,20 +29,22 @@ class StageTimes:
 Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool]
 
 
-def pass_dependencies(orders: list[list[Action]], layout: Layout) -> tuple[int, list[list[Pass]]]:
+def pass_dependencies(orders: list[list[Action]], layout: Layout,
+                      last: int | None = None) -> tuple[int, list[list[Pass]]]:
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and per stage
     each pass's (phase, (phase, model chunk, micro-batch), the pass it needs (``parallel.chunks.upstream``),
-    whether that pass ran on another stage)."""
+    whether that pass ran on another stage). ``last``: the last model chunk (default p x chunks per stage - 1;
+    DualPipe's two copies of p chunks end at p-1)."""
     p = len(orders)
     v = 1 + max(action.chunk for order in orders for action in order)
-    last = p * v - 1
+    last = p * v - 1 if last is None else last
     resolved = []
     for s, order in enumerate(orders):
         passes = []
         for action in order:
             g = model_chunk(layout, p, s, action.chunk)
             dep = upstream(action.phase, g, action.microbatch, last)
-            crosses = dep is not None and chunk_location(layout, p, dep[1])[0] != s
+            crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
             passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses))
         resolved.append(passes)
     return v, resolved

@@ -197,7 +197,7 @@ def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
 def head_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters whose gradients become final with the head's on ``stage`` (0 elsewhere): the head and, with
     tied embeddings on another stage, its copy of the word embeddings (both on ``plan.head_stage``)."""
-    if stage != plan.head_stage:
+    if not plan.holds_head(stage):
         return 0.0
     tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
     return (head_params(plan.model) + tied) / plan.tp
@@ -205,7 +205,7 @@ def head_gradient_params(plan: Plan, stage: int) -> float:
 
 def embedding_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
-    return embedding_params(plan.model) / plan.tp if stage == plan.embedding_stage else 0.0
+    return embedding_params(plan.model) / plan.tp if plan.holds_embedding(stage) else 0.0
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
