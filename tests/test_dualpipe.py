@@ -19,7 +19,7 @@ from sim.parallel.schedules import SCHEDULES, in_flight_peak
 from sim.plan import resolve
 from sim.workload.build import build
 
-from conftest import DATA, pipeline_scenario
+from conftest import DATA, ROOT, pipeline_scenario
 
 ORDERS = json.loads((DATA / "dualpipe_orders.json").read_text())["orders"]
 
@@ -201,3 +201,48 @@ def test_same_seed_same_trace():
     sc = pipeline_scenario(4, 8, "dualpipe", weight_grad="0.5 s")
     first, second = runner.run(sc).trace, runner.run(sc).trace
     assert first.equals(second)
+
+
+def test_the_two_copies_sum_their_gradients():
+    """Rank i and rank p-1-i (same TP and DP index) all-reduce their whole gradient buffers before the optimizer,
+    after the data-parallel reduction (step.copy_gradient_reduce); no such collective in other schedules."""
+    from sim.spec.scenario import load_scenario
+    from sim.workload import step
+
+    sc = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["schedule=dualpipe", "ranks=all", "parallel.tp=1",
+                                                         "parallel.dp=2"])
+    plan = resolve(sc)
+    graph = build(plan)
+    reduces = [t for t in graph.tasks if t.name == "copy_grad_all_reduce"]
+    grid = plan.grid
+    assert len(reduces) == plan.num_gpus
+    for task in reduces:
+        here = grid.coord(task.rank)
+        partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+        assert task.group == tuple(sorted((task.rank, partner)))
+        assert task.nbytes == plan.stage_params(here.pp) * plan.grad_bytes_per_param
+        dp_reduce = {d for d in task.deps if graph.tasks[d].name.startswith("grad_bucket")}
+        assert dp_reduce  # after the DP all-reduce of its buckets
+        optimizer = next(t for t in graph.tasks if t.rank == task.rank and t.name == "optimizer")
+        before, todo = set(), list(optimizer.deps)  # everything the optimizer step waits for
+        while todo:
+            d = todo.pop()
+            if d not in before:
+                before.add(d)
+                todo.extend(graph.tasks[d].deps)
+        assert task.id in before
+    one = resolve(load_scenario(ROOT / "scenarios" / "tiny.yaml"))
+    assert step.copy_gradient_reduce(one, 0) is None
+    assert not any(t.name == "copy_grad_all_reduce" for t in build(one).tasks)
+
+
+@pytest.mark.parametrize("schedule, vpp", [("dualpipe", 1), ("dualpipev", 2)])
+def test_estimate_replays_the_units(schedule, vpp):
+    """The estimate's stage-level replay issues DualPipe's units as the emitters do: with fixed costs and an ideal
+    network its pipeline time is the simulated step."""
+    from sim import api
+
+    for p, m in ((4, 8), (6, 16)):
+        sc = pipeline_scenario(p, m, schedule, forward="1 s", backward="1.5 s", weight_grad="0.5 s",
+                               layers_per_stage=vpp, vpp=vpp)
+        assert api.estimate(sc).step_time_s == pytest.approx(runner.run(sc).summary.step_time_s, rel=1e-12)

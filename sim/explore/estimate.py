@@ -278,6 +278,9 @@ class Estimator:
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
                 exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
+        copies = step.copy_gradient_reduce(plan, plan.grid.stage_representative(stage))
+        if copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
+            exposed += self.net.collective_time("all_reduce", *copies)
         shard = step.optimizer_params(plan, stage)
         if plan.scenario.offload.optimizer:
             optimizer = step.host_adam_seconds(plan, shard) \
@@ -352,7 +355,9 @@ class Estimator:
         uneven = len(set(plan.chunk_sizes)) > 1
         candidates = range(plan.pp) if uneven else {0, plan.head_stage, plan.pp - 1}
         peak = max(stage_memory(plan, s)["total"] for s in candidates)
-        bound = plan.microbatches * max(st.forward + st.backward + st.weight for st in stages)
+        # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
+        visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
+        bound = visits * max(st.forward + st.backward + st.weight for st in stages)
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)

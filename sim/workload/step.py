@@ -323,6 +323,20 @@ def optimizer_params(plan: Plan, stage: int) -> float:
     return plan.stage_params(stage) / plan.optimizer_shards
 
 
+def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]] | None:
+    """DualPipe's two model copies (the ``dual`` layout): rank i holds chunk i of one copy and chunk p-1-i of the
+    other, rank p-1-i (same TP and DP index) the same two chunks the other way round, so the two ranks sum their
+    whole gradient buffers before the optimizer step, as DualPipe's example sums each parameter's gradient with
+    its copy's (examples/example_dualpipe.py). Returns (bytes, group) of that all-reduce: the gradients the
+    optimizer updates (its ZeRO shard); None in the other layouts."""
+    if plan.layout != "dual":
+        return None
+    grid = plan.grid
+    here = grid.coord(rank)
+    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+    return optimizer_params(plan, here.pp) * plan.grad_bytes_per_param, tuple(sorted((rank, partner)))
+
+
 # One fp32 scalar: the global gradient norm, or the found-inf flag of the loss-scale check.
 GRAD_STAT_BYTES = 4.0
 
