@@ -246,3 +246,24 @@ def test_estimate_replays_the_units(schedule, vpp):
         sc = pipeline_scenario(p, m, schedule, forward="1 s", backward="1.5 s", weight_grad="0.5 s",
                                layers_per_stage=vpp, vpp=vpp)
         assert api.estimate(sc).step_time_s == pytest.approx(runner.run(sc).summary.step_time_s, rel=1e-12)
+
+
+def test_chart_frames_the_pairs(tmp_path):
+    """analysis.dualpipe_chart: one block per pass; each framed unit (an F&B pair) is the F and the full backward
+    back to back (dense), F + B + W seconds, and there are as many as the code issues pairs."""
+    from analysis.dualpipe_chart import dualpipe_scenario, pass_blocks, write_dualpipe_chart
+
+    f, b_input, w = 1.0, 1.0, 0.5
+    result = runner.run(dualpipe_scenario(4, 10, forward=f, input_grad=b_input, weight_grad=w))
+    blocks = pass_blocks(result)
+    assert len(blocks) == 4 * 10 * 3  # every rank: F, B, W of its 10 (micro-batch, chunk) pairs
+    durations = {"F": f, "B": b_input, "W": w}
+    assert (blocks["end_s"] - blocks["start_s"]).tolist() == pytest.approx(blocks["phase"].map(durations).tolist())
+    pairs = [unit for _, unit in blocks.groupby(["rank", "unit"]) if "F" in set(unit["phase"]) and len(unit) > 1]
+    expected = sum(token.count("&") for rank in ORDERS["dualpipe 4 10"] for token in rank)
+    assert len(pairs) == expected > 0
+    for unit in pairs:
+        assert list(unit["phase"]) == ["F", "B", "W"]
+        assert unit["end_s"].max() - unit["start_s"].min() == pytest.approx(f + b_input + w)
+    out = write_dualpipe_chart(tmp_path / "dualpipe.png", [("DualPipe", result, None)])
+    assert out.stat().st_size > 10_000
