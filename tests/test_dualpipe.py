@@ -267,3 +267,15 @@ def test_chart_frames_the_pairs(tmp_path):
         assert unit["end_s"].max() - unit["start_s"].min() == pytest.approx(f + b_input + w)
     out = write_dualpipe_chart(tmp_path / "dualpipe.png", [("DualPipe", result, None)])
     assert out.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("network", ["analytic", "contention"])
+def test_slice_equals_all(network):
+    """The copies' all-reduce is one collective its two simulated members meet in, in slice mode too (each would
+    otherwise move the bytes on its own and, under contention, load the links twice): slice == all."""
+    from sim.spec.scenario import load_scenario
+
+    base = ["schedule=dualpipe", f"network={network}"]
+    runs = [runner.run(load_scenario(ROOT / "scenarios" / "tiny.yaml", base + extra)).summary.step_time_s
+            for extra in ([], ["ranks=all"])]
+    assert runs[0] == pytest.approx(runs[1], rel=1e-6)  # the flow solver sums the folded TP flows in another order

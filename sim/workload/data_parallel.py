@@ -231,7 +231,8 @@ class DataParallelEmitter:
             nbytes, group = copies
             last = max(st.grad_ready.values())
             self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", "copy_grad_all_reduce", -1, -1, last,
-                                             list(self.reduce_tasks), op="all_reduce", nbytes=nbytes, group=group))
+                                             list(self.reduce_tasks), op="all_reduce", nbytes=nbytes, group=group,
+                                             collective=st.g.meeting_key(group)))
         shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
