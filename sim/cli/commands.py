@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         problem = memory_problem(result.summary)
         if args.fail_on_oom:
             raise OutOfMemory(problem)
-        console.print(f"[yellow]warning: out of memory: {problem}[/yellow]")
+        console.print(f"warning: out of memory: {problem}", style="yellow")
     return 0
 
 
@@ -328,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as error:
         Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
-    except OSError as error:  # an output path that cannot be written, a disk that is full
+    except OSError as error:  # an output path that cannot be written, a disk that is full (inputs are read
+        # behind the boundary, sim.spec.scenario.read_text and sim.costs.profile.load, which name their field)
         target = f" {error.filename!r}" if error.filename else ""
         Console(stderr=True).print(f"error: cannot write{target}: {error.strerror or error}", markup=False,
                                    highlight=False, soft_wrap=True)

@@ -50,9 +50,13 @@ def check_rules(s: Scenario) -> None:
             f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
             f"{d.dp}*{t.micro_batch} = {d.dp * t.micro_batch}"
         )
-    if t.global_batch is not None and t.microbatches is not None and t.global_batch != d.global_batch:
-        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
-                         f"= m*dp*micro_batch would need m = {t.global_batch // (d.dp * t.micro_batch)}")
+    # Both given: they must describe the same step (global_batch = microbatches * dp * micro_batch). Degrees takes
+    # global_batch as given, so compare with the product, not with d.global_batch (which is the same field).
+    if t.global_batch is not None and t.microbatches is not None and \
+            t.global_batch != t.microbatches * d.dp * t.micro_batch:
+        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch}: "
+                         f"global_batch = microbatches*dp*micro_batch needs microbatches = "
+                         f"{t.global_batch // (d.dp * t.micro_batch)}")
     if t.recompute_num_layers is not None:
         if t.recompute != "full":
             raise ValueError(f"training.recompute_num_layers: needs recompute: full (got {t.recompute})")
