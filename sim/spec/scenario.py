@@ -328,10 +328,10 @@ class Scenario(FrozenSpec):
 
 
 def _field_name(part: int | str) -> str:
-    """A location part as printed: a key with a newline or other unprintable text is quoted so the message stays on
-    one line."""
+    """A location part as printed: a key that is empty, padded or unprintable (a newline) is quoted, so the
+    message stays on one line and still names it."""
     text = str(part)
-    return text if text.isprintable() else repr(text)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
 
 
 def _format_error(error: ValidationError) -> str:
