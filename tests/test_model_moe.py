@@ -374,3 +374,18 @@ def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
     dense = {op.name: op for op in attention_forward_ops(MODEL_PRESETS["llama3-8b"], 1, 4096, 1, False, 2, True,
                                                          causal=True)}
     assert dense["flash_attention"].executed == 33 / 64
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "gpt3-13b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
+                                  "gpt-oss-120b"])
+@pytest.mark.parametrize("tp", [1, 4])
+def test_layer_modules_sum_to_the_tp_rank_params(name, tp):
+    """The leaf modules a framework wraps (FSDP units) hold exactly a TP rank's dense parameters, MoE layers'
+    router and shared expert included, routed experts not."""
+    from sim.model.transformer import layer_modules
+
+    spec = MODEL_PRESETS[name]
+    for moe in ((False, True) if spec.is_moe else (False,)):
+        modules = layer_modules(spec, tp, moe=moe)
+        assert sum(m.params for m in modules) == pytest.approx(layer_params(spec, moe).per_tp_rank(tp), rel=1e-12)
+        assert len({m.name for m in modules}) == len(modules)

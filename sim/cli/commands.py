@@ -149,7 +149,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     estimates = screened.set_index(list(search.LAYOUT_FIELDS))["est_step_time_s"]
     for _, row in simulated[simulated["status"] == "ok"].head(args.show).iterrows():
         v = {name: row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS}
-        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "")
+        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "") \
+            + (f" ep{v['ep']}" if v["ep"] > 1 else "")
         estimate = estimates.get(tuple(v.values()), float("nan"))
         table.add_row(layout, str(v["micro_batch"]), str(v["schedule"]), str(v["zero"]), str(v["recompute"]),
                       "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",

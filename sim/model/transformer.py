@@ -267,23 +267,58 @@ class LayerModule:
         return sum(self.tensors)
 
 
-def layer_modules(spec: ModelSpec, tp: int = 1) -> tuple[LayerModule, ...]:
+def layer_modules(spec: ModelSpec, tp: int = 1, moe: bool = False) -> tuple[LayerModule, ...]:
     """A layer's leaf modules in forward order, as Megatron-style fused modules (Megatron-DeepSpeed GPT: fused QKV
     and, for SwiGLU, one fused gate+up projection): input norm, QKV, output projection, post-attention norm, MLP
     up (fc1) and down (fc2). Weights and column-parallel biases are divided by ``tp``; norms and row-parallel
-    biases are not. Their sum is ``layer_params(spec).per_tp_rank(tp)``."""
+    biases are not. Their sum is ``layer_params(spec, moe).per_tp_rank(tp)``. Beside those: Qwen3's q/k norms,
+    GPT-OSS's sinks (its attention module's own tensor, sharded with the heads), MLA's down projections, latent
+    norms and up projections (Megatron-Core's linear_q_down_proj ... linear_kv_up_proj), and for a MoE layer
+    (``moe``) the router and the shared expert's fc1 and fc2 in place of the MLP; the routed experts are not
+    here (``LayerParams.experts_per_rank``)."""
     h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
     norm = (float(h), float(h)) if spec.norm == "layernorm" else (float(h),)
     bias = spec.bias
-    up = (spec.mlp_matrices - 1) * f  # gate + up under SwiGLU, one matrix under GELU
-    return (
-        LayerModule("input_norm", "attention", norm),
-        LayerModule("qkv", "attention", (h * (h + 2 * kv) / tp,) + (((h + 2 * kv) / tp,) if bias else ())),
-        LayerModule("out_proj", "attention", (h * h / tp,) + ((float(h),) if bias else ())),
-        LayerModule("post_attention_norm", "mlp", norm),
-        LayerModule("fc1", "mlp", (h * up / tp,) + ((up / tp,) if bias else ())),
-        LayerModule("fc2", "mlp", (h * f / tp,) + ((float(h),) if bias else ())),
-    )
+
+    def norm_of(width: int) -> tuple[float, ...]:
+        return (float(width), float(width)) if spec.norm == "layernorm" else (float(width),)
+
+    attention: list[LayerModule] = [LayerModule("input_norm", "attention", norm)]
+    if spec.multi_latent_attention:
+        heads, kv_lora = spec.num_attention_heads, spec.kv_lora_rank or 0
+        nope, rope, v = spec.qk_head_dim or 0, spec.qk_pos_emb_head_dim or 0, spec.v_head_dim or 0
+        if spec.q_lora_rank:
+            attention += [LayerModule("q_down_proj", "attention", (float(h * spec.q_lora_rank),)),
+                          LayerModule("q_norm", "attention", norm_of(spec.q_lora_rank)),
+                          LayerModule("q_up_proj", "attention", (spec.q_lora_rank * heads * (nope + rope) / tp,))]
+        else:
+            attention.append(LayerModule("q_proj", "attention", (h * heads * (nope + rope) / tp,)))
+        attention += [LayerModule("kv_down_proj", "attention", (float(h * (kv_lora + rope)),)),
+                      LayerModule("kv_norm", "attention", norm_of(kv_lora)),
+                      LayerModule("kv_up_proj", "attention", (kv_lora * heads * (nope + v) / tp,)),
+                      LayerModule("out_proj", "attention", (heads * v * h / tp,))]
+    else:
+        q = spec.q_dim
+        attention.append(LayerModule("qkv", "attention",
+                                     (h * (q + 2 * kv) / tp,) + (((q + 2 * kv) / tp,) if bias else ())))
+        if spec.qk_layernorm:
+            attention += [LayerModule("q_norm", "attention", norm_of(spec.head_dim)),
+                          LayerModule("k_norm", "attention", norm_of(spec.head_dim))]
+        if spec.softmax_type == "learnable":
+            attention.append(LayerModule("sinks", "attention", (spec.num_attention_heads / tp,)))
+        attention.append(LayerModule("out_proj", "attention", (q * h / tp,) + ((float(h),) if bias else ())))
+    mlp: list[LayerModule] = [LayerModule("post_attention_norm", "mlp", norm)]
+    width, prefix = f, "fc"
+    if moe:
+        experts = spec.num_moe_experts or 0
+        router_bias = (experts if bias else 0) + (experts if spec.moe_router_enable_expert_bias else 0)
+        mlp.append(LayerModule("router", "mlp", (float(experts * h),) + ((float(router_bias),) if router_bias else ())))
+        width, prefix = spec.moe_shared_expert_intermediate_size or 0, "shared_expert_fc"
+    if width:
+        up = (spec.mlp_matrices - 1) * width  # gate + up under SwiGLU, one matrix under GELU
+        mlp += [LayerModule(f"{prefix}1", "mlp", (h * up / tp,) + ((up / tp,) if bias else ())),
+                LayerModule(f"{prefix}2", "mlp", (h * width / tp,) + ((float(h),) if bias else ()))]
+    return tuple(attention + mlp)
 
 
 def embedding_params(spec: ModelSpec) -> int:
@@ -354,9 +389,10 @@ def moe_mlp_forward_flops(spec: ModelSpec, tokens: float) -> float:
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool = False) -> float:
     """Model FLOPs of one layer's forward for one micro-batch (all TP ranks together); ``moe``: a MoE layer,
     its MLP counted active (top-k routed experts, shared expert, router). Sliding-window layers (GPT-OSS) keep
-    the full s x s count, as Megatron-LM's num_floating_point_operations does (the flash kernel's time counts
-    only the tiles it runs: sim.model.ops.window_fraction); biases, norms and sinks are not GEMMs and not
-    counted."""
+    this module's full s x s convention (Narayanan et al.; causal attention is not halved either), so MFU stays
+    comparable across models; Megatron-Bridge's newer FLOPs formula counts min(window, s) keys there instead.
+    The flash kernel's time counts only the tiles it runs (sim.model.ops.window_fraction). Biases, norms and
+    sinks are not GEMMs and not counted."""
     tokens = micro_batch * seq_len
     h, f = spec.hidden_size, spec.ffn
     # Integers until the end, so a dense layer's count is exactly 24bsh^2(1 + ...) as before MoE existed.

@@ -90,6 +90,12 @@ class ParallelSpec(FrozenSpec):
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
+    ep: int = Field(default=1, ge=1, description=(
+        "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "
+        "ep ranks, folded over the tp x dp ranks of a pipeline stage (MoE parallel folding)"))
+    etp: int | None = Field(default=None, ge=1, description=(
+        "expert tensor parallelism (--expert-tensor-parallel-size): each expert's FFN split over etp ranks; "
+        "default tp, as Megatron-Core (expert_tensor_parallel_size None -> tensor_model_parallel_size)"))
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
@@ -114,6 +120,26 @@ class ParallelSpec(FrozenSpec):
         "with overlap_param_gather: every bucket's all-gather is issued at the step start (Megatron-LM core "
         "0.9+'s default, --no-align-param-gather turns it off); false: the next bucket's all-gather is issued when "
         "the forward reaches the previous bucket (Megatron core_r0.8 and Apex DistributedFusedAdam)"))
+
+
+class MoeSpec(FrozenSpec):
+    """How a MoE model's tokens reach their experts (Megatron-Core's MoE knobs; used only with a MoE model)."""
+
+    token_dispatcher: Literal["alltoall", "allgather"] = Field(default="alltoall", description=(
+        "--moe-token-dispatcher-type: alltoall: tokens go to their experts' ranks by an all-to-all over the EP "
+        "group (and come back by another); allgather: every rank all-gathers the tokens of the etp x ep group and "
+        "reduce-scatters the outputs"))
+    capacity_factor: float | None = Field(default=None, gt=0, description=(
+        "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
+        "(the rest are dropped); None: dropless"))
+    pad_to_capacity: bool = Field(default=False, description=(
+        "--moe-pad-expert-input-to-capacity: every expert's input padded to its capacity (fixed shapes)"))
+    imbalance: float = Field(default=1.0, ge=1.0, description=(
+        "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
+        "pace of the all-to-all and the expert GEMMs (1: even routing)"))
+    a2a_overlap: bool = Field(default=False, description=(
+        "--overlap-moe-expert-parallel-comm (dispatch/combine under the other micro-batch's compute): not "
+        "modelled yet, refused"))
 
 
 class FsdpSpec(FrozenSpec):
@@ -255,6 +281,7 @@ class Scenario(FrozenSpec):
                                             "(set by a zero_optimization block)")
     offload: OffloadSpec = OffloadSpec()
     memory: MemorySpec = MemorySpec()
+    moe: MoeSpec = MoeSpec()
     variation: VariationSpec = VariationSpec()
 
     @model_validator(mode="before")
