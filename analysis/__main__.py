@@ -1,6 +1,7 @@
 """``python -m analysis``: charts that need more than one run.
 
   compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
+  dualpipe [-o FILE]              one DualPipe step, DualPipeV's and 1F1B's (docs/images/gantt-dualpipe.png)
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     compare = commands.add_parser("compare", help="Gantt charts of the pipeline schedules, stacked")
     compare.add_argument("scenario")
     compare.add_argument("-o", "--output", required=True)
+    dualpipe = commands.add_parser("dualpipe", help="Gantt chart of one DualPipe step (and DualPipeV, 1F1B)")
+    dualpipe.add_argument("-o", "--output", default="docs/images/gantt-dualpipe.png")
     sweep = commands.add_parser("sweep-plot", help="plot a sweep's results table")
     sweep.add_argument("run_dir")
     sweep.add_argument("--x", required=True)
@@ -93,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
             report.write_text(report.read_text() + extra)
             print(report.read_text())
             print(f"wrote {args.out}/validation.md, {args.out}/images/parity.png")
+            return 0
+        if args.command == "dualpipe":
+            from analysis.dualpipe_chart import write_dualpipe_chart
+
+            print(f"wrote {write_dualpipe_chart(args.output)}")
             return 0
         if args.command == "compare":
             compare_schedules(args.scenario, args.output)

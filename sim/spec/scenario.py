@@ -266,7 +266,7 @@ class Scenario(FrozenSpec):
     model: ModelSpec
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev"] = "1f1b"
     costs: Annotated[FixedCostsSpec | RooflineCostsSpec | CalibratedCostsSpec,
                      Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()

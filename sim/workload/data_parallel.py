@@ -233,6 +233,13 @@ class DataParallelEmitter:
                 self._after_backward_buffers(op)
         if step.expert_reduces(plan):
             self._expert_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
+        copies = step.copy_gradient_reduce(plan, st.rank)
+        if copies is not None:  # DualPipe: sum the two model copies' gradients, after the DP reduction
+            nbytes, group = copies
+            last = max(st.grad_ready.values())
+            self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", "copy_grad_all_reduce", -1, -1, last,
+                                             list(self.reduce_tasks), op="all_reduce", nbytes=nbytes, group=group,
+                                             collective=st.g.meeting_key(group)))
         shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)

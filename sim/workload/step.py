@@ -251,7 +251,7 @@ def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
 def head_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters whose gradients become final with the head's on ``stage`` (0 elsewhere): the head and, with
     tied embeddings on another stage, its copy of the word embeddings (both on ``plan.head_stage``)."""
-    if stage != plan.head_stage:
+    if not plan.holds_head(stage):
         return 0.0
     tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
     return (head_params(plan.model) + tied) / plan.tp
@@ -259,7 +259,7 @@ def head_gradient_params(plan: Plan, stage: int) -> float:
 
 def embedding_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
-    return embedding_params(plan.model) / plan.tp if stage == plan.embedding_stage else 0.0
+    return embedding_params(plan.model) / plan.tp if plan.holds_embedding(stage) else 0.0
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
@@ -405,6 +405,20 @@ def optimizer_params(plan: Plan, stage: int) -> float:
         return (plan.stage_params(stage) / plan.optimizer_shards
                 + plan.stage_expert_params(stage) / plan.expert_optimizer_shards)
     return plan.stage_params(stage) / plan.optimizer_shards
+
+
+def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]] | None:
+    """DualPipe's two model copies (the ``dual`` layout): rank i holds chunk i of one copy and chunk p-1-i of the
+    other, rank p-1-i (same TP and DP index) the same two chunks the other way round, so the two ranks sum their
+    whole gradient buffers before the optimizer step, as DualPipe's example sums each parameter's gradient with
+    its copy's (examples/example_dualpipe.py). Returns (bytes, group) of that all-reduce: the gradients the
+    optimizer updates (its ZeRO shard); None in the other layouts."""
+    if plan.layout != "dual":
+        return None
+    grid = plan.grid
+    here = grid.coord(rank)
+    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+    return optimizer_params(plan, here.pp) * plan.grad_bytes_per_param, tuple(sorted((rank, partner)))
 
 
 # One fp32 scalar: the global gradient norm, or the found-inf flag of the loss-scale check.
