@@ -69,3 +69,32 @@ def test_bad_scenario_is_one_line_before_any_heavy_import(tmp_path):
     code, loaded = loaded_by("check", str(tmp_path / "missing.yaml"))
     assert code != 0
     assert loaded & {"pandas", "matplotlib", "networkx"} == set()
+
+
+def test_background_charts_exist_when_run_returns(tmp_path, capsys):
+    from sim.cli import main
+
+    assert main(["run", str(SCENARIOS / "tiny.yaml"), "-o", str(tmp_path)], background=True) == 0
+    assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "gantt.png" in capsys.readouterr().out  # the listing is printed after the chart process exits
+
+
+def test_background_chart_failure_is_one_line(tmp_path, capsys):
+    from sim.cli import main
+
+    (tmp_path / "gantt.png").mkdir()  # the chart cannot be written there
+    code = main(["run", str(SCENARIOS / "tiny.yaml"), "-o", str(tmp_path)], background=True)
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1
+    assert err.startswith("error: cannot write") and "gantt.png" in err
+    assert (tmp_path / "summary.json").is_file()  # the rest was written
+
+
+def test_background_bad_scenario_ends_the_chart_process(tmp_path, capsys):
+    from sim.cli import main
+
+    code = main(["run", str(SCENARIOS / "tiny.yaml"), "--set", "parallel.tp=3", "-o", str(tmp_path)],
+                background=True)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert not (tmp_path / "gantt.png").exists()

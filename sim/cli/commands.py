@@ -45,6 +45,20 @@ def _plugins(group: str) -> list[Callable[..., Any]]:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    charts = None
+    if not args.no_plot and getattr(args, "background", False):
+        from sim.cli import background  # first, before this process imports anything heavy
+
+        charts = background.start(OUTPUT_PLUGINS)
+    try:
+        return _run(args, console, charts)
+    except BaseException:
+        if charts is not None:
+            charts.cancel()
+        raise
+
+
+def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     from sim import runner
     from sim.cli.tables import memory_problem, summary_table, summary_title
     from sim.output import trace
@@ -56,18 +70,24 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     wall = time.perf_counter() - began
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    if result.links is not None:  # contention network: which links carried what
+        result.links.to_csv(out / "links.csv", index=False)
+    if result.link_segments is not None and args.link_timeline:  # (the Gantt chart reads it)
+        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
+    if charts is not None:  # the chart process draws while this one writes the rest
+        charts.submit(out, result.trace, result.summary)
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
     (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
-    if result.links is not None:  # contention network: which links carried what
-        result.links.to_csv(out / "links.csv", index=False)
-    if result.link_segments is not None and args.link_timeline:
-        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
         trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
-    if not args.no_plot:
+    if charts is not None:
+        error = charts.wait()
+        if error:
+            raise SimError(error)
+    elif not args.no_plot:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
@@ -344,8 +364,12 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, background: bool | None = None) -> int:
+    """Run one command; its exit code. ``background``: draw ``sim run``'s charts in a forked process
+    (``sim.cli.background``); by default only when this is the process's own command line (``argv`` None), so a
+    caller's process (a test, a notebook) is never forked."""
     args = parser().parse_args(argv)
+    args.background = argv is None if background is None else background
     from rich.console import Console
 
     from sim.cli.console import TableConsole
