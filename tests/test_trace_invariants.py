@@ -39,13 +39,14 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     layered = run.trace[(run.trace["layer"] >= 0) & run.trace["kind"].isin(["forward", "backward"])]
     counts = layered.groupby(["rank", "kind", "microbatch", "layer", "name"]).size()
     assert set(counts[counts.index.get_level_values("kind") == "forward"]) == {1}
-    m = resolve(run.scenario).microbatches
-    per_stage = run.scenario.model.num_layers // run.scenario.parallel.pp
+    plan = resolve(run.scenario)
+    m = plan.microbatches
     # With TP, a fused backward block is two tasks: the input gradient, then the column-parallel GEMM's weight
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
     sc = run.scenario
     split = sc.parallel.tp > 1 and sc.costs.model != "fixed" and not SCHEDULES[sc.schedule].splits_backward
     for (_rank, kind), rows in layered.groupby(["rank", "kind"]):
+        per_stage = plan.stage_layers(int(rows["stage"].iloc[0]))  # uneven first/last stages included
         assert len(rows) == m * per_stage * 2 * (2 if kind == "backward" and split else 1)
 
 

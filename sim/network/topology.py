@@ -16,8 +16,8 @@ Leaf uplinks carry (downlink bandwidth) / oversubscription.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from itertools import pairwise
 
 import networkx as nx
@@ -43,10 +43,31 @@ class Topology:
     nvlink_domain: int
     fabric: FabricSpec
     nvls: LinkSpec | None
-    graph: nx.DiGraph = field(repr=False)
-    links: tuple[Link, ...] = field(repr=False)
-    link_index: dict[tuple[str, str], int] = field(repr=False)
-    failed_nics: frozenset[str] = frozenset()  # NICs with capacity factor 0: routes go around them
+    pcie: LinkSpec | None = None
+    link_factors: tuple[tuple[str, float], ...] = ()  # degraded / failed links (sim.spec.variation)
+
+    # The graph and its links are wired on first use (issue 25): the closed-form network models ask only the
+    # questions below, and wiring 16,384 GPUs' 132,096 links took longer than simulating their step.
+    @cached_property
+    def _wiring(self) -> _Wiring:
+        return _wire(self)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        return self._wiring.graph
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return self._wiring.links
+
+    @property
+    def link_index(self) -> dict[tuple[str, str], int]:
+        return self._wiring.link_index
+
+    @property
+    def failed_nics(self) -> frozenset[str]:
+        """NICs with capacity factor 0: routes go around them."""
+        return self._wiring.failed
 
     @property
     def num_gpus(self) -> int:
@@ -137,25 +158,47 @@ def _healthy_rail(topology: Topology, node: int, rail: int) -> int:
     raise ValueError(f"variation.links: every NIC of node {node} has failed")
 
 
+@dataclass(frozen=True)
+class _Wiring:
+    graph: nx.DiGraph
+    links: tuple[Link, ...]
+    link_index: dict[tuple[str, str], int]
+    failed: frozenset[str]
+
+
 def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: LinkSpec, *,
           nics_per_node: int | None = None, nvlink_domain: int | None = None, fabric: FabricSpec | None = None,
           pcie: LinkSpec | None = None, nvls: LinkSpec | None = None,
           link_factors: dict[str, float] | None = None) -> Topology:
+    """The cluster; its graph and links are wired when first asked for, except with ``link_factors``, whose
+    names are checked now (a ``ValueError`` naming the link)."""
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
-    fabric = fabric or FabricSpec()
     if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
+    topology = Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric or FabricSpec(), nvls,
+                        pcie, tuple((link_factors or {}).items()))
+    if topology.link_factors:
+        topology.failed_nics  # noqa: B018 - wire now: a bad link name is the scenario's error, not a later one
+    return topology
+
+
+def _wire(topology: Topology) -> _Wiring:
+    nodes, gpus_per_node = topology.nodes, topology.gpus_per_node
+    intra_node, inter_node, pcie = topology.intra_node, topology.inter_node, topology.pcie
+    nics, domain, fabric = topology.nics_per_node, topology.nvlink_domain, topology.fabric
     graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
+    # A link carries at most what its best-measured group moves over it (factors above 1 included).
+    best = {id(spec): max([1.0] + [factor for _, factor in spec.group_efficiency])
+            for spec in (intra_node, inter_node, pcie) if spec is not None}
 
     def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None) -> None:
         rate = line_rate if line_rate is not None else spec.bandwidth
+        capacity = rate * spec.efficiency * best[id(spec)]
         for u, v in ((a, b), (b, a)):
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
-            # A link carries at most what its best-measured group moves over it (factors above 1 included).
-            best = max([1.0] + [factor for _, factor in spec.group_efficiency])
-            links.append(Link(u, v, tier, rate * spec.efficiency * best))
+            links.append(Link(u, v, tier, capacity))
 
     graph.add_node("spine", kind="spine")
     groups = -(-nodes // fabric.nodes_per_leaf)
@@ -184,7 +227,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             if pcie is not None:
                 connect(gpu, f"host{node}", "host", pcie)
     failed: set[str] = set()
-    for name, factor in (link_factors or {}).items():  # degraded / failed links (sim.spec.variation)
+    for name, factor in topology.link_factors:  # degraded / failed links (sim.spec.variation)
         if name in graph and name.startswith("nic"):
             touched = [i for i, link in enumerate(links) if name in (link.src, link.dst)]
             if factor == 0:
@@ -196,5 +239,4 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             raise ValueError(f"variation.links: no NIC or link named {name!r} (e.g. nic0.3 or leaf0.3->spine)")
         for i in touched:  # a failed NIC keeps a tiny capacity so rates stay finite; no route uses it
             links[i] = Link(links[i].src, links[i].dst, links[i].tier, links[i].capacity * max(factor, 1e-9))
-    return Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric, nvls, graph, tuple(links),
-                    {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed))
+    return _Wiring(graph, tuple(links), {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed))
