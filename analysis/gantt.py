@@ -45,6 +45,8 @@ STREAM_ORDER = {stream: index for index, stream in enumerate(STREAMS)}
 TIER_COLORS = {"nvlink": "#2F6B3A", "nic": "#1F4E79", "uplink": "#8B1E3F", "pcie": "#6A5ACD", "host": "#555555"}
 MAX_RANKS_SHOWN = 16
 DPI = 150  # the written chart's resolution
+MAX_HEIGHT = 24.0  # inches: above it, lanes get thinner
+MAX_LABELS = 400  # micro-batch numbers drawn at most (on the widest blocks)
 
 
 def default_ranks(trace: pd.DataFrame, per_stage: int = 2) -> list[int] | None:
@@ -128,9 +130,14 @@ def _link_names(link_segments: pd.DataFrame | None) -> list[str]:
 
 def figure_size(trace: pd.DataFrame, ranks: Sequence[int] | None = None, start: float | None = None,
                 end: float | None = None, link_segments: pd.DataFrame | None = None) -> tuple[float, float]:
-    """Inches (width, height) that give each lane of the chart a readable row: 16 wide, 0.32 per lane."""
+    """Inches (width, height) that give each lane of the chart a readable row: 16 wide, 0.32 per lane up to
+    ``MAX_HEIGHT``, then thinner lanes (not under 0.16 inch, still taller than their 7-point label): a 32-stage
+    pipeline's 128 lanes at 0.32 inch made a 2,400 x 6,400-pixel image whose drawing and PNG encoding took
+    longer than simulating the step."""
     frame, _, _ = _window(trace, ranks, start, end)
-    return 16.0, max(2.5, 0.32 * (len(_lanes(frame)) + len(_link_names(link_segments))) + 1.4)
+    lanes = len(_lanes(frame)) + len(_link_names(link_segments))
+    per_lane = max(0.16, min(0.32, (MAX_HEIGHT - 1.4) / max(lanes, 1)))
+    return 16.0, max(2.5, per_lane * lanes + 1.4)
 
 
 # ----------------------------------------------------------------------------------------------- raster
@@ -339,6 +346,9 @@ def plot_gantt(
     ax.add_image(LaneRaster(ax, blocks))
     label_width = (hi - lo) / 160  # only blocks wider than this get their micro-batch number
     wide = merged[(merged["microbatch"] >= 0) & (merged["end_s"] - merged["start_s"] > label_width)]
+    if len(wide) > MAX_LABELS:  # the widest: each label is a Text artist (~1 ms to lay out and draw)
+        wide = wide.loc[(wide["end_s"] - wide["start_s"]).sort_values(ascending=False, kind="stable").index[
+            :MAX_LABELS]].sort_index()
     for y, mb, a, b in zip(wide["lane"], wide["microbatch"], wide["start_s"], wide["end_s"], strict=True):
         ax.text((a + b) / 2, int(y), str(mb), ha="center", va="center", fontsize=6, color="white", clip_on=True)
     labels = [f"stage {s} · rank {r} · {st}" for s, r, st in lanes] + [f"link {name}" for name in links]

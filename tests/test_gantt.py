@@ -119,3 +119,25 @@ def test_narrow_blocks_get_no_label():
     trace = _trace(rows + [(0, 0, "compute", "backward", 7, 1.0, 2.0)])
     ax = plot_gantt(trace, ax=Figure().subplots())
     assert [t.get_text() for t in ax.texts] == ["7"]
+
+
+def test_labels_are_capped_to_the_widest_blocks():
+    from analysis.gantt import MAX_LABELS
+
+    rows = [(r, r, "compute", "forward" if mb % 2 else "backward", mb, mb * 1.0, mb + 0.9 + 0.001 * r)
+            for r in range(10) for mb in range(100)]  # 1,000 blocks, each wider than 1/160 of the window
+    ax = plot_gantt(_trace(rows), ax=Figure().subplots())
+    assert len(ax.texts) == MAX_LABELS < 1000
+    widest = sorted(((r, mb) for r in range(10) for mb in range(100)), key=lambda b: -b[0])[:MAX_LABELS]
+    assert {t.get_position()[1] for t in ax.texts} == {r for r, _ in widest}  # the ranks with the widest blocks
+
+
+def test_figure_height_is_capped_for_deep_pipelines():
+    from analysis.gantt import MAX_HEIGHT, figure_size
+
+    def lanes(n):
+        return _trace([(r, r, "compute", "forward", 0, 0.0, 1.0) for r in range(n)])
+
+    assert figure_size(lanes(10)) == (16.0, pytest.approx(0.32 * 10 + 1.4))
+    assert figure_size(lanes(128))[1] == pytest.approx(MAX_HEIGHT)
+    assert figure_size(lanes(400))[1] == pytest.approx(0.16 * 400 + 1.4)  # lanes never thinner than 0.16 inch

@@ -21,6 +21,7 @@ The topology is only a type here (imported for type checking): the engine import
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol, TypeGuard
@@ -143,9 +144,7 @@ class AnalyticNetwork:
 
     def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
         """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
-        counts: dict[int, int] = {}
-        for rank in group:
-            counts[self.topology.domain_of(rank)] = counts.get(self.topology.domain_of(rank), 0) + 1
+        counts = Counter(map(self.topology.nvlink_domain.__rfloordiv__, group))  # rank // domain, counted in C
         sizes = set(counts.values())
         return (sizes.pop(), len(counts)) if len(sizes) == 1 else (1, len(group))
 
