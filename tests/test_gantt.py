@@ -12,7 +12,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.gantt import BAND, COLORS, bands, compute_blocks, coverage, paint, plot_gantt
+from analysis.gantt import BAND, COLORS, MicrobatchLabels, bands, compute_blocks, coverage, paint, plot_gantt
 from sim.output.trace import TRACE_COLUMNS
 
 
@@ -82,6 +82,11 @@ def test_compute_blocks_merge_a_microbatch_and_split_on_a_visible_wait():
     assert list(blocks["microbatch"]) == [0, 0, 0, 1]
 
 
+def labels(ax):
+    """(x, lane, text) of the micro-batch numbers drawn on ``ax``."""
+    return [label for c in ax.collections if isinstance(c, MicrobatchLabels) for label in c.labels]
+
+
 def test_a_block_paints_its_columns_of_its_lane_in_its_kinds_colour():
     trace = _trace([(0, 0, "compute", "forward", 3, 0.0, 4.0), (0, 0, "compute", "backward", 3, 6.0, 7.0),
                     (0, 0, "tp", "tp", 3, 2.0, 2.5), (1, 1, "compute", "forward", 3, 4.0, 8.0),
@@ -110,26 +115,28 @@ def test_a_block_paints_its_columns_of_its_lane_in_its_kinds_colour():
     assert at(9.5, 3) == rgb("pp")
     assert tuple(pixels[int(y1 + 2), int(x0 + 1.0 * 70)]) == (255, 255, 255)  # between lanes: the band is 0.8
     # micro-batch numbers on the blocks wide enough (all of these), centred on them (the samples above avoid them)
-    texts = {(round(t.get_position()[0], 6), t.get_position()[1], t.get_text()) for t in ax.texts}
-    assert texts == {(2.0, 0, "3"), (6.5, 0, "3"), (6.0, 2, "3")}
+    assert {(round(x, 6), y, text) for x, y, text in labels(ax)} == {(2.0, 0, "3"), (6.5, 0, "3"), (6.0, 2, "3")}
+    # and they are drawn: near-white (antialiased) glyph pixels on the backward block, around its centre only
+    light = (pixels[int(y1 + 20):int(y1 + 40), int(x0 + 6.2 * 70):int(x0 + 6.8 * 70)] > 200).all(axis=2)
+    assert light[:, 8:34].any() and not light[:, :6].any() and not light[:, -6:].any()
 
 
 def test_narrow_blocks_get_no_label():
     rows = [(0, 0, "compute", "forward", mb, mb * 0.001, mb * 0.001 + 0.0005) for mb in range(100)]
     trace = _trace(rows + [(0, 0, "compute", "backward", 7, 1.0, 2.0)])
     ax = plot_gantt(trace, ax=Figure().subplots())
-    assert [t.get_text() for t in ax.texts] == ["7"]
+    assert [text for _, _, text in labels(ax)] == ["7"]
 
 
-def test_labels_are_capped_to_the_widest_blocks():
-    from analysis.gantt import MAX_LABELS
+def test_labels_are_capped_to_the_widest_blocks(monkeypatch):
+    import analysis.gantt
 
+    monkeypatch.setattr(analysis.gantt, "MAX_LABELS", 400)
     rows = [(r, r, "compute", "forward" if mb % 2 else "backward", mb, mb * 1.0, mb + 0.9 + 0.001 * r)
             for r in range(10) for mb in range(100)]  # 1,000 blocks, each wider than 1/160 of the window
-    ax = plot_gantt(_trace(rows), ax=Figure().subplots())
-    assert len(ax.texts) == MAX_LABELS < 1000
-    widest = sorted(((r, mb) for r in range(10) for mb in range(100)), key=lambda b: -b[0])[:MAX_LABELS]
-    assert {t.get_position()[1] for t in ax.texts} == {r for r, _ in widest}  # the ranks with the widest blocks
+    drawn = labels(plot_gantt(_trace(rows), ax=Figure().subplots()))
+    assert len(drawn) == 400
+    assert {lane for _, lane, _ in drawn} == {6, 7, 8, 9}  # ranks 6..9 have the widest blocks
 
 
 def test_figure_height_is_capped_for_deep_pipelines():
