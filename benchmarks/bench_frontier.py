@@ -32,7 +32,7 @@ def default_mode(path: Path, repeat: int, out: str) -> None:
     inside = timed_call(lambda: results.append(runner.run(scenario)), repeat)
     result = results[-1]
     print(f"[frontier] {path.stem}: runner.run in process {inside.seconds:.3f} s "
-          f"(runs {', '.join(f'{s:.3f}' for s in inside.runs)}), {len(result.trace):,} tasks, "
+          f"(runs {', '.join(f'{s:.3f}' for s in inside.runs)}; CPU {inside.cpu:.3f} s), {len(result.trace):,} tasks, "
           f"step {result.summary.step_time_s:.3f} s, MFU {result.summary.mfu:.1%}; process peak RSS "
           f"{mib(inside.peak_rss)}")
 
@@ -45,11 +45,11 @@ def main() -> None:
     print(f"machine: {machine()}")
     with tempfile.TemporaryDirectory() as out:
         if not args.skip_all_ranks:  # first: in-process peaks only grow, and this one runs in a child
-            wall, rss = run_once([python(), "-m", "sim", "run", str(LLAMA), "--set", "ranks=all", "--set",
+            wall, rss, cpu = run_once([python(), "-m", "sim", "run", str(LLAMA), "--set", "ranks=all", "--set",
                                   "network.model=contention", "--no-plot", "-o", str(Path(out) / "all")])
             summary = (Path(out) / "all" / "summary.json").read_text()
-            print(f"[frontier] {LLAMA.stem} ranks: all, contention: sim run --no-plot {wall:.1f} s, peak RSS "
-                  f"{mib(rss)}; summary {len(summary):,} bytes")
+            print(f"[frontier] {LLAMA.stem} ranks: all, contention: sim run --no-plot {wall:.1f} s (CPU {cpu:.1f} s), "
+                  f"peak RSS {mib(rss)}; summary {len(summary):,} bytes")
         default_mode(LLAMA, args.repeat, out)
         default_mode(FRONTIER, args.repeat, out)
 

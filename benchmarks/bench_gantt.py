@@ -35,7 +35,8 @@ def main() -> None:
             timed = timed_call(lambda r=result: write_run_chart(Path(out), r.trace, r.summary), args.repeat)
             rates.append(tasks / timed.seconds)
             print(f"[gantt] 175B, global batch {batch}: {tasks:,} tasks, write_run_chart {timed.seconds:.3f} s "
-                  f"(runs {', '.join(f'{s:.3f}' for s in timed.runs)}) = {tasks / timed.seconds:,.0f} blocks/s; "
+                  f"(runs {', '.join(f'{s:.3f}' for s in timed.runs)}) = {tasks / timed.seconds:,.0f} blocks/s "
+                  f"(CPU {timed.cpu:.3f} s = {tasks / timed.cpu:,.0f} blocks per CPU second); "
                   f"{timed.seconds / tasks * 1e6:.2f} us per task; process peak RSS {mib(timed.peak_rss)}")
     print(f"[gantt] blocks/s at 40k / 80k / 159k tasks: {' / '.join(f'{r:,.0f}' for r in rates)} "
           "(linear time: about equal; fixed costs make the small case lower)")

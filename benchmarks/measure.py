@@ -27,10 +27,12 @@ class Timed:
     seconds: float  # median wall time
     runs: tuple[float, ...]
     peak_rss: int  # bytes, the largest over the runs
+    cpu: float = float("nan")  # median CPU seconds (user + system, the process and its reaped children)
 
     def __str__(self) -> str:
         spread = ", ".join(f"{s:.3f}" for s in self.runs)
-        return f"{self.seconds:.3f} s (median of {len(self.runs)}: {spread}), peak RSS {mib(self.peak_rss)}"
+        cpu = f", CPU {self.cpu:.3f} s" if self.cpu == self.cpu else ""
+        return f"{self.seconds:.3f} s (median of {len(self.runs)}: {spread}){cpu}, peak RSS {mib(self.peak_rss)}"
 
 
 def mib(nbytes: float) -> str:
@@ -43,8 +45,9 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def run_once(argv: Sequence[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (bytes) of one run of ``argv`` (its output discarded; a failure raises)."""
+def run_once(argv: Sequence[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds of one run of ``argv`` (output discarded; a failure
+    raises). On a loaded machine the CPU time says what the command costs, the wall time what it waited too."""
     began = time.perf_counter()
     child = subprocess.Popen(list(argv), cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
@@ -54,32 +57,37 @@ def run_once(argv: Sequence[str]) -> tuple[float, int]:
     err = child.stderr.read().decode() if child.stderr else ""
     if child.returncode:
         raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}): {err.strip()[-500:]}")
-    return wall, usage.ru_maxrss * 1024  # Linux reports KiB
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # Linux reports KiB
+
+
+def _summary(runs: list[tuple[float, int, float]]) -> Timed:
+    return Timed(statistics.median(w for w, _, _ in runs), tuple(w for w, _, _ in runs), max(r for _, r, _ in runs),
+                 statistics.median(c for _, _, c in runs))
 
 
 def timed_command(argv: Sequence[str], repeat: int) -> Timed:
-    runs = [run_once(argv) for _ in range(repeat)]
-    return Timed(statistics.median(w for w, _ in runs), tuple(w for w, _ in runs), max(r for _, r in runs))
+    return _summary([run_once(argv) for _ in range(repeat)])
 
 
 def interleaved(commands: dict[str, Sequence[str]], repeat: int) -> dict[str, Timed]:
     """Each command ``repeat`` times, taking turns (so a change in the machine's load hits them alike)."""
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in commands}
+    runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in commands}
     for _ in range(repeat):
         for name, argv in commands.items():
             runs[name].append(run_once(argv))
-    return {name: Timed(statistics.median(w for w, _ in r), tuple(w for w, _ in r), max(m for _, m in r))
-            for name, r in runs.items()}
+    return {name: _summary(r) for name, r in runs.items()}
 
 
 def timed_call(function: Callable[[], object], repeat: int) -> Timed:
     """Median wall time of ``function()`` in this process, and this process's peak RSS after the runs."""
-    runs = []
+    runs, cpu = [], []
     for _ in range(repeat):
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         function()
         runs.append(time.perf_counter() - began)
-    return Timed(statistics.median(runs), tuple(runs), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+        cpu.append(time.process_time() - began_cpu)
+    return Timed(statistics.median(runs), tuple(runs), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                 statistics.median(cpu))
 
 
 def python() -> str:
