@@ -1,11 +1,12 @@
 """Output plugins in a forked process that starts with the command (``sim run``'s charts, issue 25).
 
-In: an entry-point group, forked before the command imports anything heavy; later the plugins' arguments
-(``submit``). Out: what the plugins write, and ``wait()``: None, or the child's one-line error. The child loads
-the plugins (Matplotlib and the analysis package: about a third of a second) while the parent loads the
-scenario and simulates, then draws while the parent writes the trace and the summary; on two cores the chart
-costs the command little more than handing it over. ``wait`` returns only when the child has exited, so every
-file exists when the command returns, and a plugin's failure is still one line.
+In: an entry-point group, forked once the command has imported numpy and pandas (the child shares them, copy
+on write) and before it loads the scenario; later the plugins' arguments (``submit``, pickled through a pipe).
+Out: what the plugins write, and ``wait()``: None, or the child's one-line error. The child loads the plugins
+(Matplotlib and the analysis package: about a third of a second) while the parent loads the scenario and
+simulates, then draws while the parent writes the trace and the summary; on two idle cores the chart costs the
+command little more than handing it over. ``wait`` returns only when the child has exited, so every file
+exists when the command returns, and a plugin's failure is still one line.
 
 Where ``os.fork`` does not exist, ``start`` returns None and the caller runs the plugins itself.
 """

@@ -45,9 +45,11 @@ def _plugins(group: str) -> list[Callable[..., Any]]:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    import sim.runner  # noqa: F401 - numpy, pandas, pyarrow, pydantic: loaded before the fork, the child shares them
+
     charts = None
     if not args.no_plot and getattr(args, "background", False):
-        from sim.cli import background  # first, before this process imports anything heavy
+        from sim.cli import background  # after numpy and pandas (the child shares them), before the scenario
 
         charts = background.start(OUTPUT_PLUGINS)
     try:
