@@ -39,15 +39,20 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     layered = run.trace[(run.trace["layer"] >= 0) & run.trace["kind"].isin(["forward", "backward"])]
     counts = layered.groupby(["rank", "kind", "microbatch", "layer", "name"]).size()
     assert set(counts[counts.index.get_level_values("kind") == "forward"]) == {1}
-    plan = resolve(run.scenario)
-    m = plan.microbatches
+    m = resolve(run.scenario).microbatches
     # With TP, a fused backward block is two tasks: the input gradient, then the column-parallel GEMM's weight
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
     sc = run.scenario
     split = sc.parallel.tp > 1 and sc.costs.model != "fixed" and not SCHEDULES[sc.schedule].splits_backward
-    for (_rank, kind), rows in layered.groupby(["rank", "kind"]):
-        per_stage = plan.stage_layers(int(rows["stage"].iloc[0]))  # uneven first/last stages included
-        assert len(rows) == m * per_stage * 2 * (2 if kind == "backward" and split else 1)
+    # A MoE layer's MLP part is its router, grouped experts and combine (and a shared expert), one task each.
+    plan = resolve(sc)
+    moe_blocks = 3 + bool(sc.model.moe_shared_expert_intermediate_size)
+    for (rank, kind), rows in layered.groupby(["rank", "kind"]):
+        stage = plan.grid.coord(int(rank)).pp
+        per_stage = plan.stage_layers(stage)  # uneven first/last stages included
+        moe = plan.stage_moe_layers(stage)
+        attention = 2 if kind == "backward" and split else 1
+        assert len(rows) == m * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
 
 
 def test_durations_are_finite_and_non_negative(run):

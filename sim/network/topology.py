@@ -1,11 +1,11 @@
 """The cluster as a directed graph of links.
 
-In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, InfiniBand per NIC, PCIe to the host),
-NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric (``FabricSpec``). Out: a ``Topology``: a
-networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``, ``leaf{group}.{rail}``, ``spine``,
-``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s and a ``tier``), the links as an
-indexed list, and the questions the network models ask: which tier a group of ranks crosses (``tier``), and
-the links a transfer between two GPUs loads (``route``, cached).
+In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, as rings and as all-to-alls use it,
+InfiniBand per NIC, PCIe to the host), NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric
+(``FabricSpec``). Out: a ``Topology``: a networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``,
+``leaf{group}.{rail}``, ``spine``, ``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s
+and a ``tier``), the links as an indexed list, and the questions the network models ask: which tier a group of
+ranks crosses (``tier``), and the links a transfer between two GPUs loads (``route``, cached).
 
 Routes. Inside an NVSwitch domain: GPU -> NVSwitch -> GPU. Across domains, NCCL's PXN path (NCCL >= 2.12):
 the data first moves over NVLink to the local GPU whose NIC sits on the destination's rail, then NIC -> leaf
@@ -46,6 +46,12 @@ class Topology:
     nvls: LinkSpec | None
     pcie: LinkSpec | None = None
     link_factors: tuple[tuple[str, float], ...] = ()  # degraded / failed links (sim.spec.variation)
+    all_to_all: LinkSpec | None = None  # NVLink as NCCL's all-to-all drives it (None: the ring's intra_node)
+
+    @property
+    def all_to_all_link(self) -> LinkSpec:
+        """The NVLink tier an all-to-all's intra-domain peers move over: its own fit, else the ring's."""
+        return self.all_to_all or self.intra_node
 
     # The graph and its links are wired on first use (issue 25): the closed-form network models ask only the
     # questions below, and wiring 16,384 GPUs' 132,096 links took longer than simulating their step.
@@ -172,7 +178,7 @@ class _Wiring:
 def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: LinkSpec, *,
           nics_per_node: int | None = None, nvlink_domain: int | None = None, fabric: FabricSpec | None = None,
           pcie: LinkSpec | None = None, nvls: LinkSpec | None = None,
-          link_factors: dict[str, float] | None = None) -> Topology:
+          link_factors: dict[str, float] | None = None, all_to_all: LinkSpec | None = None) -> Topology:
     """The cluster; its graph and links are wired when first asked for, except with ``link_factors``, whose
     names are checked now (a ``ValueError`` naming the link)."""
     nics = nics_per_node or gpus_per_node
@@ -180,7 +186,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
     topology = Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric or FabricSpec(), nvls,
-                        pcie, tuple((link_factors or {}).items()))
+                        pcie, tuple((link_factors or {}).items()), all_to_all)
     if topology.link_factors:
         topology.failed_nics  # noqa: B018 - wire now: a bad link name is the scenario's error, not a later one
     return topology
@@ -192,16 +198,27 @@ def _wire(topology: Topology) -> _Wiring:
     nics, domain, fabric = topology.nics_per_node, topology.nvlink_domain, topology.fabric
     graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
-    # A link carries at most what its best-measured group moves over it (factors above 1 included).
+    all_to_all = topology.all_to_all
+    # A link carries at most what its best-measured group moves over it (factors above 1 included); once per
+    # tier, not per link.
     best = {id(spec): max([1.0] + [factor for _, factor in spec.group_efficiency])
-            for spec in (intra_node, inter_node, pcie) if spec is not None}
+            for spec in (intra_node, inter_node, pcie, all_to_all) if spec is not None}
 
-    def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None) -> None:
+    def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None,
+                capacity: float | None = None) -> None:
         rate = line_rate if line_rate is not None else spec.bandwidth
-        capacity = rate * spec.efficiency * best[id(spec)]
+        capacity = capacity if capacity is not None else rate * spec.efficiency * best[id(spec)]
         for u, v in ((a, b), (b, a)):
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
             links.append(Link(u, v, tier, capacity))
+
+    # NVLink carries the best of what its ring and its all-to-all reach (GB200's all-to-all plateau is above its
+    # ring's): the all-to-all's capacity replaces the ring's only where it is higher.
+    nvlink_capacity = None
+    if all_to_all is not None:
+        a2a_capacity = all_to_all.bandwidth * all_to_all.efficiency * best[id(all_to_all)]
+        if a2a_capacity > intra_node.bandwidth * intra_node.efficiency * best[id(intra_node)]:
+            nvlink_capacity = a2a_capacity
 
     graph.add_node("spine", kind="spine")
     groups = -(-nodes // fabric.nodes_per_leaf)
@@ -224,7 +241,7 @@ def _wire(topology: Topology) -> _Wiring:
             rank = node * gpus_per_node + local
             gpu = f"gpu{rank}"
             graph.add_node(gpu, kind="gpu", node=node, rank=rank)
-            connect(gpu, f"nvswitch{rank // domain}", "nvlink", intra_node)
+            connect(gpu, f"nvswitch{rank // domain}", "nvlink", intra_node, capacity=nvlink_capacity)
             connect(gpu, f"nic{node}.{local * nics // gpus_per_node}", "pcie", pcie or inter_node,
                     None if pcie else 4 * inter_node.bandwidth)
             if pcie is not None:
