@@ -6,12 +6,16 @@ texts; nothing is printed here (``sim.cli.commands`` prints them through ``sim.c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Column, Table
 
-from sim.output.summary import Summary
 from sim.plan import resolve
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import PARTS
+
+if TYPE_CHECKING:  # a type only: ``sim check`` prints its table without importing pandas
+    from sim.output.summary import Summary
 
 
 def _gib(value: float) -> str:

@@ -27,6 +27,7 @@ The topology is only a type here (imported for type checking): the engine import
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol, TypeGuard
@@ -156,11 +157,8 @@ class AnalyticNetwork:
         return times
 
     def _domain_counts(self, group: tuple[int, ...]) -> dict[int, int]:
-        """NVLink domain -> how many of the group's ranks it holds."""
-        counts: dict[int, int] = {}
-        for rank in group:
-            counts[self.topology.domain_of(rank)] = counts.get(self.topology.domain_of(rank), 0) + 1
-        return counts
+        """NVLink domain -> how many of the group's ranks it holds (counted in C: this runs per collective)."""
+        return Counter(map(self.topology.nvlink_domain.__rfloordiv__, group))  # rank // domain (Topology.domain_of)
 
     def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
         """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
