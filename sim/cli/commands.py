@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
+        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments, result.graph)
     if not args.no_plot:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
