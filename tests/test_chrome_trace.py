@@ -49,7 +49,7 @@ def test_metadata_names_every_process_and_thread_used(chrome):
     assert {pid for pid, _ in used} <= set(processes)
     assert processes[0] == "rank 0"
     # each thread is named after its stream, and the tid is that stream's index
-    for (pid, tid), name in threads.items():
+    for (_pid, tid), name in threads.items():
         assert STREAM_TIDS[name] == tid
     sorted_threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_sort_index"}
     assert sorted_threads == set(threads)
