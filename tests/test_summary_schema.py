@@ -60,3 +60,14 @@ def test_another_schema_version_is_refused(summaries):
     assert Summary.from_dict(summaries["plain"]).to_dict()["schema_version"] == SCHEMA_VERSION
     with pytest.raises(TypeError, match="schema_version 99"):
         Summary.from_dict({**summaries["plain"], "schema_version": 99})
+
+
+def test_parameters_are_reported_total_and_active_for_moe(summaries):
+    from sim.cli.tables import parameters_line
+    from sim.model.transformer import MODEL_PRESETS
+
+    assert summaries["plain"]["parameters_total"] == 103_864_320  # tiny.yaml's model, as sim check prints it
+    assert summaries["plain"]["parameters_active"] is None  # dense
+    # Mixtral 8x7B's model card: 46.7B parameters, 12.9B used per token
+    line = parameters_line(MODEL_PRESETS["mixtral-8x7b"])
+    assert line.startswith("parameters: 46.7 B (") and ", 12.9 B active per token (" in line

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from sim import api, runner
 from sim.cli.console import TableConsole
-from sim.cli.tables import memory_problem, memory_table, summary_table, summary_title
+from sim.cli.tables import memory_problem, memory_table, parameters_line, summary_table, summary_title
 from sim.errors import ConfigError, OutOfMemory, SimError
 from sim.explore import search, sweep
 from sim.explore.executors import DASK_TIMEOUT_S
@@ -85,6 +85,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     console.print(checked.resolved_yaml, markup=False, highlight=False)
     console.print(memory_table(scenario, checked.memory_plan))
     implied = degrees(scenario)
+    console.print(parameters_line(scenario.model))
     console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0
 

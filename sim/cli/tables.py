@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from rich.table import Column, Table
 
+from sim.model.transformer import ModelSpec, active_params, total_params
 from sim.output.summary import Summary
 from sim.plan import resolve
 from sim.spec.scenario import Scenario
@@ -29,6 +30,21 @@ def memory_problem(summary: Summary) -> str:
             f"(largest: {detail})")
 
 
+def _count(value: float) -> str:
+    """A parameter count in billions (or millions), three significant figures: 8.03 B."""
+    return f"{value / 1e9:.3g} B" if value >= 1e9 else f"{value / 1e6:.3g} M"
+
+
+def parameters_line(model: ModelSpec) -> str:
+    """``sim check``'s parameter count: total, and active per token for a mixture of experts."""
+    total = total_params(model)
+    line = f"parameters: {_count(total)} ({total:,})"
+    if model.is_moe:
+        active = active_params(model)
+        line += f", {_count(active)} active per token ({active:,})"
+    return line
+
+
 def summary_title(summary: Summary) -> str:
     """The run's one-line heading: scenario, GPUs, layout, schedule, micro-batches."""
     layout = summary.layout
@@ -43,6 +59,8 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     exposed = summary.exposed_comm_s
     rows = [
         ("step time", f"{summary.step_time_s:.4f} s"),
+        ("parameters", _count(summary.parameters_total) + ("" if summary.parameters_active is None
+                                                           else f" ({_count(summary.parameters_active)} active)")),
         ("tokens/s", f"{summary.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
         ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),

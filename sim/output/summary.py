@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 import pydantic
 
-from sim.model.transformer import model_flops_per_step
+from sim.model.transformer import active_params, model_flops_per_step, total_params
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream
@@ -98,6 +98,8 @@ class Summary:
     step_time_s: float
     tokens_per_s: float
     model_flops_per_step: float
+    parameters_total: int  # the model's parameters (sim.model.transformer.total_params)
+    parameters_active: int | None  # MoE: parameters a token passes through (active_params); None for a dense model
     tflops_per_gpu: float
     mfu: float
     hardware_tflops_per_gpu: float
@@ -245,6 +247,8 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         step_time_s=step,
         tokens_per_s=tokens / step if step > 0 else 0.0,
         model_flops_per_step=model_flops,
+        parameters_total=total_params(plan.model),
+        parameters_active=active_params(plan.model) if plan.model.is_moe else None,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / peak,
         hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
