@@ -150,7 +150,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
     fabric = fabric or FabricSpec()
-    if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
+    if domain % gpus_per_node:  # a partial last domain is allowed (sim.spec.cluster: whole nodes of it)
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
     graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
