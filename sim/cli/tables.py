@@ -9,9 +9,11 @@ from __future__ import annotations
 from rich.table import Column, Table
 
 from sim.model.transformer import ModelSpec, active_params, total_params
+from sim.output.planning import Planning
 from sim.output.summary import Summary
 from sim.plan import resolve
 from sim.spec.scenario import Scenario
+from sim.units import format_count
 from sim.workload.footprint import PARTS
 
 
@@ -43,6 +45,25 @@ def parameters_line(model: ModelSpec) -> str:
         active = active_params(model)
         line += f", {_count(active)} active per token ({active:,})"
     return line
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 86400:,.1f} days" if seconds >= 86400 else f"{seconds / 3600:.2f} h"
+
+
+def _planning_rows(plan: Planning) -> list[tuple[str, str]]:
+    """The token budget's rows (training.train_tokens): time, GPU-hours, GPU energy, cost."""
+    if plan.train_tokens is None or plan.time_to_train_s is None or plan.gpu_hours is None:
+        return []
+    rows = [(f"time to train {format_count(plan.train_tokens)} tokens",
+             f"{_duration(plan.time_to_train_s)} ({plan.train_steps:,} steps)"),
+            ("GPU-hours", f"{plan.gpu_hours:,.4g}")]
+    if plan.energy_kwh is not None:
+        energy = f"{plan.energy_kwh / 1e3:,.4g} MWh" if plan.energy_kwh >= 1e3 else f"{plan.energy_kwh:.4g} kWh"
+        rows.append(("GPU energy (board power x utilisation)", f"{energy} ({plan.compute_utilization:.0%} busy)"))
+    if plan.cost is not None:
+        rows.append(("cost", f"{plan.cost:,.4g} at {plan.price_per_gpu_hour:g} per GPU-hour"))
+    return rows
 
 
 def summary_title(summary: Summary) -> str:
@@ -86,6 +107,7 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     for busy in (summary.busiest_links or [])[:3]:
         rows.append((f"busy link {busy.link}", f"{busy.utilization:.0%} of the step, "
                                                f"saturated {busy.saturated_s * 1e3:.1f} ms"))
+    rows.extend(_planning_rows(summary.planning))
     if wall_s is not None:
         rows.append(("wall time", f"{wall_s:.2f} s"))
     for name, value in rows:

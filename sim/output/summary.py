@@ -27,6 +27,7 @@ import pandas as pd
 import pydantic
 
 from sim.model.transformer import active_params, model_flops_per_step, total_params
+from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream
@@ -112,6 +113,7 @@ class Summary:
     host_memory_bytes: float  # CPU offload, per rank
     hbm_capacity_bytes: float
     fits_in_memory: bool
+    planning: Planning  # time-to-train, GPU-hours, energy and cost of a token budget (sim.output.planning)
     tasks: int
     # Added by the runner (sim.runner.run):
     nccl_sm_stretch_s: float | None = None  # network.nccl_sms: compute time NCCL's SMs added on the worst rank
@@ -137,6 +139,7 @@ class Summary:
                             "version of clustersim reads")
         values["layout"] = Layout(**values["layout"])
         values["peak_memory_bytes"] = PeakMemory(**values["peak_memory_bytes"])
+        values["planning"] = Planning(**values["planning"])
         if values.get("critical_path_s") is not None:
             values["critical_path_s"] = CriticalPathSeconds(**values["critical_path_s"])
         if values.get("busiest_links") is not None:
@@ -215,10 +218,12 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
     pipeline_end = float(compute["end_s"].max())
     bubbles: list[float] = []
+    busy_compute: list[float] = []
     exposed: dict[str, float] = {str(kind): 0.0 for kind in COMM_KINDS}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
+        busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
         busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
         busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
         busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
@@ -261,5 +266,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         host_memory_bytes=max(m["host"] for m in memory.values()),  # CPU offload, per rank
         hbm_capacity_bytes=scenario.cluster.gpu.hbm_capacity,
         fits_in_memory=bool(peak_memory <= scenario.cluster.gpu.hbm_capacity),
+        planning=planning(step, gpus, tokens, float(np.mean(busy_compute)), scenario.cluster.gpu.board_power,
+                          scenario.training.train_tokens, scenario.cluster.price_per_gpu_hour),
         tasks=int(len(trace)),
     )

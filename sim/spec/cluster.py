@@ -50,6 +50,8 @@ class ClusterSpec(FrozenSpec):
     all_to_all: LinkSpec | None = Field(default=None, description="NVLink under NCCL's all-to-all; None: intra_node")
     pcie: LinkSpec
     fabric: FabricSpec = FabricSpec()
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, description=(
+        "what one GPU-hour costs (any currency): the summary's cost of a training.train_tokens budget"))
 
     @model_validator(mode="before")
     @classmethod
