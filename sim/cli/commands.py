@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot | sweep | search | validate | calibrate``.
+"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
+        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments, result.graph)
     if charts is not None:
         error = charts.wait()
         if error:
@@ -103,7 +103,7 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
     from sim import api
-    from sim.cli.tables import memory_table
+    from sim.cli.tables import memory_table, parameters_line
     from sim.spec.degrees import degrees
 
     checked = api.check(args.scenario, args.set)
@@ -111,6 +111,7 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     console.print(checked.resolved_yaml, markup=False, highlight=False)
     console.print(memory_table(scenario, checked.memory_plan))
     implied = degrees(scenario)
+    console.print(parameters_line(scenario.model))
     console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0
 
@@ -273,6 +274,10 @@ def parser() -> argparse.ArgumentParser:
                      help="override a field of every scenario, e.g. costs.end_to_end_factor=1 (repeatable)")
     val.add_argument("-o", "--output", help="write validation.csv here")
     val.set_defaults(handler=cmd_validate)
+    schema = commands.add_parser("schema", help="print a JSON Schema: of scenario files (default; for editors, "
+                                 "e.g. sim schema > scenario.schema.json) or of summary.json")
+    schema.add_argument("what", nargs="?", choices=("scenario", "summary"), default="scenario")
+    schema.set_defaults(handler=cmd_schema)
     cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
                               "into a profile for costs: calibrated")
     cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
@@ -288,6 +293,18 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--seq-len", type=int, default=4096)
     cal.set_defaults(handler=cmd_calibrate)
     return top
+
+
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    """``sim schema [scenario|summary]``: the JSON Schema on stdout, plain (no console wrapping)."""
+    if args.what == "summary":
+        from sim.output.summary import json_schema
+        document = json_schema()
+    else:
+        from sim.spec.json_schema import scenario_schema
+        document = scenario_schema()
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    return 0
 
 
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:

@@ -183,7 +183,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     names are checked now (a ``ValueError`` naming the link)."""
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
-    if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
+    if domain % gpus_per_node:  # a partial last domain is allowed (sim.spec.cluster: whole nodes of it)
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
     topology = Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric or FabricSpec(), nvls,
                         pcie, tuple((link_factors or {}).items()), all_to_all)

@@ -25,7 +25,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
-from sim.units import Bytes, BytesPerSecond, Seconds, parse_seconds
+from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 
 MiB = 2**20
 # Input bounds (issue 27): a scenario is a few kB; these keep a malformed or hostile file from exhausting time or
@@ -77,6 +77,9 @@ class TrainingSpec(FrozenSpec):
         "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
         "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
         "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
+    train_tokens: Count | None = Field(default=None, description=(
+        "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
+        "training on it (sim.output.planning); none: those figures are null"))
 
 
 class ParallelSpec(FrozenSpec):
