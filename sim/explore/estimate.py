@@ -151,10 +151,14 @@ class Estimator:
                          for _, params in step.reduce_buckets(plan)) / plan.model.num_layers
         else:
             unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
-            gather = self.net.collective_time("all_gather", unit_params * plan.weight_bytes_per_param, group) \
-                / plan.unit_layers
-            reduce = self.net.collective_time("reduce_scatter", unit_params * plan.grad_bytes_per_param, group) \
-                / plan.unit_layers
+            unit_weights = unit_params * plan.weight_bytes_per_param
+            unit_grads = unit_params * plan.grad_bytes_per_param
+            if plan.peft.active:  # frozen weights in their storage dtype; gradients of the trainable ones only
+                middle = plan.model.num_layers // 2
+                unit_weights = plan.unit_layers * plan.layer_weight_bytes(middle)
+                unit_grads = plan.unit_layers * plan.layer_grad_params(middle) * plan.grad_bytes_per_param
+            gather = self.net.collective_time("all_gather", unit_weights, group) / plan.unit_layers
+            reduce = self.net.collective_time("reduce_scatter", unit_grads, group) / plan.unit_layers
         network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
         held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
@@ -254,7 +258,7 @@ class Estimator:
                 units: dict[int, float] = {}
                 for layer, _, _ in ready:
                     unit = max(layer, 0) // plan.unit_layers
-                    units[unit] = step.unit_params(plan, unit) * grad_elem
+                    units[unit] = step.unit_grad_params(plan, unit) * grad_elem
                 closing = {max(layer, 0) // plan.unit_layers: layer for layer, _, _ in ready}
                 buckets = [(closing[unit], nbytes) for unit, nbytes in units.items()]
             elif plan.scenario.parallel.overlap_grad_reduce or zero >= 2:

@@ -23,6 +23,7 @@ from sim.hardware import FrozenSpec, parameter_dtype
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
+from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds, parse_seconds
@@ -72,6 +73,16 @@ class TrainingSpec(FrozenSpec):
         "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
         "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
         "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
+    # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
+    method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
+        "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "
+        "qlora: LoRA on a base stored in 4-bit NF4 (training.qlora); frozen: full training except "
+        "training.frozen_layers"))
+    lora: LoraSpec = LoraSpec()
+    qlora: QloraSpec = QloraSpec()
+    frozen_layers: list[int] = Field(default_factory=list, description="method frozen: transformer layers (0-based) "
+                                     "whose weights do not train")
+    frozen_embedding: bool = Field(default=False, description="method frozen: the input embedding does not train")
 
 
 class ParallelSpec(FrozenSpec):

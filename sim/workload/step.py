@@ -31,6 +31,7 @@ from sim.model.ops import (
     head_forward_ops,
     layer_forward_ops,
 )
+from sim.model.peft import adapt_layer_ops
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
 from sim.plan import Plan
@@ -91,6 +92,8 @@ def blocks(plan: Plan) -> Blocks:
     b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
                             t.fused_kernels, fp8_casts(plan), t.causal_attention)
+    # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
+    ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
@@ -129,6 +132,34 @@ def unit_params(plan: Plan, unit: int) -> float:
     return params
 
 
+def unit_grad_params(plan: Plan, unit: int) -> float:
+    """Parameters of unit ``unit`` that get gradients, per TP rank (what its reduce-scatter carries):
+    ``unit_params`` in full training, the trainable ones under a fine-tuning method (sim.model.peft)."""
+    if not plan.peft.active:
+        return unit_params(plan, unit)
+    layers = range(unit * plan.unit_layers, (unit + 1) * plan.unit_layers)
+    params = sum(plan.layer_grad_params(layer) for layer in layers)
+    if layers[0] == 0:
+        params += embedding_params(plan.model) * plan.embedding_trains / plan.tp
+    if layers[-1] == plan.model.num_layers - 1:
+        params += head_params(plan.model) * plan.head_trains / plan.tp
+    return params
+
+
+def unit_weight_params(plan: Plan, unit: int) -> float:
+    """Unit ``unit``'s gathered weights in compute-dtype parameters (bytes / ``plan.weight_bytes_per_param``):
+    ``unit_params`` in full training; frozen weights count at their storage size (an NF4 weight ~0.26)."""
+    if not plan.peft.active:
+        return unit_params(plan, unit)
+    layers = range(unit * plan.unit_layers, (unit + 1) * plan.unit_layers)
+    params = sum(plan.layer_weight_bytes(layer) for layer in layers) / plan.weight_bytes_per_param
+    if layers[0] == 0:
+        params += embedding_params(plan.model) / plan.tp
+    if layers[-1] == plan.model.num_layers - 1:
+        params += head_params(plan.model) / plan.tp
+    return params
+
+
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
     order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
@@ -155,7 +186,7 @@ def gather_calls(plan: Plan, unit: int) -> tuple[float, ...]:
     by module). Buckets do not run across units here (DeepSpeed's prefetch queue does)."""
     ds = plan.deepspeed
     if ds is None:
-        return (unit_params(plan, unit),)
+        return (unit_weight_params(plan, unit),)
     calls, pending = [], 0.0
     for tensors in unit_modules(plan, unit):
         gathered = sum(n for n in tensors if n > ds.stage3_param_persistence_threshold)
@@ -181,7 +212,7 @@ def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
     units = plan.model.num_layers // plan.unit_layers
     ds = plan.deepspeed
     if ds is None:
-        return [(unit * plan.unit_layers, unit_params(plan, unit)) for unit in reversed(range(units))]
+        return [(unit * plan.unit_layers, unit_grad_params(plan, unit)) for unit in reversed(range(units))]
     buckets, pending = [], 0.0
     for unit in reversed(range(units)):
         for tensors in reversed(unit_modules(plan, unit)):
@@ -200,12 +231,12 @@ def head_gradient_params(plan: Plan, stage: int) -> float:
     if stage != plan.head_stage:
         return 0.0
     tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
-    return (head_params(plan.model) + tied) / plan.tp
+    return (head_params(plan.model) + tied) / plan.tp * plan.head_trains
 
 
 def embedding_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
-    return embedding_params(plan.model) / plan.tp if stage == plan.embedding_stage else 0.0
+    return embedding_params(plan.model) / plan.tp * plan.embedding_trains if stage == plan.embedding_stage else 0.0
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
@@ -217,9 +248,8 @@ def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
     """Gradient bytes that become final together on a rank of ``stage``, keyed by layer: each layer's, with the
     head's (and a tied-embedding copy's) joining the stage's last layer (the head's backward runs just before
     it), and the input embedding's under key -1 (its backward runs after layer 0's)."""
-    per_layer = layer_params(plan.model).per_tp_rank(plan.tp) * plan.grad_bytes_per_param
     layers = stage_layer_ids(plan, stage)
-    sizes = {layer: per_layer for layer in layers}
+    sizes = {layer: plan.layer_grad_params(layer) * plan.grad_bytes_per_param for layer in layers}
     head = head_gradient_params(plan, stage)
     if head:
         sizes[max(layers)] += head * plan.grad_bytes_per_param
@@ -314,13 +344,13 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
     under ``overlaps_param_gather`` (the gather moves to the next forward, bucket by bucket:
     ``param_gather_buckets``)."""
     if plan.data_parallel and plan.zero_stage in (1, 2) and not plan.gathers_units and not overlaps_param_gather(plan):
-        return plan.stage_params(stage) * plan.weight_bytes_per_param
+        return plan.stage_trainable_params(stage) * plan.weight_bytes_per_param
     return 0.0
 
 
 def optimizer_params(plan: Plan, stage: int) -> float:
     """Parameters one rank of ``stage`` updates in the optimizer step (its shard under ZeRO)."""
-    return plan.stage_params(stage) / plan.optimizer_shards
+    return plan.stage_trainable_params(stage) / plan.optimizer_shards
 
 
 # One fp32 scalar: the global gradient norm, or the found-inf flag of the loss-scale check.
