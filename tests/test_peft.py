@@ -164,3 +164,16 @@ def test_fits_on_one_gpu() -> None:
     assert rows[0]["fits"]
     rows = memory_plan(resolve(scenario_from_dict(scenario("llama3-70b", method="lora", recompute="full"))))
     assert not rows[0]["fits"]  # 141 GB of bf16 weights
+
+
+def test_model_flops() -> None:
+    from sim.model.peft import model_flops_per_step as peft_flops
+    from sim.model.transformer import layer_forward_flops, logits_forward_flops, model_flops_per_step
+    spec, s = LLAMA3_8B, 2048
+    assert peft_flops(spec, Peft(), 4, s) == pytest.approx(model_flops_per_step(spec, 4, s), rel=1e-12)
+    h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
+    linear = 2.0 * s * (h * (h + 2 * kv) + h * h + 3 * h * f)
+    attention = layer_forward_flops(spec, 1, s) - linear
+    adapters = 2.0 * s * trainable_params(spec, Peft("lora", rank=16)) / spec.num_layers
+    expected = 32 * (2 * linear + 3 * attention + 3 * adapters) + 2 * logits_forward_flops(spec, 1, s)
+    assert peft_flops(spec, Peft("lora", rank=16), 1, s) == pytest.approx(expected, rel=1e-12)

@@ -33,6 +33,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
+from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
@@ -350,6 +351,8 @@ class Estimator:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
         flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
+        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
+            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

@@ -33,7 +33,14 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from sim.model.ops import Op
-from sim.model.transformer import ModelSpec, embedding_params, head_params, layer_params
+from sim.model.transformer import (
+    ModelSpec,
+    embedding_params,
+    head_params,
+    layer_forward_flops,
+    layer_params,
+    logits_forward_flops,
+)
 
 Method = Literal["full", "lora", "qlora", "frozen"]
 # Hugging Face PEFT's Llama target module names, in forward order.
@@ -257,3 +264,24 @@ def adapter_activation_bytes(spec: ModelSpec, peft: Peft, tokens: float, tp: int
         if peft.dropout > 0:
             total += tokens * a_in * (elem_bytes + 1)
     return total
+
+
+# ------------------------------------------------------------------------------------------- model FLOPs
+
+
+def model_flops_per_step(spec: ModelSpec, peft: Peft, global_batch: int, seq_len: int) -> float:
+    """Model FLOPs of one step under ``peft`` (MFU's numerator; sim.model.transformer.model_flops_per_step in
+    full training, which it equals there). Per sequence and layer: the forward's GEMMs and attention, a backward
+    of twice the attention and of each linear GEMM twice where its weights train and once (the input gradient)
+    where they are frozen; LoRA's adapters three times their forward. The LM head: three times its forward if
+    it trains, twice if frozen. Without recomputation, as Korthikanti et al. 2022 eq. 7 counts."""
+    h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
+    linear = 2.0 * seq_len * (h * (h + 2 * kv) + h * h + spec.mlp_matrices * h * f)
+    attention = layer_forward_flops(spec, 1, seq_len) - linear
+    adapters = 2.0 * seq_len * adapter_params(spec, peft)
+    total = 0.0
+    for layer in range(spec.num_layers):
+        weights = 2.0 if peft.layer_frozen(layer) else 3.0
+        total += weights * linear + 3.0 * attention + 3.0 * adapters
+    total += (3.0 if peft.head_trainable else 2.0) * logits_forward_flops(spec, 1, seq_len)
+    return global_batch * total
