@@ -63,7 +63,13 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     stage_weights, stage_grads = plan.stage_params(stage) * elem, plan.stage_params(stage) * plan.grad_bytes_per_param
     if plan.peft.active:  # gathered weights in their storage dtype, gradients of the trainable ones only
         layers = [layer for chunk in plan.stage_chunks[stage] for layer in plan.chunk_layers(chunk)]
-        unit = plan.unit_layers * max(plan.layer_weight_bytes(layer) for layer in layers) + biggest_extra * elem
+        layer_units = plan.unit_layers * max(plan.layer_weight_bytes(layer) for layer in layers)
+        unit = layer_units + biggest_extra * elem
+        # With frozen weights the backward's first gather (of the last unit, with the head) starts while that
+        # unit's forward still computes (it waits only for the unit two back, and no gradient reduce-scatter
+        # holds the stream): that unit twice, beside the one before it (seen in the timeline of
+        # scenarios/llama3-70b_h100-8_lora_fsdp.yaml).
+        last_unit = layer_units + head_params(model) / plan.tp * elem
         extra_grads = max(embedding_params(model) * plan.embedding_trains, head_params(model) * plan.head_trains)
         unit_grads = (plan.unit_layers * max(plan.layer_grad_params(layer) for layer in layers)
                       + extra_grads / plan.tp) * plan.grad_bytes_per_param
@@ -76,6 +82,8 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
         # one before, whose reduce-scatter may still be running on the group's one stream (the timeline holds
         # two there, in the gradient dtype).
         gathered = 2 * unit if plan.zero_stage >= 3 else stage_weights
+        if plan.peft.active and plan.zero_stage >= 3:
+            gathered = max(gathered, 2 * last_unit + layer_units)
         unreduced = 2 * unit_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
         unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
