@@ -177,3 +177,24 @@ def test_model_flops() -> None:
     adapters = 2.0 * s * trainable_params(spec, Peft("lora", rank=16)) / spec.num_layers
     expected = 32 * (2 * linear + 3 * attention + 3 * adapters) + 2 * logits_forward_flops(spec, 1, s)
     assert peft_flops(spec, Peft("lora", rank=16), 1, s) == pytest.approx(expected, rel=1e-12)
+
+
+def test_frozen_layers_skip_their_weight_gradients() -> None:
+    """method frozen: the frozen layers' backward drops the linears' weight-gradient GEMMs (FLOPs exact in the
+    trace), and the estimate follows the simulation."""
+    import sim
+    from sim.model.ops import layer_forward_ops
+
+    base = scenario("llama3-8b", micro_batch=1, recompute="full")
+    full = sim.run(scenario_from_dict(base))
+    frozen = sim.run(scenario_from_dict({**base, "training": {**base["training"], "method": "frozen",
+                                                              "frozen_layers": list(range(8))}}))
+    spec, s = LLAMA3_8B, 2048
+    linear = sum(op.flops for ops in layer_forward_ops(spec, 1, s, 1, False, 2, True).values() for op in ops
+                 if op.has_weights)
+    executed = full.trace["flops"].sum() - frozen.trace["flops"].sum()
+    assert executed == pytest.approx(8 * linear, rel=1e-9)
+    assert frozen.summary.step_time_s < full.summary.step_time_s
+    estimate = sim.estimate(scenario_from_dict({**base, "training": {**base["training"], "method": "frozen",
+                                                                     "frozen_layers": list(range(8))}}))
+    assert estimate.step_time_s == pytest.approx(frozen.summary.step_time_s, rel=0.02)

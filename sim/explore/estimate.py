@@ -104,6 +104,7 @@ class Estimator:
         if plan.scenario.training.recompute == "selective":
             bwd_layer += self._price(plan, "selective", "forward")
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
+        frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
@@ -111,8 +112,13 @@ class Estimator:
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
             recomputed = plan.recomputed_layers(s)
             layer_bwd = bwd_layer + fwd_layer * recomputed / layers
+            layer_w = w_layer
+            if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
+                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / layers
+                layer_bwd += share * (frozen[0] - bwd_layer)
+                layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
-            f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * w_layer
+            f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
             for piece, holds in (("embedding", s == plan.embedding_stage), ("head", s == plan.head_stage)):
                 if holds:
                     f += self._price(plan, piece, "forward")
@@ -122,6 +128,19 @@ class Estimator:
             c = self._p2p(plan)
             stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
         return stages
+
+    def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
+                      split: bool) -> tuple[float, float] | None:
+        """(backward, weight-gradient pass) of a layer ``training.method: frozen`` freezes: its linears run their
+        input gradients only, so no asynchronous reduction hides under a weight gradient (step.frozen_layer_blocks,
+        as the emitter runs it). None without such layers."""
+        work = step.frozen_layer_blocks(plan)
+        if work is None:
+            return None
+        block, _ = work
+        backward = sum(self.costs.compute_time(block[b], bwd) for b in step.BLOCKS) + 2 * tp_comm
+        weight = sum(self.costs.compute_time(block[b], "weight_grad") for b in step.BLOCKS) if split else 0.0
+        return backward, weight
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""

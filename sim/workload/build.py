@@ -40,7 +40,7 @@ from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.data_parallel import DataParallelEmitter
 from sim.workload.ir import NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
-from sim.workload.step import blocks, make_costs, overlaps_backward, tp_ops
+from sim.workload.step import blocks, frozen_layer_blocks, make_costs, overlaps_backward, tp_ops
 
 
 class _StageEmitter:
@@ -61,6 +61,8 @@ class _StageEmitter:
         work = blocks(plan)
         self.block_work, self.column_work, self.selective_work = work.block, work.column, work.selective
         self.embed_work, self.head_work = work.embedding, work.head
+        self.trained_work = (self.block_work, self.column_work)
+        self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
         self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
         self.tp_bytes = plan.tp_bytes
         self.p2p_bytes = plan.p2p_bytes
@@ -263,6 +265,10 @@ class _StageEmitter:
         stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         chain_key = f"{direction}+recompute" if recomputes else direction
+        if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
+            frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
+            self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
+            chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
@@ -314,8 +320,10 @@ class _StageEmitter:
         if g == last:
             after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
         for layer in reversed(self._layers(chunk)):
+            frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
+            work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
             for block in ("mlp", "attention"):
-                after = self._compute("weight", block, mb, layer, self.block_work[block], after, "weight_grad")
+                after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
             self.grad_ready[layer] = after  # type: ignore[assignment]
         if g == 0:
             self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,

@@ -31,7 +31,7 @@ from sim.model.ops import (
     head_forward_ops,
     layer_forward_ops,
 )
-from sim.model.peft import adapt_layer_ops
+from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
 from sim.plan import Plan
@@ -84,6 +84,18 @@ def fp8_casts(plan: Plan) -> Fp8Casts | None:
     if plan.dtype != "fp8" or not t.fp8_cast_kernels:
         return None
     return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0)
+
+
+def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] | None:
+    """``training.method: frozen``: (block, column) work of a frozen layer, whose linears run no weight-gradient
+    GEMM (sim.model.peft.frozen); None where no layer is frozen that way."""
+    if plan.peft.method != "frozen" or not plan.peft.frozen_layers:
+        return None
+    work = blocks(plan)
+    block = {name: Work(tuple(frozen(op) if op.has_weights else op for op in w.ops), w.layer_share)
+             for name, w in work.block.items()}
+    column = {name: Work(tuple(frozen(op) for op in w.ops), w.layer_share) for name, w in work.column.items()}
+    return block, column
 
 
 def blocks(plan: Plan) -> Blocks:
