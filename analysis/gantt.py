@@ -35,6 +35,7 @@ from sim.workload.ir import STREAMS
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860", "offload": "#DA8BC3",
+    "ep": "#CCB974",
 }
 STREAM_ORDER = {stream: index for index, stream in enumerate(STREAMS)}
 TIER_COLORS = {"nvlink": "#2F6B3A", "nic": "#1F4E79", "uplink": "#8B1E3F", "pcie": "#6A5ACD", "host": "#555555"}

@@ -17,6 +17,11 @@ What is fitted from what (sim.calibrate.fitting does the fitting):
   against the group-of-8 curve), since NCCL runs fewer channels for small groups.
 - dgx-b200 NVLink ring: XLA sm_100_B200, group of 8. gb200-nvl72 NVLink ring: XLA sm_100_GB200, groups of
   8..64 inside the 72-GPU domain.
+- All-to-all over NVLink (NCCL's grouped send/recv to every peer, a tier of its own: ``all_to_all``): XLA
+  sm_90 / sm_100_B200 all-to-all, group of 8, and sm_100_GB200 groups of 8..64, with the same tier's ring latency
+  (base + (n-1) alpha; the all-to-all rows under 64 KiB scatter 23-135 us, too noisy to fit one apart) and the
+  closed form (n-1) alpha + (n-1)/n S / B; groups of 2 and 4 a factor each, as for the ring.
+  hgx-h800 takes dgx-h100's fits at its own line rates (sim.hardware).
 - dgx-a100: no size sweep in the reference data; the H100 curves' shapes with the A100 plateaus measured by
   nccl-tests users (#175: 232.5 of 300 GB/s NVLink; #119: 96 of 100 GB/s over 4 HDR NICs).
 """
@@ -40,8 +45,9 @@ OUT = ROOT / "sim" / "data" / "network_fit.json"
 IB_STEP_LATENCY = 6.6e-6
 
 
-def xla_rows(platform: str, group_sizes: tuple[int, ...]) -> list[Measurement]:
-    table = reference.xla_collectives()
+def xla_rows(platform: str, group_sizes: tuple[int, ...],
+             opcodes: dict[str, str] = reference.COLLECTIVE_OPS) -> list[Measurement]:
+    table = reference.xla_collectives(opcodes)
     rows = table[(table["platform"] == platform) & table["n"].isin(group_sizes)]
     return [Measurement(r.op, r.n, r.bytes, r.seconds) for r in rows.itertuples()]
 
@@ -52,12 +58,13 @@ def nccl_rows(setting: str, num_nodes: int) -> list[Measurement]:
     return [Measurement(r.op, r.n, r.bytes, r.seconds) for r in rows.itertuples()]
 
 
-def group_factors(platform: str, fit: LinkFit, line_rate: float, sizes: tuple[int, ...]) -> list[list[float]]:
+def group_factors(platform: str, fit: LinkFit, line_rate: float, sizes: tuple[int, ...],
+                  opcodes: dict[str, str] = reference.COLLECTIVE_OPS) -> list[list[float]]:
     """Bandwidth factor per smaller group size, over its messages of 16 MiB and more (where bandwidth rules)."""
     link = LinkSpec(bandwidth=line_rate, **fit.as_link_fields())  # type: ignore[arg-type]
     knots = []
     for n in sizes:
-        rows = [r for r in xla_rows(platform, (n,)) if r.nbytes >= 2**24]
+        rows = [r for r in xla_rows(platform, (n,), opcodes) if r.nbytes >= 2**24]
 
         def seconds(row: Measurement, factor: float) -> float:
             return link.base_latency + ring_time(row.op, row.nbytes, row.n, link.latency,
@@ -94,6 +101,15 @@ def main() -> int:
                         latency_of=two_node_ring)
     b200_ring = fit_link(xla_rows("sm_100_B200", (8,)), 900 * GB)
     gb200_ring = fit_link(xla_rows("sm_100_GB200", (8, 16, 32, 64)), 900 * GB)
+    a2a = reference.ALL_TO_ALL_OPS
+
+    def ring_latency_of(fit: LinkFit) -> tuple[float, float]:
+        return fit.base_latency, fit.latency
+
+    h100_a2a = fit_link(xla_rows("sm_90", (8,), a2a), 450 * GB, latency=ring_latency_of(h100_ring))
+    b200_a2a = fit_link(xla_rows("sm_100_B200", (8,), a2a), 900 * GB, latency=ring_latency_of(b200_ring))
+    gb200_a2a = fit_link(xla_rows("sm_100_GB200", (8, 16, 32, 64), a2a), 900 * GB,
+                         latency=ring_latency_of(gb200_ring))
 
     def ib(plateau: float) -> dict[str, object]:
         return {"base_latency": ib_shape.base_latency, "latency": IB_STEP_LATENCY, "efficiency": plateau,
@@ -101,20 +117,26 @@ def main() -> int:
 
     h100_groups = group_factors("sm_90", h100_ring, 450 * GB, (2, 4))
     b200_groups = group_factors("sm_100_B200", b200_ring, 900 * GB, (2, 4))
+    h100_a2a_groups = group_factors("sm_90", h100_a2a, 450 * GB, (2, 4), a2a)
+    b200_a2a_groups = group_factors("sm_100_B200", b200_a2a, 900 * GB, (2, 4), a2a)
     fits = {
         "dgx-h100": {"intra_node": {**h100_ring.as_link_fields(), "group_efficiency": h100_groups},
                      "nvls": h100_nvls.as_link_fields(),
-                     "inter_node": ib(47 / 50)},
+                     "inter_node": ib(47 / 50),
+                     "all_to_all": {**h100_a2a.as_link_fields(), "group_efficiency": h100_a2a_groups}},
         "dgx-b200": {"intra_node": {**b200_ring.as_link_fields(), "group_efficiency": b200_groups},
-                     "inter_node": ib(47 / 50)},
-        "gb200-nvl72": {"intra_node": gb200_ring.as_link_fields(), "inter_node": ib(47 / 50)},
+                     "inter_node": ib(47 / 50),
+                     "all_to_all": {**b200_a2a.as_link_fields(), "group_efficiency": b200_a2a_groups}},
+        "gb200-nvl72": {"intra_node": gb200_ring.as_link_fields(), "inter_node": ib(47 / 50),
+                        "all_to_all": gb200_a2a.as_link_fields()},
         "dgx-a100": {"intra_node": {**h100_ring.as_link_fields(), "efficiency": round(232.54 / 300, 6),
                                     "group_efficiency": h100_groups},
                      "inter_node": ib(96 / 100)},
     }
     meta = {"_generated_by": "scripts/fit_network_defaults.py",
             "_rows": {"h100_ring": h100_ring.rows, "h100_nvls": h100_nvls.rows, "ib_shape": ib_shape.rows,
-                      "b200_ring": b200_ring.rows, "gb200_ring": gb200_ring.rows}}
+                      "b200_ring": b200_ring.rows, "gb200_ring": gb200_ring.rows, "h100_all_to_all": h100_a2a.rows,
+                      "b200_all_to_all": b200_a2a.rows, "gb200_all_to_all": gb200_a2a.rows}}
     text = json.dumps({**meta, **fits}, indent=1) + "\n"
     if args.check:  # equal to 1e-12 relative: the last bit of a float moves with numpy's build
         same = _close(json.loads(OUT.read_text()), json.loads(text))

@@ -18,6 +18,7 @@ import json
 import math
 from collections.abc import Sequence
 from importlib import resources
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -27,14 +28,16 @@ DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 class FrozenSpec(BaseModel):
-    """Base of every validated spec: immutable, unknown keys rejected (ARCHITECTURE.md rule 1)."""
+    """Base of every validated spec: immutable, unknown keys rejected (ARCHITECTURE.md rule 1), and every float
+    finite: a NaN or infinite number is refused at the boundary, naming its field, instead of surfacing as a
+    NaN step time or an MFU above 1 (NaN slips through checks such as ``factor <= 0``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class GpuSpec(FrozenSpec):
     name: str
-    peak_flops: dict[str, FlopsPerSecond] = Field(description="dense peak FLOP/s per dtype")
+    peak_flops: dict[str, Annotated[FlopsPerSecond, Field(gt=0)]] = Field(description="dense peak FLOP/s per dtype")
     hbm_capacity: Bytes
     hbm_bandwidth: BytesPerSecond
     matmul_efficiency: float = Field(gt=0, le=1)
@@ -140,6 +143,9 @@ class NodeSpec(FrozenSpec):
     nics_per_node: int = Field(default=8, ge=1)
     nvlink_domain: int = Field(default=8, ge=1, description="GPUs that share one NVSwitch domain")
     nvls: LinkSpec | None = Field(default=None, description="NVSwitch in-network reduction (NVLink SHARP)")
+    all_to_all: LinkSpec | None = Field(
+        default=None, description="NVLink as NCCL's all-to-all (grouped send/recv to every peer) drives it: its own "
+        "latency, plateau and curve; None: the intra_node ring's")
     pcie: LinkSpec = Field(description="GPU <-> host (CPU offload)")
     source: str = ""
 
@@ -187,6 +193,18 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             memory_efficiency=3.0 / 3.35,
             sms=132,
             source="NVIDIA H100 SXM datasheet via ml-engineering; MAMF bf16 794.5 TFLOP/s; copy 3.0 TB/s",
+        ),
+        GpuSpec(
+            # The export variant of H100 SXM5: the same GH100 chip, clocks, HBM3 and tensor-core peaks (FP64, not
+            # modelled, is cut); only NVLink differs (its node, hgx-h800). DeepSeek-V3 trained on H800 clusters.
+            name="H800-SXM",
+            peak_flops=_HOPPER_PEAKS,
+            hbm_capacity=80 * GiB,
+            hbm_bandwidth=3.35e12,
+            matmul_efficiency=794.5 / 989,
+            memory_efficiency=3.0 / 3.35,
+            sms=132,
+            source="H100 SXM's chip (NVIDIA H100 datasheet via ml-engineering); MAMF and copy of H100 SXM",
         ),
         GpuSpec(
             name="H200",
@@ -253,14 +271,31 @@ NODE_PRESETS: dict[str, NodeSpec] = {
             intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
             inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
             nvls=_fitted("dgx-h100", "nvls", 450 * GB),
+            all_to_all=_fitted("dgx-h100", "all_to_all", 450 * GB),
             pcie=_PCIE5,
             source="MLPerf v4.0 DGX H100 system description; OpenXLA sm_90 tables; nccl-tests issues #212, #290",
+        ),
+        NodeSpec(
+            name="hgx-h800",
+            # H800 NVLink: 8 of H100's 18 NVLink4 links (25 GB/s per direction each) = 200 GB/s per direction,
+            # 400 GB/s bidirectional; one 400 Gb/s ConnectX-7 InfiniBand NIC per GPU = 50 GB/s (DeepSeek-V3
+            # report Secs 3.1, 3.2.2; DeepEP README: "H800 (~160 GB/s NVLink maximum bandwidth) ... CX7 InfiniBand
+            # 400 Gb/s RDMA network card (~50 GB/s maximum bandwidth)"). The same NVLink4/NVSwitch generation as
+            # DGX H100, so H100's fitted latencies and curves as fractions of the line rate (200 x 0.786 = 157
+            # GB/s, DeepEP's ~160). NVLS left out: no public H800 measurement shows NCCL running it.
+            intra_node=_fitted("dgx-h100", "intra_node", 200 * GB),
+            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
+            all_to_all=_fitted("dgx-h100", "all_to_all", 200 * GB),
+            pcie=_PCIE5,
+            source="DeepSeek-V3 technical report Secs 3.1, 3.2.2 (8 H800 per node, NVLink + NVSwitch, 8 IB NICs); "
+                   "DeepEP README (H800 NVLink, CX7 400 Gb/s per GPU); NVLink4 18 links x 25 GB/s per direction",
         ),
         NodeSpec(
             name="dgx-b200",
             # NVLink5 900 GB/s per direction; 8x ConnectX-7 400 Gb/s. No NVLS size sweep in the reference data.
             intra_node=_fitted("dgx-b200", "intra_node", 900 * GB),
             inter_node=_fitted("dgx-b200", "inter_node", 50 * GB),
+            all_to_all=_fitted("dgx-b200", "all_to_all", 900 * GB),
             pcie=_PCIE5,
             source="ml-engineering network README (NVLink5); OpenXLA sm_100 tables; DGX B200 datasheet",
         ),
@@ -269,6 +304,7 @@ NODE_PRESETS: dict[str, NodeSpec] = {
             # 18 trays of 4 GPUs in one 72-GPU NVLink5 domain; one 400 Gb/s ConnectX-7 per GPU; Grace over C2C.
             intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
             inter_node=_fitted("gb200-nvl72", "inter_node", 50 * GB),
+            all_to_all=_fitted("gb200-nvl72", "all_to_all", 900 * GB),
             gpus_per_node=4,
             nics_per_node=4,
             nvlink_domain=72,
@@ -282,6 +318,7 @@ DEFAULT_NODE_FOR_GPU = {
     "A100-40GB-SXM": "dgx-a100",
     "A100-80GB-SXM": "dgx-a100",
     "H100-SXM": "dgx-h100",
+    "H800-SXM": "hgx-h800",
     "H200": "dgx-h100",
     "B200": "dgx-b200",
     "GB200": "gb200-nvl72",

@@ -32,7 +32,7 @@ from sim.model.peft import (
     layer_frozen_bytes,
     layer_trainable_params,
 )
-from sim.model.transformer import ModelSpec, layer_modules, layer_params
+from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
@@ -92,6 +92,8 @@ class Plan:
 
     @cached_property
     def grid(self) -> RankGrid:
+        if self.is_moe:
+            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp)
         return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node)
 
     # ------------------------------------------------------------------------------------------------ batch
@@ -230,15 +232,160 @@ class Plan:
                 and self.head_stage != self.embedding_stage)
 
     def stage_params(self, stage: int) -> float:
-        """Parameters held by one TP rank of ``stage``: its layers, plus the embedding and head where they run."""
+        """Parameters held by one TP rank of ``stage``: its layers, plus the embedding and head where they run.
+        For a MoE model: the dense parameters only (attention, norms, router, shared experts), reduced over dp;
+        the routed experts' are ``stage_expert_params``."""
         return self._stage_params[stage]
 
     @cached_property
     def _stage_params(self) -> tuple[float, ...]:
         """``stage_params`` of every stage, counted once per plan (the estimate and the emitters ask per stage,
         several times each)."""
-        return tuple(rank_params(self.model, self.tp, self.stage_layers(s), embedding=s == self.embedding_stage,
-                                 head=s == self.head_stage, tied_copy=self.tied_copy(s)) for s in range(self.pp))
+        if not self.is_moe:
+            return tuple(rank_params(self.model, self.tp, self.stage_layers(s), embedding=s == self.embedding_stage,
+                                     head=s == self.head_stage, tied_copy=self.tied_copy(s)) for s in range(self.pp))
+        moe_dense = self.moe_layer_params.per_tp_rank(self.tp)
+        return tuple(rank_params(self.model, self.tp, self.stage_layers(s) - self.stage_moe_layers(s),
+                                 embedding=s == self.embedding_stage, head=s == self.head_stage,
+                                 tied_copy=self.tied_copy(s)) + self.stage_moe_layers(s) * moe_dense
+                     for s in range(self.pp))
+
+    def stage_layer_ids(self, stage: int) -> list[int]:
+        """The transformer layers ``stage`` holds, chunk by chunk in model order."""
+        return list(self._stage_layer_ids[stage])
+
+    @cached_property
+    def _stage_layer_ids(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(layer for chunk in self.stage_chunks[s] for layer in self.chunk_layers(chunk))
+                     for s in range(self.pp))
+
+    def layer_params(self, layer: int) -> float:
+        """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
+        if self.is_moe and self.moe_layers[layer]:
+            return self.moe_layer_params.per_tp_rank(self.tp)
+        return self._dense_layer_params
+
+    @cached_property
+    def _dense_layer_params(self) -> float:
+        return layer_params(self.model).per_tp_rank(self.tp)
+
+    # ----------------------------------------------------------------------------- mixture of experts
+    # Megatron-Core's MoE parallel folding: the routed experts of a MoE layer are split over ep ranks and each
+    # expert's FFN over etp ranks, folded over a stage's tp x dp ranks; the edp = tp*dp/(ep*etp) ranks holding
+    # the same experts reduce their gradients (and shard their optimizer states) among themselves.
+    @cached_property
+    def is_moe(self) -> bool:
+        return self.model.is_moe
+
+    @cached_property
+    def ep(self) -> int:
+        return self.degrees.ep
+
+    @cached_property
+    def etp(self) -> int:
+        return self.degrees.etp
+
+    @cached_property
+    def edp(self) -> int:
+        return self.degrees.edp
+
+    @cached_property
+    def moe_layers(self) -> tuple[bool, ...]:
+        """Per global layer, whether it is a MoE layer (the model's ``moe_layers``; all False for a dense model)."""
+        return self.model.moe_layers
+
+    def stage_moe_layers(self, stage: int) -> int:
+        """MoE layers ``stage`` holds."""
+        return self._stage_moe_layers[stage]
+
+    @cached_property
+    def _stage_moe_layers(self) -> tuple[int, ...]:
+        return tuple(sum(self.moe_layers[layer] for layer in self._stage_layer_ids[s]) for s in range(self.pp))
+
+    @cached_property
+    def moe_layer_params(self) -> LayerParams:
+        return layer_params(self.model, moe=True)
+
+    @cached_property
+    def local_experts(self) -> int:
+        """Routed experts on one rank of a MoE layer: E / ep."""
+        return (self.model.num_moe_experts or 1) // self.ep
+
+    @cached_property
+    def dispatch_tokens(self) -> float:
+        """Tokens one rank routes per micro-batch and MoE layer: b*s/tp (sequence parallelism, which the rules
+        require with tp > 1)."""
+        tokens = self.micro_batch * self.seq_len
+        return tokens / self.tp if self.sequence_parallel else float(tokens)
+
+    @cached_property
+    def expert_load(self) -> float:
+        """The most loaded expert rank's token-expert pairs / the mean (the slowest rank sets the pace):
+        ``moe.capacity_factor`` when padded to capacity (every expert gets exactly its capacity), else
+        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped)."""
+        moe = self.scenario.moe
+        if moe.capacity_factor is not None and moe.pad_to_capacity:
+            return moe.capacity_factor
+        if moe.capacity_factor is not None:
+            return min(moe.imbalance, moe.capacity_factor)
+        return moe.imbalance
+
+    @cached_property
+    def routed_tokens(self) -> float:
+        """Token-expert pairs this rank's local experts compute per micro-batch and MoE layer: its etp group's
+        dispatched tokens x top-k (the alltoall dispatcher all-gathers the received tokens over the etp group;
+        the allgather dispatcher keeps those routed to its experts out of the etp x ep group's), x the load of
+        the most loaded rank (``expert_load``). Uniform: b*s/tp * topk * etp."""
+        return self.dispatch_tokens * self.model.moe_router_topk * self.etp * self.expert_load
+
+    @cached_property
+    def dispatch_bytes(self) -> float:
+        """The all-to-all "size" of one dispatch (and of one combine): the bytes a rank sends, its tokens x top-k
+        x hidden x dtype (nccl-tests all_to_all: size/ep to each peer); padded to capacity, x the capacity factor
+        (Megatron pads the exchanged tokens too). The hottest receiver's share is ``dispatch_skew``."""
+        moe = self.scenario.moe
+        padded = moe.capacity_factor if moe.capacity_factor is not None and moe.pad_to_capacity else 1.0
+        return self.dispatch_tokens * self.model.moe_router_topk * self.model.hidden_size * self.elem_bytes * padded
+
+    @cached_property
+    def dispatch_skew(self) -> float:
+        """The all-to-all's routing skew: the most loaded rank receives this x the mean (``expert_load``; 1 when
+        padded, where every expert receives its capacity), at most ep (one rank receiving everything). The
+        network prices it (sim.network.models, ``skew``: the hot receiver's ingress sets the time)."""
+        moe = self.scenario.moe
+        if moe.capacity_factor is not None and moe.pad_to_capacity:
+            return 1.0
+        return min(self.expert_load, float(self.ep))
+
+    @cached_property
+    def expert_gather_bytes(self) -> float:
+        """With etp > 1 (alltoall dispatcher): the all-gather of the received tokens over the etp group, and the
+        reduce-scatter of the outputs, each of the gathered size: routed tokens x hidden x dtype."""
+        return self.routed_tokens * self.model.hidden_size * self.elem_bytes
+
+    @cached_property
+    def allgather_dispatch_bytes(self) -> float:
+        """The allgather dispatcher's all-gather (and reduce-scatter) over the etp x ep group, gathered size:
+        every member's tokens x hidden x dtype."""
+        return self.dispatch_tokens * self.ep * self.etp * self.model.hidden_size * self.elem_bytes
+
+    @cached_property
+    def expert_params_per_layer(self) -> float:
+        """Routed-expert parameters of one MoE layer on one rank: all experts / (ep * etp)."""
+        return self.moe_layer_params.experts_per_rank(self.ep, self.etp)
+
+    def stage_expert_params(self, stage: int) -> float:
+        """Routed-expert parameters one rank of ``stage`` holds (0 for a dense model)."""
+        return self.stage_moe_layers(stage) * self.expert_params_per_layer if self.is_moe else 0.0
+
+    @cached_property
+    def expert_optimizer_shards(self) -> int:
+        """Ranks the expert parameters' optimizer step is split over: edp with the distributed optimizer."""
+        return self.edp if self.zero_stage >= 1 else 1
+
+    def expert_dp_group(self, rank: int) -> tuple[int, ...]:
+        """The expert-data-parallel group of ``rank``, which reduces its expert gradients."""
+        return self.grid.edp_group(rank)
 
     # ------------------------------------------------------------------------------------------ fine-tuning
     @cached_property
@@ -333,11 +480,16 @@ class Plan:
             return self.stage_layers(stage)
         return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
 
-    def activation_bytes(self, recompute: Recompute | None = None) -> float:
+    def activation_bytes(self, recompute: Recompute | None = None, moe: bool = False) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
-        2022 Table 2) under ``recompute`` (default: the scenario's mode)."""
+        2022 Table 2) under ``recompute`` (default: the scenario's mode); ``moe``: a MoE layer, whose MLP part is
+        the router and the ``routed_tokens`` its local experts compute."""
         t = self.scenario.training
         mode = recompute or t.recompute
+        if moe:
+            return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
+                                              self.sequence_parallel, mode, t.flash_attention,
+                                              moe=True, routed_tokens=self.routed_tokens, etp=self.etp)
         kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
                                           mode, t.flash_attention)
         if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
@@ -350,17 +502,25 @@ class Plan:
         """(a layer's activations under the scenario's recompute mode, a whole layer's without recomputation)."""
         return self.activation_bytes(), self.activation_bytes("none")
 
+    @cached_property
+    def _kept_moe_bytes(self) -> tuple[float, float]:
+        """``_kept_bytes`` of a MoE layer."""
+        return self.activation_bytes(moe=True), self.activation_bytes("none", moe=True)
+
     def stash_bytes(self, layer: int) -> float:
         """Activations ``layer`` keeps per micro-batch from its forward to its last backward pass: only its input
         where full recomputation rebuilds it, everything where ``recompute_num_layers`` leaves it alone."""
-        stashed, whole = self._kept_bytes
+        stashed, whole = self._kept_moe_bytes if self.is_moe and self.moe_layers[layer] else self._kept_bytes
         return whole if self.scenario.training.recompute == "full" and not self.recomputes(layer) else stashed
 
     @cached_property
     def rebuild_bytes(self) -> float:
-        """Activations of the one layer full recomputation is rebuilding during its backward (0 without)."""
+        """Activations of the one layer full recomputation is rebuilding during its backward (0 without; the
+        larger of a dense and a MoE layer's in a MoE model)."""
         t = self.scenario.training
         rebuilds = t.recompute == "full" and t.recompute_num_layers != 0
+        if rebuilds and self.is_moe:
+            return max(self._kept_moe_bytes[1], self._kept_bytes[1] if not all(self.moe_layers) else 0.0)
         return self._kept_bytes[1] if rebuilds else 0.0
 
     # --------------------------------------------------------------------------------------- ZeRO and FSDP

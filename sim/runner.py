@@ -10,6 +10,7 @@ written here.
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ import pandas as pd
 from sim.engine import event as engine
 from sim.engine import longest_path, sm_contention
 from sim.engine.critical_path import critical_path
-from sim.errors import ConfigError
+from sim.errors import ConfigError, SimError
 from sim.network import models as network
 from sim.network import topology
 from sim.output import link_usage, trace
@@ -73,7 +74,7 @@ def _build_topology(plan: Plan) -> topology.Topology:
     try:
         return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
                               nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls,
-                              link_factors=scenario.variation.links)
+                              link_factors=scenario.variation.links, all_to_all=c.all_to_all)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
@@ -103,6 +104,21 @@ def without_gc() -> Iterator[None]:
             gc.enable()
 
 
+def check_physical(summary: Summary, scenario: Scenario) -> None:
+    """Refuse a result no GPU can produce instead of printing it: a step that is not a finite positive time, or
+    model FLOPs faster than the GPU's dense peak (MFU above 1). Under ``costs: fixed`` the scenario gave the times,
+    so the error names them; under the roofline and calibrated models it would be a simulator bug."""
+    step = summary.step_time_s
+    if not math.isfinite(step) or step <= 0:
+        raise SimError(f"result: step time {step} s is not a finite positive time (a simulator bug; please report "
+                       f"the scenario)")
+    if summary.mfu > 1.0:
+        if scenario.costs.model == "fixed":
+            raise ConfigError(f"costs.forward: the given layer times run the model at MFU {summary.mfu:.3g}, above "
+                              f"the GPU's dense peak (MFU must be at most 1)")
+        raise SimError(f"result: MFU {summary.mfu:.3g} is above 1 (a simulator bug; please report the scenario)")
+
+
 def run(scenario: Scenario, record_links: bool = False) -> RunResult:
     with without_gc():
         return _run(scenario, record_links)
@@ -127,6 +143,7 @@ def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
                                              scenario.network.nccl_p2p_sms)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = summarize(frame, plan)
+    check_physical(summary, scenario)
     if scenario.network.nccl_sms:  # compute time NCCL's SMs added on the rank that lost most
         summary = replace(summary, nccl_sm_stretch_s=sm_stretch)
     if scenario.ranks == "all":  # who decided the step (in the slice every stage is its own representative)

@@ -36,7 +36,8 @@ def test_an_engine_loads_neither_the_builder_nor_pydantic(module):
 
 
 def test_stream_and_kind_names_are_the_strings_the_trace_holds():
-    assert [str(s) for s in STREAMS] == ["compute", "tp", "pp", "dp", "dp_replica", "offload", "host"]
+    assert [str(s) for s in STREAMS] == ["compute", "tp", "pp", "dp", "dp_replica", "offload", "host", "ep",
+                                          "expert_dp"]
     assert COMPUTE_KINDS == ("forward", "backward", "weight", "recompute") and COMM_KINDS == ("tp", "pp", "dp")
     assert Stream.DP_REPLICA == "dp_replica" and hash(Kind.OPTIMIZER) == hash("optimizer")
     frame = runner.run(load_scenario(SCENARIOS / "tiny.yaml")).trace
@@ -80,7 +81,8 @@ def test_a_built_graph_is_frozen():
 
 
 @pytest.mark.parametrize("stream, kind, message", [
-    ("nvlink", "forward", "unknown stream\\(s\\) nvlink; streams are compute, tp, pp, dp, dp_replica, offload, host"),
+    ("nvlink", "forward",
+     "unknown stream\\(s\\) nvlink; streams are compute, tp, pp, dp, dp_replica, offload, host, ep, expert_dp"),
     ("compute", "fwd", "unknown kind\\(s\\) fwd; kinds are forward, backward, weight, recompute, optimizer, tp"),
 ])
 def test_freezing_rejects_names_outside_the_enums(stream, kind, message):

@@ -173,8 +173,8 @@ def test_the_calibration_profile_is_read_once_per_file_version(tmp_path, monkeyp
     path = tmp_path / "profile.json"
     path.write_text(source.read_text())
     reads = []
-    real_read = Path.read_text
-    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: reads.append(self) or real_read(self, *a, **k))
+    real_open = Path.open  # the profile is read through a bounded Path.open (sim.costs.profile._load)
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: reads.append(self) or real_open(self, *a, **k))
     first, second = profiles.load(path), profiles.load(str(path))
     assert first is second and reads.count(path) == 1
 

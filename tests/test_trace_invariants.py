@@ -45,8 +45,13 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
     sc = run.scenario
     split = sc.parallel.tp > 1 and sc.costs.model != "fixed" and not SCHEDULES[sc.schedule].splits_backward
-    for (_rank, kind), rows in layered.groupby(["rank", "kind"]):
-        assert len(rows) == m * per_stage * 2 * (2 if kind == "backward" and split else 1)
+    # A MoE layer's MLP part is its router, grouped experts and combine (and a shared expert), one task each.
+    plan = resolve(sc)
+    moe_blocks = 3 + bool(sc.model.moe_shared_expert_intermediate_size)
+    for (rank, kind), rows in layered.groupby(["rank", "kind"]):
+        moe = plan.stage_moe_layers(plan.grid.coord(int(rank)).pp)
+        attention = 2 if kind == "backward" and split else 1
+        assert len(rows) == m * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
 
 
 def test_durations_are_finite_and_non_negative(run):

@@ -24,7 +24,10 @@ def test_slice_and_every_rank_agree_when_symmetric(path: Path) -> None:
         pytest.skip("the 1024-GPU run is the benchmark's")
     sliced = runner.run(scenario.model_copy(update={"ranks": "slice"})).summary.step_time_s
     every = runner.run(scenario.model_copy(update={"ranks": "all"})).summary.step_time_s
-    assert every == pytest.approx(sliced, rel=1e-12)
+    # MoE: under ranks: all the distributed optimizer's gradient-norm all-reduce over every rank is a rendezvous
+    # (slice mode has none), so the stages start their tails together and a stage with a longer tail ends a few
+    # nanoseconds later (Mixtral 8x7B: 3.6 ns of 3.1 s).
+    assert every == pytest.approx(sliced, rel=1e-12 if not scenario.model.is_moe else 1e-8)
 
 
 def test_a_straggler_stretches_the_step_by_its_extra_compute() -> None:

@@ -2,8 +2,9 @@
 
 In: the CSVs copied from the project's reference set (each row names its source): OpenXLA's collective and GEMM
 tables, and nccl-tests results. Out: pandas DataFrames with one row per measurement and fixed columns:
-``xla_collectives`` (platform, op, n, bytes, seconds), ``nccl_tests`` (H100 rows with a time: setting, op, n,
-nodes, bytes, seconds), ``xla_gemms`` (platform, dtype, b, m, n, k, flops, flops_per_s, seconds).
+``xla_collectives`` (platform, op, n, bytes, seconds; the ring collectives, or all-to-all), ``nccl_tests`` (H100
+rows with a time: setting, op, n, nodes, bytes, seconds), ``xla_gemms`` (platform, dtype, b, m, n, k, flops,
+flops_per_s, seconds).
 The fitting scripts and the analysis reports read these, never the CSVs' own column names.
 """
 
@@ -16,6 +17,9 @@ import pandas as pd
 
 FOLDER = Path(str(resources.files("sim").joinpath("data/reference")))
 COLLECTIVE_OPS = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
+# XLA runs all-to-all as NCCL grouped send/recv to every peer; its tensor size is the per-rank buffer, as in
+# nccl-tests (busbw = algbw x (n-1)/n).
+ALL_TO_ALL_OPS = {"all-to-all": "all_to_all"}
 # XLA's f32 dots ran on the tensor cores as TF32 (its default precision): up to 403 TFLOP/s on H100 and 870 on
 # B200, 6-11x their fp32 (CUDA-core) peaks of 67 and 80 and 82% / 79% of their TF32 peaks, so they are tf32 here.
 # "fp32" means what PyTorch does by default (allow_tf32 off), which no table row measured.
@@ -23,10 +27,12 @@ GEMM_DTYPES = {"bf16xbf16->bf16": "bf16", "f16xf16->f16": "fp16", "f32xf32->f32"
                "f8e4m3fnxf8e4m3fn->bf16": "fp8"}
 
 
-def xla_collectives() -> pd.DataFrame:
+def xla_collectives(opcodes: dict[str, str] = COLLECTIVE_OPS) -> pd.DataFrame:
+    """OpenXLA's collective rows of the given opcodes (XLA name -> ours): by default the ring collectives;
+    ``ALL_TO_ALL_OPS`` for the all-to-all rows."""
     table = pd.read_csv(FOLDER / "xla_collective_perf_tables.csv")
-    table = table[table["opcode"].isin(list(COLLECTIVE_OPS))]
-    return pd.DataFrame({"platform": table["platform"], "op": table["opcode"].map(COLLECTIVE_OPS),
+    table = table[table["opcode"].isin(list(opcodes))]
+    return pd.DataFrame({"platform": table["platform"], "op": table["opcode"].map(opcodes),
                          "n": table["group_size"].astype(int), "bytes": table["tensor_size_bytes"].astype(float),
                          "seconds": table["median_time_us"] * 1e-6}).reset_index(drop=True)
 

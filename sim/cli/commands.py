@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         problem = memory_problem(result.summary)
         if args.fail_on_oom:
             raise OutOfMemory(problem)
-        console.print(f"[yellow]warning: out of memory: {problem}[/yellow]")
+        console.print(f"warning: out of memory: {problem}", style="yellow")
     return 0
 
 
@@ -153,7 +153,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     estimates = screened.set_index(list(search.LAYOUT_FIELDS))["est_step_time_s"]
     for _, row in simulated[simulated["status"] == "ok"].head(args.show).iterrows():
         v = {name: row[search.LAYOUT_KEYS[name]] for name in search.LAYOUT_FIELDS}
-        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "")
+        layout = f"tp{v['tp']} pp{v['pp']} dp{v['dp']}" + (f" v{v['vpp']}" if v["vpp"] > 1 else "") \
+            + (f" ep{v['ep']}" if v["ep"] > 1 else "")
         estimate = estimates.get(tuple(v.values()), float("nan"))
         table.add_row(layout, str(v["micro_batch"]), str(v["schedule"]), str(v["zero"]), str(v["recompute"]),
                       "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     except SimError as error:
         Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
-    except OSError as error:  # an output path that cannot be written, a disk that is full
+    except OSError as error:  # an output path that cannot be written, a disk that is full (inputs are read
+        # behind the boundary, sim.spec.scenario.read_text and sim.costs.profile.load, which name their field)
         target = f" {error.filename!r}" if error.filename else ""
         Console(stderr=True).print(f"error: cannot write{target}: {error.strerror or error}", markup=False,
                                    highlight=False, soft_wrap=True)

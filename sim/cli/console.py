@@ -17,7 +17,12 @@ from rich.table import Table
 
 
 class TableConsole(Console):
-    """A rich Console whose ``print`` widens itself, for the call, to fit any table it is given."""
+    """A rich Console whose ``print`` widens itself, for the call, to fit any table it is given. Markup is off:
+    scenario names, paths and errors are user text, printed as given (``[/x]`` in a name is not a rich tag)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("markup", False)
+        super().__init__(**kwargs)
 
     def print(self, *objects: Any, **kwargs: Any) -> None:  # type: ignore[override]
         tables = [item for item in objects if isinstance(item, Table)]

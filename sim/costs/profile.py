@@ -27,8 +27,8 @@ from sim.hardware import FrozenSpec, LinkSpec, interpolate_log2
 FORMAT = "clustersim-profile"
 VERSION = 1
 # Which shipped profile stands in for a GPU preset (same chip, or the closest measured one).
-DEFAULT_PROFILE_FOR_GPU = {"H100-SXM": "H100", "H200": "H100", "B200": "B200", "GB200": "B200",
-                           "A100-40GB-SXM": "A100", "A100-80GB-SXM": "A100"}
+DEFAULT_PROFILE_FOR_GPU = {"H100-SXM": "H100", "H800-SXM": "H100", "H200": "H100", "B200": "B200",
+                           "GB200": "B200", "A100-40GB-SXM": "A100", "A100-80GB-SXM": "A100"}
 
 
 class ProfileError(ValueError):
@@ -87,14 +87,25 @@ def load(path: Path | str) -> Profile:
     return _load(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
+MAX_PROFILE_BYTES = 16 << 20  # the largest shipped profile is a few hundred kB
+
+
 @lru_cache(maxsize=16)
 def _load(path_text: str, size: int, mtime_ns: int) -> Profile:
     """``load`` for one version of a file (``size`` and ``mtime_ns`` only key the cache)."""
     path = Path(path_text)
     try:
-        data = json.loads(path.read_text())
+        with path.open("rb") as handle:  # bounded: a profile is kB; /dev/zero or a huge file is refused, not read
+            raw = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ProfileError(f"costs.profile: {str(path)!r} is larger than {MAX_PROFILE_BYTES >> 20} MiB")
+        data = json.loads(raw.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ProfileError(f"costs.profile: no such file {str(path)!r}") from None
+    except UnicodeDecodeError as error:
+        raise ProfileError(f"costs.profile: {str(path)!r} is not UTF-8 text (byte {error.start})") from None
+    except OSError as error:  # a directory, no permission
+        raise ProfileError(f"costs.profile: cannot read {str(path)!r}: {error.strerror or error}") from None
     except json.JSONDecodeError as error:
         raise ProfileError(f"costs.profile: {str(path)!r} is not JSON ({error.msg}, line {error.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -171,17 +171,18 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
             elif waits:
                 yield env.all_of(waits)
 
-    merged: dict[tuple[str, float, tuple[int, ...]], tuple[TransferPhase, ...]] = {}
+    merged: dict[tuple[str, float, tuple[int, ...], float], tuple[TransferPhase, ...]] = {}
 
     def mirrored(task: Task) -> tuple[TransferPhase, ...]:
         """The transfer's phases; a folded rank's DP/PP transfer carries its lockstep TP peers' flows too."""
         assert flow_net is not None
         transfer = flow_net.transfer
         if graph.lockstep == 1 or task.kind == Kind.TP:
-            return transfer(task.op, task.nbytes, task.group)
-        key = (task.op, task.nbytes, task.group)
+            return transfer(task.op, task.nbytes, task.group, task.skew)
+        key = (task.op, task.nbytes, task.group, task.skew)
         if key not in merged:
-            peers = [transfer(task.op, task.nbytes, group) for group in lockstep_groups(task.group, graph.lockstep)]
+            peers = [transfer(task.op, task.nbytes, group, task.skew)
+                     for group in lockstep_groups(task.group, graph.lockstep)]
             merged[key] = tuple(TransferPhase(max(p.latency for p in same),
                                               tuple(ch for p in same for ch in p.channels))
                                 for same in zip(*peers, strict=True))
@@ -204,7 +205,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
             yield from run_phases(mirrored(task))
             return
         else:
-            seconds = transfer_time(network, task.op, task.nbytes, task.group)
+            seconds = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
         if seconds > 0:
             yield env.timeout(seconds)
 

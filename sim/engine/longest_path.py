@@ -42,16 +42,16 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     waiting: dict[int, list[int]] = {}  # task -> streams suspended until it ends
     work = list(range(len(orders) - 1, -1, -1))
 
-    priced: dict[tuple[str, float, tuple[int, ...]], float] = {}  # a step repeats a few transfers many times
+    priced: dict[tuple[str, float, tuple[int, ...], float], float] = {}  # a step repeats a few transfers many times
 
     def seconds(task_id: int) -> float:
         duration = seconds_of[task_id]
         if duration is not None:
             return duration
         task = tasks[task_id]
-        key = (task.op, task.nbytes, task.group)
+        key = (task.op, task.nbytes, task.group, task.skew)
         if key not in priced:
-            priced[key] = transfer_time(network, task.op, task.nbytes, task.group)
+            priced[key] = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
         return priced[key]
 
     def wake(task_id: int) -> None:

@@ -74,6 +74,7 @@ class Estimator:
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
+        self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int], tuple[int, list[list[Pass]]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
@@ -97,7 +98,8 @@ class Estimator:
         tp_comm = sum(times) if times else 0.0
         bwd: ComputePhase = "input_grad" if split else "backward"
         fwd_layer = sum(self._price(plan, b, "forward") for b in step.BLOCKS) + 2 * tp_comm
-        if not split and step.overlaps_backward(plan, self._price(plan, "mlp_column", "weight_grad")):
+        overlapped = not split and step.overlaps_backward(plan, self._price(plan, "mlp_column", "weight_grad"))
+        if overlapped:
             bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
@@ -105,9 +107,17 @@ class Estimator:
             bwd_layer += self._price(plan, "selective", "forward")
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
+        dense = moe = (0.0, 0.0, 0.0)
+        if plan.is_moe:
+            dense = (fwd_layer, bwd_layer, w_layer)
+            moe = self._moe_layer(plan, times, overlapped)
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
+            if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
+                n = plan.stage_moe_layers(s)
+                fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / layers for d, e in zip(dense, moe,
+                                                                                                     strict=True))
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
             recomputed = plan.recomputed_layers(s)
@@ -141,6 +151,51 @@ class Estimator:
         backward = sum(self.costs.compute_time(block[b], bwd) for b in step.BLOCKS) + 2 * tp_comm
         weight = sum(self.costs.compute_time(block[b], "weight_grad") for b in step.BLOCKS) if split else 0.0
         return backward, weight
+    def _moe_price(self, plan: Plan, name: str, phase: ComputePhase) -> float:
+        """Seconds of one piece of a MoE layer's MLP part (sim.workload.step.moe_blocks), cached by shape."""
+        t = plan.scenario.training
+        shape = ("moe", plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, plan.etp, plan.local_experts,
+                 plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache, plan.microbatches)
+        key = (name, phase, shape)
+        if key not in self._compute:
+            if shape not in self._moe_blocks:
+                self._moe_blocks[shape] = step.moe_blocks(plan)
+            work = self._moe_blocks[shape][name]
+            self._compute[key] = self.costs.compute_time(work, phase) if work.ops else 0.0
+        return self._compute[key]
+
+    def _exchanges(self, plan: Plan, exchanges: tuple[step.Exchange, ...]) -> float:
+        """A MoE layer's dispatch or combine: its collectives one after another on the ``ep`` stream."""
+        return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
+                                                ex.skew) for ex in exchanges)
+
+    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float]:
+        """(forward, backward, weight-gradient pass) of one MoE layer, as the workload emits it
+        (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then router ->
+        dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts -> combine ->
+        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward."""
+        split = plan.splits_backward
+        bwd: ComputePhase = "input_grad" if split else "backward"
+        tp_comm = sum(times) if times else 0.0
+        dispatch = self._exchanges(plan, step.dispatch_exchanges(plan))
+        combine = self._exchanges(plan, step.combine_exchanges(plan))
+        price = self._moe_price
+        shared_tp = tp_comm if price(plan, "moe_shared", "forward") > 0 else 0.0
+        attention_f = self._price(plan, "attention", "forward") + tp_comm
+        attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
+                       else self._price(plan, "attention", bwd) + tp_comm)
+        if plan.scenario.training.recompute == "selective":
+            attention_b += self._price(plan, "selective", "forward")
+        forward = (attention_f + price(plan, "moe_router", "forward")
+                   + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
+                   + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
+        backward = (price(plan, "moe_combine", bwd) + dispatch + price(plan, "moe_experts", bwd)
+                    + max(combine, price(plan, "moe_shared", bwd) + shared_tp) + price(plan, "moe_router", bwd)
+                    + attention_b)
+        weight = (self._price(plan, "attention", "weight_grad")
+                  + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
+                  if split else 0.0)
+        return forward, backward, weight
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
@@ -295,6 +350,8 @@ class Estimator:
                 free_at = max(free_at, when[layer]) + seconds
                 per_microbatch += seconds
             exposed = max(0.0, free_at - backward_end)
+            if step.expert_reduces(plan):  # expert gradients: their own buckets and stream, over edp
+                exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
             if zero >= 2 and plan.microbatches > 1:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
@@ -310,9 +367,32 @@ class Estimator:
         for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
-        if gather:
+        experts = step.expert_weight_gather_bytes(plan, stage)
+        if gather and not experts:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
+        elif experts:  # the dense and the expert weights are gathered on two streams at once
+            optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
+                             self.net.collective_time("all_gather", experts, plan.expert_dp_group(0)))
         return exposed, optimizer
+
+    def _expert_tail(self, plan: Plan, stage: int, when: dict[int, float], backward_end: float) -> float:
+        """Exposed time of a MoE stage's expert-gradient reduction after its last backward: buckets over the
+        expert-data-parallel group on their own stream, each as soon as its layers' gradients are final (the
+        emitter's ``_expert_buckets``), or one per chunk after the backward."""
+        op = "all_reduce" if plan.zero_stage == 0 else "reduce_scatter"
+        group = plan.expert_dp_group(0)
+        sizes = step.expert_gradient_bytes(plan, stage)
+        if plan.scenario.parallel.overlap_grad_reduce:
+            ready = sorted(sizes.items(), key=lambda item: when[item[0]])
+            buckets = [(when[layer], nbytes) for layer, nbytes in step.fill_buckets(plan, ready)]
+        else:
+            buckets = [(backward_end, sum(sizes.get(layer, 0.0) for layer in plan.chunk_layers(chunk)))
+                       for chunk in plan.stage_chunks[stage]]
+        free_at = 0.0
+        for at, nbytes in buckets:
+            if nbytes:
+                free_at = max(free_at, at) + self._dp_collective(plan, op, nbytes, group)
+        return max(0.0, free_at - backward_end)
 
     def _param_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
         """ZeRO-1/2 with ``parallel.overlap_param_gather``: how much the per-bucket weight all-gathers

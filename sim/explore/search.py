@@ -13,9 +13,11 @@ The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divis
 divide the heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose
 count divides the global batch; every schedule (interleaved with each vpp that divides the layers per stage);
 ZeRO 0-3 (2 and 3 with pp = 1, as DeepSpeed allows); recompute none / selective / full; sequence parallel on
-or off when tp > 1. Validity uses the scenario rules of sim.spec.scenario, so a layout the search keeps is one
-``sim run`` accepts. ``parse_only`` narrows the space to what a framework offers (``--only zero=0``: Megatron-LM
-before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
+or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of the expert count with
+ep*etp dividing tp*dp (Megatron-Core's MoE parallel folding). Validity uses the scenario rules of
+sim.spec.scenario, so a layout the search keeps is one ``sim run`` accepts. ``parse_only`` narrows the space to
+what a framework offers (``--only zero=0``: Megatron-LM before its distributed optimizer; ``--only
+schedule=1f1b,interleaved``: no zero-bubble schedules).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from sim.spec.scenario import Scenario, check_rules, load_scenario
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
-               "recompute": "training.recompute", "sequence_parallel": "parallel.sequence_parallel"}
+               "recompute": "training.recompute", "sequence_parallel": "parallel.sequence_parallel",
+               "ep": "parallel.ep", "etp": "parallel.etp"}
 LAYOUT_FIELDS = tuple(LAYOUT_KEYS)
 RECOMPUTE_MODES = ("none", "selective", "full")
 
@@ -55,6 +58,8 @@ class Layout:
     zero: int
     recompute: str
     sequence_parallel: bool
+    ep: int = 1  # expert parallel (MoE models; 1 for dense ones)
+    etp: int = 1  # expert tensor parallel (MoE models; 1 for dense ones)
 
     def point(self) -> dict[str, Any]:
         """The layout as sweep overrides (dotted scenario keys)."""
@@ -98,6 +103,16 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def expert_degrees(base: Scenario, tp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) of a MoE model on a stage of tp*dp ranks: etp over the divisors of tp that divide the expert FFN,
+    ep over the divisors of the expert count with ep*etp dividing tp*dp; [(1, 1)] for a dense model."""
+    model = base.model
+    if model.num_moe_experts is None:
+        return [(1, 1)]
+    return [(ep, etp) for etp in _divisors(tp) if model.moe_ffn % etp == 0
+            for ep in _divisors(model.num_moe_experts) if (tp * dp) % (ep * etp) == 0]
+
+
 def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
     implied = degrees(base)
@@ -117,11 +132,12 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                 for schedule in (tuple(SCHEDULES) if pp > 1 else ("1f1b",)):
                     vpps = [v for v in _divisors(model.num_layers // pp) if v > 1] if schedule == "interleaved" \
                         else [2] if schedule == "zb-v" else [1]
-                    for vpp, zero, rc, sp in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
-                                                               (False, True) if tp > 1 else (False,)):
+                    for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
+                                                                          (False, True) if tp > 1 else (False,),
+                                                                          expert_degrees(base, tp, dp)):
                         if zero >= 2 and pp > 1:
                             continue
-                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp)
+                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp, ep, etp)
                         if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
                             yield layout
 
@@ -129,7 +145,8 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
 def candidate(base: Scenario, layout: Layout) -> Scenario:
     """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails."""
     parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
-                                                "zero": layout.zero, "sequence_parallel": layout.sequence_parallel})
+                                                "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
+                                                "ep": layout.ep, "etp": layout.etp})
     training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
                                                 "global_batch": degrees(base).global_batch, "microbatches": None})
     scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,

@@ -110,9 +110,23 @@ def activation_bytes_per_layer(
     sequence_parallel: bool,
     recompute: Recompute,
     flash_attention: bool = False,
+    moe: bool = False,
+    routed_tokens: float = 0.0,
+    etp: int = 1,
 ) -> float:
     """Bytes one transformer layer keeps for the backward of one micro-batch (16-bit activations, 1-byte
-    dropout masks), per TP rank."""
+    dropout masks), per TP rank.
+
+    ``moe``: a MoE layer, whose MLP activations (dense: fc1 output and activation output, sharded by tp) are
+    instead, for ``routed_tokens`` token-expert pairs on this rank (the Plan's, imbalance included):
+    the router's scores (rank's tokens x E, for the softmax/sigmoid backward), the permuted tokens (the experts'
+    fc1 input, routed_tokens x h, whole on every etp rank), the experts' fc1 and activation outputs (sharded by
+    etp) and the expert outputs the unpermute's top-k weighted sum keeps for its probability gradient (rank's
+    tokens x topk x h; Megatron-Core moe_utils.unpermute); plus a shared expert's fc1 and activation outputs,
+    sharded by tp like a dense MLP's. Its input is the dense MLP's (already counted).
+    Multi-head latent attention keeps its latents whole on every TP rank (the q and kv down projections' outputs
+    and their norms' outputs, gathered under sequence parallelism) and Q, K (d_nope + d_rope), V and the
+    projection input (d_v) per head, sharded by tp."""
     s, b, h = seq_len, micro_batch, spec.hidden_size
     sbh = s * b * h
     if recompute == "full":
@@ -120,9 +134,28 @@ def activation_bytes_per_layer(
     # Kept whole on every TP rank unless sequence parallel shards them: two norm inputs (4sbh), QKV and MLP
     # inputs (2sbh each), two dropout masks (sbh each).
     replicated = 10.0 * sbh
-    # Sharded by TP: Q and K (2sbh + 2sb*kv), V (2sb*kv), projection input (2sbh), MLP activations.
-    mlp_acts = (6 if spec.mlp == "swiglu" else 4) * spec.ffn
-    sharded = s * b * (2 * h + 2 * spec.kv_dim + 2 * spec.kv_dim + 2 * h + mlp_acts)
+    # Sharded by TP: Q and K (2sbq + 2sb*kv), V (2sb*kv), projection input (2sbq; q = heads x head_dim = h
+    # unless kv_channels), MLP activations.
+    latents = 0.0
+    if spec.multi_latent_attention:
+        heads, v = spec.num_attention_heads, spec.v_head_dim or 0
+        qk = (spec.qk_head_dim or 0) + (spec.qk_pos_emb_head_dim or 0)
+        attention_acts = 2 * heads * qk + 2 * heads * qk + 2 * heads * v + 2 * heads * v
+        latents = 2.0 * s * b * (2 * (spec.q_lora_rank or 0) + (spec.kv_lora_rank or 0) * 2
+                                 + (spec.qk_pos_emb_head_dim or 0))
+    else:
+        attention_acts = 2 * spec.q_dim + 2 * spec.kv_dim + 2 * spec.kv_dim + 2 * spec.q_dim
+    acts_per_width = 6 if spec.mlp == "swiglu" else 4  # fc1 output (x2 gate and up) and activation output
+    routed = 0.0
+    if moe:
+        mlp_acts = acts_per_width * (spec.moe_shared_expert_intermediate_size or 0)
+        rank_tokens = s * b / tp if sequence_parallel else s * b
+        experts, topk = spec.num_moe_experts or 0, spec.moe_router_topk
+        routed = (2.0 * rank_tokens * experts + 2.0 * routed_tokens * h
+                  + routed_tokens * acts_per_width * spec.moe_ffn / etp + 2.0 * rank_tokens * topk * h)
+    else:
+        mlp_acts = acts_per_width * spec.ffn
+    sharded = s * b * (attention_acts + mlp_acts)
     if flash_attention:
         scores = 4.0 * b * spec.num_attention_heads * s  # fp32 log-sum-exp per row instead of s x s scores
     elif recompute == "selective":
@@ -130,7 +163,9 @@ def activation_bytes_per_layer(
     else:
         scores = 5.0 * spec.num_attention_heads * s * s * b  # softmax out (2), dropout mask (1), dropout out (2)
     per_rank_replicated = replicated / tp if sequence_parallel else replicated
-    return per_rank_replicated + (sharded + scores) / tp
+    if not moe and not spec.multi_latent_attention:
+        return per_rank_replicated + (sharded + scores) / tp
+    return per_rank_replicated + (sharded + scores) / tp + latents + routed
 
 
 def peak_usage(parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:

@@ -3,12 +3,16 @@
 In: a ``ModelSpec`` (sim.model.transformer), the micro-batch, sequence length, TP split, dtype size and the
 kernel options (flash attention, Megatron's fused kernels or eager PyTorch, FP8's cast kernels, causal
 attention). Out: ``Op`` tuples: GEMMs with FLOPs and bytes, memory-bound element-wise kernels with bytes, their
-launch counts and the share of their FLOPs they execute; for the layer's two blocks (``layer_forward_ops``), the
-embedding and the head. Backward phases are derived from these by ``sim.costs.models.phase_scale``.
+launch counts and the share of their FLOPs they execute; for the layer's two blocks (``layer_forward_ops``: the
+``attention_forward_ops`` of MHA/GQA or multi-head latent attention, and a dense layer's
+``dense_mlp_forward_ops``), a MoE layer's MLP (``moe_forward_ops``: router, shared expert, grouped expert GEMMs,
+combine), the embedding and the head. Backward phases are derived from these by
+``sim.costs.models.phase_scale``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -47,7 +51,9 @@ class Op:
 ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
 # The column-parallel GEMM of each block (Megatron's ColumnParallelLinear): the one whose input gradient is
 # all-reduced (reduce-scattered with SP) across the TP group in the backward.
-COLUMN_PARALLEL = frozenset({"qkv_proj", "mlp_up"})
+# MLA's column-parallel GEMMs are its up projections (q_proj without a q latent); a MoE layer's shared expert's up
+# projection is the MoE block's.
+COLUMN_PARALLEL = frozenset({"qkv_proj", "mlp_up", "q_proj", "q_up_proj", "kv_up_proj", "shared_expert_up"})
 
 
 def _gemm(name: str, m: float, n: float, k: float, elem: int, batch: float = 1, weights: bool = True) -> Op:
@@ -59,6 +65,13 @@ def _linear(name: str, m: float, n: float, k: float, elem: int) -> Op:
     """A transformer layer's linear GEMM: Megatron-LM builds it from Transformer Engine's modules
     (TELayerNormColumnParallelLinear, TERowParallelLinear: gpt_layer_specs.py), so fp8_autocast runs it in FP8."""
     gemm = _gemm(name, m, n, k, elem)
+    return Op(gemm.name, gemm.flops, gemm.bytes, True, True, gemm.shape, te_linear=True)
+
+
+def _grouped_linear(name: str, experts: int, m: float, n: float, k: float, elem: int) -> Op:
+    """A grouped GEMM of ``experts`` equal (m, n, k) problems (Megatron-Core TEGroupedLinear: one kernel for the
+    rank's local experts, each with its own weights, run in FP8 under fp8_autocast like any TE linear)."""
+    gemm = _gemm(name, m, n, k, elem, batch=experts)
     return Op(gemm.name, gemm.flops, gemm.bytes, True, True, gemm.shape, te_linear=True)
 
 
@@ -105,6 +118,172 @@ def causal_fraction(seq_len: int, tile: int = FLASH_TILE) -> float:
     return (n + 1) / (2 * n)
 
 
+def window_fraction(seq_len: int, window: int, tile: int = FLASH_TILE) -> float:
+    """The share of the s x s score tiles a sliding-window flash-attention kernel computes: query tile i needs the
+    key tiles from the one holding token i*tile - window + 1 to its own (FlashAttention-2's window_size, the band
+    below the diagonal; tiles wholly outside it are skipped, those it crosses computed and masked). GPT-OSS's
+    128-token window at 4096 tokens: (1 + 2 x 31) / 32^2."""
+    n = -(-seq_len // tile)
+    return sum(i - max(0, (i * tile - window + 1) // tile) + 1 for i in range(n)) / (n * n)
+
+
+def _executed_share(spec: ModelSpec, seq_len: int, causal: bool) -> float:
+    """The share of the full-matrix attention FLOPs the flash kernel executes, averaged over the model's layers
+    (the ops are one layer's, the same for every layer): full-attention layers ``causal_fraction`` (or all of it),
+    sliding-window layers (``ModelSpec.window_layers``) ``window_fraction``."""
+    full = causal_fraction(seq_len) if causal else 1.0
+    if spec.window_size is None:
+        return full
+    windowed = sum(spec.window_layers)
+    band = window_fraction(seq_len, spec.window_size)
+    return ((spec.num_layers - windowed) * full + windowed * band) / spec.num_layers
+
+
+def _with_casts(ops: tuple[Op, ...], tp: int, sequence_parallel: bool, fp8_casts: Fp8Casts | None) -> tuple[Op, ...]:
+    """``ops`` with FP8's cast kernels after each linear GEMM (``fp8_cast_ops``); unchanged without FP8."""
+    if fp8_casts is None:
+        return ops
+    return tuple(out for op in ops for out in (op, *fp8_cast_ops(op, tp, sequence_parallel, fp8_casts)))
+
+
+def _mla_projections(spec: ModelSpec, tokens: float, replicated_tokens: float, tp: int, elem_bytes: int,
+                     norm: Callable[..., Op]) -> list[Op]:
+    """Multi-head latent attention's projections on one TP rank (Megatron-Core multi_latent_attention.py,
+    MLASelfAttention.get_query_key_value_tensors): the q and kv down projections are duplicated linears run on the
+    rank's own tokens (``replicated_tokens``: b*s/tp under sequence parallelism, whose all-gather then carries the
+    latents), their norms, and the column-parallel up projections over all b*s tokens and heads/tp."""
+    h, heads = spec.hidden_size, spec.num_attention_heads / tp
+    kv_lora = spec.kv_lora_rank or 0
+    nope, rope, v = spec.qk_head_dim or 0, spec.qk_pos_emb_head_dim or 0, spec.v_head_dim or 0
+    ops: list[Op] = []
+    if spec.q_lora_rank:
+        ops += [_linear("q_down_proj", replicated_tokens, spec.q_lora_rank, h, elem_bytes),
+                norm("q_norm", replicated_tokens * spec.q_lora_rank, elem_bytes, reads=1, writes=1),
+                _linear("q_up_proj", tokens, heads * (nope + rope), spec.q_lora_rank, elem_bytes)]
+    else:
+        ops.append(_linear("q_proj", tokens, heads * (nope + rope), h, elem_bytes))
+    ops += [_linear("kv_down_proj", replicated_tokens, kv_lora + rope, h, elem_bytes),
+            norm("kv_norm", replicated_tokens * kv_lora, elem_bytes, reads=1, writes=1),
+            _linear("kv_up_proj", tokens, heads * (nope + v), kv_lora, elem_bytes)]
+    return ops
+
+
+def attention_forward_ops(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    elem_bytes: int,
+    flash_attention: bool,
+    fused_kernels: bool = True,
+    fp8_casts: Fp8Casts | None = None,
+    causal: bool = False,
+) -> tuple[Op, ...]:
+    """Forward kernels of one layer's attention block on one TP rank (``layer_forward_ops``'s ``attention``):
+    input norm, QKV projection (MLA: its down and up projections), the attention core, output projection,
+    dropout + residual. Arguments as ``layer_forward_ops``."""
+    b, s, h = micro_batch, seq_len, spec.hidden_size
+    tokens = b * s
+    heads = spec.num_attention_heads / tp
+    kv_local = spec.kv_dim / tp
+    q_local = spec.q_dim / tp
+    replicated_tokens = tokens / tp if sequence_parallel else tokens
+    hidden_elems = replicated_tokens * h
+    if spec.multi_latent_attention:
+        qk_dim = (spec.qk_head_dim or 0) + (spec.qk_pos_emb_head_dim or 0)
+        v_dim = spec.v_head_dim or 0
+    else:
+        qk_dim = v_dim = spec.head_dim
+
+    # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
+    # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as the eight kernels above.
+    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
+    attention: list[Op] = [norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1)]
+    if spec.multi_latent_attention:
+        attention += _mla_projections(spec, tokens, replicated_tokens, tp, elem_bytes, norm)
+    else:
+        attention.append(_linear("qkv_proj", tokens, q_local + 2 * kv_local, h, elem_bytes))
+    if not fused_kernels and spec.position_embedding == "rope":
+        attention.append(_eager_rope(tokens * (q_local + kv_local)))
+    if flash_attention:
+        # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
+        # Its FLOPs are Megatron's full-matrix count (MFU, HFU); its time is that of the tiles it executes.
+        if spec.multi_latent_attention:  # q and k of d_nope + d_rope, v and o of d_v per head
+            flash_flops = 2.0 * b * heads * s * s * (qk_dim + v_dim)
+            flash_bytes = float(elem_bytes * tokens * heads * (2 * qk_dim + 2 * v_dim))
+        else:
+            flash_flops = 2.0 * 2 * b * heads * s * s * spec.head_dim
+            flash_bytes = float(elem_bytes * tokens * (2 * q_local + 2 * kv_local))
+        executed = _executed_share(spec, s, causal)
+        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=executed))
+    else:
+        score_elems = b * heads * s * s
+        attention += [
+            _gemm("attention_scores", s, s, qk_dim, elem_bytes, batch=b * heads, weights=False),
+            _elementwise("softmax_dropout", score_elems, elem_bytes, reads=1, writes=2, masks=1),
+            _gemm("attention_values", s, v_dim, s, elem_bytes, batch=b * heads, weights=False),
+        ]
+    out_local = heads * v_dim if spec.multi_latent_attention else q_local
+    if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
+        attention.append(_elementwise("attention_transpose", tokens * out_local, elem_bytes, reads=1, writes=1))
+    attention += [
+        _linear("out_proj", tokens, h, out_local, elem_bytes),
+        _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
+    ]
+    return _with_casts(tuple(attention), tp, sequence_parallel, fp8_casts)
+
+
+def _mlp_activation(spec: ModelSpec, name: str, elements: float, elem_bytes: int, fused_kernels: bool) -> Op:
+    """The MLP's activation over ``elements`` (tokens x local FFN width): bias-GeLU, SwiGLU or squared ReLU."""
+    activation_reads = 2 if spec.mlp == "swiglu" else 1
+    activation_kernels = 1
+    if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
+        activation_reads, activation_writes, activation_kernels = 3, 2, EAGER_SWIGLU_KERNELS
+    elif spec.mlp == "squared_relu":
+        # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
+        # two element-wise kernels, each reading and writing the (tokens, ffn) tensor.
+        activation_reads, activation_writes, activation_kernels = 2, 2, 2
+    else:
+        activation_writes = 1
+    return _elementwise(name, elements, elem_bytes, reads=activation_reads, writes=activation_writes,
+                        kernels=activation_kernels)
+
+
+def dense_mlp_forward_ops(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    elem_bytes: int,
+    flash_attention: bool,
+    fused_kernels: bool = True,
+    fp8_casts: Fp8Casts | None = None,
+    causal: bool = False,
+) -> tuple[Op, ...]:
+    """Forward kernels of one dense layer's MLP block on one TP rank (``layer_forward_ops``'s ``mlp``):
+    post-attention norm, up projection (gate and up under SwiGLU), activation, down projection, dropout +
+    residual. Arguments as ``layer_forward_ops`` (``flash_attention`` and ``causal`` do not apply)."""
+    tokens = micro_batch * seq_len
+    h = spec.hidden_size
+    ffn_local = spec.ffn / tp
+    replicated_tokens = tokens / tp if sequence_parallel else tokens
+    hidden_elems = replicated_tokens * h
+    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
+    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
+    mlp = (
+        norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        _linear("mlp_up", tokens, up_width, h, elem_bytes),
+        _mlp_activation(spec, "mlp_activation", tokens * ffn_local, elem_bytes, fused_kernels),
+        _linear("mlp_down", tokens, h, ffn_local, elem_bytes),
+        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
+                     masks=1 if fused_kernels else 0),
+    )
+    return _with_casts(mlp, tp, sequence_parallel, fp8_casts)
+
+
 def layer_forward_ops(
     spec: ModelSpec,
     micro_batch: int,
@@ -124,76 +303,83 @@ def layer_forward_ops(
     kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above). ``fp8_casts``:
     FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none. ``causal``: flash
     attention skips the score tiles above the diagonal (``causal_fraction``); the unfused path computes the full
-    s x s matrix and masks it, as Megatron-LM's fused masked softmax does."""
-    b, s, h = micro_batch, seq_len, spec.hidden_size
-    tokens = b * s
-    heads = spec.num_attention_heads / tp
-    kv_local = spec.kv_dim / tp
-    ffn_local = spec.ffn / tp
+    s x s matrix and masks it, as Megatron-LM's fused masked softmax does. A MoE layer's MLP is
+    ``moe_forward_ops``."""
+    args = (spec, micro_batch, seq_len, tp, sequence_parallel, elem_bytes, flash_attention, fused_kernels,
+            fp8_casts, causal)
+    return {"attention": attention_forward_ops(*args), "mlp": dense_mlp_forward_ops(*args)}
+
+
+def moe_forward_ops(
+    spec: ModelSpec,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    sequence_parallel: bool,
+    elem_bytes: int,
+    etp: int,
+    local_experts: int,
+    routed_tokens: float,
+    fp8_casts: Fp8Casts | None = None,
+) -> dict[str, tuple[Op, ...]]:
+    """Forward kernels of one MoE layer's MLP on one rank, in four blocks, between which the Plan puts the
+    token dispatch and combine (Megatron-Core moe_layer.py MoELayer.forward, token_dispatcher.py):
+
+    - ``moe_router``: post-attention norm; the router GEMM (rank's tokens x E x h: b*s/tp under sequence
+      parallelism, all b*s without; replicated weights, not a Transformer Engine module: router.py's
+      torch linear, so no FP8); top-k over the scores; the permute (a copy of the rank's tokens x topk x h into
+      expert order, moe_utils.permute).
+    - ``moe_shared``: the shared expert, a dense MLP of moe_shared_expert_intermediate_size sharded by tp over
+      all b*s tokens (empty without one).
+    - ``moe_experts``: grouped GEMMs (TEGroupedLinear), one Op per projection with batch = ``local_experts``,
+      m = ``routed_tokens`` / ``local_experts`` (the mean tokens per local expert), n = the expert's FFN width
+      (x2 for SwiGLU's gate and up) / ``etp``, k = hidden; the activation; the down projection.
+    - ``moe_combine``: the unpermute, the top-k weighted sum of each token's expert outputs
+      (moe_utils.unpermute: reads tokens x topk x h, writes tokens x h), and the residual add.
+
+    ``routed_tokens``: token-expert pairs this rank's local experts compute for one micro-batch (the Plan
+    decides it, imbalance included; uniform routing over ep ranks: b*s x topk / (tp when SP) per rank, since
+    each of the ep x etp ranks' experts sees its share). Gives FLOPs of the router, the routed experts and the
+    shared expert (``sim.model.transformer.moe_mlp_forward_flops`` summed over the ranks)."""
+    tokens = micro_batch * seq_len
+    h, experts, topk = spec.hidden_size, spec.num_moe_experts or 0, spec.moe_router_topk
     replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
-
-    # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
-    # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as the eight kernels above.
-    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
-    attention: list[Op] = [
-        norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1),
-        _linear("qkv_proj", tokens, h / tp + 2 * kv_local, h, elem_bytes),
-    ]
-    if not fused_kernels and spec.position_embedding == "rope":
-        attention.append(_eager_rope(tokens * (h / tp + kv_local)))
-    if flash_attention:
-        # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
-        # Its FLOPs are Megatron's full-matrix count (MFU, HFU); its time is that of the tiles it executes.
-        attention.append(
-            Op(
-                "flash_attention",
-                2.0 * 2 * b * heads * s * s * spec.head_dim,
-                float(elem_bytes * tokens * (2 * h / tp + 2 * kv_local)),
-                True,
-                executed=causal_fraction(s) if causal else 1.0,
-            )
-        )
-    else:
-        score_elems = b * heads * s * s
-        attention += [
-            _gemm("attention_scores", s, s, spec.head_dim, elem_bytes, batch=b * heads, weights=False),
-            _elementwise("softmax_dropout", score_elems, elem_bytes, reads=1, writes=2, masks=1),
-            _gemm("attention_values", s, spec.head_dim, s, elem_bytes, batch=b * heads, weights=False),
-        ]
-    if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
-        attention.append(_elementwise("attention_transpose", tokens * h / tp, elem_bytes, reads=1, writes=1))
-    attention += [
-        _linear("out_proj", tokens, h, h / tp, elem_bytes),
-        _elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
-                     masks=1 if fused_kernels else 0),
-    ]
-
-    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
-    activation_reads = 2 if spec.mlp == "swiglu" else 1
-    activation_kernels = 1
-    if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
-        activation_reads, activation_writes, activation_kernels = 3, 2, EAGER_SWIGLU_KERNELS
-    elif spec.mlp == "squared_relu":
-        # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
-        # two element-wise kernels, each reading and writing the (tokens, ffn) tensor.
-        activation_reads, activation_writes, activation_kernels = 2, 2, 2
-    else:
-        activation_writes = 1
-    mlp = (
-        norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
-        _linear("mlp_up", tokens, up_width, h, elem_bytes),
-        _elementwise("mlp_activation", tokens * ffn_local, elem_bytes, reads=activation_reads,
-                     writes=activation_writes, kernels=activation_kernels),
-        _linear("mlp_down", tokens, h, ffn_local, elem_bytes),
-        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
-                     masks=1 if fused_kernels else 0),
+    router = (
+        _elementwise("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
+        _gemm("router", replicated_tokens, experts, h, elem_bytes),
+        # Softmax (or sigmoid) over the E scores and top-k selection: reads the logits, writes the scores and
+        # the top-k probabilities and indices.
+        _elementwise("router_topk", replicated_tokens * experts, elem_bytes, reads=1, writes=1),
+        _elementwise("moe_permute", replicated_tokens * topk * h, elem_bytes, reads=1, writes=1),
     )
-    blocks = {"attention": tuple(attention), "mlp": mlp}
-    if fp8_casts is None:
-        return blocks
-    return {name: tuple(out for op in ops for out in (op, *fp8_cast_ops(op, tp, sequence_parallel, fp8_casts)))
-            for name, ops in blocks.items()}
+    shared_width = spec.moe_shared_expert_intermediate_size or 0
+    shared: tuple[Op, ...] = ()
+    if shared_width:
+        shared_local = shared_width / tp
+        shared = (
+            _linear("shared_expert_up", tokens, (2 if spec.mlp == "swiglu" else 1) * shared_local, h, elem_bytes),
+            _mlp_activation(spec, "shared_expert_activation", tokens * shared_local, elem_bytes, True),
+            _linear("shared_expert_down", tokens, h, shared_local, elem_bytes),
+        )
+    ffn_local = spec.moe_ffn / etp
+    per_expert = routed_tokens / local_experts
+    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
+    grouped = (
+        _grouped_linear("experts_fc1", local_experts, per_expert, up_width, h, elem_bytes),
+        _mlp_activation(spec, "experts_activation", routed_tokens * ffn_local, elem_bytes, True),
+        _grouped_linear("experts_fc2", local_experts, per_expert, h, ffn_local, elem_bytes),
+    )
+    combine = (
+        _elementwise("moe_unpermute", hidden_elems, elem_bytes, reads=topk, writes=1),
+        _elementwise("mlp_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1, masks=1),
+    )
+    return {
+        "moe_router": router,
+        "moe_shared": _with_casts(shared, tp, sequence_parallel, fp8_casts),
+        "moe_experts": _with_casts(grouped, etp, False, fp8_casts),
+        "moe_combine": combine,
+    }
 
 
 # --------------------------------------------------------------------------------------- FP8 cast kernels
@@ -234,8 +420,9 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
     Element counts are of the GEMM's (tokens, in) input and (tokens, out) output on this TP rank."""
     if not op.te_linear or op.shape is None:
         return ()
-    _, tokens, out_features, in_features = op.shape
-    inputs, outputs = float(tokens) * in_features, float(tokens) * out_features
+    batch, tokens, out_features, in_features = op.shape  # batch: a grouped GEMM's experts, 1 otherwise
+    rows = float(batch * tokens)
+    inputs, outputs = rows * in_features, rows * out_features
     ops: list[Op] = []
     if op.name in NORM_FUSED_LINEAR:
         ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
@@ -244,7 +431,7 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
         ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
     else:
         ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_TRANSPOSE_BYTES, False, runs_in="forward"))
-    weights = float(in_features) * out_features
+    weights = float(batch * in_features) * out_features
     ops.append(Op(f"{op.name}_weight_cast", 0.0, weights * CAST_TRANSPOSE_BYTES * casts.weight_casts_per_microbatch,
                   False, runs_in="forward"))
     if op.name in ROW_PARALLEL and sequence_parallel and tp > 1:

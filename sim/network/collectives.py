@@ -19,6 +19,14 @@ Algorithms (as NCCL runs them):
     2 alpha + S/B, with B the NVLS effective bandwidth.
   hierarchical (NCCL's CollNet-free 2D scheme; Jia et al. 2018): reduce-scatter inside each node over k GPUs,
     all-reduce of S/k across the N nodes (one rail per local rank), all-gather inside the node.
+  all-to-all on a topology (``all_to_all_time``): NCCL has no all-to-all algorithm of its own; ncclAlltoAll
+    (src/enqueue.cc) and nccl-tests' alltoall.cu before it post one ncclSend and one ncclRecv of S/n per peer
+    in a group, run over its p2p schedule (src/init.cc: one round per peer). A rank with ``local`` members in
+    its NVLink domain (itself included) sends (local-1)/n S over NVLink and (n-local)/n S over its NIC, both
+    at once, and pays one latency per peer: per rank
+        (local-1) alpha_nvl + (n-local) alpha_net + skew * max((local-1)/n S / B_nvl, (n-local)/n S / B_net),
+    the slowest rank setting the pace; inside one domain it is the pairwise form above. ``skew`` = max/mean
+    bytes a rank receives (MoE routing imbalance): the hottest receiver takes skew x the mean in each tier.
 A group of one costs nothing.
 """
 
@@ -132,6 +140,36 @@ def ring_time(op: str, nbytes: float, n: int, latency: float, bandwidth: float) 
     return ring_steps(op, n) * latency + bytes_moved("ring", op, n, nbytes) / bandwidth
 
 
+def check_skew(skew: float, n: int) -> None:
+    """``skew`` (max/mean bytes per receiving rank) is at least 1 and at most n (one rank receiving everything)."""
+    if not 1.0 <= skew <= max(n, 1):
+        raise ValueError(f"skew: max/mean bytes per rank must be in [1, {max(n, 1)}] for a group of {n}, got {skew}")
+
+
+def all_to_all_terms(nbytes: float, n: int, local: int, nvlink_latency: float, nvlink_bandwidth: float,
+                     net_latency: float = 0.0, net_bandwidth: float = math.inf,
+                     skew: float = 1.0) -> tuple[float, float]:
+    """(latency, bandwidth seconds) of NCCL's all-to-all of S = ``nbytes`` per rank (S/n to each peer) over n
+    ranks, for a rank with ``local`` members in its NVLink domain (itself included), without the per-collective
+    base latency: one latency per peer, (local-1) alpha_nvl + (n-local) alpha_net, and the slower of its NVLink
+    share (local-1)/n S and its network share (n-local)/n S (the two move at once, on other links), each ``skew``
+    x the uniform bytes, as the hottest receiver gets them (see the module docstring)."""
+    check_skew(skew, n)
+    if n <= 1:
+        return 0.0, 0.0
+    nvlink = (local - 1) / n * nbytes / nvlink_bandwidth if local > 1 else 0.0
+    net = (n - local) / n * nbytes / net_bandwidth if n > local else 0.0
+    return (local - 1) * nvlink_latency + (n - local) * net_latency, skew * max(nvlink, net)
+
+
+def all_to_all_time(nbytes: float, n: int, local: int, nvlink_latency: float, nvlink_bandwidth: float,
+                    net_latency: float = 0.0, net_bandwidth: float = math.inf, skew: float = 1.0) -> float:
+    """``all_to_all_terms`` summed: inside one domain (local = n), (n-1) alpha + skew (n-1)/n S / B."""
+    latency, seconds = all_to_all_terms(nbytes, n, local, nvlink_latency, nvlink_bandwidth, net_latency,
+                                        net_bandwidth, skew)
+    return latency + seconds
+
+
 def tree_time(nbytes: float, depth_latency: float, bandwidth: float) -> float:
     """Double-binary-tree all-reduce: reduce up and broadcast down a tree of the given one-way latency."""
     return 2 * depth_latency + 2 * nbytes / bandwidth
@@ -224,6 +262,11 @@ def tree_channels(nbytes: float, group: tuple[int, ...], node_of: dict[int, int]
     return channels
 
 
-def all_to_all_channels(nbytes: float, group: tuple[int, ...]) -> list[Channel]:
+def all_to_all_channels(nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> list[Channel]:
+    """One flow per (sender, receiver) pair, as NCCL posts one send per peer: S/n each when uniform; with
+    ``skew`` the first rank of the group is the hottest receiver, getting skew x S/n from every sender, and each
+    sender spreads the rest of its S evenly over the other peers ((n - skew)/(n - 1) x S/n each)."""
     n = len(group)
-    return [Channel(tuple((a, b) for a in group for b in group if a != b), nbytes / n)]
+    check_skew(skew, n)
+    hot, rest = skew * nbytes / n, (n - skew) / (n - 1) * nbytes / n
+    return [Channel(((a, b),), hot if b == group[0] else rest) for a in group for b in group if a != b]

@@ -12,6 +12,12 @@ NCCL's tuner does; a fixed algorithm that does not apply to a collective (tree f
 without NVSwitch reduction or across nodes) falls back to ring. Results are cached.
 ``contention``: the same algorithm choice, but the engine moves each channel as a flow over the links of its
 route (sim.network.flows shares every link max-min fairly); uncontended, it takes exactly the analytic time.
+An all-to-all is NCCL's grouped send/recv to every peer on both (sim.network.collectives ``all_to_all_terms``):
+intra-domain peers over NVLink (the topology's ``all_to_all_link``), the others over each GPU's NIC share, the
+slower tier and the slowest rank setting the time; the contention model moves one flow per (sender, receiver)
+pair along its route (PXN included), each capped at its tier's per-peer share. ``skew`` (max/mean bytes per
+receiving rank, an MoE router's imbalance) makes the group's first rank the hottest receiver; only an
+all-to-all takes one.
 It is a ``FlowLevelNetwork``: the protocol the event engine and the estimate read (``is_flow_level``).
 
 The topology is only a type here (imported for type checking): the engine imports this module for
@@ -28,7 +34,9 @@ from typing import TYPE_CHECKING, Protocol, TypeGuard
 from sim.network.collectives import (
     Channel,
     all_to_all_channels,
+    all_to_all_terms,
     bytes_moved,
+    check_skew,
     multinode_ring_time,
     nvls_time,
     p2p_time,
@@ -47,7 +55,7 @@ class Network(Protocol):
     name: str
     flow_level: bool
 
-    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float: ...
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> float: ...
 
     def p2p_time(self, nbytes: float, src: int, dst: int) -> float: ...
 
@@ -69,11 +77,13 @@ class FlowLevelNetwork(Network, Protocol):
     """A network whose transfers the event engine moves as flows over links (``flow_level`` is True):
     ``capacities`` are the links' bytes/s by link index (the topology's ``links`` order, as ``FlowChannel.loads``
     index them), and ``transfer`` gives a collective's or a send's phases (op, bytes, group of global ranks; a
-    send's group is (src, dst)): each a latency, then channels that run as flows."""
+    send's group is (src, dst); ``skew``: an all-to-all's max/mean bytes per receiving rank): each a latency, then
+    channels that run as flows."""
 
     capacities: list[float]
 
-    def transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[TransferPhase, ...]: ...
+    def transfer(self, op: str, nbytes: float, group: tuple[int, ...],
+                 skew: float = 1.0) -> tuple[TransferPhase, ...]: ...
 
 
 def is_flow_level(network: Network) -> TypeGuard[FlowLevelNetwork]:
@@ -85,7 +95,8 @@ class IdealNetwork:
     name = "ideal"
     flow_level = False
 
-    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> float:
+        _check_skew(op, skew, len(group))
         return 0.0
 
     def p2p_time(self, nbytes: float, src: int, dst: int) -> float:
@@ -103,6 +114,7 @@ class AnalyticNetwork:
         self.protocol = protocol  # NCCL_PROTO for rings across nodes (sim.network.collectives.RING_PROTOCOLS)
         self.options = lru_cache(maxsize=None)(self._options)
         self.p2p_time = lru_cache(maxsize=None)(self._p2p_time)  # type: ignore[method-assign]
+        self.all_to_all_terms = lru_cache(maxsize=None)(self._all_to_all_terms)
 
     # ------------------------------------------------------------------------------ algorithm choice
     def _options(self, op: str, nbytes: float, group: tuple[int, ...]) -> dict[str, float]:
@@ -113,6 +125,8 @@ class AnalyticNetwork:
             return {"ring": 0.0}
         if op == "send":
             return {"ring": self.p2p_time(nbytes, group[0], group[1])}
+        if op == "all_to_all":  # NCCL's one way: send/recv to every peer (its p2p schedule, not a ring)
+            return {"ring": sum(self.all_to_all_terms(nbytes, group, 1.0))}
         intra = topo.intra_node
         if topo.in_one_domain(group):
             base, bandwidth = intra.base_latency, intra.bandwidth_at(nbytes, n)
@@ -172,8 +186,41 @@ class AnalyticNetwork:
             return min(options, key=options.__getitem__)  # ties: ring first (dict order)
         return self.algorithm if self.algorithm in options else "ring"
 
-    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def collective_time(self, op: str, nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> float:
+        if skew != 1.0:
+            _check_skew(op, skew, len(group))
+            return sum(self.all_to_all_terms(nbytes, group, skew))
         return self.options(op, nbytes, group)[self.algorithm_for(op, nbytes, group)]
+
+    def _all_to_all_shape(self, nbytes: float, group: tuple[int, ...]) -> list[tuple[int, float, float, float]]:
+        """Per distinct domain count ``local`` of the group: (local, NVLink bandwidth at this size and local
+        group, the per-GPU NIC bandwidth, the network's per-peer latency); the NIC figures only across domains."""
+        topo = self.topology
+        counts: dict[int, int] = {}
+        for rank in group:
+            counts[topo.domain_of(rank)] = counts.get(topo.domain_of(rank), 0) + 1
+        nvlink = topo.all_to_all_link
+        net_bandwidth, net_latency = math.inf, 0.0
+        if len(counts) > 1:  # each GPU's own NIC (its share of the node's NICs when shared: analytic)
+            inter = topo.inter_node.model_copy(update={"bandwidth": topo.rail_bandwidth(1, self.shared_nics)})
+            net_bandwidth, net_latency = inter.bandwidth_at(nbytes), inter.latency
+        return [(local, nvlink.bandwidth_at(nbytes, local) if local > 1 else math.inf, net_bandwidth, net_latency)
+                for local in sorted(set(counts.values()))]
+
+    def _all_to_all_terms(self, nbytes: float, group: tuple[int, ...], skew: float) -> tuple[float, float]:
+        """(base + per-peer latencies, bandwidth seconds) of an all-to-all, each at its worst rank
+        (sim.network.collectives.all_to_all_terms)."""
+        n = len(group)
+        check_skew(skew, n)
+        if n <= 1 or nbytes <= 0:
+            return 0.0, 0.0
+        topo, nvlink = self.topology, self.topology.all_to_all_link
+        shape = self._all_to_all_shape(nbytes, group)
+        base = nvlink.base_latency if len(shape) == 1 and topo.in_one_domain(group) else max(
+            nvlink.base_latency, topo.inter_node.base_latency)
+        terms = [all_to_all_terms(nbytes, n, local, nvlink.latency, nvlink_bw, net_latency, net_bw, skew)
+                 for local, nvlink_bw, net_bw, net_latency in shape]
+        return base + max(latency for latency, _ in terms), max(seconds for _, seconds in terms)
 
     def _p2p_time(self, nbytes: float, src: int, dst: int) -> float:
         link = self.topology.tier((src, dst), self.shared_nics)
@@ -206,21 +253,42 @@ class ContentionNetwork(AnalyticNetwork):
 
     def _ring_phase(self, op: str, nbytes: float, group: tuple[int, ...], seconds: float,
                     bandwidth: float) -> TransferPhase:
-        """A ring (or pairwise all-to-all) taking ``seconds`` uncontended at ``bandwidth`` per rank: the
-        latency is what the bandwidth term leaves of it."""
+        """A ring taking ``seconds`` uncontended at ``bandwidth`` per rank: the latency is what the bandwidth term
+        leaves of it."""
         node_of = {rank: self.topology.node_of(rank) for rank in group}
         orders = ring_orders(group, node_of)
-        if op == "all_to_all":
-            flows = self._channels(all_to_all_channels(nbytes, group), bandwidth / (len(group) - 1))
-        else:
-            flows = self._channels(ring_channels(op, nbytes, orders), bandwidth / len(orders))
+        flows = self._channels(ring_channels(op, nbytes, orders), bandwidth / len(orders))
         moved = bytes_moved("ring", op, len(group), nbytes)
         return TransferPhase(max(0.0, seconds - moved / bandwidth), tuple(flows))
 
-    def _transfer(self, op: str, nbytes: float, group: tuple[int, ...]) -> tuple[TransferPhase, ...]:
+    def _all_to_all_phase(self, nbytes: float, group: tuple[int, ...], skew: float) -> TransferPhase:
+        """The analytic latency, then one flow per (sender, receiver) pair capped at the sender's per-peer share
+        of its tier (NVLink: B_nvl / (local-1); NIC: B_net / (n-local)), so that uncontended the hottest
+        receiver's flows end at the analytic time and the others earlier."""
         topo, n = self.topology, len(group)
+        latency, _ = self.all_to_all_terms(nbytes, group, skew)
+        local_of: dict[int, int] = {}
+        for rank in group:
+            local_of[topo.domain_of(rank)] = local_of.get(topo.domain_of(rank), 0) + 1
+        caps = {local: (nvlink_bw / (local - 1) if local > 1 else math.inf,
+                        net_bw / (n - local) if n > local else math.inf)
+                for local, nvlink_bw, net_bw, _ in self._all_to_all_shape(nbytes, group)}
+        flows: list[FlowChannel] = []
+        for channel in all_to_all_channels(nbytes, group, skew):
+            (src, dst), = channel.hops
+            nvlink_cap, net_cap = caps[local_of[topo.domain_of(src)]]
+            same = topo.domain_of(src) == topo.domain_of(dst)
+            flows += self._channels([channel], nvlink_cap if same else net_cap)
+        return TransferPhase(latency, tuple(flows))
+
+    def _transfer(self, op: str, nbytes: float, group: tuple[int, ...],
+                  skew: float = 1.0) -> tuple[TransferPhase, ...]:
+        topo, n = self.topology, len(group)
+        _check_skew(op, skew, n)
         if n <= 1 or nbytes <= 0:
             return ()
+        if op == "all_to_all":
+            return (self._all_to_all_phase(nbytes, group, skew),)
         if op == "send":
             bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
             latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
@@ -278,12 +346,23 @@ class ContentionNetwork(AnalyticNetwork):
         return phase(across, op, part, outer_bw), phase(inside, "all_gather", nbytes, inner_bw)
 
 
-def transfer_time(network: Network, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+def transfer_time(network: Network, op: str, nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> float:
     """A communication task's time on a network whose times do not depend on other traffic: a send (``group`` is
-    (src, dst)) by ``p2p_time``, a collective by ``collective_time``. Both replays price transfers with it."""
+    (src, dst)) by ``p2p_time``, a collective by ``collective_time`` (an all-to-all with its ``skew``). Both
+    replays price transfers with it."""
     if op == "send":
         return network.p2p_time(nbytes, group[0], group[1])
+    if skew != 1.0:
+        return network.collective_time(op, nbytes, group, skew)
     return network.collective_time(op, nbytes, group)
+
+
+def _check_skew(op: str, skew: float, n: int) -> None:
+    """Only an all-to-all takes a routing skew (max/mean bytes per receiving rank), in [1, n]."""
+    if skew != 1.0:
+        if op != "all_to_all":
+            raise ValueError(f"skew: only an all_to_all has a routing skew, not {op} (got skew {skew})")
+        check_skew(skew, n)
 
 
 def make(name: str, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> Network:

@@ -1,11 +1,11 @@
 """The cluster as a directed graph of links.
 
-In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, InfiniBand per NIC, PCIe to the host),
-NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric (``FabricSpec``). Out: a ``Topology``: a
-networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``, ``leaf{group}.{rail}``, ``spine``,
-``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s and a ``tier``), the links as an
-indexed list, and the questions the network models ask: which tier a group of ranks crosses (``tier``), and
-the links a transfer between two GPUs loads (``route``, cached).
+In: nodes, GPUs per node, the link tiers (``LinkSpec``: NVLink per GPU, as rings and as all-to-alls use it,
+InfiniBand per NIC, PCIe to the host), NICs per node, GPUs per NVSwitch domain and the leaf/spine fabric
+(``FabricSpec``). Out: a ``Topology``: a networkx DiGraph (nodes ``gpu{r}``, ``nvswitch{d}``, ``nic{node}.{i}``,
+``leaf{group}.{rail}``, ``spine``, ``host{node}``; one edge per link and direction with ``bandwidth`` in bytes/s
+and a ``tier``), the links as an indexed list, and the questions the network models ask: which tier a group of
+ranks crosses (``tier``), and the links a transfer between two GPUs loads (``route``, cached).
 
 Routes. Inside an NVSwitch domain: GPU -> NVSwitch -> GPU. Across domains, NCCL's PXN path (NCCL >= 2.12):
 the data first moves over NVLink to the local GPU whose NIC sits on the destination's rail, then NIC -> leaf
@@ -47,6 +47,12 @@ class Topology:
     links: tuple[Link, ...] = field(repr=False)
     link_index: dict[tuple[str, str], int] = field(repr=False)
     failed_nics: frozenset[str] = frozenset()  # NICs with capacity factor 0: routes go around them
+    all_to_all: LinkSpec | None = None  # NVLink as NCCL's all-to-all drives it (None: the ring's intra_node)
+
+    @property
+    def all_to_all_link(self) -> LinkSpec:
+        """The NVLink tier an all-to-all's intra-domain peers move over: its own fit, else the ring's."""
+        return self.all_to_all or self.intra_node
 
     @property
     def num_gpus(self) -> int:
@@ -140,7 +146,7 @@ def _healthy_rail(topology: Topology, node: int, rail: int) -> int:
 def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: LinkSpec, *,
           nics_per_node: int | None = None, nvlink_domain: int | None = None, fabric: FabricSpec | None = None,
           pcie: LinkSpec | None = None, nvls: LinkSpec | None = None,
-          link_factors: dict[str, float] | None = None) -> Topology:
+          link_factors: dict[str, float] | None = None, all_to_all: LinkSpec | None = None) -> Topology:
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
     fabric = fabric or FabricSpec()
@@ -149,13 +155,24 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
     graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
 
-    def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None) -> None:
+    def best(spec: LinkSpec) -> float:
+        # A link carries at most what its best-measured group moves over it (factors above 1 included).
+        return max([1.0] + [factor for _, factor in spec.group_efficiency])
+
+    def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None,
+                capacity: float | None = None) -> None:
         rate = line_rate if line_rate is not None else spec.bandwidth
         for u, v in ((a, b), (b, a)):
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
-            # A link carries at most what its best-measured group moves over it (factors above 1 included).
-            best = max([1.0] + [factor for _, factor in spec.group_efficiency])
-            links.append(Link(u, v, tier, rate * spec.efficiency * best))
+            links.append(Link(u, v, tier, capacity if capacity is not None else rate * spec.efficiency * best(spec)))
+
+    # NVLink carries the best of what its ring and its all-to-all reach (GB200's all-to-all plateau is above its
+    # ring's): the all-to-all's capacity replaces the ring's only where it is higher.
+    nvlink_capacity = None
+    if all_to_all is not None:
+        a2a_capacity = all_to_all.bandwidth * all_to_all.efficiency * best(all_to_all)
+        if a2a_capacity > intra_node.bandwidth * intra_node.efficiency * best(intra_node):
+            nvlink_capacity = a2a_capacity
 
     graph.add_node("spine", kind="spine")
     groups = -(-nodes // fabric.nodes_per_leaf)
@@ -178,7 +195,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             rank = node * gpus_per_node + local
             gpu = f"gpu{rank}"
             graph.add_node(gpu, kind="gpu", node=node, rank=rank)
-            connect(gpu, f"nvswitch{rank // domain}", "nvlink", intra_node)
+            connect(gpu, f"nvswitch{rank // domain}", "nvlink", intra_node, capacity=nvlink_capacity)
             connect(gpu, f"nic{node}.{local * nics // gpus_per_node}", "pcie", pcie or inter_node,
                     None if pcie else 4 * inter_node.bandwidth)
             if pcie is not None:
@@ -197,4 +214,4 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
         for i in touched:  # a failed NIC keeps a tiny capacity so rates stay finite; no route uses it
             links[i] = Link(links[i].src, links[i].dst, links[i].tier, links[i].capacity * max(factor, 1e-9))
     return Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric, nvls, graph, tuple(links),
-                    {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed))
+                    {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed), all_to_all)

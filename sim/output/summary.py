@@ -28,7 +28,7 @@ from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import model_flops_per_step
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
-from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, Kind, Stream
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, MOE_COMM_KINDS, Kind, Stream
 
 
 @dataclass(frozen=True)
@@ -194,7 +194,9 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
     pipeline_end = float(compute["end_s"].max())
     bubbles: list[float] = []
-    exposed: dict[str, float] = {str(kind): 0.0 for kind in COMM_KINDS}
+    # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
+    comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
@@ -203,7 +205,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))
         bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
-        for kind in COMM_KINDS:
+        for kind in comm_kinds:
             exposed[str(kind)] = max(exposed[str(kind)], _exposed(rows[rows["kind"] == kind], union))
 
     scenario = plan.scenario

@@ -28,6 +28,13 @@ class RankGrid:
     pp: int
     dp: int
     gpus_per_node: int
+    ep: int = 1  # expert parallel (MoE): folded over a stage's tp x dp ranks, after etp
+    etp: int = 1  # expert tensor parallel, fastest
+
+    @property
+    def edp(self) -> int:
+        """Expert data parallel: the ranks of a stage holding the same experts, tp*dp / (ep*etp)."""
+        return self.tp * self.dp // (self.ep * self.etp)
 
     @property
     def world_size(self) -> int:
@@ -60,6 +67,32 @@ class RankGrid:
         c = self.coord(rank)
         first = self.rank(c.tp, c.dp, 0)
         return tuple(range(first, first + self.tp * self.dp * self.pp, self.tp * self.dp))
+
+    # MoE parallel folding (Megatron-Core parallel_state.py, expert RankGenerator with order "tp-ep-dp-pp"): the
+    # tp*dp ranks of a pipeline stage (contiguous: tp and dp are the fastest dimensions) are re-indexed as
+    # local = etp_rank + etp * (ep_rank + ep * edp_rank).
+    def _expert_group(self, rank: int, stride: int, size: int) -> tuple[int, ...]:
+        block = self.tp * self.dp
+        base = rank - rank % block
+        local = rank % block
+        first = base + local % stride + (local // (stride * size)) * stride * size
+        return tuple(range(first, first + stride * size, stride))
+
+    def etp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks splitting each of ``rank``'s experts' FFN (expert tensor parallel)."""
+        return self._expert_group(rank, 1, self.etp)
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks ``rank``'s tokens are dispatched over (expert parallel): one per ep index."""
+        return self._expert_group(rank, self.etp, self.ep)
+
+    def edp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks holding ``rank``'s experts (expert data parallel), which reduce their gradients."""
+        return self._expert_group(rank, self.etp * self.ep, self.edp)
+
+    def tp_ep_group(self, rank: int) -> tuple[int, ...]:
+        """etp x ep ranks around ``rank``: the all-gather dispatcher's group."""
+        return self._expert_group(rank, 1, self.etp * self.ep)
 
     def stage_representative(self, stage: int) -> int:
         """The rank simulated for a pipeline stage in representative-slice mode (tp 0, dp 0)."""

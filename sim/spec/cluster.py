@@ -2,8 +2,8 @@
 
 In: the ``cluster:`` mapping of a scenario (GPU preset name or fields, node preset, overrides). Out: a frozen
 ``ClusterSpec`` in SI units with every default taken from the node preset (``dgx-a100``, ``dgx-h100``,
-``dgx-b200``, ``gb200-nvl72``, or the GPU's usual node), and the preset-expansion helpers the scenario uses for
-its other presets. Errors are ``ValueError`` with a one-line message naming the field.
+``hgx-h800``, ``dgx-b200``, ``gb200-nvl72``, or the GPU's usual node), and the preset-expansion helpers the
+scenario uses for its other presets. Errors are ``ValueError`` with a one-line message naming the field.
 """
 
 from __future__ import annotations
@@ -40,12 +40,14 @@ class ClusterSpec(FrozenSpec):
     gpu: GpuSpec
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
-    node: str | None = Field(default=None, description="node preset (dgx-a100, dgx-h100, dgx-b200, gb200-nvl72)")
+    node: str | None = Field(default=None, description="node preset (dgx-a100, dgx-h100, hgx-h800, dgx-b200, "
+                                                               "gb200-nvl72)")
     intra_node: LinkSpec
     inter_node: LinkSpec = Field(description="InfiniBand, per NIC")
     nics_per_node: int = Field(ge=1)
     nvlink_domain: int = Field(ge=1, description="GPUs that share one NVSwitch domain")
     nvls: LinkSpec | None = None
+    all_to_all: LinkSpec | None = Field(default=None, description="NVLink under NCCL's all-to-all; None: intra_node")
     pcie: LinkSpec
     fabric: FabricSpec = FabricSpec()
 
@@ -56,6 +58,8 @@ class ClusterSpec(FrozenSpec):
             return data
         data = dict(data)
         gpu = data.get("gpu")
+        if not isinstance(gpu, (str, dict)) or not isinstance(data.get("gpus_per_node", 0), int):
+            return data  # a wrongly typed gpu or gpus_per_node: its field's own validation names it
         gpu_name = gpu if isinstance(gpu, str) else (gpu or {}).get("preset") or (gpu or {}).get("name")
         by_lower = {k.lower(): v for k, v in DEFAULT_NODE_FOR_GPU.items()}
         node_name = data.get("node") or by_lower.get(str(gpu_name).lower())
@@ -70,13 +74,17 @@ class ClusterSpec(FrozenSpec):
             return data
         node = lookup(NODE_PRESETS, str(node_name), "node")
         data["node"] = node.name
-        for tier in ("intra_node", "inter_node", "pcie", "nvls"):
+        given_all_to_all = dict(data.get("all_to_all") or {})
+        for tier in ("intra_node", "inter_node", "pcie", "nvls", "all_to_all"):
             preset = getattr(node, tier)
             if preset is None:
                 continue
             fields = preset.model_dump()
             fields.update(data.get(tier) or {})
             data[tier] = fields
+        if data.get("all_to_all") is not None and "bandwidth" not in given_all_to_all:
+            # The all-to-all tier is the same NVLink: its line rate follows an intra_node override.
+            data["all_to_all"] = {**data["all_to_all"], "bandwidth": data["intra_node"]["bandwidth"]}
         data.setdefault("gpus_per_node", node.gpus_per_node)
         data.setdefault("nics_per_node", node.nics_per_node * data["gpus_per_node"] // node.gpus_per_node)
         # A node-sized preset domain follows the node size; a multi-node one (NVL72) is kept.

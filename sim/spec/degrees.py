@@ -3,7 +3,8 @@
 In: a ``Scenario``'s fields (schema only: the scenario carries no derived properties). Out: ``Degrees``, a frozen
 record of the data-parallel degree (``parallel.dp`` or the GPUs left by tp x pp), the micro-batches per
 pipeline and the global batch (each from the other), the sequence length (default: the model's), the ZeRO
-stage (``parallel.zero`` or FSDP's sharding strategy) and the layers of the largest model chunk. The cross-field
+stage (``parallel.zero`` or FSDP's sharding strategy), the layers of the largest model chunk, and the expert
+degrees of a MoE model (ep, etp, and edp = tp*dp/(ep*etp): Megatron-Core's MoE parallel folding). The cross-field
 rules (sim.spec.rules) check them; the plan (sim.plan) exposes them to everything below the configuration
 layer. Modelled on TorchTitan's ``ParallelDims``: degrees decided once, in one place.
 """
@@ -32,11 +33,15 @@ class Degrees:
     seq_len: int
     zero_stage: int
     chunk_sizes: tuple[int, ...]  # layers of each of the pp*vpp model chunks, in model order
+    # MoE parallel folding (Megatron-Core): a stage's tp x dp ranks re-split as etp x ep x edp for the experts.
+    ep: int = 1
+    etp: int = 1
+    edp: int = 1  # expert data parallel: tp*dp / (ep*etp), the ranks holding the same experts
 
     @property
     def layers_per_chunk(self) -> int:
         """Layers of the largest model chunk (of every chunk unless first/last_stage_layers are set)."""
-        return max(self.chunk_sizes)
+        return max(self.chunk_sizes, default=0)
 
 
 def degrees(scenario: Scenario) -> Degrees:
@@ -46,10 +51,15 @@ def degrees(scenario: Scenario) -> Degrees:
     dp = p.dp or gpus // (p.tp * p.pp)
     microbatches = t.microbatches or (t.global_batch or 0) // (dp * t.micro_batch)
     fsdp = scenario.fsdp
+    etp = p.etp or p.tp
     return Degrees(
         num_gpus=gpus, tp=p.tp, pp=p.pp, dp=dp, vpp=p.vpp, micro_batch=t.micro_batch, microbatches=microbatches,
         global_batch=t.global_batch or microbatches * dp * t.micro_batch,
         seq_len=t.seq_len or scenario.model.max_seq_len,
         zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
-        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers),
+        # More pipeline slots than layers is refused by the rules; no chunk list is built for it (a fuzzed pp of 1e12
+        # would otherwise allocate one entry per slot before the rule could say so).
+        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers)
+        if p.pp * p.vpp <= scenario.model.num_layers else (),
+        ep=p.ep, etp=etp, edp=max(1, p.tp * dp // (p.ep * etp)),
     )

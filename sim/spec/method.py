@@ -63,6 +63,8 @@ def check_method(s: Scenario) -> None:
     bad = [layer for layer in t.frozen_layers if not 0 <= layer < m.num_layers]
     if bad:
         raise ValueError(f"training.frozen_layers: layer {bad[0]} is outside 0..{m.num_layers - 1}")
+    if t.method != "full" and m.is_moe:
+        raise ValueError(f"training.method: {t.method} on a mixture-of-experts model is not modelled (use full)")
     if t.method not in ("lora", "qlora"):
         return
     targets = t.lora.target_modules or ()

@@ -51,9 +51,13 @@ def check_rules(s: Scenario) -> None:
             f"training.global_batch: {t.global_batch} is not a multiple of dp*micro_batch = "
             f"{d.dp}*{t.micro_batch} = {d.dp * t.micro_batch}"
         )
-    if t.global_batch is not None and t.microbatches is not None and t.global_batch != d.global_batch:
-        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch} "
-                         f"= m*dp*micro_batch would need m = {t.global_batch // (d.dp * t.micro_batch)}")
+    # Both given: they must describe the same step (global_batch = microbatches * dp * micro_batch). Degrees takes
+    # global_batch as given, so compare with the product, not with d.global_batch (which is the same field).
+    if t.global_batch is not None and t.microbatches is not None and \
+            t.global_batch != t.microbatches * d.dp * t.micro_batch:
+        raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch}: "
+                         f"global_batch = microbatches*dp*micro_batch needs microbatches = "
+                         f"{t.global_batch // (d.dp * t.micro_batch)}")
     if t.recompute_num_layers is not None:
         if t.recompute != "full":
             raise ValueError(f"training.recompute_num_layers: needs recompute: full (got {t.recompute})")
@@ -82,6 +86,7 @@ def check_rules(s: Scenario) -> None:
                              f"({max(per_node, 1)} per node)")
     check_method(s)
     _check_sm_contention(s)
+    _check_experts(s)
     check_variation(s)
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, d.microbatches, p.vpp)
     if reason:
@@ -130,3 +135,37 @@ def _check_uneven_stages(s: Scenario) -> None:
     if rest < others or (others and rest % others) or (not others and rest):
         raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
                          f"model.num_layers = {layers} evenly")
+
+
+def _check_experts(s: Scenario) -> None:
+    """Expert parallelism (Megatron-Core's rules for MoE parallel folding, megatron/core/parallel_state.py and
+    transformer_config.py), each naming its field."""
+    p, m, moe = s.parallel, s.model, s.moe
+    d = degrees(s)
+    if not m.is_moe:
+        if p.ep > 1 or (p.etp is not None and p.etp > 1):
+            field = "ep" if p.ep > 1 else "etp"
+            raise ValueError(f"parallel.{field}: expert parallelism needs a MoE model (model.num_moe_experts is "
+                             "not set)")
+        return
+    experts = m.num_moe_experts or 0
+    if experts % p.ep:
+        raise ValueError(f"parallel.ep: {p.ep} does not divide model.num_moe_experts = {experts}")
+    if m.moe_ffn % d.etp:
+        raise ValueError(f"parallel.etp: {d.etp} does not divide the expert FFN size {m.moe_ffn}")
+    if (d.tp * d.dp) % (d.ep * d.etp):
+        raise ValueError(f"parallel.ep: ep*etp = {d.ep * d.etp} does not divide tp*dp = {d.tp * d.dp} (the ranks of a "
+                         f"pipeline stage the experts are folded over)")
+    if p.tp > 1 and not p.sequence_parallel:
+        raise ValueError(f"parallel.sequence_parallel: a MoE model with tp = {p.tp} needs sequence parallelism "
+                         "(Megatron-Core requires it with expert layers)")
+    if d.zero_stage >= 2 or s.fsdp is not None:
+        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage}/FSDP with a MoE model is not modelled; use ZeRO-0 or "
+                         "ZeRO-1 (Megatron's distributed optimizer)")
+    if moe.pad_to_capacity and moe.capacity_factor is None:
+        raise ValueError("moe.pad_to_capacity: padding to capacity needs moe.capacity_factor")
+    if moe.a2a_overlap:
+        raise ValueError("moe.a2a_overlap: overlapping dispatch/combine with another micro-batch is not modelled "
+                         "yet; set it false")
+    if len(m.moe_layers) != m.num_layers:
+        raise ValueError(f"model.moe_layer_freq: {len(m.moe_layers)} entries but model.num_layers = {m.num_layers}")

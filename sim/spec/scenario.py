@@ -29,6 +29,11 @@ from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Seconds, parse_seconds
 
 MiB = 2**20
+# Input bounds (issue 27): a scenario is a few kB; these keep a malformed or hostile file from exhausting time or
+# memory, and each is reported as one line naming what was exceeded.
+MAX_FILE_BYTES = 4 * MiB  # a scenario (or an HF config.json) larger than this is refused unread
+MAX_DEPTH = 32  # nesting of mappings/lists; the deepest bundled scenario nests 4 levels
+MAX_NAME_CHARS = 200  # names are printed in titles and file headers
 
 
 class TrainingSpec(FrozenSpec):
@@ -96,6 +101,12 @@ class ParallelSpec(FrozenSpec):
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
+    ep: int = Field(default=1, ge=1, description=(
+        "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "
+        "ep ranks, folded over the tp x dp ranks of a pipeline stage (MoE parallel folding)"))
+    etp: int | None = Field(default=None, ge=1, description=(
+        "expert tensor parallelism (--expert-tensor-parallel-size): each expert's FFN split over etp ranks; "
+        "default tp, as Megatron-Core (expert_tensor_parallel_size None -> tensor_model_parallel_size)"))
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
@@ -120,6 +131,26 @@ class ParallelSpec(FrozenSpec):
         "with overlap_param_gather: every bucket's all-gather is issued at the step start (Megatron-LM core "
         "0.9+'s default, --no-align-param-gather turns it off); false: the next bucket's all-gather is issued when "
         "the forward reaches the previous bucket (Megatron core_r0.8 and Apex DistributedFusedAdam)"))
+
+
+class MoeSpec(FrozenSpec):
+    """How a MoE model's tokens reach their experts (Megatron-Core's MoE knobs; used only with a MoE model)."""
+
+    token_dispatcher: Literal["alltoall", "allgather"] = Field(default="alltoall", description=(
+        "--moe-token-dispatcher-type: alltoall: tokens go to their experts' ranks by an all-to-all over the EP "
+        "group (and come back by another); allgather: every rank all-gathers the tokens of the etp x ep group and "
+        "reduce-scatters the outputs"))
+    capacity_factor: float | None = Field(default=None, gt=0, description=(
+        "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
+        "(the rest are dropped); None: dropless"))
+    pad_to_capacity: bool = Field(default=False, description=(
+        "--moe-pad-expert-input-to-capacity: every expert's input padded to its capacity (fixed shapes)"))
+    imbalance: float = Field(default=1.0, ge=1.0, description=(
+        "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
+        "pace of the all-to-all and the expert GEMMs (1: even routing)"))
+    a2a_overlap: bool = Field(default=False, description=(
+        "--overlap-moe-expert-parallel-comm (dispatch/combine under the other micro-batch's compute): not "
+        "modelled yet, refused"))
 
 
 class FsdpSpec(FrozenSpec):
@@ -240,7 +271,7 @@ def _shorthand(value: Any) -> Any:
 
 
 class Scenario(FrozenSpec):
-    name: str
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     seed: int = 0
     cluster: ClusterSpec
     model: ModelSpec
@@ -261,6 +292,7 @@ class Scenario(FrozenSpec):
                                             "(set by a zero_optimization block)")
     offload: OffloadSpec = OffloadSpec()
     memory: MemorySpec = MemorySpec()
+    moe: MoeSpec = MoeSpec()
     variation: VariationSpec = VariationSpec()
 
     @model_validator(mode="before")
@@ -333,15 +365,71 @@ class Scenario(FrozenSpec):
         return self
 
 
+def _field_name(part: int | str) -> str:
+    """A location part as printed: a key that is empty, padded or unprintable (a newline) is quoted, so the
+    message stays on one line and still names it."""
+    text = str(part)
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
 def _format_error(error: ValidationError) -> str:
     first = error.errors()[0]
-    loc = ".".join(str(part) for part in first["loc"] if part not in ("fixed", "roofline"))
+    loc = ".".join(_field_name(part) for part in first["loc"] if part not in ("fixed", "roofline"))
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
     more = error.error_count() - 1
     suffix = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return f"{loc}: {message}{suffix}" if loc else f"{message}{suffix}"
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed YAML (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    """YAML text -> data, with every failure one ``ConfigError`` naming ``what``: syntax, tags the safe loader
+    refuses (``!!python/...``), and nesting deeper than ``MAX_DEPTH`` (PyYAML's composer recurses per level)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{what}: not valid YAML{where} ({getattr(error, 'problem', None) or 'syntax'})") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: nested deeper than {MAX_DEPTH} levels") from None
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"{what}: nested deeper than {MAX_DEPTH} levels")
+    return data
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 text file (a BOM is allowed), read no further than ``MAX_FILE_BYTES``; every failure is one
+    ``ConfigError`` naming ``what``."""
+    if path.is_dir():
+        raise ConfigError(f"{what}: {str(path)!r} is a directory, not a file")
+    if not path.is_file():
+        raise ConfigError(f"{what}: file {str(path)!r} not found")
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise ConfigError(f"{what}: cannot read {str(path)!r}: {error.strerror or error}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ConfigError(f"{what}: {str(path)!r} is larger than {MAX_FILE_BYTES // MiB} MiB")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise ConfigError(f"{what}: {str(path)!r} is not UTF-8 text (byte {error.start})") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -363,7 +451,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ConfigError(f"--set {path_text}: {'.'.join(keys[: depth + 1])} is not a mapping")
             node[key] = child
             node = child
-        node[keys[-1]] = yaml.safe_load(value_text)
+        node[keys[-1]] = parse_yaml(value_text, f"--set {path_text}")
     return data
 
 
@@ -376,14 +464,7 @@ def scenario_from_dict(data: dict[str, Any], base_dir: Path | str = ".") -> Scen
 
 def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scenario:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"scenario: file {str(path)!r} not found")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"scenario: {path} is not valid YAML{where}") from None
+    data = parse_yaml(read_text(path, "scenario"), f"scenario {path}")
     if not isinstance(data, dict):
         raise ConfigError(f"scenario: {path} must be a mapping of keys (name, cluster, model, ...)")
     return scenario_from_dict(apply_overrides(data, overrides or []), base_dir=path.parent)

@@ -39,8 +39,18 @@ from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.data_parallel import DataParallelEmitter
-from sim.workload.ir import NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
-from sim.workload.step import blocks, frozen_layer_blocks, make_costs, overlaps_backward, tp_ops
+from sim.workload.ir import EP_STREAM, EXPERT_DP_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
+from sim.workload.step import (
+    blocks,
+    combine_exchanges,
+    dispatch_exchanges,
+    expert_group,
+    frozen_layer_blocks,
+    make_costs,
+    moe_blocks,
+    overlaps_backward,
+    tp_ops,
+)
 
 
 class _StageEmitter:
@@ -83,6 +93,14 @@ class _StageEmitter:
         # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
         self.dp_inert = not self.dp.multi or (not self.dp.sharded_units and self.dp.zero < 2)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
+        self.moe_layers = plan.moe_layers
+        if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
+            self.moe_work = moe_blocks(plan)
+            self.has_shared = bool(self.moe_work["moe_shared"].ops)
+            self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+                             for ex in dispatch_exchanges(plan)]
+            self.combine = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+                            for ex in combine_exchanges(plan)]
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
@@ -98,7 +116,7 @@ class _StageEmitter:
         ``also``, taking the pending and blocking-TP dependencies a task on ``stream`` has."""
         deps = [after] if after is not None and self.g.tasks[after].stream != stream else []
         deps += also
-        if self.pending_deps and stream not in (NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM):
+        if self.pending_deps and stream not in (NCCL_STREAM, REPLICA_STREAM, OFFLOAD_STREAM, EXPERT_DP_STREAM):
             deps += self.pending_deps
             self.pending_deps = []
         blocking = self._blocking(stream, deps)
@@ -201,6 +219,81 @@ class _StageEmitter:
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
             self.blocking_tp = task
 
+    # ---------------------------------------------------------------------------------- mixture of experts
+    def _moe_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
+                  also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
+                  exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
+        """One task of a MoE layer's MLP part: after ``prev`` (the task emitted just before it, None: no edge to
+        it) and the tasks in ``also``; compute priced from ``work`` in ``phase``, or an ``exchange`` (op, bytes,
+        group, all-to-all skew). Flagged for stamping with exactly these edges (see ``_layer``)."""
+        assert prev is None or prev == len(self.g.tasks) - 1
+        if exchange is not None:
+            op, nbytes, group, skew = exchange
+            task = self._add(stream, kind, f"{name}_{op}" if name else op, mb, layer, prev, also, op=op,
+                             nbytes=nbytes, group=group, skew=skew)
+        else:
+            assert work is not None
+            duration, flops = self._price(work, phase)
+            task = self._add(stream, kind, name, mb, layer, prev, also, duration=duration * self.jitter(), flops=flops)
+        self._flagged(task, prev is not None, True, tuple(task - dep for dep in also))
+        return task
+
+    def _moe_forward(self, kind: str, mb: int, layer: int, after: int | None) -> int:
+        """A MoE layer's MLP part, forward (or its recomputation): router -> dispatch (stream ``ep``) beside the
+        shared expert -> routed experts -> combine (``ep``) -> unpermute and residual. Megatron-Core's MoELayer
+        (moe_layer.py): the experts wait for the dispatched tokens; the shared expert needs only the router's
+        input (its overlap with the dispatch: --moe-shared-expert-overlap)."""
+        w = self.moe_work
+        router = self._moe_task("compute", kind, "moe_router", mb, layer, after, work=w["moe_router"])
+        dispatched = router
+        for exchange in self.dispatch:
+            dispatched = self._moe_task(EP_STREAM, "ep", "dispatch", mb, layer, dispatched, exchange=exchange)
+        waits = [dispatched]
+        if self.has_shared:
+            self._shared_expert(kind, mb, layer, router, "forward")
+        last = len(self.g.tasks) - 1
+        experts = self._moe_task("compute", kind, "moe_experts", mb, layer, last,
+                                 [d for d in waits if d != last], work=w["moe_experts"])
+        combined = experts
+        for exchange in self.combine:
+            combined = self._moe_task(EP_STREAM, "ep", "combine", mb, layer, combined, exchange=exchange)
+        return self._moe_task("compute", kind, "moe_combine", mb, layer, combined, work=w["moe_combine"])
+
+    def _moe_backward(self, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int:
+        """The mirror: combine's backward -> the combine's gradient exchange (the dispatch's collectives) ->
+        experts' backward -> the dispatch's gradient exchange (the combine's collectives) beside the shared
+        expert's backward -> router's backward."""
+        w = self.moe_work
+        combine = self._moe_task("compute", "backward", "moe_combine", mb, layer, after, work=w["moe_combine"],
+                                 phase=phase)
+        grads = combine
+        for exchange in self.dispatch:
+            grads = self._moe_task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange)
+        experts = self._moe_task("compute", "backward", "moe_experts", mb, layer, grads, work=w["moe_experts"],
+                                 phase=phase)
+        returned = experts
+        for exchange in self.combine:
+            returned = self._moe_task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange)
+        if self.has_shared:
+            self._shared_expert("backward", mb, layer, combine, phase)
+        last = len(self.g.tasks) - 1
+        return self._moe_task("compute", "backward", "moe_router", mb, layer, last,
+                              [returned] if returned != last else [], work=w["moe_router"], phase=phase)
+
+    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase) -> None:
+        """The shared expert on the compute stream after ``source`` (its input, or its output gradient), with
+        sequence parallelism's all-gather before and reduce-scatter after over the TP group (Megatron-Core
+        SharedExpertMLP is a TP MLP)."""
+        work = self.moe_work["moe_shared"]
+        if self.tp > 1:
+            gather = self._moe_task("tp", "tp", "", mb, layer, None, [source],
+                                    exchange=("all_gather", self.tp_bytes, self.tp_group, 1.0))
+            shared = self._moe_task("compute", kind, "moe_shared", mb, layer, gather, work=work, phase=phase)
+            self._moe_task("tp", "tp", "", mb, layer, shared,
+                           exchange=("reduce_scatter", self.tp_bytes, self.tp_group, 1.0))
+        else:
+            self._moe_task("compute", kind, "moe_shared", mb, layer, None, work=work, phase=phase)
+
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
         g, last = self._global_chunk(chunk), self.p * self.v - 1
@@ -264,7 +357,8 @@ class _StageEmitter:
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
         recomputes = direction == "backward" and self.plan.recomputes(layer)
-        chain_key = f"{direction}+recompute" if recomputes else direction
+        moe = self.moe_layers[layer]
+        chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")
         if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
             frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
@@ -273,7 +367,7 @@ class _StageEmitter:
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
-            for stream, kind, name, duration, op, nbytes, flops, group, flags in chain:
+            for stream, kind, name, duration, op, nbytes, flops, group, skew, flags in chain:
                 task_id = len(tasks)
                 if flags is None:
                     deps = [after] if after is not None and tasks[after].stream != stream else []
@@ -284,7 +378,7 @@ class _StageEmitter:
                     deps += [task_id - back for back in extra]
                     blocking = (self._blocking(stream, deps) if touch else False) or consumed
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, key(rank, kind, op, group) if op and meets else -1))
+                                  flops, group, key(rank, kind, op, group) if op and meets else -1, skew))
                 orders[stream].append(task_id)
                 after = task_id
                 if blocking:
@@ -294,21 +388,30 @@ class _StageEmitter:
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
             for block in ("attention", "mlp"):
-                after = self._block("forward", block, mb, layer, after, "forward")
+                if block == "mlp" and moe:
+                    after = self._moe_forward("forward", mb, layer, after)
+                else:
+                    after = self._block("forward", block, mb, layer, after, "forward")
         else:
             phase: ComputePhase = "input_grad" if self.splits_backward else "backward"
             recompute = self.plan.scenario.training.recompute
             self.dp.before_layer(mb, layer, "backward")
             if recomputes:
                 for block in ("attention", "mlp"):
-                    after = self._block("recompute", block, mb, layer, after, "forward")
+                    if block == "mlp" and moe:
+                        after = self._moe_forward("recompute", mb, layer, after)
+                    else:
+                        after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
                 if block == "attention" and recompute == "selective":
                     after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
-                after = self._block("backward", block, mb, layer, after, phase)
+                if block == "mlp" and moe:
+                    after = self._moe_backward(mb, layer, after, phase)
+                else:
+                    after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group,
+            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group, t.skew,
                                        self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after
@@ -320,10 +423,16 @@ class _StageEmitter:
         if g == last:
             after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
         for layer in reversed(self._layers(chunk)):
-            frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
-            work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
-            for block in ("mlp", "attention"):
-                after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
+            if self.moe_layers[layer]:  # the routed and shared experts' and the router's weight gradients
+                for name in ("moe_experts", "moe_shared", "moe_router"):
+                    after = self._compute("weight", name, mb, layer, self.moe_work[name], after, "weight_grad")
+                after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
+                                      "weight_grad")
+            else:
+                frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
+                work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
+                for block in ("mlp", "attention"):
+                    after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
             self.grad_ready[layer] = after  # type: ignore[assignment]
         if g == 0:
             self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,

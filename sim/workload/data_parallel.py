@@ -37,6 +37,11 @@ Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
   host memory bandwidth), and the updated 16-bit weights return over PCIe before the weight all-gather. With
   ``offload.params`` (ZeRO-3) each unit's weight shard is copied to the GPU before its all-gather.
+- MoE: the routed experts' gradients are reduced apart from the dense ones, in their own buckets (filled the same
+  way) over the expert-data-parallel group, on that group's stream ``expert_dp`` (Megatron-Core's DDP keeps
+  expert parameters in separate buffers reduced over the expert DP group); with the distributed optimizer
+  (ZeRO-1) their updated weights are all-gathered over it after the step (also with overlap_param_gather, whose
+  per-bucket gathers cover the dense weights only: an approximation).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from typing import Any
 
 from sim.parallel.chunks import upstream
 from sim.workload import step
-from sim.workload.ir import HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
+from sim.workload.ir import EXPERT_DP_STREAM, HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
 
 class DataParallelEmitter:
@@ -222,6 +227,8 @@ class DataParallelEmitter:
                 self._end_of_step_buckets(op)
             else:
                 self._after_backward_buffers(op)
+        if step.expert_reduces(plan):
+            self._expert_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
         shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
@@ -238,6 +245,31 @@ class DataParallelEmitter:
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
             st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,
                     group=self.dp_group)
+        experts = step.expert_weight_gather_bytes(plan, st.stage)
+        if experts:  # the expert weights over the expert-data-parallel group
+            st._add(EXPERT_DP_STREAM, "dp", "expert_param_all_gather", -1, -1, optimizer, op="all_gather",
+                    nbytes=experts, group=plan.expert_dp_group(st.rank))
+
+    def _expert_buckets(self, op: str) -> None:
+        """A MoE model's expert gradients over the expert-data-parallel group: buckets in the order they become
+        final (``parallel.overlap_grad_reduce``), or one per model chunk after the whole backward."""
+        st, plan = self.st, self.plan
+        sizes = step.expert_gradient_bytes(plan, st.stage)
+        group = plan.expert_dp_group(st.rank)
+        if plan.scenario.parallel.overlap_grad_reduce:
+            ready = sorted(sizes.items(), key=lambda item: st.grad_ready[item[0]])
+            buckets = [(layer, nbytes, st.grad_ready[layer]) for layer, nbytes in step.fill_buckets(plan, ready)]
+        else:
+            last = max(st.grad_ready.values())
+            buckets = []
+            for chunk in plan.stage_chunks[st.stage]:
+                nbytes = sum(sizes.get(layer, 0.0) for layer in plan.chunk_layers(chunk))
+                if nbytes:
+                    buckets.append((-1, nbytes, last))
+        for layer, nbytes, after in buckets:
+            name = f"expert_grad_bucket{len(self.reduce_tasks)}"
+            self.reduce_tasks.append(st._add(EXPERT_DP_STREAM, "dp", name, -1, layer, after, op=op, nbytes=nbytes,
+                                             group=group))
 
     def _host_step(self, shard_params: float) -> int:
         """ZeRO-Offload: reduced gradient shards to the host as they are reduced, Adam there, weights back."""

@@ -44,6 +44,13 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
     buffers = comm_buffer_bytes(plan.zero_stage, plan.dp, plan.flat_params, params * plan.grad_bytes_per_param,
                                 parallel.dp_bucket_size, parallel.grad_bucket_view,
                                 main_grad_buffer=plan.main_grad_buffer)
+    if plan.is_moe:  # routed experts: sharded over ep x etp, ZeRO over the expert-data-parallel group
+        experts, expert_host = placed(model_state_bytes(plan.stage_expert_params(stage), plan.dtype,
+                                                        plan.zero_stage_at_rest, plan.edp, plan.grad_dtype),
+                                      offload.optimizer, offload.params)
+        states = ModelStates(states.weights + experts.weights, states.gradients + experts.gradients,
+                             states.optimizer + experts.optimizer)
+        host += expert_host
     return {"weights": states.weights, "gradients": states.gradients, "optimizer": states.optimizer,
             "comm_buffers": buffers}, host
 
@@ -55,6 +62,9 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     # A stage's chunks have one size (uneven stages have one chunk), so its first chunk's stash stands for each.
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
     activations = chunks_in_flight * sum(plan.stash_bytes(layer) for layer in first_chunk)
+    if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
+        activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
+                                             for chunk in plan.stage_chunks[stage])
     if plan.recomputed_layers(stage) > 0:
         activations += plan.rebuild_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp

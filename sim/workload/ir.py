@@ -29,6 +29,8 @@ class Stream(StrEnum):
     DP_REPLICA = "dp_replica"  # HYBRID_SHARD's inter-node process group
     OFFLOAD = "offload"  # PCIe copies of ZeRO-Offload
     HOST = "host"  # the CPU's optimizer step under ZeRO-Offload
+    EP = "ep"  # a MoE layer's token dispatch and combine (expert-parallel process groups)
+    EXPERT_DP = "expert_dp"  # expert gradients and weights over the expert-data-parallel group
 
 
 class Kind(StrEnum):
@@ -43,13 +45,16 @@ class Kind(StrEnum):
     PP = "pp"
     DP = "dp"
     OFFLOAD = "offload"
+    EP = "ep"  # token dispatch / combine of a MoE layer
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)
 NCCL_STREAM, REPLICA_STREAM = Stream.DP, Stream.DP_REPLICA
 OFFLOAD_STREAM, HOST_STREAM = Stream.OFFLOAD, Stream.HOST
+EP_STREAM, EXPERT_DP_STREAM = Stream.EP, Stream.EXPERT_DP
 COMPUTE_KINDS: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT, Kind.RECOMPUTE)  # the model's passes
 COMM_KINDS: tuple[Kind, ...] = (Kind.TP, Kind.PP, Kind.DP)  # the summary's exposed communication, per kind
+MOE_COMM_KINDS: tuple[Kind, ...] = (Kind.EP,)  # reported beside them for a MoE model
 
 
 @dataclass(slots=True)
@@ -69,6 +74,7 @@ class Task:
     flops: float = 0.0
     group: tuple[int, ...] = ()  # collective group (global ranks), or (src, dst) of a send
     collective: int = -1  # rendezvous key shared by the simulated members of one collective
+    skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (MoE routing imbalance; the network's)
 
 
 @dataclass
@@ -104,7 +110,7 @@ class TaskGraph:
 
     def add(self, rank: int, stage: int, stream: str, kind: str, name: str, microbatch: int, layer: int,
             deps: list[int], duration: float | None = None, op: str = "", nbytes: float = 0.0, flops: float = 0.0,
-            group: tuple[int, ...] = (), collective: int = -1) -> int:
+            group: tuple[int, ...] = (), collective: int = -1, skew: float = 1.0) -> int:
         if self.frozen:
             raise RuntimeError(f"task graph is frozen: cannot add {kind} task {name!r} on rank {rank}")
         task_id = len(self.tasks)
@@ -112,7 +118,7 @@ class TaskGraph:
             collective = self.rendezvous_key(rank, kind, op, group)
         # Positional: the build creates ~10^5 tasks per pipeline and keyword unpacking costs a third of it.
         self.tasks.append(Task(task_id, rank, stage, stream, kind, name, microbatch, layer, deps, duration, op,
-                               nbytes, flops, group, collective))
+                               nbytes, flops, group, collective, skew))
         order = self.streams.get((rank, stream))
         if order is None:
             order = self.streams[(rank, stream)] = []

@@ -30,6 +30,7 @@ from sim.model.ops import (
     embedding_forward_ops,
     head_forward_ops,
     layer_forward_ops,
+    moe_forward_ops,
 )
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
@@ -38,6 +39,9 @@ from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
 BLOCKS = ("attention", "mlp")  # a layer's forward order; the backward runs them reversed
+# A MoE layer's MLP part, in forward order (sim.model.ops.moe_forward_ops): the dispatch runs between the router
+# and the experts (the shared expert beside it), the combine between the experts and moe_combine.
+MOE_BLOCKS = ("moe_router", "moe_shared", "moe_experts", "moe_combine")
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,56 @@ def blocks(plan: Plan) -> Blocks:
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
     )
+
+
+def moe_blocks(plan: Plan) -> dict[str, Work]:
+    """The work of a MoE layer's MLP part on one rank (``MOE_BLOCKS``): the router, the shared expert (sharded by
+    tp), the grouped GEMMs of the local experts over ``plan.routed_tokens`` token-expert pairs (the most loaded
+    rank's), the combine. The expert GEMMs stand for the half layer the dense MLP is under fixed costs."""
+    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel,
+                          plan.elem_bytes, plan.etp, plan.local_experts, plan.routed_tokens, fp8_casts(plan))
+    return {name: Work(ops[name], 0.5 if name == "moe_experts" else 0.0) for name in MOE_BLOCKS}
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One collective of a MoE layer's token dispatch or combine: op, bytes (nccl-tests size), the group it runs
+    over (``expert_group``: ``ep``, ``etp`` or ``tp_ep``) and, for the all-to-all, the routing skew the network
+    prices (the hottest receiver's bytes / the mean: ``Plan.dispatch_skew``)."""
+
+    op: str
+    nbytes: float
+    group: str
+    skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (sim.network.models)
+
+
+def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
+    """The forward dispatch of a MoE layer (Megatron-Core token_dispatcher.py). alltoall: an all-to-all of the
+    permuted tokens over the EP group (``Plan.dispatch_bytes``), then with etp > 1 an all-gather of what arrived
+    over the etp group (MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_region over the expert TP group);
+    allgather: an all-gather of every token over the etp x ep group (MoEAllGatherTokenDispatcher). The backward
+    of the combine runs these same collectives."""
+    if plan.scenario.moe.token_dispatcher == "allgather":
+        return (Exchange("all_gather", plan.allgather_dispatch_bytes, "tp_ep"),)
+    out: tuple[Exchange, ...] = (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
+    if plan.etp > 1:
+        out += (Exchange("all_gather", plan.expert_gather_bytes, "etp"),)
+    return out
+
+
+def combine_exchanges(plan: Plan) -> tuple[Exchange, ...]:
+    """The forward combine, the dispatch's mirror: reduce-scatter over etp then all-to-all back (alltoall), or a
+    reduce-scatter over the etp x ep group (allgather). The backward of the dispatch runs these."""
+    if plan.scenario.moe.token_dispatcher == "allgather":
+        return (Exchange("reduce_scatter", plan.allgather_dispatch_bytes, "tp_ep"),)
+    out: tuple[Exchange, ...] = (Exchange("reduce_scatter", plan.expert_gather_bytes, "etp"),) if plan.etp > 1 else ()
+    return out + (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
+
+
+def expert_group(plan: Plan, rank: int, which: str) -> tuple[int, ...]:
+    """The ``ep``, ``etp`` or ``tp_ep`` group of ``rank`` (sim.parallel.grid, MoE parallel folding)."""
+    grid = plan.grid
+    return {"ep": grid.ep_group, "etp": grid.etp_group, "tp_ep": grid.tp_ep_group}[which](rank)
 
 
 def tp_ops(plan: Plan) -> tuple[str | None, str | None]:
@@ -253,7 +307,7 @@ def embedding_gradient_params(plan: Plan, stage: int) -> float:
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
     """The transformer layers ``stage`` holds, chunk by chunk in model order."""
-    return [layer for chunk in plan.stage_chunks[stage] for layer in plan.chunk_layers(chunk)]
+    return plan.stage_layer_ids(stage)
 
 
 def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
@@ -261,7 +315,10 @@ def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
     head's (and a tied-embedding copy's) joining the stage's last layer (the head's backward runs just before
     it), and the input embedding's under key -1 (its backward runs after layer 0's)."""
     layers = stage_layer_ids(plan, stage)
-    sizes = {layer: plan.layer_grad_params(layer) * plan.grad_bytes_per_param for layer in layers}
+    if plan.is_moe:  # dense parameters only: a MoE layer's routed experts reduce over edp (expert_gradient_bytes)
+        sizes = {layer: plan.layer_params(layer) * plan.grad_bytes_per_param for layer in layers}
+    else:  # the parameters that train (all of them in full training; sim.model.peft)
+        sizes = {layer: plan.layer_grad_params(layer) * plan.grad_bytes_per_param for layer in layers}
     head = head_gradient_params(plan, stage)
     if head:
         sizes[max(layers)] += head * plan.grad_bytes_per_param
@@ -269,6 +326,21 @@ def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
     if embedding:
         sizes[-1] = embedding * plan.grad_bytes_per_param
     return sizes
+
+
+def expert_gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
+    """Routed-expert gradient bytes of each MoE layer on a rank of ``stage``, keyed by layer (empty for a dense
+    model). Megatron-Core keeps them in their own buffer, bucketed and reduced over the expert-data-parallel
+    group (distributed_data_parallel.py: expert_parallel_buffers, with the expert DP group)."""
+    if not plan.is_moe:
+        return {}
+    per_layer = plan.expert_params_per_layer * plan.grad_bytes_per_param
+    return {layer: per_layer for layer in stage_layer_ids(plan, stage) if plan.moe_layers[layer]}
+
+
+def expert_reduces(plan: Plan) -> bool:
+    """Whether expert gradients are reduced at all: there is more than one expert-data-parallel rank."""
+    return plan.is_moe and plan.edp > 1
 
 
 def bucket_full(plan: Plan, pending_bytes: float) -> bool:
@@ -360,8 +432,20 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
     return 0.0
 
 
+def expert_weight_gather_bytes(plan: Plan, stage: int) -> float:
+    """The distributed optimizer's all-gather of the updated expert weights over the expert-data-parallel group
+    (0 without ZeRO-1, a dense model or edp = 1)."""
+    if expert_reduces(plan) and plan.zero_stage == 1:
+        return plan.stage_expert_params(stage) * plan.weight_bytes_per_param
+    return 0.0
+
+
 def optimizer_params(plan: Plan, stage: int) -> float:
-    """Parameters one rank of ``stage`` updates in the optimizer step (its shard under ZeRO)."""
+    """Parameters one rank of ``stage`` updates in the optimizer step (its shard under ZeRO; a MoE model's
+    expert parameters sharded over the expert-data-parallel group)."""
+    if plan.is_moe:
+        return (plan.stage_params(stage) / plan.optimizer_shards
+                + plan.stage_expert_params(stage) / plan.expert_optimizer_shards)
     return plan.stage_trainable_params(stage) / plan.optimizer_shards
 
 

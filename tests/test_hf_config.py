@@ -1,0 +1,112 @@
+"""The Hugging Face config.json import (sim.model.hf_config): the MoE models' published configs
+(tests/data/hf_configs/, copied from the hub) give the presets, and what the importer cannot model is refused
+with one line naming the key."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.model import hf_config, transformer
+from sim.model.hf_config import read_hf_config, spec_from_hf_config
+from sim.model.transformer import MODEL_PRESETS, ModelSpec, total_params
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+
+def load(repo: str) -> dict:
+    return json.loads((CONFIGS / repo / "config.json").read_text())
+
+
+@pytest.mark.parametrize("repo, preset", [
+    ("Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("Mixtral-8x22B-v0.1", "mixtral-8x22b"),
+    ("Qwen3-30B-A3B", "qwen3-30b-a3b"), ("Qwen3-235B-A22B", "qwen3-235b-a22b"),
+    ("DeepSeek-V3", "deepseek-v3"), ("gpt-oss-120b", "gpt-oss-120b"),
+])
+def test_published_configs_give_the_presets(repo, preset):
+    fields = read_hf_config(str(CONFIGS / repo / "config.json"), CONFIGS)
+    assert fields["name"] == repo  # the folder: the hub repository's name
+    imported = ModelSpec(**{**fields, "name": preset})
+    assert imported == MODEL_PRESETS[preset]
+    assert total_params(imported) == total_params(MODEL_PRESETS[preset])
+
+
+def test_deepseek_v3_import_reads_the_dense_layers_and_the_expert_bias():
+    fields = spec_from_hf_config(load("DeepSeek-V3"), "v3")
+    assert fields["moe_layer_freq"] == (0, 0, 0) + (1,) * 58  # first_k_dense_replace 3
+    assert fields["moe_router_enable_expert_bias"]  # topk_method noaux_tc: e_score_correction_bias
+    assert fields["moe_shared_expert_intermediate_size"] == 2048  # n_shared_experts 1 x moe_intermediate_size
+    assert "kv_channels" not in fields
+
+
+def test_gpt_oss_alternating_layers_are_a_sliding_window_every_other_layer():
+    fields = spec_from_hf_config(load("gpt-oss-120b"), "g")
+    assert (fields["window_size"], fields["window_attn_skip_freq"]) == (128, 2)
+    assert fields["kv_channels"] == 64 and fields["bias"] and fields["softmax_type"] == "learnable"
+
+
+def test_qwen3_moe_mlp_only_layers_and_sparse_step():
+    config = {**load("Qwen3-30B-A3B"), "num_hidden_layers": 6, "mlp_only_layers": [0], "decoder_sparse_step": 2}
+    assert spec_from_hf_config(config, "q")["moe_layer_freq"] == (0, 1, 0, 1, 0, 1)
+
+
+def test_head_dim_is_honoured_for_dense_models():
+    qwen3_8b_like = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 36,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+                     "max_position_embeddings": 40960, "intermediate_size": 12288, "rms_norm_eps": 1e-6,
+                     "rope_theta": 1e6, "hidden_act": "silu"}
+    fields = spec_from_hf_config(qwen3_8b_like, "q")
+    assert "kv_channels" not in fields and fields["qk_layernorm"]  # 4096 / 32 = 128: nothing to add
+    nemo_like = {**qwen3_8b_like, "architectures": ["MistralForCausalLM"], "hidden_size": 5120}
+    fields = spec_from_hf_config(nemo_like, "m")
+    assert fields["kv_channels"] == 128 and "qk_layernorm" not in fields
+    spec = ModelSpec(**fields)
+    assert spec.q_dim == 32 * 128 and spec.kv_dim == 8 * 128
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"architectures": ["Qwen2MoeForCausalLM"]}, "architectures: Qwen2MoeForCausalLM is not modelled"),
+    ({"n_shared_experts": 2}, "n_shared_experts: MixtralForCausalLM has no such key here"),
+    ({"architectures": None}, "num_local_experts: a config without architectures has no such key here"),
+    ({"architectures": ["LlamaForCausalLM"]}, "num_local_experts: LlamaForCausalLM has no such key here"),
+])
+def test_what_cannot_be_modelled_is_refused_naming_the_key(change, message, tmp_path):
+    config = {**load("Mixtral-8x7B-v0.1"), **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError) as error:
+        read_hf_config(str(path), tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_an_unmodelled_sliding_pattern_is_refused():
+    config = {**load("gpt-oss-120b"), "layer_types": ["full_attention"] + ["sliding_attention"] * 35}
+    with pytest.raises(ValueError, match="layer_types: a pattern of sliding and full attention"):
+        spec_from_hf_config(config, "g")
+
+
+def test_dense_configs_with_all_full_attention_layer_types_are_read():
+    llama = json.loads((CONFIGS.parent / "hf_llama2_7b_config.json").read_text())
+    fields = spec_from_hf_config({**llama, "layer_types": ["full_attention"] * 32}, "l")
+    assert ModelSpec(**{**fields, "name": "llama2-7b"}) == MODEL_PRESETS["llama2-7b"]
+
+
+def test_the_old_import_path_still_works():
+    assert transformer.spec_from_hf_config is hf_config.spec_from_hf_config
+    assert transformer.read_hf_config is hf_config.read_hf_config
+
+
+def test_a_refused_config_through_the_scenario_is_one_line_naming_the_key(tmp_path):
+    import copy
+
+    from sim.errors import ConfigError
+    from sim.spec.scenario import scenario_from_dict
+
+    from conftest import BASE
+    (tmp_path / "config.json").write_text(json.dumps({**load("Mixtral-8x7B-v0.1"),
+                                                      "architectures": ["JambaForCausalLM"]}))
+    data = copy.deepcopy(BASE) | {"model": "config.json"}
+    with pytest.raises(ConfigError) as error:
+        scenario_from_dict(data, base_dir=tmp_path)
+    assert "model: " in str(error.value) and "architectures: JambaForCausalLM is not modelled" in str(error.value)
+    assert "\n" not in str(error.value)
