@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from sim.model.peft import trainable_params
+from sim.model.transformer import total_params
 from sim.plan import resolve
 from sim.spec import scenario as spec
 from sim.spec.scenario import Scenario
@@ -43,6 +45,8 @@ class Check:
     scenario: Scenario
     resolved_yaml: str
     memory_plan: list[dict[str, float]]
+    trainable_params: float = 0.0  # parameters that train (the whole model in full training; sim.model.peft)
+    model_params: float = 0.0  # the base model's parameters
 
     @property
     def fits_in_memory(self) -> bool:
@@ -117,4 +121,6 @@ def estimate(scenario: ScenarioSource, set: Overrides = None) -> Estimate:
 def check(scenario: ScenarioSource, set: Overrides = None) -> Check:
     """Validate a scenario and plan its memory per stage, as ``sim check`` does."""
     loaded = load_scenario(scenario, set)
-    return Check(loaded, spec.resolved_yaml(loaded), memory_plan(resolve(loaded)))
+    plan = resolve(loaded)
+    return Check(loaded, spec.resolved_yaml(loaded), memory_plan(plan), trainable_params(loaded.model, plan.peft),
+                 float(total_params(loaded.model)))

@@ -24,11 +24,20 @@ from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
 from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model.peft import (
+    Peft,
+    adapter_activation_bytes,
+    embedding_split,
+    head_split,
+    layer_frozen_bytes,
+    layer_trainable_params,
+)
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
+from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
 
 
@@ -395,6 +404,69 @@ class Plan:
         """The expert-data-parallel group of ``rank``, which reduces its expert gradients."""
         return self.grid.edp_group(rank)
 
+    # ------------------------------------------------------------------------------------------ fine-tuning
+    @cached_property
+    def peft(self) -> Peft:
+        """The fine-tuning method (``training.method``; ``Peft()``: full training, every rule below as before)."""
+        return peft_of(self.scenario)
+
+    def layer_grad_params(self, layer: int) -> float:
+        """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
+        training; LoRA's adapters; none in a frozen layer)."""
+        if not self.peft.active:
+            return layer_params(self.model).per_tp_rank(self.tp)
+        return layer_trainable_params(self.model, self.peft, layer, self.tp)
+
+    def layer_weight_bytes(self, layer: int) -> float:
+        """Bytes of layer ``layer``'s weights on one TP rank (what ZeRO-3/FSDP gathers): trainable ones in the
+        compute dtype, frozen ones in their storage dtype (QLoRA's NF4)."""
+        if not self.peft.active:
+            return layer_params(self.model).per_tp_rank(self.tp) * self.weight_bytes_per_param
+        return (self.layer_grad_params(layer) * self.weight_bytes_per_param
+                + layer_frozen_bytes(self.model, self.peft, layer, self.tp, self.weight_bytes_per_param))
+
+    @cached_property
+    def embedding_trains(self) -> float:
+        """1 where the input embedding gets gradients, 0 where it is frozen."""
+        return 1.0 if self.peft.embedding_trainable else 0.0
+
+    @cached_property
+    def head_trains(self) -> float:
+        """1 where the final norm and LM head get gradients, 0 where they are frozen (LoRA)."""
+        return 1.0 if self.peft.head_trainable else 0.0
+
+    def stage_trainable_params(self, stage: int) -> float:
+        """Parameters one TP rank of ``stage`` trains (its gradients and optimizer states): ``stage_params`` in
+        full training."""
+        return self._stage_trainable[stage][0] if self.peft.active else self.stage_params(stage)
+
+    def stage_frozen_bytes(self, stage: int) -> float:
+        """Bytes of the frozen weights one TP rank of ``stage`` holds, in their storage dtype (0 in full training)."""
+        return self._stage_trainable[stage][1] if self.peft.active else 0.0
+
+    @cached_property
+    def _stage_trainable(self) -> tuple[tuple[float, float], ...]:
+        model, peft, tp, weight = self.model, self.peft, self.tp, self.weight_bytes_per_param
+        out = []
+        for stage in range(self.pp):
+            layers = [layer for chunk in self.stage_chunks[stage] for layer in self.chunk_layers(chunk)]
+            trainable = sum(self.layer_grad_params(layer) for layer in layers)
+            frozen = sum(layer_frozen_bytes(model, peft, layer, tp, weight) for layer in layers)
+            if stage == self.embedding_stage:
+                train, keep = embedding_split(model, peft)
+                trainable, frozen = trainable + train / tp, frozen + keep / tp * weight
+            if stage == self.head_stage:
+                train, keep = head_split(model, peft)
+                trainable, frozen = trainable + train / tp, frozen + keep / tp * weight
+            if self.tied_copy(stage):
+                copy = model.vocab_size * model.hidden_size / tp
+                if peft.head_trainable:
+                    trainable += copy
+                else:
+                    frozen += copy * weight
+            out.append((trainable, frozen))
+        return tuple(out)
+
     @cached_property
     def tp_bytes(self) -> float:
         """Bytes of one Megatron TP collective: the b x s x h activations of a block (Narayanan et al. SC21)."""
@@ -430,12 +502,17 @@ class Plan:
         2022 Table 2) under ``recompute`` (default: the scenario's mode); ``moe``: a MoE layer, whose MLP part is
         the router and the ``routed_tokens`` its local experts compute."""
         t = self.scenario.training
+        mode = recompute or t.recompute
         if moe:
             return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
-                                              self.sequence_parallel, recompute or t.recompute, t.flash_attention,
+                                              self.sequence_parallel, mode, t.flash_attention,
                                               moe=True, routed_tokens=self.routed_tokens, etp=self.etp)
-        return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          recompute or t.recompute, t.flash_attention)
+        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
+                                          mode, t.flash_attention)
+        if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
+            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.seq_len, self.tp,
+                                             self.elem_bytes)
+        return kept
 
     @cached_property
     def _kept_bytes(self) -> tuple[float, float]:

@@ -112,6 +112,10 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
     console.print(memory_table(scenario, checked.memory_plan))
     implied = degrees(scenario)
     console.print(parameters_line(scenario.model))
+    if scenario.training.method != "full":
+        share = checked.trainable_params / checked.model_params
+        console.print(f"{scenario.training.method}: trainable parameters {checked.trainable_params:,.0f} of "
+                      f"{checked.model_params:,.0f} ({share:.2%})")
     console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0
 

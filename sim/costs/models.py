@@ -56,10 +56,10 @@ def phase_scale(op: Op, phase: ComputePhase) -> float:
     if phase == "forward":
         return 1.0
     if phase == "backward":
-        return 2.0
+        return 1.0 if op.has_weights and not op.trainable else 2.0  # a frozen weight: its input gradient only
     if phase == "input_grad":
         return 1.0 if op.has_weights else 2.0
-    return 1.0 if op.has_weights else 0.0
+    return 1.0 if op.has_weights and op.trainable else 0.0
 
 
 @dataclass(frozen=True)

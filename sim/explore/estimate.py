@@ -33,6 +33,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
+from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
@@ -105,6 +106,7 @@ class Estimator:
         if plan.scenario.training.recompute == "selective":
             bwd_layer += self._price(plan, "selective", "forward")
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
+        frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
@@ -120,8 +122,13 @@ class Estimator:
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
             recomputed = plan.recomputed_layers(s)
             layer_bwd = bwd_layer + fwd_layer * recomputed / layers
+            layer_w = w_layer
+            if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
+                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / layers
+                layer_bwd += share * (frozen[0] - bwd_layer)
+                layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
-            f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * w_layer
+            f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
             for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")
@@ -132,6 +139,18 @@ class Estimator:
             stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
         return stages
 
+    def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
+                      split: bool) -> tuple[float, float] | None:
+        """(backward, weight-gradient pass) of a layer ``training.method: frozen`` freezes: its linears run their
+        input gradients only, so no asynchronous reduction hides under a weight gradient (step.frozen_layer_blocks,
+        as the emitter runs it). None without such layers."""
+        work = step.frozen_layer_blocks(plan)
+        if work is None:
+            return None
+        block, _ = work
+        backward = sum(self.costs.compute_time(block[b], bwd) for b in step.BLOCKS) + 2 * tp_comm
+        weight = sum(self.costs.compute_time(block[b], "weight_grad") for b in step.BLOCKS) if split else 0.0
+        return backward, weight
     def _moe_price(self, plan: Plan, name: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a MoE layer's MLP part (sim.workload.step.moe_blocks), cached by shape."""
         t = plan.scenario.training
@@ -207,10 +226,14 @@ class Estimator:
                          for _, params in step.reduce_buckets(plan)) / plan.model.num_layers
         else:
             unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
-            gather = self.net.collective_time("all_gather", unit_params * plan.weight_bytes_per_param, group) \
-                / plan.unit_layers
-            reduce = self.net.collective_time("reduce_scatter", unit_params * plan.grad_bytes_per_param, group) \
-                / plan.unit_layers
+            unit_weights = unit_params * plan.weight_bytes_per_param
+            unit_grads = unit_params * plan.grad_bytes_per_param
+            if plan.peft.active:  # frozen weights in their storage dtype; gradients of the trainable ones only
+                middle = plan.model.num_layers // 2
+                unit_weights = plan.unit_layers * plan.layer_weight_bytes(middle)
+                unit_grads = plan.unit_layers * plan.layer_grad_params(middle) * plan.grad_bytes_per_param
+            gather = self.net.collective_time("all_gather", unit_weights, group) / plan.unit_layers
+            reduce = self.net.collective_time("reduce_scatter", unit_grads, group) / plan.unit_layers
         network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
         held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
@@ -311,7 +334,7 @@ class Estimator:
                 units: dict[int, float] = {}
                 for layer, _, _ in ready:
                     unit = max(layer, 0) // plan.unit_layers
-                    units[unit] = step.unit_params(plan, unit) * grad_elem
+                    units[unit] = step.unit_grad_params(plan, unit) * grad_elem
                 closing = {max(layer, 0) // plan.unit_layers: layer for layer, _, _ in ready}
                 buckets = [(closing[unit], nbytes) for unit, nbytes in units.items()]
             elif plan.scenario.parallel.overlap_grad_reduce or zero >= 2:
@@ -431,6 +454,8 @@ class Estimator:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
         flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
+        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
+            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

@@ -43,6 +43,8 @@ class Op:
     # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
     # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
     executed: float = 1.0
+    # False for a frozen weight (LoRA's base model, frozen layers: sim.model.peft): no weight-gradient GEMM.
+    trainable: bool = True
 
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import pydantic
 
+from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import active_params, model_flops_per_step, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
@@ -238,6 +239,8 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     gpus = plan.num_gpus
     peak = scenario.cluster.gpu.peak(plan.dtype)
     model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
+    if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
+        model_flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0

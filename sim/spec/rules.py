@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from sim.costs import profile
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
+from sim.spec.method import check_method
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def check_rules(s: Scenario) -> None:
         if per_node < 1 or d.dp % per_node or d.dp == per_node:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
+    check_method(s)
     _check_sm_contention(s)
     _check_experts(s)
     check_variation(s)

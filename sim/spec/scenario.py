@@ -23,6 +23,7 @@ from sim.hardware import FrozenSpec, parameter_dtype
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
+from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
@@ -80,6 +81,16 @@ class TrainingSpec(FrozenSpec):
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))
+    # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
+    method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
+        "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "
+        "qlora: LoRA on a base stored in 4-bit NF4 (training.qlora); frozen: full training except "
+        "training.frozen_layers"))
+    lora: LoraSpec = LoraSpec()
+    qlora: QloraSpec = QloraSpec()
+    frozen_layers: list[int] = Field(default_factory=list, description="method frozen: transformer layers (0-based) "
+                                     "whose weights do not train")
+    frozen_embedding: bool = Field(default=False, description="method frozen: the input embedding does not train")
 
 
 class ParallelSpec(FrozenSpec):

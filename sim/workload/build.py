@@ -45,6 +45,7 @@ from sim.workload.step import (
     combine_exchanges,
     dispatch_exchanges,
     expert_group,
+    frozen_layer_blocks,
     make_costs,
     moe_blocks,
     overlaps_backward,
@@ -70,6 +71,8 @@ class _StageEmitter:
         work = blocks(plan)
         self.block_work, self.column_work, self.selective_work = work.block, work.column, work.selective
         self.embed_work, self.head_work = work.embedding, work.head
+        self.trained_work = (self.block_work, self.column_work)
+        self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
         self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
         self.tp_bytes = plan.tp_bytes
         self.p2p_bytes = plan.p2p_bytes
@@ -378,6 +381,10 @@ class _StageEmitter:
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
         chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")
+        if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
+            frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
+            self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
+            chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
         if chain is not None:  # TaskGraph.add, inlined
             graph, rank, stage = self.g, self.rank, self.stage
@@ -444,8 +451,10 @@ class _StageEmitter:
                 after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
                                       "weight_grad")
             else:
+                frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
+                work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
                 for block in ("mlp", "attention"):
-                    after = self._compute("weight", block, mb, layer, self.block_work[block], after, "weight_grad")
+                    after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
             self.grad_ready[layer] = after  # type: ignore[assignment]
         if g == 0:
             after = self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,

@@ -91,10 +91,6 @@ class DataParallelEmitter:
         return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, also or (), duration=seconds,
                             nbytes=nbytes)
 
-    # ------------------------------------------------------------------------------------------ helpers
-    def _unit_bytes(self, unit: int, per_param: float) -> float:
-        return step.unit_params(self.plan, unit) * per_param
-
     # ---------------------------------------------------------------------------------------------- hooks
     def before_layer(self, mb: int, layer: int, phase: str) -> None:
         """Gather a unit's weights before its first layer runs (ZeRO-3 / FSDP)."""
@@ -178,7 +174,7 @@ class DataParallelEmitter:
         """A unit's weight all-gather, waiting for the unit computed ``lag`` units ago to be freed."""
         waits = [self.unit_ends[-lag]] if len(self.unit_ends) >= lag else []
         if self.offload.params:  # the unit's weight shard comes from host memory first
-            shard = self._unit_bytes(unit, self.weight_bytes_per_param) / len(self.shard_group)
+            shard = step.unit_weight_params(self.plan, unit) * self.weight_bytes_per_param / len(self.shard_group)
             waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers, also=waits))
         name = "param_gather_bwd" if backward else "param_gather_fwd"
         task = -1
@@ -206,9 +202,9 @@ class DataParallelEmitter:
             if layer % self.unit_layers:
                 return
             unit = layer // self.unit_layers
-            self._reduce(mb, layer, last_task, self._unit_bytes(unit, self.grad_bytes_per_param))
+            self._reduce(mb, layer, last_task, step.unit_grad_params(self.plan, unit) * self.grad_bytes_per_param)
             return
-        self.pending_bucket += self._unit_bytes(layer, self.grad_bytes_per_param)  # ZeRO-2: one-layer units
+        self.pending_bucket += step.unit_grad_params(self.plan, layer) * self.grad_bytes_per_param  # ZeRO-2: 1-layer
         if step.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0

@@ -38,9 +38,13 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
     """The resident model states (after ZeRO sharding and CPU offload) and communication buffers of a rank of
     ``stage``, and the bytes it keeps in host memory. Shared by the bound and the timeline below."""
     offload, parallel = plan.scenario.offload, plan.scenario.parallel
-    params = plan.stage_params(stage)
-    states, host = placed(model_state_bytes(params, plan.dtype, plan.zero_stage_at_rest, plan.zero_shards,
-                                            plan.grad_dtype), offload.optimizer, offload.params)
+    params = plan.stage_trainable_params(stage)
+    states = model_state_bytes(params, plan.dtype, plan.zero_stage_at_rest, plan.zero_shards, plan.grad_dtype)
+    if plan.peft.active:  # frozen weights: in their storage dtype, sharded with the rest, no gradient or state
+        shards = plan.zero_shards if plan.zero_stage_at_rest >= 3 else 1
+        states = ModelStates(states.weights + plan.stage_frozen_bytes(stage) / shards, states.gradients,
+                             states.optimizer)
+    states, host = placed(states, offload.optimizer, offload.params)
     buffers = comm_buffer_bytes(plan.zero_stage, plan.dp, plan.flat_params, params * plan.grad_bytes_per_param,
                                 parallel.dp_bucket_size, parallel.grad_bucket_view,
                                 main_grad_buffer=plan.main_grad_buffer)
@@ -70,17 +74,33 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
     unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
+    stage_weights, stage_grads = plan.stage_params(stage) * elem, plan.stage_params(stage) * plan.grad_bytes_per_param
+    if plan.peft.active:  # gathered weights in their storage dtype, gradients of the trainable ones only
+        layers = [layer for chunk in plan.stage_chunks[stage] for layer in plan.chunk_layers(chunk)]
+        layer_units = plan.unit_layers * max(plan.layer_weight_bytes(layer) for layer in layers)
+        unit = layer_units + biggest_extra * elem
+        # With frozen weights the backward's first gather (of the last unit, with the head) starts while that
+        # unit's forward still computes (it waits only for the unit two back, and no gradient reduce-scatter
+        # holds the stream): that unit twice, beside the one before it (seen in the timeline of
+        # scenarios/llama3-70b_h100-8_lora_fsdp.yaml).
+        last_unit = layer_units + head_params(model) / plan.tp * elem
+        extra_grads = max(embedding_params(model) * plan.embedding_trains, head_params(model) * plan.head_trains)
+        unit_grads = (plan.unit_layers * max(plan.layer_grad_params(layer) for layer in layers)
+                      + extra_grads / plan.tp) * plan.grad_bytes_per_param
+        stage_weights = plan.stage_trainable_params(stage) * elem + plan.stage_frozen_bytes(stage)
+        stage_grads = plan.stage_trainable_params(stage) * plan.grad_bytes_per_param
     gathered = unreduced = 0.0
     if plan.data_parallel and plan.gathers_units:
         # ZeRO-3 / FSDP: the forward gathers one unit ahead (FSDP's rate limiter: two at most); SHARD_GRAD_OP
         # keeps the whole model gathered through the backward. Gradients: the unit whose backward runs and the
         # one before, whose reduce-scatter may still be running on the group's one stream (the timeline holds
         # two there, in the gradient dtype).
-        gathered = 2 * unit if plan.zero_stage >= 3 else plan.stage_params(stage) * elem
+        gathered = 2 * unit if plan.zero_stage >= 3 else stage_weights
+        if plan.peft.active and plan.zero_stage >= 3:
+            gathered = max(gathered, 2 * last_unit + layer_units)
         unreduced = 2 * unit_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
-        unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads,
-                        plan.stage_params(stage) * plan.grad_bytes_per_param)
+        unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
                         "unreduced_gradients": unreduced}
     memory = plan.scenario.memory

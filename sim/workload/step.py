@@ -32,6 +32,7 @@ from sim.model.ops import (
     layer_forward_ops,
     moe_forward_ops,
 )
+from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
 from sim.plan import Plan
@@ -89,12 +90,26 @@ def fp8_casts(plan: Plan) -> Fp8Casts | None:
     return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0)
 
 
+def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] | None:
+    """``training.method: frozen``: (block, column) work of a frozen layer, whose linears run no weight-gradient
+    GEMM (sim.model.peft.frozen); None where no layer is frozen that way."""
+    if plan.peft.method != "frozen" or not plan.peft.frozen_layers:
+        return None
+    work = blocks(plan)
+    block = {name: Work(tuple(frozen(op) if op.has_weights else op for op in w.ops), w.layer_share)
+             for name, w in work.block.items()}
+    column = {name: Work(tuple(frozen(op) for op in w.ops), w.layer_share) for name, w in work.column.items()}
+    return block, column
+
+
 def blocks(plan: Plan) -> Blocks:
     """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split."""
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
                             t.fused_kernels, fp8_casts(plan), t.causal_attention)
+    # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
+    ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
@@ -183,6 +198,34 @@ def unit_params(plan: Plan, unit: int) -> float:
     return params
 
 
+def unit_grad_params(plan: Plan, unit: int) -> float:
+    """Parameters of unit ``unit`` that get gradients, per TP rank (what its reduce-scatter carries):
+    ``unit_params`` in full training, the trainable ones under a fine-tuning method (sim.model.peft)."""
+    if not plan.peft.active:
+        return unit_params(plan, unit)
+    layers = range(unit * plan.unit_layers, (unit + 1) * plan.unit_layers)
+    params = sum(plan.layer_grad_params(layer) for layer in layers)
+    if layers[0] == 0:
+        params += embedding_params(plan.model) * plan.embedding_trains / plan.tp
+    if layers[-1] == plan.model.num_layers - 1:
+        params += head_params(plan.model) * plan.head_trains / plan.tp
+    return params
+
+
+def unit_weight_params(plan: Plan, unit: int) -> float:
+    """Unit ``unit``'s gathered weights in compute-dtype parameters (bytes / ``plan.weight_bytes_per_param``):
+    ``unit_params`` in full training; frozen weights count at their storage size (an NF4 weight ~0.26)."""
+    if not plan.peft.active:
+        return unit_params(plan, unit)
+    layers = range(unit * plan.unit_layers, (unit + 1) * plan.unit_layers)
+    params = sum(plan.layer_weight_bytes(layer) for layer in layers) / plan.weight_bytes_per_param
+    if layers[0] == 0:
+        params += embedding_params(plan.model) / plan.tp
+    if layers[-1] == plan.model.num_layers - 1:
+        params += head_params(plan.model) / plan.tp
+    return params
+
+
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
     order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
@@ -209,7 +252,7 @@ def gather_calls(plan: Plan, unit: int) -> tuple[float, ...]:
     by module). Buckets do not run across units here (DeepSpeed's prefetch queue does)."""
     ds = plan.deepspeed
     if ds is None:
-        return (unit_params(plan, unit),)
+        return (unit_weight_params(plan, unit),)
     calls, pending = [], 0.0
     for tensors in unit_modules(plan, unit):
         gathered = sum(n for n in tensors if n > ds.stage3_param_persistence_threshold)
@@ -235,7 +278,7 @@ def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
     units = plan.model.num_layers // plan.unit_layers
     ds = plan.deepspeed
     if ds is None:
-        return [(unit * plan.unit_layers, unit_params(plan, unit)) for unit in reversed(range(units))]
+        return [(unit * plan.unit_layers, unit_grad_params(plan, unit)) for unit in reversed(range(units))]
     buckets, pending = [], 0.0
     for unit in reversed(range(units)):
         for tensors in reversed(unit_modules(plan, unit)):
@@ -254,12 +297,12 @@ def head_gradient_params(plan: Plan, stage: int) -> float:
     if not plan.holds_head(stage):
         return 0.0
     tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
-    return (head_params(plan.model) + tied) / plan.tp
+    return (head_params(plan.model) + tied) / plan.tp * plan.head_trains
 
 
 def embedding_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
-    return embedding_params(plan.model) / plan.tp if plan.holds_embedding(stage) else 0.0
+    return embedding_params(plan.model) / plan.tp * plan.embedding_trains if plan.holds_embedding(stage) else 0.0
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
@@ -274,9 +317,8 @@ def gradient_bytes(plan: Plan, stage: int) -> dict[int, float]:
     layers = stage_layer_ids(plan, stage)
     if plan.is_moe:  # dense parameters only: a MoE layer's routed experts reduce over edp (expert_gradient_bytes)
         sizes = {layer: plan.layer_params(layer) * plan.grad_bytes_per_param for layer in layers}
-    else:
-        per_layer = layer_params(plan.model).per_tp_rank(plan.tp) * plan.grad_bytes_per_param
-        sizes = {layer: per_layer for layer in layers}
+    else:  # the parameters that train (all of them in full training; sim.model.peft)
+        sizes = {layer: plan.layer_grad_params(layer) * plan.grad_bytes_per_param for layer in layers}
     head = head_gradient_params(plan, stage)
     if head:
         sizes[max(layers)] += head * plan.grad_bytes_per_param
@@ -386,7 +428,7 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
     under ``overlaps_param_gather`` (the gather moves to the next forward, bucket by bucket:
     ``param_gather_buckets``)."""
     if plan.data_parallel and plan.zero_stage in (1, 2) and not plan.gathers_units and not overlaps_param_gather(plan):
-        return plan.stage_params(stage) * plan.weight_bytes_per_param
+        return plan.stage_trainable_params(stage) * plan.weight_bytes_per_param
     return 0.0
 
 
@@ -404,7 +446,7 @@ def optimizer_params(plan: Plan, stage: int) -> float:
     if plan.is_moe:
         return (plan.stage_params(stage) / plan.optimizer_shards
                 + plan.stage_expert_params(stage) / plan.expert_optimizer_shards)
-    return plan.stage_params(stage) / plan.optimizer_shards
+    return plan.stage_trainable_params(stage) / plan.optimizer_shards
 
 
 def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]] | None:
