@@ -102,9 +102,14 @@ def test_disagreeing_batch_fields_are_refused(capsys):
     assert line.startswith("error: training.microbatches: 2 disagrees with global_batch 1000")
 
 
-def test_zero_fixed_costs_are_refused_as_faster_than_the_peak(tmp_path, capsys):
-    line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path / "o"), "--no-plot",
-                          "--set", 'costs={model: fixed, forward: "0 s", backward: "0 s"}')
+def test_zero_fixed_costs_are_refused(capsys):
+    line = one_error_line(capsys, "check", str(TINY), "--set", 'costs={model: fixed, forward: "0 s", backward: "0 s"}')
+    assert line == "error: costs.forward: Input should be greater than 0 (and 1 more problem)"  # backward too
+
+
+def test_fixed_costs_faster_than_the_peak_are_refused(tmp_path, capsys):
+    line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path / "o"), "--no-plot", "--set",
+                          'costs={model: fixed, forward: "1 ns", backward: "1 ns"}', "--set", "network=ideal")
     assert line.startswith("error: costs.forward: the given layer times run the model at MFU ")
 
 

@@ -21,6 +21,14 @@ def run(request, bundled_run):
     return bundled_run(request.param)
 
 
+def test_mfu_at_most_hfu_at_most_one_and_a_finite_step(run):
+    """Model FLOPs never exceed the FLOPs the trace executed, which never exceed the peak (issue 27: pipeline-4x8
+    reported HFU below MFU, its fixed costs running no LM head)."""
+    summary = run.summary
+    assert summary.mfu <= summary.hfu * (1 + 1e-12) <= 1
+    assert np.isfinite(summary.step_time_s) and summary.step_time_s > 0
+
+
 def test_no_stream_runs_two_tasks_at_once(run):
     for _, rows in run.trace.groupby(["rank", "stream"]):
         rows = rows.sort_values(["start_s", "end_s"])

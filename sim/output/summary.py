@@ -27,7 +27,7 @@ import pandas as pd
 import pydantic
 
 from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import active_params, model_flops_per_step, total_params
+from sim.model.transformer import active_params, logits_forward_flops, model_flops_per_step, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
@@ -241,6 +241,12 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
     if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
         model_flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+    if scenario.costs.model == "fixed":
+        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
+        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
+        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
+        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
+        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0

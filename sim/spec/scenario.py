@@ -215,8 +215,9 @@ class MemorySpec(FrozenSpec):
 
 class FixedCostsSpec(FrozenSpec):
     model: Literal["fixed"]
-    forward: Seconds = Field(description="one transformer layer's forward, one micro-batch")
-    backward: Seconds = Field(description="one layer's backward; its input-gradient part (B) if weight_grad is given")
+    forward: Seconds = Field(gt=0, description="one transformer layer's forward, one micro-batch")
+    backward: Seconds = Field(gt=0, description="one layer's backward; its input-gradient part (B) if weight_grad "
+                              "is given")
     weight_grad: Seconds = Field(default=0.0, description="one layer's weight-gradient pass (W)")
     optimizer: Seconds = 0.0
 
