@@ -146,3 +146,19 @@ def test_rich_markup_in_a_name_or_path_is_printed_as_text(tmp_path, capsys):
 def test_bundled_scenarios_stay_clean(capsys):
     for path in sorted(ROOT.glob("scenarios/*.yaml")):
         assert main(["check", str(path)]) == 0, path
+
+
+def test_a_rerun_into_the_same_directory_leaves_no_file_of_the_earlier_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(TINY), "-o", str(out), "--no-plot"]) == 0
+    (out / "notes.txt").write_text("mine")  # a file sim run did not write is kept
+    assert main(["run", str(TINY), "-o", str(out), "--no-plot", "--format", "csv"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "scenario.resolved.yaml", "summary.json",
+                                                     "trace.csv"]
+
+
+def test_an_output_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("x")
+    line = one_error_line(capsys, "run", str(TINY), "-o", str(target))
+    assert line == f"error: -o: {str(target)!r} is a file, not a directory"

@@ -60,6 +60,22 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         raise
 
 
+# The files ``sim run`` writes (with the chart plugins' gantt.png): a rerun into the same directory removes them
+# first, so a trace.parquet from an earlier run never sits beside a new run's trace.csv (issue 27).
+RUN_OUTPUTS = ("summary.json", "scenario.resolved.yaml", "trace.parquet", "trace.csv", "trace.json", "links.csv",
+               "link_timeline.csv", "gantt.png")
+
+
+def _output_directory(out: Path) -> Path:
+    """``-o DIR`` made ready: created if missing; an earlier run's outputs removed, any other file kept."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o: {str(out)!r} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
 def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     from sim import runner
     from sim.cli.tables import memory_problem, summary_table, summary_title
@@ -67,11 +83,10 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     from sim.spec.scenario import load_scenario, resolved_yaml
 
     scenario = load_scenario(args.scenario, args.set)
+    out = _output_directory(Path(args.output))  # before the run: a bad path is reported at once
     began = time.perf_counter()
     result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
     wall = time.perf_counter() - began
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
     if result.links is not None:  # contention network: which links carried what
         result.links.to_csv(out / "links.csv", index=False)
     if result.link_segments is not None and args.link_timeline:  # (the Gantt chart reads it)
