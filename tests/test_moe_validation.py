@@ -18,10 +18,10 @@ ROWS = list(published(FOLDER)["scenario"])
 
 # Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
 # (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
-_SLOW_8X22B = ("Mixtral 8x22B predicted too slow (+10.4..+12.8%): 80% of the step's compute is the expert grouped GEMMs "
-               "(m 4096, n 32768, k 6144: the profile's plateau, 800 TFLOP/s) times the H100 end-to-end factor "
-               "1.5 fitted on NeMo FP8 dense rows; no sourced mechanism yet prices those GEMMs faster "
-               "(docs/mechanisms/expert_parallel.md)")
+_SLOW_8X22B = ("Mixtral 8x22B predicted too slow (+10.4..+12.8%): 80% of the step's compute is the expert "
+               "grouped GEMMs (m 4096, n 32768, k 6144: the profile's plateau, 800 TFLOP/s) times the H100 "
+               "end-to-end factor 1.5 fitted on NeMo FP8 dense rows; no sourced mechanism yet prices those "
+               "GEMMs faster (docs/mechanisms/expert_parallel.md)")
 _QWEN3 = ("Qwen3-235B-A22B: not loadable yet (training.recompute_modules, "
           "parallel.account_for_embedding/loss_in_pipeline_split, the flex/DeepEP dispatcher)")
 OUTSIDE: dict[str, str] = {
