@@ -8,8 +8,9 @@
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
   search-report [--scenario S] [--top N] [-o FILE.md]   sim search on a scenario (default the bundled GPT-3 175B):
                                   the best layouts and what sets each
-  validate [--folder DIR] [--out DIR] [--mechanisms]  run the validation set; write DIR/validation.md (with the
-                                  calibration and, with --mechanisms, each mechanism's effect) and the parity plot
+  validate [--folder DIR] [--out DIR] [--mechanisms] [--moe-folder DIR]  run the validation set; write
+                                  DIR/validation.md (with the calibration, the MoE rows of --moe-folder as their own
+                                  section and, with --mechanisms, each mechanism's effect) and the parity plot
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     val = commands.add_parser("validate", help="run scenarios/validation; write the report and parity plot")
     val.add_argument("--folder", default="scenarios/validation")
     val.add_argument("--out", default="docs", help="validation.md goes here, the plot under OUT/images/")
+    val.add_argument("--moe-folder", default="scenarios/validation/moe",
+                     help="the MoE validation folder, reported as its own section ('' to skip)")
     val.add_argument("--mechanisms", action="store_true",
                      help="also run the set once per mechanism switched off and add the ablation table")
     args = top.parse_args(argv)
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 calibration_markdown,
                 mechanism_table,
                 mechanisms_markdown,
+                moe_markdown,
                 write_validation_report,
             )
             from sim.validation.validate import run_validation
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             write_validation_report(args.out, table, Path(args.out) / "images")
             report = Path(args.out) / "validation.md"
             extra = calibration_markdown()
+            if args.moe_folder:
+                extra += moe_markdown(run_validation(args.moe_folder), args.moe_folder)
             if args.mechanisms:
                 extra += mechanisms_markdown(mechanism_table(args.folder, table), table)
             report.write_text(report.read_text() + extra)

@@ -434,10 +434,32 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
 
 def expert_weight_gather_bytes(plan: Plan, stage: int) -> float:
     """The distributed optimizer's all-gather of the updated expert weights over the expert-data-parallel group
-    (0 without ZeRO-1, a dense model or edp = 1)."""
-    if expert_reduces(plan) and plan.zero_stage == 1:
+    after the step (0 without ZeRO-1, a dense model or edp = 1, and under ``overlaps_param_gather``: the gather
+    moves to the next forward, bucket by bucket: ``expert_param_gather_buckets``)."""
+    if expert_reduces(plan) and plan.zero_stage == 1 and not overlaps_param_gather(plan):
         return plan.stage_expert_params(stage) * plan.weight_bytes_per_param
     return 0.0
+
+
+def expert_param_gather_buckets(plan: Plan, stage: int) -> list[GatherBucket]:
+    """The expert weights' all-gathers over the expert-data-parallel group under ``overlaps_param_gather``, in
+    the order the forward needs them (else none). Megatron-Core's DDP chains the expert buffers' bucket groups for
+    the overlapped gather exactly as the dense ones (distributed_data_parallel.py: ``for all_bgs in
+    [self.bucket_groups, self.expert_parallel_bucket_groups]`` sets ``next_param_gather_bucket_group``;
+    ``param_to_bucket_group`` maps expert parameters too, so the forward pre-hook waits for their bucket, and
+    ``start_param_sync`` dispatches both lists): per model chunk, expert gradients bucketed in backward order
+    (``expert_gradient_bytes``, ``group_buckets``), gathered in reverse. Bytes are the updated compute-dtype
+    expert weights, summing to what ``expert_weight_gather_bytes`` gathers after the step without the overlap."""
+    if not (overlaps_param_gather(plan) and expert_reduces(plan) and plan.zero_stage == 1):
+        return []
+    sizes = expert_gradient_bytes(plan, stage)
+    per_grad_byte = plan.weight_bytes_per_param / plan.grad_bytes_per_param
+    out = []
+    for local, chunk in enumerate(plan.stage_chunks[stage]):
+        ready = [(layer, sizes[layer]) for layer in reversed(plan.chunk_layers(chunk)) if layer in sizes]
+        out += [GatherBucket(tuple(reversed(members)), local, nbytes * per_grad_byte)
+                for members, nbytes in reversed(group_buckets(plan, ready))]
+    return out
 
 
 def optimizer_params(plan: Plan, stage: int) -> float:
