@@ -60,7 +60,10 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
         per_stage = plan.stage_layers(stage)  # uneven first/last stages included
         moe = plan.stage_moe_layers(stage)
         attention = 2 if kind == "backward" and split else 1
-        assert len(rows) == m * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
+        # DualPipe: a rank holds one stage of each of the two model copies and each micro-batch runs through one
+        # copy (half enter from each end), so each of the rank's layers sees m/2 micro-batches.
+        passes = m // 2 if sc.schedule == "dualpipe" else m
+        assert len(rows) == passes * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
 
 
 def test_durations_are_finite_and_non_negative(run):

@@ -76,8 +76,11 @@ class ClusterSpec(FrozenSpec):
             return data
         node = lookup(NODE_PRESETS, str(node_name), "node")
         data["node"] = node.name
+        tiers = ("intra_node", "inter_node", "pcie", "nvls", "all_to_all")
+        if any(data.get(tier) is not None and not isinstance(data.get(tier), dict) for tier in tiers):
+            return data  # a tier given as a scalar or list: its field's own validation names it
         given_all_to_all = dict(data.get("all_to_all") or {})
-        for tier in ("intra_node", "inter_node", "pcie", "nvls", "all_to_all"):
+        for tier in tiers:
             preset = getattr(node, tier)
             if preset is None:
                 continue

@@ -48,7 +48,7 @@ def degrees(scenario: Scenario) -> Degrees:
     """The degrees of a scenario whose fields passed validation (the rules then check they are consistent)."""
     p, t = scenario.parallel, scenario.training
     gpus = scenario.cluster.num_gpus
-    dp = p.dp or gpus // (p.tp * p.pp)
+    dp = p.dp or max(1, gpus // (p.tp * p.pp))  # 0 would divide by zero before the rules name tp*pp
     microbatches = t.microbatches or (t.global_batch or 0) // (dp * t.micro_batch)
     fsdp = scenario.fsdp
     etp = p.etp or p.tp
