@@ -52,7 +52,9 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
         per_stage = plan.stage_layers(stage)  # uneven first/last stages included
         moe = plan.stage_moe_layers(stage)
         attention = 2 if kind == "backward" and split else 1
-        assert len(rows) == m * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
+        # DualPipe's two copies: each micro-batch passes one of a rank's two chunks (m/2 enter at each end)
+        visits = m // 2 if plan.layout == "dual" else m
+        assert len(rows) == visits * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
 
 
 def test_durations_are_finite_and_non_negative(run):
