@@ -48,7 +48,9 @@ def degrees(scenario: Scenario) -> Degrees:
     """The degrees of a scenario whose fields passed validation (the rules then check they are consistent)."""
     p, t = scenario.parallel, scenario.training
     gpus = scenario.cluster.num_gpus
-    dp = p.dp or gpus // (p.tp * p.pp)
+    # At least 1 where tp*pp exceeds the GPUs, so the rules can say so (parallel: tp*pp does not divide ...)
+    # instead of a division by zero below.
+    dp = p.dp or max(1, gpus // (p.tp * p.pp))
     microbatches = t.microbatches or (t.global_batch or 0) // (dp * t.micro_batch)
     fsdp = scenario.fsdp
     etp = p.etp or p.tp
