@@ -448,7 +448,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = {}
             if not isinstance(child, dict):
-                raise ConfigError(f"--set {_field_name(path_text)}: {_field_name('.'.join(keys[: depth + 1]))} is not a mapping")
+                where = _field_name(".".join(keys[: depth + 1]))
+                raise ConfigError(f"--set {_field_name(path_text)}: {where} is not a mapping")
             node[key] = child
             node = child
         node[keys[-1]] = parse_yaml(value_text, f"--set {_field_name(path_text)}")
