@@ -1,13 +1,16 @@
 """``python -m analysis``: charts that need more than one run.
 
   compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
+  dualpipe [-o FILE]              one DualPipe step, DualPipeV's and 1F1B's (docs/images/gantt-dualpipe.png)
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
-  search-report [-o FILE.md]      sim search on the bundled GPT-3 175B scenario: the best layouts and what sets each
-  validate [--folder DIR] [--out DIR] [--mechanisms]  run the validation set; write DIR/validation.md (with the
-                                  calibration and, with --mechanisms, each mechanism's effect) and the parity plot
+  search-report [--scenario S] [--top N] [-o FILE.md]   sim search on a scenario (default the bundled GPT-3 175B):
+                                  the best layouts and what sets each
+  validate [--folder DIR] [--out DIR] [--mechanisms] [--moe-folder DIR]  run the validation set; write
+                                  DIR/validation.md (with the calibration, the MoE rows of --moe-folder as their own
+                                  section and, with --mechanisms, each mechanism's effect) and the parity plot
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     compare = commands.add_parser("compare", help="Gantt charts of the pipeline schedules, stacked")
     compare.add_argument("scenario")
     compare.add_argument("-o", "--output", required=True)
+    dualpipe = commands.add_parser("dualpipe", help="Gantt chart of one DualPipe step (and DualPipeV, 1F1B)")
+    dualpipe.add_argument("-o", "--output", default="docs/images/gantt-dualpipe.png")
     sweep = commands.add_parser("sweep-plot", help="plot a sweep's results table")
     sweep.add_argument("run_dir")
     sweep.add_argument("--x", required=True)
@@ -45,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
     search = commands.add_parser("search-report", help="the best layouts of GPT-3 175B on 1024 A100 (docs/scale.md)")
     search.add_argument("--scenario", default="scenarios/gpt3-175b_a100-1024.yaml")
     search.add_argument("--set", dest="overrides", action="append", default=[])
+    search.add_argument("--top", type=int, default=1000, help="layouts to confirm by simulation (sim search --top)")
     search.add_argument("-o", "--output", help="also write the markdown here")
     val = commands.add_parser("validate", help="run scenarios/validation; write the report and parity plot")
     val.add_argument("--folder", default="scenarios/validation")
     val.add_argument("--out", default="docs", help="validation.md goes here, the plot under OUT/images/")
+    val.add_argument("--moe-folder", default="scenarios/validation/moe",
+                     help="the MoE validation folder, reported as its own section ('' to skip)")
     val.add_argument("--mechanisms", action="store_true",
                      help="also run the set once per mechanism switched off and add the ablation table")
     args = top.parse_args(argv)
@@ -65,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "search-report":
             from analysis import search_report
 
-            screened, best = search_report.report(args.scenario, args.overrides)
+            screened, best = search_report.report(args.scenario, args.overrides, top=args.top)
             markdown = search_report.to_markdown(screened, best, f"`sim search {args.scenario}`"
                                                  + "".join(f" --set {o}" for o in args.overrides))
             print(markdown)
@@ -78,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 calibration_markdown,
                 mechanism_table,
                 mechanisms_markdown,
+                moe_markdown,
                 write_validation_report,
             )
             from sim.validation.validate import run_validation
@@ -86,11 +95,18 @@ def main(argv: list[str] | None = None) -> int:
             write_validation_report(args.out, table, Path(args.out) / "images")
             report = Path(args.out) / "validation.md"
             extra = calibration_markdown()
+            if args.moe_folder:
+                extra += moe_markdown(run_validation(args.moe_folder), args.moe_folder)
             if args.mechanisms:
                 extra += mechanisms_markdown(mechanism_table(args.folder, table), table)
             report.write_text(report.read_text() + extra)
             print(report.read_text())
             print(f"wrote {args.out}/validation.md, {args.out}/images/parity.png")
+            return 0
+        if args.command == "dualpipe":
+            from analysis.dualpipe_chart import write_dualpipe_chart
+
+            print(f"wrote {write_dualpipe_chart(args.output)}")
             return 0
         if args.command == "compare":
             compare_schedules(args.scenario, args.output)

@@ -31,18 +31,21 @@ def _layout(row: pd.Series) -> str:
     text = f"tp {row['parallel.tp']} pp {row['parallel.pp']} dp {row['parallel.dp']}"
     if row["schedule"] == "interleaved":
         text += f" v {row['parallel.vpp']}"
+    if pd.notna(row.get("parallel.ep")) and row.get("parallel.ep"):  # MoE: expert parallel and expert TP degrees
+        text += f" ep {int(row['parallel.ep'])} etp {int(row['parallel.etp'])}"
     return text
 
 
 def to_markdown(screened: pd.DataFrame, best: pd.DataFrame, title: str = "") -> str:
     counts = screened["status"].str.split(":").str[0].value_counts()
+    moe = "exposed_ep_s" in best and bool((best["exposed_ep_s"] > 0).any())
     lines = [f"### {title}" if title else "", "",
              f"{len(screened):,} layouts screened: {counts.get('ok', 0) + counts.get('pruned', 0):,} fit "
              f"({counts.get('pruned', 0):,} of them skipped by the lower bound), {counts.get('oom', 0):,} over HBM, "
              f"{counts.get('invalid', 0):,} invalid. Best simulated:", "",
              "| # | layout | mb | schedule | ZeRO | recompute | SP | step s | MFU | bubble | exposed TP s | "
-             "exposed PP s | exposed DP s | peak GiB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "exposed PP s | exposed DP s | " + ("exposed EP s | " if moe else "") + "peak GiB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if moe else "")]
     for i, row in enumerate(best.to_dict("records"), 1):
         sp = "yes" if row["parallel.sequence_parallel"] else "no"
         lines.append(
@@ -50,5 +53,6 @@ def to_markdown(screened: pd.DataFrame, best: pd.DataFrame, title: str = "") -> 
             f"{row['parallel.zero']} | {row['training.recompute']} | {sp} | "
             f"{row['step_time_s']:.2f} | {row['mfu']:.1%} | {row['bubble_fraction']:.1%} | "
             f"{row['exposed_tp_s']:.2f} | {row['exposed_pp_s']:.2f} | {row['exposed_dp_s']:.2f} | "
-            f"{row['peak_memory_bytes'] / 2**30:.0f} |")
+            + (f"{row['exposed_ep_s']:.2f} | " if moe else "")
+            + f"{row['peak_memory_bytes'] / 2**30:.0f} |")
     return "\n".join(lines) + "\n"

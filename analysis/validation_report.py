@@ -51,14 +51,14 @@ def plot_parity(table: pd.DataFrame, path: Path | str) -> Path:
     return path
 
 
-def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
-    lines = ["# Validation: predicted against published training runs", "",
-             "Regenerate: `python -m analysis validate` (runs `scenarios/validation/`, writes this file and the "
-             "plot). Error = predicted / published - 1. Every scenario uses the shipped presets and default "
-             "profiles: no per-row tuning.", "", f"![parity plot]({image})", "",
-             "| scenario | role | GPUs | GPU | published s | predicted s | error | MFU published | MFU predicted | "
-             "memory published GB | predicted GB | source |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+TABLE_HEADER = ["| scenario | role | GPUs | GPU | published s | predicted s | error | MFU published | MFU predicted | "
+                "memory published GB | predicted GB | source |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def _row_lines(table: pd.DataFrame) -> list[str]:
+    """One markdown table row per published run (a failed one with its one-line error)."""
+    lines = []
     for r in table.to_dict("records"):
         if r.get("error"):
             lines.append(f"| {r['scenario']} | {r['role']} | | | {r['published_iteration_time_s']:.3f} | failed: "
@@ -67,10 +67,20 @@ def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
         mfu = f"{r['published_mfu']:.3f}" if pd.notna(r["published_mfu"]) else ""
         memory = r.get("published_peak_memory_gb")
         memory = f"{memory:.0f} | {r['peak_memory_gib'] * 2**30 / 1e9:.1f}" if pd.notna(memory) else " | "
-        lines.append(f"| {r['scenario']} | {r['role']} | {r['gpus']} | {r['gpu']} | "
+        lines.append(f"| {r['scenario']} | {r['role']} | {int(r['gpus'])} | {r['gpu']} | "
                      f"{r['published_iteration_time_s']:.3f} | {r['predicted_iteration_time_s']:.3f} | "
                      f"{r['iteration_time_error']:+.1%} | {mfu} | "
                      f"{r['predicted_mfu']:.3f} | {memory} | {r['source']} |")
+    return lines
+
+
+def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
+    lines = ["# Validation: predicted against published training runs", "",
+             "Regenerate: `python -m analysis validate` (runs `scenarios/validation/`, writes this file and the "
+             "plot). Error = predicted / published - 1. Every scenario uses the shipped presets and default "
+             "profiles: no per-row tuning.", "", f"![parity plot]({image})", "",
+             *TABLE_HEADER]
+    lines += _row_lines(table)
     stats = error_stats(table)
     fit = int((table["role"] == "fit").sum()) if "role" in table else 0
     lines += ["", f"Over {stats['rows']:.0f} validation rows: mean absolute error {stats['mean_abs']:.1%}, "
@@ -89,6 +99,35 @@ def to_markdown(table: pd.DataFrame, image: str = "parity.png") -> str:
     if len(outside):
         lines += ["", f"Outside the {BAND:.0%} band: " + ", ".join(
             f"{r.scenario} ({r.iteration_time_error:+.1%})" for r in outside.itertuples())]
+    return "\n".join(lines) + "\n"
+
+
+def moe_markdown(table: pd.DataFrame, folder: str = "scenarios/validation/moe") -> str:
+    """The MoE validation rows (issue 23: ``scenarios/validation/moe``), their own group: every row, then the
+    signed errors (mean absolute, maximum, bias) over the rows that ran, per source, and the rows outside the band
+    or not yet loadable."""
+    stats = error_stats(table)
+    lines = ["", "## Mixture-of-experts runs", "",
+             f"`{folder}` (sources: docs/validation/moe_sources.md), run by `sim validate {folder}` and by "
+             "`python -m analysis validate` (`--moe-folder`). Same shipped presets and default profiles, no per-row "
+             "tuning; kept apart from the dense statistics above. `tests/test_moe_validation.py` holds each row "
+             f"inside the {BAND:.0%} band, or marks it xfail (strict) with the reason.", "", *TABLE_HEADER,
+             *_row_lines(table), "",
+             f"Over {stats['rows']:.0f} MoE rows that ran: mean absolute error {stats['mean_abs']:.1%}, maximum "
+             f"{stats['max_abs']:.1%}, signed mean (bias) {stats['signed_mean']:+.1%} "
+             f"({stats['optimistic_share']:.0%} of rows predicted too short)."]
+    ran = table[table["iteration_time_error"].notna()] if "iteration_time_error" in table else table.iloc[0:0]
+    for group, part in ran.groupby("group"):
+        errors = part["iteration_time_error"]
+        lines.append(f"- {group}: {len(part)} rows, mean absolute error {errors.abs().mean():.1%}, maximum "
+                     f"{errors.abs().max():.1%}, signed mean {errors.mean():+.1%}")
+    outside = ran[ran["iteration_time_error"].abs() > BAND]
+    if len(outside):
+        lines += ["", f"Outside the {BAND:.0%} band: " + ", ".join(
+            f"{r.scenario} ({r.iteration_time_error:+.1%})" for r in outside.itertuples())]
+    failed = table[table["error"].fillna("") != ""] if "error" in table else table.iloc[0:0]
+    if len(failed):
+        lines += ["", "Not loadable yet: " + ", ".join(str(name) for name in failed["scenario"])]
     return "\n".join(lines) + "\n"
 
 

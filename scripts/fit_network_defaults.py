@@ -18,8 +18,8 @@ What is fitted from what (sim.calibrate.fitting does the fitting):
 - dgx-b200 NVLink ring: XLA sm_100_B200, group of 8. gb200-nvl72 NVLink ring: XLA sm_100_GB200, groups of
   8..64 inside the 72-GPU domain.
 - All-to-all over NVLink (NCCL's grouped send/recv to every peer, a tier of its own: ``all_to_all``): XLA
-  sm_90 / sm_100_B200 all-to-all, group of 8, and sm_100_GB200 groups of 8..64, with the same tier's ring latency
-  (base + (n-1) alpha; the all-to-all rows under 64 KiB scatter 23-135 us, too noisy to fit one apart) and the
+  sm_90 / sm_100_B200 all-to-all, group of 8, with the same tier's ring latency (one group size cannot separate
+  base from alpha: every row has 7 steps), and sm_100_GB200 groups of 8..64 with a latency of their own; the
   closed form (n-1) alpha + (n-1)/n S / B; groups of 2 and 4 a factor each, as for the ring.
   hgx-h800 takes dgx-h100's fits at its own line rates (sim.hardware).
 - dgx-a100: no size sweep in the reference data; the H100 curves' shapes with the A100 plateaus measured by
@@ -108,8 +108,9 @@ def main() -> int:
 
     h100_a2a = fit_link(xla_rows("sm_90", (8,), a2a), 450 * GB, latency=ring_latency_of(h100_ring))
     b200_a2a = fit_link(xla_rows("sm_100_B200", (8,), a2a), 900 * GB, latency=ring_latency_of(b200_ring))
-    gb200_a2a = fit_link(xla_rows("sm_100_GB200", (8, 16, 32, 64), a2a), 900 * GB,
-                         latency=ring_latency_of(gb200_ring))
+    # GB200's groups of 8..64 separate the base from the per-peer alpha (12 us at 8-18 GPUs, 55-65 us at 64-72):
+    # a latency of its own. One group size cannot (every row has n-1 = 7 steps), hence the ring's for H100, B200.
+    gb200_a2a = fit_link(xla_rows("sm_100_GB200", (8, 16, 32, 64), a2a), 900 * GB)
 
     def ib(plateau: float) -> dict[str, object]:
         return {"base_latency": ib_shape.base_latency, "latency": IB_STEP_LATENCY, "efficiency": plateau,

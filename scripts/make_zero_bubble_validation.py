@@ -49,7 +49,8 @@ def scenario(row: pd.Series) -> tuple[str, dict, str]:
         "parallel": {"tp": 1, "pp": pp, "dp": 1, "first_stage_layers": middle - 1, "last_stage_layers": middle - 1},
         "schedule": schedule,
     }
-    header = (f"# Qi et al. ICLR 2024 (arXiv:2401.10241) Tables 3 + 4: {row['model']} ({layers} layers) with "
+    header = ("# yaml-language-server: $schema=../scenario.schema.json\n"  # the editor's schema (sim schema)
+              f"# Qi et al. ICLR 2024 (arXiv:2401.10241) Tables 3 + 4: {row['model']} ({layers} layers) with "
               f"{row['schedule']} on {int(row['num_gpus'])} A100 80GB, pp {pp}, micro-batch "
               f"{int(row['micro_batch_size'])}, {int(row['num_microbatches'])} micro-batches.\n"
               f"# Published {row['samples_per_gpu_per_s']} samples/s per GPU, peak memory {row['peak_memory_GB']} GB."

@@ -16,21 +16,21 @@ import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
 
-from sim import runner
-from sim.explore import estimate as estimate_module
-from sim.explore.estimate import Estimate
 from sim.model.peft import trainable_params
 from sim.model.transformer import total_params
 from sim.plan import resolve
-from sim.runner import RunResult
 from sim.spec import scenario as spec
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import memory_plan
+
+if TYPE_CHECKING:  # run and estimate import these when called: check (and ``sim check``) runs without pandas
+    from sim.explore.estimate import Estimate
+    from sim.runner import RunResult
 
 ScenarioSource = str | Path | Mapping[str, Any] | Scenario
 Overrides = Mapping[str, Any] | Iterable[str] | str | None
@@ -105,12 +105,16 @@ def run(scenario: ScenarioSource, set: Overrides = None, *, record_links: bool =
     """Simulate one training step in memory (``sim run`` without the files). ``record_links`` keeps each link's
     load over time (``RunResult.link_segments``, contention network only). The result's ``summary`` is a
     ``Summary``, its ``trace`` a DataFrame with one row per executed task."""
+    from sim import runner
+
     return runner.run(load_scenario(scenario, set), record_links=record_links)
 
 
 def estimate(scenario: ScenarioSource, set: Overrides = None) -> Estimate:
     """The closed-form step time, MFU and peak memory of a scenario without simulating it (what ``sim search``
     screens layouts with; within a few percent of ``run``)."""
+    from sim.explore import estimate as estimate_module
+
     return estimate_module.estimate(load_scenario(scenario, set))
 
 

@@ -43,6 +43,8 @@ class GpuSpec(FrozenSpec):
     matmul_efficiency: float = Field(gt=0, le=1)
     memory_efficiency: float = Field(gt=0, le=1)
     sms: int | None = Field(default=None, ge=1, description="streaming multiprocessors (for NCCL SM contention)")
+    board_power: float | None = Field(default=None, gt=0, description=(
+        "watts: the board's maximum power (NVIDIA TDP, AMD TBP), for the energy estimate (sim.output.planning)"))
     source: str = ""
 
     def peak(self, dtype: str) -> float:
@@ -172,6 +174,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             matmul_efficiency=271.2 / 312,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
             sms=108,
+            board_power=400,
             source="NVIDIA A100 datasheet via ml-engineering (peaks, 1,555 GB/s); MAMF bf16 271.2 TFLOP/s",
         ),
         GpuSpec(
@@ -182,6 +185,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             matmul_efficiency=271.2 / 312,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
             sms=108,
+            board_power=400,
             source="NVIDIA A100 datasheet via ml-engineering (peaks, 2,039 GB/s); MAMF bf16 271.2 TFLOP/s",
         ),
         GpuSpec(
@@ -192,6 +196,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             matmul_efficiency=794.5 / 989,
             memory_efficiency=3.0 / 3.35,
             sms=132,
+            board_power=700,
             source="NVIDIA H100 SXM datasheet via ml-engineering; MAMF bf16 794.5 TFLOP/s; copy 3.0 TB/s",
         ),
         GpuSpec(
@@ -204,6 +209,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             matmul_efficiency=794.5 / 989,
             memory_efficiency=3.0 / 3.35,
             sms=132,
+            board_power=700,
             source="H100 SXM's chip (NVIDIA H100 datasheet via ml-engineering); MAMF and copy of H100 SXM",
         ),
         GpuSpec(
@@ -214,6 +220,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             matmul_efficiency=788 / 989,
             memory_efficiency=4.3 / 4.8,
             sms=132,
+            board_power=700,
             source="NVIDIA H200 datasheet via ml-engineering; bf16 8192^3 matmul 788 TFLOP/s; copy 4.3 TB/s",
         ),
         GpuSpec(
@@ -223,6 +230,7 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=8e12,
             matmul_efficiency=1745 / 2250,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            board_power=1000,
             source="HGX B200 (1000 W) dense peaks (glennklockwood.com/garden/processors/B200); MAMF bf16 1745",
         ),
         GpuSpec(
@@ -232,8 +240,63 @@ GPU_PRESETS: dict[str, GpuSpec] = {
             hbm_bandwidth=8e12,
             matmul_efficiency=1745 / 2250,
             memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            board_power=1200,
             source="ml-engineering (GB200 per B200 chip: 2500 TFLOP/s dense bf16, 1200 W); GB200 NVL72 datasheet "
                    "(13.4 TB HBM3e over 72 GPUs); B200's MAMF fraction stands in",
+        ),
+        GpuSpec(
+            # The China-market Hopper: GH100 with most tensor throughput fused off, full HBM3 and NVLink.
+            name="H20",
+            peak_flops={"fp32": 44 * T, "tf32": 74 * T, "fp16": 148 * T, "bf16": 148 * T, "fp8": 296 * T},
+            hbm_capacity=96 * GB,
+            hbm_bandwidth=4.0e12,
+            matmul_efficiency=794.5 / 989,
+            memory_efficiency=3.0 / 3.35,
+            board_power=400,
+            source="NVIDIA HGX H20 specification (dense: FP8 296, BF16 148, TF32 74, FP32 44 TFLOPS; 96 GB HBM3, "
+                   "4.0 TB/s; NVLink 900 GB/s; 400 W) as published by SemiAnalysis and the press, Nov 2023; H100 "
+                   "SXM's MAMF and copy fractions stand in (no H20 measurement in the reference data)",
+        ),
+        GpuSpec(
+            # Blackwell Ultra in the GB300 NVL72 rack: FP4 raised and FP64 cut against GB200; FP8/BF16 unchanged.
+            name="GB300",
+            peak_flops={"fp32": 80 * T, "tf32": 1250 * T, "fp16": 2500 * T, "bf16": 2500 * T, "fp8": 5000 * T},
+            hbm_capacity=288 * GB,
+            hbm_bandwidth=8e12,
+            matmul_efficiency=1745 / 2250,
+            memory_efficiency=_COPY_EFFICIENCY_MEASURED_MEAN,
+            board_power=1400,
+            source="NVIDIA GB300 NVL72 datasheet (72 GPUs: FP8 720 PFLOPS and BF16 360 PFLOPS with sparsity, i.e. "
+                   "5.0 and 2.5 PFLOPS dense per GPU; up to 21 TB HBM3e = 288 GB per GPU; 576 TB/s = 8 TB/s per "
+                   "GPU); 1,400 W per GPU from OEM GB300 listings (no NVIDIA datasheet figure); B200's MAMF "
+                   "fraction stands in",
+        ),
+        GpuSpec(
+            name="MI300X",
+            peak_flops={"fp32": 163.4 * T, "tf32": 653.7 * T, "fp16": 1307.4 * T, "bf16": 1307.4 * T,
+                        "fp8": 2614.9 * T},
+            hbm_capacity=192 * GB,
+            hbm_bandwidth=5.3e12,
+            matmul_efficiency=794.5 / 989,
+            memory_efficiency=3.0 / 3.35,
+            sms=304,  # compute units (AMD CDNA 3 white paper): RCCL's channels hold CUs as NCCL's hold SMs
+            board_power=750,
+            source="AMD Instinct MI300X data sheet (dense matrix peaks: FP32 163.4, TF32 653.7, FP16/BF16 1307.4, "
+                   "FP8 2614.9 TFLOPS; 192 GB HBM3, 5.3 TB/s; 304 CUs; 750 W TBP); H100 SXM's MAMF and copy "
+                   "fractions stand in (no MI300X measurement in the reference data)",
+        ),
+        GpuSpec(
+            name="MI325X",
+            peak_flops={"fp32": 163.4 * T, "tf32": 653.7 * T, "fp16": 1307.4 * T, "bf16": 1307.4 * T,
+                        "fp8": 2614.9 * T},
+            hbm_capacity=256 * GB,
+            hbm_bandwidth=6.0e12,
+            matmul_efficiency=794.5 / 989,
+            memory_efficiency=3.0 / 3.35,
+            sms=304,
+            board_power=1000,
+            source="AMD Instinct MI325X data sheet (MI300X's CDNA 3 compute and peaks; 256 GB HBM3E, 6.0 TB/s; "
+                   "1000 W TBP); H100 SXM's MAMF and copy fractions stand in",
         ),
     )
 }
@@ -311,6 +374,44 @@ NODE_PRESETS: dict[str, NodeSpec] = {
             pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
             source="NVIDIA GB200 NVL72 datasheet; OpenXLA sm_100 GB200 NVL72 tables",
         ),
+        NodeSpec(
+            name="hgx-h20",
+            # H20 keeps H100's NVLink4 (18 links, 900 GB/s bidirectional = 450 GB/s per direction) and NVSwitch3,
+            # so DGX H100's fitted tiers apply; 8x 400 Gb/s NICs as on HGX H100.
+            intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
+            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
+            nvls=_fitted("dgx-h100", "nvls", 450 * GB),
+            all_to_all=_fitted("dgx-h100", "all_to_all", 450 * GB),
+            pcie=_PCIE5,
+            source="NVIDIA HGX H20 specification (NVLink 900 GB/s, PCIe Gen5); DGX H100's NVLink4 fits",
+        ),
+        NodeSpec(
+            name="gb300-nvl72",
+            # GB200 NVL72's NVLink5 rack (18 trays of 4 GPUs, 72-GPU domain); one 800 Gb/s ConnectX-8 SuperNIC per
+            # GPU = 100 GB/s; Grace over NVLink-C2C. GB200 NVL72's fitted latencies and curves stand in.
+            intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
+            inter_node=_fitted("gb200-nvl72", "inter_node", 100 * GB),
+            all_to_all=_fitted("gb200-nvl72", "all_to_all", 900 * GB),
+            gpus_per_node=4,
+            nics_per_node=4,
+            nvlink_domain=72,
+            pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
+            source="NVIDIA GB300 NVL72 datasheet (NVLink 130 TB/s over 72 GPUs = 1.8 TB/s each, ConnectX-8 800 "
+                   "Gb/s per GPU); GB200 NVL72's fits",
+        ),
+        NodeSpec(
+            name="amd-mi300x-platform",
+            # 8 OAM GPUs fully connected by Infinity Fabric: 7 links of 64 GB/s per direction each (896 GB/s
+            # bidirectional per GPU, AMD's "peak aggregate"), modelled as one switched tier of 7 x 64 = 448 GB/s
+            # per direction; no switch, so no NVLS-like in-network reduction. RCCL's plateau and curve: DGX H100's
+            # NVLink4 fractions stand in (no rccl-tests measurement in the reference data: calibrate to replace).
+            # 8x 400 Gb/s NICs per node (AMD Instinct platform reference design).
+            intra_node=_fitted("dgx-h100", "intra_node", 448 * GB),
+            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
+            pcie=_PCIE5,
+            source="AMD Instinct MI300X / MI325X platform data sheets (8 GPUs, Infinity Fabric 896 GB/s aggregate "
+                   "per GPU over 7 links, PCIe Gen5 x16 host links); DGX H100's fits stand in for RCCL",
+        ),
     )
 }
 
@@ -322,6 +423,10 @@ DEFAULT_NODE_FOR_GPU = {
     "H200": "dgx-h100",
     "B200": "dgx-b200",
     "GB200": "gb200-nvl72",
+    "H20": "hgx-h20",
+    "GB300": "gb300-nvl72",
+    "MI300X": "amd-mi300x-platform",
+    "MI325X": "amd-mi300x-platform",
 }
 
 

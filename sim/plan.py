@@ -169,6 +169,12 @@ class Plan:
         return self.schedule.layout
 
     @cached_property
+    def local_chunks(self) -> int:
+        """Model chunks each stage holds: vpp, or two in DualPipe's ``dual`` layout, where vpp = 1 splits the
+        model into pp chunks and every stage holds one of each of its two copies."""
+        return 2 if self.layout == "dual" else self.vpp
+
+    @cached_property
     def splits_backward(self) -> bool:
         """Whether the schedule runs the weight-gradient pass (W) apart from the input-gradient pass (B)."""
         return self.schedule.splits_backward
@@ -192,9 +198,9 @@ class Plan:
         """The model chunk that ``stage``'s local ``chunk`` holds."""
         return model_chunk(self.layout, self.pp, stage, chunk)
 
-    def chunk_location(self, global_chunk: int) -> tuple[int, int]:
-        """(stage, local chunk) holding a model chunk."""
-        return chunk_location(self.layout, self.pp, global_chunk)
+    def chunk_location(self, global_chunk: int, copy: int = 0) -> tuple[int, int]:
+        """(stage, local chunk) holding a model chunk (of model copy ``copy`` in the ``dual`` layout)."""
+        return chunk_location(self.layout, self.pp, global_chunk, copy)
 
     def chunk_layers(self, global_chunk: int) -> range:
         starts = self.chunk_starts
@@ -203,7 +209,7 @@ class Plan:
     @cached_property
     def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, the model chunks its local chunks 0..v-1 hold."""
-        return tuple(tuple(self.model_chunk(s, c) for c in range(self.vpp)) for s in range(self.pp))
+        return tuple(tuple(self.model_chunk(s, c) for c in range(self.local_chunks)) for s in range(self.pp))
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:
@@ -224,12 +230,22 @@ class Plan:
         ZB-V's V, whose last chunk comes back to the first GPU)."""
         return self.chunk_location(self.chunks - 1)[0]
 
+    def holds_embedding(self, stage: int) -> bool:
+        """Whether ``stage`` runs an input embedding: the embedding stage, and in the ``dual`` layout also the last
+        stage, where the reverse copy's micro-batches enter."""
+        return stage == self.embedding_stage or (self.layout == "dual" and stage == self.pp - 1)
+
+    def holds_head(self, stage: int) -> bool:
+        """Whether ``stage`` runs a final norm and LM head: the head stage, and in the ``dual`` layout also stage 0,
+        where the reverse copy's micro-batches leave."""
+        return stage == self.head_stage or (self.layout == "dual" and stage == 0)
+
     def tied_copy(self, stage: int) -> bool:
         """Whether ``stage`` keeps its own copy of tied word embeddings for the output layer: Megatron-LM does
         when the head runs on another stage than the embedding (and all-reduces the two copies' gradients);
-        on the same stage the head reuses the embedding's weights."""
+        on the same stage the head reuses the embedding's weights (DualPipe's end stages hold both)."""
         return (self.model.tied_embeddings and stage == self.head_stage
-                and self.head_stage != self.embedding_stage)
+                and self.head_stage != self.embedding_stage and self.layout != "dual")
 
     def stage_params(self, stage: int) -> float:
         """Parameters held by one TP rank of ``stage``: its layers, plus the embedding and head where they run.
@@ -242,11 +258,11 @@ class Plan:
         """``stage_params`` of every stage, counted once per plan (the estimate and the emitters ask per stage,
         several times each)."""
         if not self.is_moe:
-            return tuple(rank_params(self.model, self.tp, self.stage_layers(s), embedding=s == self.embedding_stage,
-                                     head=s == self.head_stage, tied_copy=self.tied_copy(s)) for s in range(self.pp))
+            return tuple(rank_params(self.model, self.tp, self.stage_layers(s), embedding=self.holds_embedding(s),
+                                     head=self.holds_head(s), tied_copy=self.tied_copy(s)) for s in range(self.pp))
         moe_dense = self.moe_layer_params.per_tp_rank(self.tp)
         return tuple(rank_params(self.model, self.tp, self.stage_layers(s) - self.stage_moe_layers(s),
-                                 embedding=s == self.embedding_stage, head=s == self.head_stage,
+                                 embedding=self.holds_embedding(s), head=self.holds_head(s),
                                  tied_copy=self.tied_copy(s)) + self.stage_moe_layers(s) * moe_dense
                      for s in range(self.pp))
 
@@ -322,13 +338,14 @@ class Plan:
     def expert_load(self) -> float:
         """The most loaded expert rank's token-expert pairs / the mean (the slowest rank sets the pace):
         ``moe.capacity_factor`` when padded to capacity (every expert gets exactly its capacity), else
-        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped)."""
+        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped) and by ep (a rank cannot
+        receive more than every token: with ep = 1 the one rank computes all its pairs however they route)."""
         moe = self.scenario.moe
         if moe.capacity_factor is not None and moe.pad_to_capacity:
             return moe.capacity_factor
         if moe.capacity_factor is not None:
-            return min(moe.imbalance, moe.capacity_factor)
-        return moe.imbalance
+            return min(moe.imbalance, moe.capacity_factor, float(self.ep))
+        return min(moe.imbalance, float(self.ep))
 
     @cached_property
     def routed_tokens(self) -> float:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, Field, PlainSerializer, StringConstraints
 
 _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
@@ -134,12 +134,62 @@ def format_seconds(value: float) -> str:
     return "0 s" if value == 0 else f"{_mantissa(value / 1e-9)} ns"
 
 
-Bytes = Annotated[float, BeforeValidator(parse_bytes), PlainSerializer(format_bytes, return_type=str)]
-Seconds = Annotated[float, BeforeValidator(parse_seconds), PlainSerializer(format_seconds, return_type=str)]
-BytesPerSecond = Annotated[
-    float, BeforeValidator(parse_bandwidth), PlainSerializer(format_bandwidth, return_type=str)
-]
-FlopsPerSecond = Annotated[float, BeforeValidator(parse_flops), PlainSerializer(format_flops, return_type=str)]
+_COUNT = {"": 1.0, "K": 1e3, "k": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+def parse_count(value: object) -> float:
+    """A large count such as a token budget: a number, or a string with a decimal suffix as the field writes it
+    ("15T" = 15e12 tokens, "300B" = 3e11; B is billions here, G its synonym; K, M, T)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a count like '15T', got {value!r}")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        number, suffix = _split(value, "a count", "15T")
+        if suffix not in _COUNT:
+            raise ValueError(f"unknown suffix {suffix!r} in {value!r}: write a count like '15T' (K, M, B, T)")
+        number *= _COUNT[suffix]
+    else:
+        raise ValueError(f"expected a count like '15T', got {value!r}")
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"a count must be finite and non-negative, got {value!r}")
+    return number
+
+
+def format_count(value: float) -> str:
+    for suffix in ("T", "B", "M", "K"):
+        if value >= _COUNT[suffix]:
+            return f"{_mantissa(value / _COUNT[suffix])}{suffix}"
+    return _mantissa(value)
+
+
+# What each parser accepts, as a JSON-Schema ``pattern`` (ECMA-262 and Python ``re`` alike) for the scenario's
+# JSON Schema (sim.spec.json_schema): a number and one of the units the scale functions above know.
+_NUMBER = r"^\s*[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?\s*"
+_PREFIX = "(?:[kKMGTPE]|[KMGTP]i)?"
+UNIT_PATTERNS: dict[str, str] = {
+    "bytes": _NUMBER + f"(?:bytes|{_PREFIX}B)\\s*$",
+    "bandwidth": _NUMBER + f"{_PREFIX}(?:B/s|Bps|b/s|bps)\\s*$",
+    "seconds": _NUMBER + "(?:s|ms|us|µs|ns|min|h)\\s*$",
+    "flops": _NUMBER + f"{_PREFIX}(?:FLOPS|FLOP/s|flops|flop/s)\\s*$",
+    "count": _NUMBER + "[kKMBGT]?\\s*$",
+}
+
+
+def _quantity(parse: Callable[[object], float], format_: Callable[[float], str], pattern: str) -> Any:
+    """A float field read by ``parse`` (a number in SI units or a unit string), written back by ``format_``;
+    its JSON Schema accepts a non-negative number or a string matching ``pattern``."""
+    text = Annotated[str, StringConstraints(pattern=pattern)]
+    number = Annotated[float, Field(ge=0)]
+    return Annotated[float, BeforeValidator(parse, json_schema_input_type=number | text),
+                     PlainSerializer(format_, return_type=str)]
+
+
+Bytes = _quantity(parse_bytes, format_bytes, UNIT_PATTERNS["bytes"])
+Seconds = _quantity(parse_seconds, format_seconds, UNIT_PATTERNS["seconds"])
+BytesPerSecond = _quantity(parse_bandwidth, format_bandwidth, UNIT_PATTERNS["bandwidth"])
+FlopsPerSecond = _quantity(parse_flops, format_flops, UNIT_PATTERNS["flops"])
+Count = _quantity(parse_count, format_count, UNIT_PATTERNS["count"])
 
 GB = 1e9
 GiB = 2.0**30

@@ -85,6 +85,15 @@ def test_dispatch_bytes_per_rank_uniform_and_skewed(moe: dict[str, Any], load: f
     assert plan.expert_gather_bytes == pytest.approx(plan.routed_tokens * H * 2)
 
 
+def test_the_load_is_capped_by_ep() -> None:
+    """A rank cannot receive more than every token: with ep = 1 the one rank computes all its pairs however they
+    route; with ep = 2 at most twice the mean."""
+    one = resolve(scenario(parallel={"ep": 1}, moe={"imbalance": 1.5}))
+    assert one.expert_load == 1.0 and one.routed_tokens == 2048 * TOPK and one.dispatch_skew == 1.0
+    two = resolve(scenario(parallel={"ep": 2}, moe={"imbalance": 3.0}))
+    assert two.expert_load == 2.0 and two.dispatch_skew == 2.0
+
+
 def _ep_durations(trace, name: str):
     rows = trace[(trace["stream"] == "ep") & (trace["name"] == name)]
     return (rows["end_s"] - rows["start_s"]).to_numpy()
@@ -213,6 +222,8 @@ def test_same_seed_gives_a_byte_identical_trace() -> None:
     ({"moe": {"a2a_overlap": True}}, "moe.a2a_overlap: overlapping dispatch/combine"),
     ({"moe": {"imbalance": 0.5}}, "moe.imbalance: Input should be greater than or equal to 1"),
     ({"model": {"num_moe_experts": None}}, "parallel.ep: expert parallelism needs a MoE model"),
+    ({"model": {"num_moe_experts": None}, "parallel": {"ep": 1}, "moe": {"imbalance": 1.2}},
+     "moe: the token-dispatch settings need a MoE model"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_bad_expert_layouts_get_one_line_naming_the_field(overrides: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError) as error:
@@ -245,3 +256,39 @@ def test_search_enumerates_ep_over_divisors_of_the_experts_that_divide_tp_dp() -
     pairs = {(layout.ep, layout.etp) for layout in layouts(wide, {"tp": frozenset({2}), "pp": frozenset({2})})}
     assert pairs == {(1, 1), (2, 1), (4, 1), (8, 1), (1, 2), (2, 2), (4, 2)}
     assert Layout(1, 1, 16, 1, 1, "1f1b", 0, "none", False).point()["parallel.ep"] == 1
+
+
+@pytest.mark.parametrize("align", [False, True])
+def test_overlapped_param_gather_also_gathers_the_expert_buckets_under_the_next_forward(align: bool) -> None:
+    """Megatron-Core chains the expert buffers' bucket groups for --overlap-param-gather like the dense ones
+    (distributed_data_parallel.py), so with it no expert all-gather is left after the optimizer step: each expert
+    bucket is gathered over edp from the step start / as the forward reaches it, and the first micro-batch's
+    forward of its first layer waits for it. Same bytes as the after-step gather (the updated bf16 expert weights),
+    and the step cannot get longer."""
+    common = {"tp": 2, "sequence_parallel": True, "ep": 2, "etp": 2, "pp": 2, "vpp": 2, "dp": 4,
+              "overlap_grad_reduce": True, "align_param_gather": align, "dp_bucket_size": 4e6}
+    model = {"num_layers": 8}
+    off = runner.run(scenario(model=model, parallel={**common, "overlap_param_gather": False}, schedule="interleaved"))
+    on = runner.run(scenario(model=model, parallel={**common, "overlap_param_gather": True}, schedule="interleaved"))
+    rank = on.plan.grid.stage_representative(1)
+    after = off.trace[(off.trace["rank"] == rank) & (off.trace["name"] == "expert_param_all_gather")]
+    assert len(after) == 1
+    gathers = on.trace[(on.trace["rank"] == rank) & on.trace["name"].str.startswith("expert_param_gather_bucket")]
+    assert len(gathers) >= 2 and (gathers["stream"] == "expert_dp").all()
+    assert not (on.trace["name"] == "expert_param_all_gather").any()
+    # 2 layers x E/(ep*etp) experts x 3 projections of H x FFN/etp per chunk pair ... all of the stage's: bf16
+    stage_experts = 4 * E * 3 * H * FFN / (2 * 2)
+    assert gathers["bytes"].sum() == pytest.approx(stage_experts * 2) == pytest.approx(after["bytes"].iloc[0])
+    tasks = {t.name: t for t in on.graph.tasks if t.rank == rank}
+    assert {tasks[name].group for name in gathers["name"]} == {tuple(on.plan.expert_dp_group(rank))}
+    # each expert bucket's gather is waited for by the first task of its first layer's micro-batch-0 forward (with
+    # sequence parallelism, the TP all-gather), which starts after it ends
+    ids = {t.id: t for t in on.graph.tasks if t.rank == rank}
+    ends = dict(zip(on.trace["task"], on.trace["end_s"], strict=True))
+    starts = dict(zip(on.trace["task"], on.trace["start_s"], strict=True))
+    for name in gathers["name"]:
+        gather = tasks[name].id
+        waiting = [t for t in ids.values() if gather in t.deps]
+        assert len(waiting) == 1 and waiting[0].microbatch == 0 and waiting[0].layer >= 0
+        assert starts[waiting[0].id] >= ends[gather] - 1e-12
+    assert on.summary.step_time_s <= off.summary.step_time_s + 1e-12

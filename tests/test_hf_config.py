@@ -110,3 +110,48 @@ def test_a_refused_config_through_the_scenario_is_one_line_naming_the_key(tmp_pa
         scenario_from_dict(data, base_dir=tmp_path)
     assert "model: " in str(error.value) and "architectures: JambaForCausalLM is not modelled" in str(error.value)
     assert "\n" not in str(error.value)
+
+
+# Model cards: google/gemma-7b "8.54B" parameters (8,537,680,896 in its safetensors index), Mistral NeMo "12B"
+# (mistral.ai/news/mistral-nemo; 12,247,782,400 in the hub's safetensors metadata), Meta-Llama-3-8B 8,030,261,248.
+@pytest.mark.parametrize("repo, params, tolerance", [
+    ("gemma-7b", 8.54e9, 0.005e9),
+    ("Mistral-Nemo-Base-2407", 12.2e9, 0.05e9),
+    ("Meta-Llama-3-8B", 8_030_261_248, 0),
+])
+def test_dense_configs_give_the_model_cards_parameter_counts(repo, params, tolerance):
+    spec = ModelSpec(**read_hf_config(str(CONFIGS / repo / "config.json"), CONFIGS))
+    assert total_params(spec) == pytest.approx(params, abs=tolerance)
+
+
+def test_gemma_is_a_gated_gelu_with_tied_embeddings_by_default():
+    config = load("gemma-7b")
+    assert "tie_word_embeddings" not in config and config["hidden_act"] == "gelu"  # as published
+    fields = spec_from_hf_config(config, "g")
+    assert (fields["mlp"], fields["tied_embeddings"], fields["kv_channels"]) == ("geglu", True, 256)
+    # The two mistakes issue 26 found, in closed form: an ungated MLP drops one 3072 x 24576 matrix per layer,
+    # untied embeddings add a 256000 x 3072 output layer.
+    wrong = ModelSpec(**{**fields, "mlp": "gelu", "tied_embeddings": False})
+    assert total_params(ModelSpec(**fields)) - total_params(wrong) == 28 * 3072 * 24576 - 256000 * 3072
+    assert not spec_from_hf_config({**config, "tie_word_embeddings": False}, "g")["tied_embeddings"]
+    # hidden_activation (newer Gemma configs) takes precedence over hidden_act
+    assert spec_from_hf_config({**config, "hidden_activation": "gelu_pytorch_tanh"}, "g")["mlp"] == "geglu"
+
+
+def test_mistral_nemo_head_dim_is_honoured():
+    fields = spec_from_hf_config(load("Mistral-Nemo-Base-2407"), "n")
+    assert fields["kv_channels"] == 128  # 5120 / 32 = 160 otherwise: +4.3% parameters
+    spec = ModelSpec(**fields)
+    without = ModelSpec(**{k: v for k, v in fields.items() if k != "kv_channels"})
+    assert total_params(without) / total_params(spec) - 1 == pytest.approx(0.043, abs=0.001)
+
+
+def test_an_unmodelled_activation_or_architecture_is_one_line_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"^hidden_act: 'relu' in a gated MLP \(LlamaForCausalLM\) is not modelled"):
+        spec_from_hf_config({**load("Meta-Llama-3-8B"), "hidden_act": "relu"}, "x")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**load("gemma-7b"), "architectures": ["Gemma3ForCausalLM"]}))
+    with pytest.raises(ValueError) as error:
+        read_hf_config(str(path), tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "architectures: Gemma3ForCausalLM is not modelled" in message

@@ -102,9 +102,14 @@ def test_disagreeing_batch_fields_are_refused(capsys):
     assert line.startswith("error: training.microbatches: 2 disagrees with global_batch 1000")
 
 
-def test_zero_fixed_costs_are_refused_as_faster_than_the_peak(tmp_path, capsys):
-    line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path / "o"), "--no-plot",
-                          "--set", 'costs={model: fixed, forward: "0 s", backward: "0 s"}')
+def test_zero_fixed_costs_are_refused(capsys):
+    line = one_error_line(capsys, "check", str(TINY), "--set", 'costs={model: fixed, forward: "0 s", backward: "0 s"}')
+    assert line == "error: costs.forward: Input should be greater than 0 (and 1 more problem)"  # backward too
+
+
+def test_fixed_costs_faster_than_the_peak_are_refused(tmp_path, capsys):
+    line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path / "o"), "--no-plot", "--set",
+                          'costs={model: fixed, forward: "1 ns", backward: "1 ns"}', "--set", "network=ideal")
     assert line.startswith("error: costs.forward: the given layer times run the model at MFU ")
 
 
@@ -141,3 +146,19 @@ def test_rich_markup_in_a_name_or_path_is_printed_as_text(tmp_path, capsys):
 def test_bundled_scenarios_stay_clean(capsys):
     for path in sorted(ROOT.glob("scenarios/*.yaml")):
         assert main(["check", str(path)]) == 0, path
+
+
+def test_a_rerun_into_the_same_directory_leaves_no_file_of_the_earlier_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(TINY), "-o", str(out), "--no-plot"]) == 0
+    (out / "notes.txt").write_text("mine")  # a file sim run did not write is kept
+    assert main(["run", str(TINY), "-o", str(out), "--no-plot", "--format", "csv"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "scenario.resolved.yaml", "summary.json",
+                                                     "trace.csv"]
+
+
+def test_an_output_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("x")
+    line = one_error_line(capsys, "run", str(TINY), "-o", str(target))
+    assert line == f"error: -o: {str(target)!r} is a file, not a directory"

@@ -20,9 +20,11 @@ def chunk_of(layer, p, layers_per_chunk):
        w=st.sampled_from(["0 s", "0.25 s", "0.5 s"]))
 def test_replay_respects_order_and_bounds(name, p, v, m, w):
     schedule = SCHEDULES[name]
-    v = {"interleaved": v, "zb-v": 2}.get(name, 1)
+    v = {"interleaved": v, "zb-v": 2, "dualpipev": 2}.get(name, 1)
     if name == "interleaved":
         m = p * max(1, m // p)
+    if schedule.invalid_reason(p, m, v) is not None:  # DualPipe's rules (even pp, m >= 2pp)
+        return
     result = runner.run(pipeline_scenario(p, m, name, forward="0.5 s", backward="1 s", layers_per_stage=v, vpp=v,
                                           weight_grad=w))  # raises ScheduleDeadlock if anything is stuck
     trace = result.trace

@@ -16,7 +16,7 @@ def valid_point(name, p, m, v):
 @given(name=st.sampled_from(sorted(SCHEDULES)), p=st.integers(1, 10), m=st.integers(1, 40), v=st.integers(1, 4))
 def test_every_stage_runs_each_pass_once_in_order(name, p, m, v):
     schedule = SCHEDULES[name]
-    v = {"interleaved": v, "zb-v": 2}.get(name, 1)
+    v = {"interleaved": v, "zb-v": 2, "dualpipev": 2}.get(name, 1)
     if not valid_point(name, p, m, v):
         return
     stages = schedule.actions(p, m, v)
@@ -24,6 +24,8 @@ def test_every_stage_runs_each_pass_once_in_order(name, p, m, v):
     phases = ("F", "B", "W") if schedule.splits_backward else ("F", "B")
     for s, actions in enumerate(stages):
         expected = sorted((j, c) for j in range(m) for c in range(v))
+        if schedule.layout == "dual":  # DualPipe: micro-batches m/2.. run the reverse copy, local chunk 1
+            expected = sorted((j, int(j >= m // 2)) for j in range(m))
         for phase in phases:
             assert sorted((a.microbatch, a.chunk) for a in actions if a.phase == phase) == expected
         assert len(actions) == len(phases) * m * v

@@ -70,10 +70,25 @@ def test_sweep_file_with_linked_axis(tmp_path):
     assert interleaved["status"].str.startswith("invalid").sum() == 1  # m = 3
 
 
+def test_a_point_that_raises_anything_is_a_row_and_the_rest_go_on(tmp_path, monkeypatch):
+    """Issue 27: a point failing with something other than a simulator error (a bug) used to abort the whole sweep
+    with a traceback and no row, so it could never finish; now it is a row with its error."""
+    real_run = runner.run
+
+    def flaky(scenario, *args, **kwargs):
+        if scenario.training.microbatches == 3:
+            raise ZeroDivisionError("float division by zero")
+        return real_run(scenario, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run", flaky)
+    table = run_sweep(make_spec(TINY, ["training.microbatches=2..4"], []), tmp_path)
+    assert list(table["status"]) == ["ok", "error: internal ZeroDivisionError: float division by zero", "ok"]
+
+
 def test_missing_base_is_one_error(tmp_path):
     sweep_file = tmp_path / "sweep.yaml"
     sweep_file.write_text("base: nowhere.yaml\ngrid: {schedule: [1f1b]}\n")
-    with pytest.raises(ConfigError, match="sweep.base: scenario .* not found"):
+    with pytest.raises(ConfigError, match="sweep.base: file .* not found"):
         make_spec(sweep_file, [], [])
 
 

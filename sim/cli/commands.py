@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot | sweep | search | validate | calibrate``.
+"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -18,25 +18,18 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-
-from sim import api, runner
-from sim.cli.console import TableConsole
-from sim.cli.tables import memory_problem, memory_table, summary_table, summary_title
 from sim.errors import ConfigError, OutOfMemory, SimError
-from sim.explore import search, sweep
-from sim.explore.executors import DASK_TIMEOUT_S
-from sim.model.transformer import MODEL_PRESETS
-from sim.output import trace
-from sim.spec.degrees import degrees
-from sim.spec.scenario import load_scenario, resolved_yaml
-from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+from sim.explore.executors import DASK_TIMEOUT_S  # a light module: the parser's default
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# Start-up (issue 25): a command imports what it needs inside its function, so ``sim --help`` loads only argparse
+# and ``sim check`` never loads pandas, pyarrow, networkx or matplotlib; the chart plugins load when a chart is
+# written. ``tests/test_cli_startup.py`` holds both to it.
 
 OUTPUT_PLUGINS = "clustersim.outputs"
 PLOT_PLUGINS = "clustersim.plot"
@@ -46,28 +39,72 @@ VALIDATE_PLUGINS = "clustersim.validate_outputs"
 
 
 def _plugins(group: str) -> list[Callable[..., Any]]:
+    from importlib.metadata import entry_points
+
     return [entry.load() for entry in sorted(entry_points(group=group), key=lambda e: e.name)]
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    import sim.runner  # noqa: F401 - numpy, pandas, pyarrow, pydantic: loaded before the fork, the child shares them
+
+    charts = None
+    if not args.no_plot and getattr(args, "background", False):
+        from sim.cli import background  # after numpy and pandas (the child shares them), before the scenario
+
+        charts = background.start(OUTPUT_PLUGINS)
+    try:
+        return _run(args, console, charts)
+    except BaseException:
+        if charts is not None:
+            charts.cancel()
+        raise
+
+
+# The files ``sim run`` writes (with the chart plugins' gantt.png): a rerun into the same directory removes them
+# first, so a trace.parquet from an earlier run never sits beside a new run's trace.csv (issue 27).
+RUN_OUTPUTS = ("summary.json", "scenario.resolved.yaml", "trace.parquet", "trace.csv", "trace.json", "links.csv",
+               "link_timeline.csv", "gantt.png")
+
+
+def _output_directory(out: Path) -> Path:
+    """``-o DIR`` made ready: created if missing; an earlier run's outputs removed, any other file kept."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"-o: {str(out)!r} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_OUTPUTS:
+        (out / name).unlink(missing_ok=True)
+    return out
+
+
+def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
+    from sim import runner
+    from sim.cli.tables import memory_problem, summary_table, summary_title
+    from sim.output import trace
+    from sim.spec.scenario import load_scenario, resolved_yaml
+
     scenario = load_scenario(args.scenario, args.set)
+    out = _output_directory(Path(args.output))  # before the run: a bad path is reported at once
     began = time.perf_counter()
     result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
     wall = time.perf_counter() - began
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
+    if result.links is not None:  # contention network: which links carried what
+        result.links.to_csv(out / "links.csv", index=False)
+    if result.link_segments is not None and args.link_timeline:  # (the Gantt chart reads it)
+        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
+    if charts is not None:  # the chart process draws while this one writes the rest
+        charts.submit(out, result.trace, result.summary)
     (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
     (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
     trace.write_trace(result.trace, out / f"trace.{args.format}")
-    if result.links is not None:  # contention network: which links carried what
-        result.links.to_csv(out / "links.csv", index=False)
-    if result.link_segments is not None and args.link_timeline:
-        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments)
-    if not args.no_plot:
+        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments, result.graph)
+    if charts is not None:
+        error = charts.wait()
+        if error:
+            raise SimError(error)
+    elif not args.no_plot:
         for write in _plugins(OUTPUT_PLUGINS):
             write(out, result.trace, result.summary)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
@@ -80,11 +117,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_check(args: argparse.Namespace, console: Console) -> int:
+    from sim import api
+    from sim.cli.tables import memory_table, parameters_line
+    from sim.spec.degrees import degrees
+
     checked = api.check(args.scenario, args.set)
     scenario = checked.scenario
     console.print(checked.resolved_yaml, markup=False, highlight=False)
     console.print(memory_table(scenario, checked.memory_plan))
     implied = degrees(scenario)
+    console.print(parameters_line(scenario.model))
     if scenario.training.method != "full":
         share = checked.trainable_params / checked.model_params
         console.print(f"{scenario.training.method}: trainable parameters {checked.trainable_params:,.0f} of "
@@ -94,6 +136,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plot(args: argparse.Namespace, console: Console) -> int:
+    from sim.output import trace
+
     run_dir = Path(args.run_dir)
     found = [p for p in (run_dir / "trace.parquet", run_dir / "trace.csv") if p.is_file()]
     if not found:
@@ -110,6 +154,10 @@ def cmd_plot(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sim.explore import sweep
+
     spec = sweep.make_spec(Path(args.target), args.grid, args.set)
     out = Path(args.output)
     columns = [TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
@@ -133,6 +181,11 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_search(args: argparse.Namespace, console: Console) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    from sim.explore import search
+
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
@@ -234,12 +287,16 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.set_defaults(handler=cmd_search)
 
     val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
-    val.add_argument("folder", nargs="?", default=str(DEFAULT_FOLDER), help="scenarios + published.csv")
+    val.add_argument("folder", nargs="?", help="scenarios + published.csv (default scenarios/validation)")
     val.add_argument("--only", action="append", help="one scenario file name (repeatable)")
     val.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a field of every scenario, e.g. costs.end_to_end_factor=1 (repeatable)")
     val.add_argument("-o", "--output", help="write validation.csv here")
     val.set_defaults(handler=cmd_validate)
+    schema = commands.add_parser("schema", help="print a JSON Schema: of scenario files (default; for editors, "
+                                 "e.g. sim schema > scenario.schema.json) or of summary.json")
+    schema.add_argument("what", nargs="?", choices=("scenario", "summary"), default="scenario")
+    schema.set_defaults(handler=cmd_schema)
     cal = commands.add_parser("calibrate", help="microbenchmark this machine (GEMMs, copies, collectives, numerics) "
                               "into a profile for costs: calibrated")
     cal.add_argument("-o", "--output", default="runs/calibration", help="output directory")
@@ -257,8 +314,24 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def cmd_schema(args: argparse.Namespace, console: Console) -> int:
+    """``sim schema [scenario|summary]``: the JSON Schema on stdout, plain (no console wrapping)."""
+    if args.what == "summary":
+        from sim.output.summary import json_schema
+        document = json_schema()
+    else:
+        from sim.spec.json_schema import scenario_schema
+        document = scenario_schema()
+    sys.stdout.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace, console: Console) -> int:
-    table = run_validation(args.folder, args.only, args.overrides)
+    from rich.table import Table
+
+    from sim.validation.validate import DEFAULT_FOLDER, error_stats, run_validation
+
+    table = run_validation(args.folder or DEFAULT_FOLDER, args.only, args.overrides)
     view = Table(title="predicted vs published (iteration time; MFU where published)", header_style="bold")
     for column in ("scenario", "role", "GPUs", "published s", "predicted s", "error", "MFU pub / pred"):
         view.add_column(column, justify="left" if column == "scenario" else "right")
@@ -289,7 +362,12 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
     from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
+    from sim.model.transformer import MODEL_PRESETS
+    from sim.spec.degrees import degrees
+    from sim.spec.scenario import load_scenario
 
     device = resolve_device(args.device)
     if not args.scenario and args.model not in MODEL_PRESETS:
@@ -325,8 +403,16 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, background: bool | None = None) -> int:
+    """Run one command; its exit code. ``background``: draw ``sim run``'s charts in a forked process
+    (``sim.cli.background``); by default only when this is the process's own command line (``argv`` None), so a
+    caller's process (a test, a notebook) is never forked."""
     args = parser().parse_args(argv)
+    args.background = argv is None if background is None else background
+    from rich.console import Console
+
+    from sim.cli.console import TableConsole
+
     console = TableConsole()
     try:
         return int(args.handler(args, console))

@@ -6,12 +6,19 @@ texts; nothing is printed here (``sim.cli.commands`` prints them through ``sim.c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.table import Column, Table
 
-from sim.output.summary import Summary
+from sim.model.transformer import ModelSpec, active_params, total_params
+from sim.output.planning import Planning
 from sim.plan import resolve
 from sim.spec.scenario import Scenario
+from sim.units import format_count
 from sim.workload.footprint import PARTS
+
+if TYPE_CHECKING:  # a type only: ``sim check`` prints its table without importing pandas
+    from sim.output.summary import Summary
 
 
 def _gib(value: float) -> str:
@@ -29,6 +36,40 @@ def memory_problem(summary: Summary) -> str:
             f"(largest: {detail})")
 
 
+def _count(value: float) -> str:
+    """A parameter count in billions (or millions), three significant figures: 8.03 B."""
+    return f"{value / 1e9:.3g} B" if value >= 1e9 else f"{value / 1e6:.3g} M"
+
+
+def parameters_line(model: ModelSpec) -> str:
+    """``sim check``'s parameter count: total, and active per token for a mixture of experts."""
+    total = total_params(model)
+    line = f"parameters: {_count(total)} ({total:,})"
+    if model.is_moe:
+        active = active_params(model)
+        line += f", {_count(active)} active per token ({active:,})"
+    return line
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 86400:,.1f} days" if seconds >= 86400 else f"{seconds / 3600:.2f} h"
+
+
+def _planning_rows(plan: Planning) -> list[tuple[str, str]]:
+    """The token budget's rows (training.train_tokens): time, GPU-hours, GPU energy, cost."""
+    if plan.train_tokens is None or plan.time_to_train_s is None or plan.gpu_hours is None:
+        return []
+    rows = [(f"time to train {format_count(plan.train_tokens)} tokens",
+             f"{_duration(plan.time_to_train_s)} ({plan.train_steps:,} steps)"),
+            ("GPU-hours", f"{plan.gpu_hours:,.4g}")]
+    if plan.energy_kwh is not None:
+        energy = f"{plan.energy_kwh / 1e3:,.4g} MWh" if plan.energy_kwh >= 1e3 else f"{plan.energy_kwh:.4g} kWh"
+        rows.append(("GPU energy (board power x utilisation)", f"{energy} ({plan.compute_utilization:.0%} busy)"))
+    if plan.cost is not None:
+        rows.append(("cost", f"{plan.cost:,.4g} at {plan.price_per_gpu_hour:g} per GPU-hour"))
+    return rows
+
+
 def summary_title(summary: Summary) -> str:
     """The run's one-line heading: scenario, GPUs, layout, schedule, micro-batches."""
     layout = summary.layout
@@ -43,6 +84,8 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     exposed = summary.exposed_comm_s
     rows = [
         ("step time", f"{summary.step_time_s:.4f} s"),
+        ("parameters", _count(summary.parameters_total) + ("" if summary.parameters_active is None
+                                                           else f" ({_count(summary.parameters_active)} active)")),
         ("tokens/s", f"{summary.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
         ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),
@@ -69,6 +112,7 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
     for busy in (summary.busiest_links or [])[:3]:
         rows.append((f"busy link {busy.link}", f"{busy.utilization:.0%} of the step, "
                                                f"saturated {busy.saturated_s * 1e3:.1f} ms"))
+    rows.extend(_planning_rows(summary.planning))
     if wall_s is not None:
         rows.append(("wall time", f"{wall_s:.2f} s"))
     for name, value in rows:

@@ -129,7 +129,7 @@ class Estimator:
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
-            for piece, holds in (("embedding", s == plan.embedding_stage), ("head", s == plan.head_stage)):
+            for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")
                     b += self._price(plan, piece, bwd)
@@ -290,10 +290,11 @@ class Estimator:
         # and back up bounds the step, and the zero-bubble orders keep bubbles their formulas do not have, so
         # replay those orders at stage level (a few hundred actions at most).
         total = max(total, sum(st.forward + st.backward for st in stages) + w + 2 * (p - 1) * c)
-        if name.startswith("zb") and m < 2 * p:
+        if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe"):  # DualPipe: no formula here
             key = (name, p, m)
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
-                self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout)
+                self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
+                                                      plan.chunks - 1)
             return stage_level_replay(*self._orders[key], stages, c)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
@@ -317,7 +318,7 @@ class Estimator:
             ready = []  # (layer, its gradient bytes, when they become final), in that order
             sizes = step.gradient_bytes(plan, stage)
             at = backward_end - st.backward
-            for c in range(plan.vpp - 1, -1, -1):  # the last local chunk's backward ends first
+            for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
                 layers = plan.chunk_layers(plan.stage_chunks[stage][c])
                 if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
                     at = backward_end - st.backward / plan.vpp * (1 + c * plan.pp)
@@ -358,6 +359,9 @@ class Estimator:
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
                 exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
+        copies = step.copy_gradient_reduce(plan, plan.grid.stage_representative(stage))
+        if copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
+            exposed += self.net.collective_time("all_reduce", *copies)
         shard = step.optimizer_params(plan, stage)
         if plan.scenario.offload.optimizer:
             optimizer = step.host_adam_seconds(plan, shard) \
@@ -408,7 +412,7 @@ class Estimator:
             return 0.0
         group, aligned = plan.grid.dp_group(0), plan.scenario.parallel.align_param_gather
         per_layer = st.forward / st.layers  # a layer's forward, the embedding and head spread over the layers
-        chunk_forward = st.forward / plan.vpp
+        chunk_forward = st.forward / plan.local_chunks
         gathered = issued = 0.0
         free = start  # when the compute could start the next bucket
         busy = 0.0  # compute time of the buckets, without waiting
@@ -440,7 +444,7 @@ class Estimator:
         start = delay = 0.0
         for s, st in enumerate(stages):
             delay = max(delay, self._param_gather_delay(plan, s, st, start))
-            start += st.forward / plan.vpp + hop
+            start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
         stat_reduce = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, 0))
@@ -457,7 +461,9 @@ class Estimator:
         uneven = len(set(plan.chunk_sizes)) > 1
         candidates = range(plan.pp) if uneven else {0, plan.head_stage, plan.pp - 1}
         peak = max(stage_memory(plan, s)["total"] for s in candidates)
-        bound = plan.microbatches * max(st.forward + st.backward + st.weight for st in stages)
+        # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
+        visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
+        bound = visits * max(st.forward + st.backward + st.weight for st in stages)
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
@@ -470,9 +476,9 @@ def _blocking_sends(plan: Plan, stage: int) -> tuple[int, int]:
         return 0, 0
     last = plan.pp * plan.vpp - 1
     forward = backward = 0
-    for g in plan.stage_chunks[stage]:
-        forward += g < last and plan.chunk_location(g + 1)[0] != stage
-        backward += g > 0 and plan.chunk_location(g - 1)[0] != stage
+    for copy, g in enumerate(plan.stage_chunks[stage]):  # copy: DualPipe's model copy (the local chunk there)
+        forward += g < last and plan.chunk_location(g + 1, copy)[0] != stage
+        backward += g > 0 and plan.chunk_location(g - 1, copy)[0] != stage
     return forward, backward
 
 

@@ -13,7 +13,6 @@ function and its results are the same either way, so the results table does not 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Literal
 
 from sim.errors import ConfigError
@@ -35,6 +34,8 @@ def run_all(function: Callable[..., Any], jobs: list[tuple[Any, tuple[Any, ...]]
         for key, args in jobs:
             yield key, function(*args)
     else:
+        from concurrent.futures import ProcessPoolExecutor, as_completed  # here: the CLI's parser imports this module
+
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(function, *args): key for key, args in jobs}
             for future in as_completed(futures):

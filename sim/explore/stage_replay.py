@@ -26,24 +26,27 @@ class StageTimes:
     layers: int
 
 
-Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool]
+Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool, bool]
 
 
-def pass_dependencies(orders: list[list[Action]], layout: Layout) -> tuple[int, list[list[Pass]]]:
+def pass_dependencies(orders: list[list[Action]], layout: Layout,
+                      last: int | None = None) -> tuple[int, list[list[Pass]]]:
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and per stage
     each pass's (phase, (phase, model chunk, micro-batch), the pass it needs (``parallel.chunks.upstream``),
-    whether that pass ran on another stage)."""
+    whether that pass ran on another stage, whether it is issued as one unit with the next, ``Action.with_next``).
+    ``last``: the last model chunk (default p x chunks per stage - 1;
+    DualPipe's two copies of p chunks end at p-1)."""
     p = len(orders)
     v = 1 + max(action.chunk for order in orders for action in order)
-    last = p * v - 1
+    last = p * v - 1 if last is None else last
     resolved = []
     for s, order in enumerate(orders):
         passes = []
         for action in order:
             g = model_chunk(layout, p, s, action.chunk)
             dep = upstream(action.phase, g, action.microbatch, last)
-            crosses = dep is not None and chunk_location(layout, p, dep[1])[0] != s
-            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses))
+            crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
+            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses, action.with_next))
         resolved.append(passes)
     return v, resolved
 
@@ -62,15 +65,22 @@ def stage_level_replay(chunks: int, passes: list[list[Pass]], stages: list[Stage
             times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
                      "W": stages[s].weight / chunks}
             while position[s] < len(order):
-                phase, key, dep, crosses = order[position[s]]
-                if dep is not None and dep not in done:
+                # one issued unit: a pass, or passes issued together (DualPipe's F&B pairs), which start once every
+                # input from outside the unit is there and deliver their outputs when the whole unit ends
+                end = position[s]
+                while order[end][4]:
+                    end += 1
+                unit = order[position[s]:end + 1]
+                inside = {key for _, key, _, _, _ in unit}
+                needs = [(dep, crosses) for _, _, dep, crosses, _ in unit if dep is not None and dep not in inside]
+                if any(dep not in done for dep, _ in needs):
                     break
-                ready = free[s]
-                if dep is not None:
-                    ready = max(ready, done[dep] + (c if crosses else 0.0))
-                free[s] = done[key] = ready + times[phase]
-                if phase == "B":
-                    last_b[s] = free[s]
-                position[s] += 1
+                ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in needs])
+                free[s] = ready + sum(times[phase] for phase, _, _, _, _ in unit)
+                for phase, key, _, _, _ in unit:
+                    done[key] = free[s]
+                    if phase == "B":
+                        last_b[s] = free[s]
+                position[s] = end + 1
                 progress = True
     return max(free), last_b

@@ -28,18 +28,17 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from sim import runner
 from sim.errors import ConfigError, SimError
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
 from sim.spec.degrees import degrees
-from sim.spec.scenario import apply_overrides, scenario_from_dict
+from sim.spec.scenario import apply_overrides, parse_yaml, read_text, scenario_from_dict
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
-    "exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "peak_memory_bytes", "fits_in_memory", "microbatches",
-    "global_batch", "num_gpus", "tasks",
+    "exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_ep_s", "peak_memory_bytes", "fits_in_memory",
+    "microbatches", "global_batch", "num_gpus", "tasks",
 )
 RESULTS_CSV = "results.csv"
 
@@ -82,9 +81,7 @@ class SweepSpec:
 
 
 def _read_base(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"sweep.base: scenario {str(path)!r} not found")
-    data = yaml.safe_load(path.read_text())
+    data = parse_yaml(read_text(path, "sweep.base"), f"sweep.base {path}")
     if not isinstance(data, dict):
         raise ConfigError(f"sweep.base: {path} must be a scenario mapping (name, cluster, model, ...)")
     return data
@@ -110,11 +107,13 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
             return key.strip(), list(range(int(low), int(high) + 1))
         except ValueError:
             raise ConfigError(f"--grid {text!r}: a range a..b needs integers") from None
-    return key.strip(), [yaml.safe_load(v) for v in values.split(",")]
+    return key.strip(), [parse_yaml(v, f"--grid {key.strip()}") for v in values.split(",")]
 
 
 def load_sweep_file(path: Path, extra_grid: list[str], extra_overrides: list[str]) -> SweepSpec:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = parse_yaml(read_text(path, "sweep"), f"sweep {path}") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"sweep: {path} must be a mapping (base, grid, set)")
     unknown = set(data) - {"base", "set", "grid"}
     if unknown or "base" not in data or not isinstance(data.get("grid"), dict):
         raise ConfigError(f"sweep: {path} needs 'base' (a scenario path) and 'grid' (a mapping of axes)"
@@ -131,9 +130,7 @@ def load_sweep_file(path: Path, extra_grid: list[str], extra_overrides: list[str
 
 def make_spec(target: Path, grid_args: list[str], overrides: list[str]) -> SweepSpec:
     """A sweep from a sweep file (has a top-level ``grid``) or from a scenario plus --grid axes."""
-    if not target.is_file():
-        raise ConfigError(f"sweep: file {str(target)!r} not found")
-    data = yaml.safe_load(target.read_text())
+    data = parse_yaml(read_text(target, "sweep"), f"sweep {target}")
     if isinstance(data, dict) and "grid" in data:
         return load_sweep_file(target, grid_args, overrides)
     if not grid_args:
@@ -165,6 +162,8 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
         return row | {"status": f"invalid: {error}"}
     except SimError as error:
         return row | {"status": f"error: {error}"}
+    except Exception as error:  # noqa: BLE001 - a simulator bug in one point must not lose the sweep (issue 27)
+        return row | {"status": f"error: internal {type(error).__name__}: {error}"}
     resolved = scenario.model_dump(mode="json") | {"training": {**scenario.model_dump(mode="json")["training"],
                                                                "microbatches": degrees(scenario).microbatches}}
     for key in keys:
@@ -177,6 +176,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
                                             "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
                                             "microbatches", "num_gpus", "tasks")},
         "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
+        "exposed_ep_s": exposed.get("ep", 0.0),  # MoE token dispatch/combine; 0 for a dense model
         "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": degrees(scenario).global_batch,
     }
     return row

@@ -7,7 +7,14 @@ fields (Megatron-Core names). Architectures (the config's ``architectures[0]``; 
 a Llama-style or GPT-2-style dense model):
 
 - dense: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM (q/k norms), GPT2LMHeadModel,
-  NemotronForCausalLM; ``head_dim`` is honoured where it is not hidden_size / num_attention_heads.
+  NemotronForCausalLM, GemmaForCausalLM; ``head_dim`` is honoured where it is not hidden_size /
+  num_attention_heads (Mistral-NeMo-12B: 128 with hidden 5120 and 32 heads; Gemma-7B: 256 with 3072 and 16).
+
+Two facts come from the architecture, not from the config's keys (``GATED``, ``TIE_DEFAULT``): whether the MLP is
+a gated linear unit (3 matrices: Gemma writes ``hidden_act: gelu`` for its gated GELU, GemmaMLP's gate_proj,
+up_proj and down_proj), and what a missing ``tie_word_embeddings`` means (each transformers configuration class's
+own default: GemmaConfig ties, LlamaConfig does not). ``hidden_activation`` (Gemma) takes precedence over
+``hidden_act``, as in GemmaMLP.
 - MixtralForCausalLM (transformers models/mixtral/configuration_mixtral.py): num_local_experts,
   num_experts_per_tok; every layer MoE; the expert width is intermediate_size.
 - Qwen3MoeForCausalLM (models/qwen3_moe): num_experts, num_experts_per_tok, moe_intermediate_size; a layer is
@@ -32,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 DENSE = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                   "GPT2LMHeadModel", "NemotronForCausalLM"})
+                   "GPT2LMHeadModel", "NemotronForCausalLM", "GemmaForCausalLM"})
 MOE = frozenset({"MixtralForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
                  "GptOssForCausalLM"})
 # Keys that add experts, shared experts, dense/MoE layer patterns or latent attention: each architecture reads
@@ -51,6 +58,24 @@ READS = {
     "GptOssForCausalLM": {"num_local_experts", "num_experts_per_tok", "experts_per_token", "layer_types"},
 }
 READS["DeepseekV3ForCausalLM"] = READS["DeepseekV2ForCausalLM"]
+# Architectures whose MLP is a gated linear unit (gate_proj, up_proj, down_proj in their modeling_*.py MLP class;
+# GPT-OSS's experts are a clamped SwiGLU); GPT2MLP (c_fc, c_proj) and NemotronMLP (up_proj, down_proj, relu2)
+# are not. A config without ``architectures`` is gated when its activation is SiLU (read as before).
+GATED = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                   "GemmaForCausalLM", "MixtralForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",
+                   "DeepseekV3ForCausalLM", "GptOssForCausalLM"})
+# ``tie_word_embeddings`` when a config.json leaves it out: the default of the architecture's configuration class
+# in transformers (models/<name>/configuration_<name>.py; GPT2Config keeps PretrainedConfig's True).
+TIE_DEFAULT: dict[str, bool] = {
+    "LlamaForCausalLM": False, "MistralForCausalLM": False, "Qwen2ForCausalLM": False, "Qwen3ForCausalLM": False,
+    "GPT2LMHeadModel": True, "NemotronForCausalLM": False, "GemmaForCausalLM": True, "MixtralForCausalLM": False,
+    "Qwen3MoeForCausalLM": False, "DeepseekV2ForCausalLM": False, "DeepseekV3ForCausalLM": False,
+    "GptOssForCausalLM": False,
+}
+# hidden_act values (transformers activations.ACT2FN keys) by family.
+SILU = frozenset({"silu", "swish", "swiglu"})
+GELU = frozenset({"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python", "gelu_accurate",
+                  "quick_gelu"})
 
 
 def _first(config: dict[str, Any], *keys: str) -> Any:
@@ -145,6 +170,25 @@ def _moe_fields(config: dict[str, Any], architecture: str, layers: int) -> dict[
     }
 
 
+def _mlp(config: dict[str, Any], architecture: str | None) -> str:
+    """ModelSpec.mlp from the architecture (gated or not, ``GATED``) and the activation (``hidden_activation``
+    before ``hidden_act``, as GemmaMLP reads them). Refuses an activation it has no kernel for, naming it."""
+    key = "hidden_activation" if config.get("hidden_activation") else "hidden_act"
+    act = str(config.get(key) or "silu").lower()
+    gated = architecture in GATED if architecture else act in SILU  # no architectures: as before
+    if gated and act in SILU:
+        return "swiglu"
+    if gated and act in GELU:
+        return "geglu"
+    if not gated and act in GELU:
+        return "gelu"
+    if not gated and act == "relu2":
+        return "squared_relu"
+    kind = "gated" if gated else "ungated"
+    raise ValueError(f"{key}: {act!r} in a {kind} MLP ({architecture or 'no architectures'}) is not modelled "
+                     "(gated: silu or gelu; ungated: gelu or relu2)")
+
+
 def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
     """Fields of a ``ModelSpec`` from a Hugging Face ``config.json`` (the architectures above). Raises KeyError
     naming a missing key, ValueError naming a key it cannot model."""
@@ -164,15 +208,15 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
         fields.update(ffn_hidden_size=config.get("n_inner") or 4 * hidden, mlp="gelu", position_embedding="learned",
                       norm="layernorm", tied_embeddings=bool(config.get("tie_word_embeddings", True)), bias=True)
         return fields
-    act = str(config.get("hidden_act", "silu")).lower()
+    tie = config.get("tie_word_embeddings")
     fields.update(
         num_kv_heads=int(config.get("num_key_value_heads") or fields["num_attention_heads"]),
         ffn_hidden_size=int(_first(config, "intermediate_size", "ffn_dim")),
-        mlp="swiglu" if act in ("silu", "swish", "swiglu") else "squared_relu" if act == "relu2" else "gelu",
+        mlp=_mlp(config, architecture),
         position_embedding="rope" if "rope_theta" in config or config.get("position_embedding_type") != "absolute"
         else "learned",
-        norm="rmsnorm" if "rms_norm_eps" in config else "layernorm",
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)),
+        norm="rmsnorm" if "rms_norm_eps" in config or architecture == "GemmaForCausalLM" else "layernorm",
+        tied_embeddings=bool(TIE_DEFAULT.get(architecture or "", False) if tie is None else tie),
         bias=bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
     )
     if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):

@@ -145,7 +145,7 @@ def activation_bytes_per_layer(
                                  + (spec.qk_pos_emb_head_dim or 0))
     else:
         attention_acts = 2 * spec.q_dim + 2 * spec.kv_dim + 2 * spec.kv_dim + 2 * spec.q_dim
-    acts_per_width = 6 if spec.mlp == "swiglu" else 4  # fc1 output (x2 gate and up) and activation output
+    acts_per_width = 6 if spec.gated_mlp else 4  # fc1 output (x2 gate and up) and activation output
     routed = 0.0
     if moe:
         mlp_acts = acts_per_width * (spec.moe_shared_expert_intermediate_size or 0)

@@ -237,9 +237,9 @@ def attention_forward_ops(
 
 def _mlp_activation(spec: ModelSpec, name: str, elements: float, elem_bytes: int, fused_kernels: bool) -> Op:
     """The MLP's activation over ``elements`` (tokens x local FFN width): bias-GeLU, SwiGLU or squared ReLU."""
-    activation_reads = 2 if spec.mlp == "swiglu" else 1
+    activation_reads = 2 if spec.gated_mlp else 1
     activation_kernels = 1
-    if not fused_kernels and spec.mlp == "swiglu":  # silu(gate) is written out, then multiplied by up
+    if not fused_kernels and spec.gated_mlp:  # act(gate) is written out, then multiplied by up
         activation_reads, activation_writes, activation_kernels = 3, 2, EAGER_SWIGLU_KERNELS
     elif spec.mlp == "squared_relu":
         # Megatron-LM's squared_relu is torch.pow(F.relu(x), 2) (megatron/core/activations.py), never fused:
@@ -272,7 +272,7 @@ def dense_mlp_forward_ops(
     replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
     norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
-    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
+    up_width = (2 if spec.gated_mlp else 1) * ffn_local
     mlp = (
         norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
         _linear("mlp_up", tokens, up_width, h, elem_bytes),
@@ -358,13 +358,13 @@ def moe_forward_ops(
     if shared_width:
         shared_local = shared_width / tp
         shared = (
-            _linear("shared_expert_up", tokens, (2 if spec.mlp == "swiglu" else 1) * shared_local, h, elem_bytes),
+            _linear("shared_expert_up", tokens, (2 if spec.gated_mlp else 1) * shared_local, h, elem_bytes),
             _mlp_activation(spec, "shared_expert_activation", tokens * shared_local, elem_bytes, True),
             _linear("shared_expert_down", tokens, h, shared_local, elem_bytes),
         )
     ffn_local = spec.moe_ffn / etp
     per_expert = routed_tokens / local_experts
-    up_width = (2 if spec.mlp == "swiglu" else 1) * ffn_local
+    up_width = (2 if spec.gated_mlp else 1) * ffn_local
     grouped = (
         _grouped_linear("experts_fc1", local_experts, per_expert, up_width, h, elem_bytes),
         _mlp_activation(spec, "experts_activation", routed_tokens * ffn_local, elem_bytes, True),

@@ -31,8 +31,9 @@ class ModelSpec(FrozenSpec):
     ffn_hidden_size: int | None = Field(default=None, ge=1, description="default 4*hidden (GELU MLP)")
     vocab_size: int = Field(ge=1)
     max_seq_len: int = Field(ge=1)
-    mlp: Literal["gelu", "swiglu", "squared_relu"] = Field(default="gelu", description=(
-        "gelu: 2 matrices; swiglu: 3 (gate, up, down); squared_relu: 2 matrices, relu(x)^2 (Nemotron-4)"))
+    mlp: Literal["gelu", "swiglu", "geglu", "squared_relu"] = Field(default="gelu", description=(
+        "gelu: 2 matrices; swiglu: 3 (gate, up, down), silu(gate) * up; geglu: 3, gelu(gate) * up (Shazeer 2020, "
+        "'GLU Variants Improve Transformer'; Gemma); squared_relu: 2 matrices, relu(x)^2 (Nemotron-4)"))
     position_embedding: Literal["learned", "rope"] = "learned"
     norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     tied_embeddings: bool = True
@@ -124,8 +125,13 @@ class ModelSpec(FrozenSpec):
         return self.kv_heads * self.head_dim
 
     @property
+    def gated_mlp(self) -> bool:
+        """A gated linear unit (Megatron-Core's gated_linear_unit): fc1 makes gate and up, 3 matrices."""
+        return self.mlp in ("swiglu", "geglu")
+
+    @property
     def mlp_matrices(self) -> int:
-        return 3 if self.mlp == "swiglu" else 2
+        return 3 if self.gated_mlp else 2
 
     @property
     def is_moe(self) -> bool:

@@ -262,11 +262,23 @@ def tree_channels(nbytes: float, group: tuple[int, ...], node_of: dict[int, int]
     return channels
 
 
-def all_to_all_channels(nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> list[Channel]:
-    """One flow per (sender, receiver) pair, as NCCL posts one send per peer: S/n each when uniform; with
-    ``skew`` the first rank of the group is the hottest receiver, getting skew x S/n from every sender, and each
-    sender spreads the rest of its S evenly over the other peers ((n - skew)/(n - 1) x S/n each)."""
+def all_to_all_channels(nbytes: float, group: tuple[int, ...], skew: float = 1.0,
+                        domain_of: dict[int, int] | None = None) -> list[Channel]:
+    """The (sender, receiver) hops of an all-to-all, one per pair as NCCL posts one send per peer, each carrying
+    S/n when uniform. With ``skew`` the group's first rank is the hottest receiver: every sender gives it skew x
+    S/n and spreads the rest of its S evenly, (n - skew)/(n - 1) x S/n to each other peer. A sender's hops move
+    in one channel per kind of peer (``domain_of``: its NVLink-domain peers, the others; the hot receiver apart),
+    so an all-to-all is about 2n flows rather than n^2: every pair still loads its own route, and a sender's
+    peers of one tier progress together, as its tier's share of the sender's bandwidth is split among them."""
     n = len(group)
     check_skew(skew, n)
     hot, rest = skew * nbytes / n, (n - skew) / (n - 1) * nbytes / n
-    return [Channel(((a, b),), hot if b == group[0] else rest) for a in group for b in group if a != b]
+    domain = domain_of or {}
+    channels = []
+    for a in group:
+        kinds: dict[tuple[bool, bool], list[tuple[int, int]]] = {}
+        for b in group:
+            if a != b:
+                kinds.setdefault((domain.get(a) == domain.get(b), b == group[0] and skew != 1.0), []).append((a, b))
+        channels += [Channel(tuple(hops), hot if to_hot else rest) for (_, to_hot), hops in kinds.items()]
+    return channels

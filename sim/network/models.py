@@ -14,10 +14,10 @@ without NVSwitch reduction or across nodes) falls back to ring. Results are cach
 route (sim.network.flows shares every link max-min fairly); uncontended, it takes exactly the analytic time.
 An all-to-all is NCCL's grouped send/recv to every peer on both (sim.network.collectives ``all_to_all_terms``):
 intra-domain peers over NVLink (the topology's ``all_to_all_link``), the others over each GPU's NIC share, the
-slower tier and the slowest rank setting the time; the contention model moves one flow per (sender, receiver)
-pair along its route (PXN included), each capped at its tier's per-peer share. ``skew`` (max/mean bytes per
-receiving rank, an MoE router's imbalance) makes the group's first rank the hottest receiver; only an
-all-to-all takes one.
+slower tier and the slowest rank setting the time; the contention model moves every (sender, receiver) pair
+along its route (PXN included), capped at its tier's per-peer share (a sender's pairs of one tier as one flow).
+``skew`` (max/mean bytes per receiving rank, an MoE router's imbalance) makes the group's first rank the hottest
+receiver; only an all-to-all takes one.
 It is a ``FlowLevelNetwork``: the protocol the event engine and the estimate read (``is_flow_level``).
 
 The topology is only a type here (imported for type checking): the engine imports this module for
@@ -27,6 +27,7 @@ The topology is only a type here (imported for type checking): the engine import
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol, TypeGuard
@@ -155,11 +156,13 @@ class AnalyticNetwork:
             times["hierarchical"] = sum(seconds for seconds, _ in self._hierarchical(op, nbytes, group))
         return times
 
+    def _domain_counts(self, group: tuple[int, ...]) -> dict[int, int]:
+        """NVLink domain -> how many of the group's ranks it holds (counted in C: this runs per collective)."""
+        return Counter(map(self.topology.nvlink_domain.__rfloordiv__, group))  # rank // domain (Topology.domain_of)
+
     def _local_shape(self, group: tuple[int, ...]) -> tuple[int, int]:
         """(members per NVLink domain, domains) when every domain holds the same number, else (1, n)."""
-        counts: dict[int, int] = {}
-        for rank in group:
-            counts[self.topology.domain_of(rank)] = counts.get(self.topology.domain_of(rank), 0) + 1
+        counts = self._domain_counts(group)
         sizes = set(counts.values())
         return (sizes.pop(), len(counts)) if len(sizes) == 1 else (1, len(group))
 
@@ -196,9 +199,7 @@ class AnalyticNetwork:
         """Per distinct domain count ``local`` of the group: (local, NVLink bandwidth at this size and local
         group, the per-GPU NIC bandwidth, the network's per-peer latency); the NIC figures only across domains."""
         topo = self.topology
-        counts: dict[int, int] = {}
-        for rank in group:
-            counts[topo.domain_of(rank)] = counts.get(topo.domain_of(rank), 0) + 1
+        counts = self._domain_counts(group)
         nvlink = topo.all_to_all_link
         net_bandwidth, net_latency = math.inf, 0.0
         if len(counts) > 1:  # each GPU's own NIC (its share of the node's NICs when shared: analytic)
@@ -262,23 +263,22 @@ class ContentionNetwork(AnalyticNetwork):
         return TransferPhase(max(0.0, seconds - moved / bandwidth), tuple(flows))
 
     def _all_to_all_phase(self, nbytes: float, group: tuple[int, ...], skew: float) -> TransferPhase:
-        """The analytic latency, then one flow per (sender, receiver) pair capped at the sender's per-peer share
-        of its tier (NVLink: B_nvl / (local-1); NIC: B_net / (n-local)), so that uncontended the hottest
-        receiver's flows end at the analytic time and the others earlier."""
+        """The analytic latency, then the (sender, receiver) hops (sim.network.collectives.all_to_all_channels),
+        each capped at the sender's per-peer share of its tier (NVLink: B_nvl / (local-1); NIC: B_net /
+        (n-local)), so that uncontended the hottest receiver's hops end at the analytic time and the others
+        earlier."""
         topo, n = self.topology, len(group)
         latency, _ = self.all_to_all_terms(nbytes, group, skew)
-        local_of: dict[int, int] = {}
-        for rank in group:
-            local_of[topo.domain_of(rank)] = local_of.get(topo.domain_of(rank), 0) + 1
+        domain_of = {rank: topo.domain_of(rank) for rank in group}
+        members = self._domain_counts(group)
         caps = {local: (nvlink_bw / (local - 1) if local > 1 else math.inf,
                         net_bw / (n - local) if n > local else math.inf)
                 for local, nvlink_bw, net_bw, _ in self._all_to_all_shape(nbytes, group)}
         flows: list[FlowChannel] = []
-        for channel in all_to_all_channels(nbytes, group, skew):
-            (src, dst), = channel.hops
-            nvlink_cap, net_cap = caps[local_of[topo.domain_of(src)]]
-            same = topo.domain_of(src) == topo.domain_of(dst)
-            flows += self._channels([channel], nvlink_cap if same else net_cap)
+        for channel in all_to_all_channels(nbytes, group, skew, domain_of):
+            src, dst = channel.hops[0]
+            nvlink_cap, net_cap = caps[members[domain_of[src]]]
+            flows += self._channels([channel], nvlink_cap if domain_of[src] == domain_of[dst] else net_cap)
         return TransferPhase(latency, tuple(flows))
 
     def _transfer(self, op: str, nbytes: float, group: tuple[int, ...],

@@ -15,9 +15,10 @@ Leaf uplinks carry (downlink bandwidth) / oversubscription.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from functools import lru_cache
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from itertools import pairwise
 
 import networkx as nx
@@ -43,16 +44,37 @@ class Topology:
     nvlink_domain: int
     fabric: FabricSpec
     nvls: LinkSpec | None
-    graph: nx.DiGraph = field(repr=False)
-    links: tuple[Link, ...] = field(repr=False)
-    link_index: dict[tuple[str, str], int] = field(repr=False)
-    failed_nics: frozenset[str] = frozenset()  # NICs with capacity factor 0: routes go around them
+    pcie: LinkSpec | None = None
+    link_factors: tuple[tuple[str, float], ...] = ()  # degraded / failed links (sim.spec.variation)
     all_to_all: LinkSpec | None = None  # NVLink as NCCL's all-to-all drives it (None: the ring's intra_node)
 
     @property
     def all_to_all_link(self) -> LinkSpec:
         """The NVLink tier an all-to-all's intra-domain peers move over: its own fit, else the ring's."""
         return self.all_to_all or self.intra_node
+
+    # The graph and its links are wired on first use (issue 25): the closed-form network models ask only the
+    # questions below, and wiring 16,384 GPUs' 132,096 links took longer than simulating their step.
+    @cached_property
+    def _wiring(self) -> _Wiring:
+        return _wire(self)
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        return self._wiring.graph
+
+    @property
+    def links(self) -> tuple[Link, ...]:
+        return self._wiring.links
+
+    @property
+    def link_index(self) -> dict[tuple[str, str], int]:
+        return self._wiring.link_index
+
+    @property
+    def failed_nics(self) -> frozenset[str]:
+        """NICs with capacity factor 0: routes go around them."""
+        return self._wiring.failed
 
     @property
     def num_gpus(self) -> int:
@@ -68,13 +90,15 @@ class Topology:
         return (rank % self.gpus_per_node) * self.nics_per_node // self.gpus_per_node
 
     def per_node(self, ranks: Iterable[int]) -> dict[int, int]:
-        counts: dict[int, int] = {}
-        for rank in ranks:
-            counts[self.node_of(rank)] = counts.get(self.node_of(rank), 0) + 1
-        return counts
+        """Members of ``ranks`` per node, nodes in first-seen order. (Counted in C: a 98,304-GPU step's
+        gradient-statistics group spans every rank.)"""
+        return dict(Counter(map(self.gpus_per_node.__rfloordiv__, ranks)))
 
     def in_one_domain(self, ranks: Iterable[int]) -> bool:
-        return len({self.domain_of(rank) for rank in ranks}) == 1
+        """Whether every rank (at least one) is in one NVLink domain: domains are contiguous rank ranges, so
+        the lowest and the highest rank decide."""
+        ranks = ranks if isinstance(ranks, tuple | list) else tuple(ranks)
+        return bool(ranks) and self.domain_of(min(ranks)) == self.domain_of(max(ranks))
 
     def rail_bandwidth(self, members_per_node: int, shared: bool = True) -> float:
         """Line rate into the fabric for ``members_per_node`` GPUs of a node. ``shared``: every GPU of the node
@@ -143,35 +167,57 @@ def _healthy_rail(topology: Topology, node: int, rail: int) -> int:
     raise ValueError(f"variation.links: every NIC of node {node} has failed")
 
 
+@dataclass(frozen=True)
+class _Wiring:
+    graph: nx.DiGraph
+    links: tuple[Link, ...]
+    link_index: dict[tuple[str, str], int]
+    failed: frozenset[str]
+
+
 def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: LinkSpec, *,
           nics_per_node: int | None = None, nvlink_domain: int | None = None, fabric: FabricSpec | None = None,
           pcie: LinkSpec | None = None, nvls: LinkSpec | None = None,
           link_factors: dict[str, float] | None = None, all_to_all: LinkSpec | None = None) -> Topology:
+    """The cluster; its graph and links are wired when first asked for, except with ``link_factors``, whose
+    names are checked now (a ``ValueError`` naming the link)."""
     nics = nics_per_node or gpus_per_node
     domain = nvlink_domain or gpus_per_node
-    fabric = fabric or FabricSpec()
-    if domain % gpus_per_node or (nodes * gpus_per_node) % domain and nodes * gpus_per_node > domain:
+    if domain % gpus_per_node:  # a partial last domain is allowed (sim.spec.cluster: whole nodes of it)
         raise ValueError(f"nvlink_domain: {domain} GPUs must be whole nodes of {gpus_per_node} GPUs")
+    topology = Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric or FabricSpec(), nvls,
+                        pcie, tuple((link_factors or {}).items()), all_to_all)
+    if topology.link_factors:
+        topology.failed_nics  # noqa: B018 - wire now: a bad link name is the scenario's error, not a later one
+    return topology
+
+
+def _wire(topology: Topology) -> _Wiring:
+    nodes, gpus_per_node = topology.nodes, topology.gpus_per_node
+    intra_node, inter_node, pcie = topology.intra_node, topology.inter_node, topology.pcie
+    nics, domain, fabric = topology.nics_per_node, topology.nvlink_domain, topology.fabric
     graph: nx.DiGraph[str] = nx.DiGraph()
     links: list[Link] = []
-
-    def best(spec: LinkSpec) -> float:
-        # A link carries at most what its best-measured group moves over it (factors above 1 included).
-        return max([1.0] + [factor for _, factor in spec.group_efficiency])
+    all_to_all = topology.all_to_all
+    # A link carries at most what its best-measured group moves over it (factors above 1 included); once per
+    # tier, not per link.
+    best = {id(spec): max([1.0] + [factor for _, factor in spec.group_efficiency])
+            for spec in (intra_node, inter_node, pcie, all_to_all) if spec is not None}
 
     def connect(a: str, b: str, tier: str, spec: LinkSpec, line_rate: float | None = None,
                 capacity: float | None = None) -> None:
         rate = line_rate if line_rate is not None else spec.bandwidth
+        capacity = capacity if capacity is not None else rate * spec.efficiency * best[id(spec)]
         for u, v in ((a, b), (b, a)):
             graph.add_edge(u, v, bandwidth=rate, tier=tier, index=len(links))
-            links.append(Link(u, v, tier, capacity if capacity is not None else rate * spec.efficiency * best(spec)))
+            links.append(Link(u, v, tier, capacity))
 
-    # NVLink carries the best of what its ring and its all-to-all reach (GB200's all-to-all plateau is above its
-    # ring's): the all-to-all's capacity replaces the ring's only where it is higher.
+    # NVLink carries the best of what its ring and its all-to-all reach: the all-to-all's capacity replaces the
+    # ring's only where it is higher (no shipped preset's is; a profile or an override may be).
     nvlink_capacity = None
     if all_to_all is not None:
-        a2a_capacity = all_to_all.bandwidth * all_to_all.efficiency * best(all_to_all)
-        if a2a_capacity > intra_node.bandwidth * intra_node.efficiency * best(intra_node):
+        a2a_capacity = all_to_all.bandwidth * all_to_all.efficiency * best[id(all_to_all)]
+        if a2a_capacity > intra_node.bandwidth * intra_node.efficiency * best[id(intra_node)]:
             nvlink_capacity = a2a_capacity
 
     graph.add_node("spine", kind="spine")
@@ -201,7 +247,7 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             if pcie is not None:
                 connect(gpu, f"host{node}", "host", pcie)
     failed: set[str] = set()
-    for name, factor in (link_factors or {}).items():  # degraded / failed links (sim.spec.variation)
+    for name, factor in topology.link_factors:  # degraded / failed links (sim.spec.variation)
         if name in graph and name.startswith("nic"):
             touched = [i for i, link in enumerate(links) if name in (link.src, link.dst)]
             if factor == 0:
@@ -213,5 +259,4 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
             raise ValueError(f"variation.links: no NIC or link named {name!r} (e.g. nic0.3 or leaf0.3->spine)")
         for i in touched:  # a failed NIC keeps a tiny capacity so rates stay finite; no route uses it
             links[i] = Link(links[i].src, links[i].dst, links[i].tier, links[i].capacity * max(factor, 1e-9))
-    return Topology(nodes, gpus_per_node, intra_node, inter_node, nics, domain, fabric, nvls, graph, tuple(links),
-                    {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed), all_to_all)
+    return _Wiring(graph, tuple(links), {(link.src, link.dst): i for i, link in enumerate(links)}, frozenset(failed))

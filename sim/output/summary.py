@@ -5,8 +5,9 @@ from ``sim.workload.footprint.memory_timeline``. Out: a ``Summary``, a
 frozen dataclass: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble fraction, exposed communication per
 kind, peak memory per rank and whether it fits; the runner adds the optional fields (NCCL's SM stretch; the
 critical rank and path with ``ranks: all``; the busiest and the critical link on the ``contention`` network).
-``Summary.to_dict()`` is the ``summary.json`` a run directory holds (optional keys only when set) and
-``Summary.from_dict`` reads it back.
+``Summary.to_dict()`` is the ``summary.json`` a run directory holds: ``schema_version`` first, then every field in
+every mode (an optional figure that does not apply is null), and ``Summary.from_dict`` reads it back;
+``json_schema()`` is its JSON Schema (docs/summary.schema.json, described in docs/summary.md).
 
 Definitions. MFU uses model FLOPs without recomputation (Korthikanti et al. 2022 eq. 7); HFU the FLOPs the
 trace executed. Bubble fraction of a rank = 1 - (time its compute stream or blocking TP collectives are busy)
@@ -23,12 +24,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pydantic
 
 from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import model_flops_per_step
+from sim.model.transformer import active_params, logits_forward_flops, model_flops_per_step, total_params
+from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
 from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, MOE_COMM_KINDS, Kind, Stream
+
+# summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
+# keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
+SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ class SaturatedLink:
 class Summary:
     """The headline numbers of one step (the fields and units of summary.json; times in seconds, memory in bytes,
     per-rank maps keyed by the rank as a string). The fields after ``tasks`` are optional: None when the run
-    did not compute them, and then absent from ``to_dict()``."""
+    did not compute them (null in ``to_dict()``)."""
 
     scenario: str
     seed: int
@@ -93,6 +100,8 @@ class Summary:
     step_time_s: float
     tokens_per_s: float
     model_flops_per_step: float
+    parameters_total: int  # the model's parameters (sim.model.transformer.total_params)
+    parameters_active: int | None  # MoE: parameters a token passes through (active_params); None for a dense model
     tflops_per_gpu: float
     mfu: float
     hardware_tflops_per_gpu: float
@@ -105,6 +114,7 @@ class Summary:
     host_memory_bytes: float  # CPU offload, per rank
     hbm_capacity_bytes: float
     fits_in_memory: bool
+    planning: Planning  # time-to-train, GPU-hours, energy and cost of a token budget (sim.output.planning)
     tasks: int
     # Added by the runner (sim.runner.run):
     nccl_sm_stretch_s: float | None = None  # network.nccl_sms: compute time NCCL's SMs added on the worst rank
@@ -115,19 +125,22 @@ class Summary:
     critical_link: SaturatedLink | None = None  # contention network; None there too when no link saturated
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dicts and lists in field order, as summary.json has them: the optional fields only when set,
-        except that ``critical_link`` comes with ``busiest_links`` (None when no link saturated)."""
-        data = asdict(self)
-        links = self.busiest_links is not None
-        return {name: value for name, value in data.items()
-                if value is not None or name not in _OPTIONAL or (name == "critical_link" and links)}
+        """summary.json: ``schema_version``, then every field in field order as plain dicts and lists, the
+        optional ones null where the run did not compute them: the same key set in every mode."""
+        return {"schema_version": SCHEMA_VERSION, **asdict(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
-        """The inverse of ``to_dict`` (e.g. a run directory's summary.json). Unknown keys raise TypeError."""
+        """The inverse of ``to_dict`` (e.g. a run directory's summary.json). Unknown keys raise TypeError, and so
+        does a ``schema_version`` other than this module's (a file without one is read as version 1)."""
         values = dict(data)
+        version = values.pop("schema_version", 1)
+        if version != SCHEMA_VERSION:
+            raise TypeError(f"summary.json: schema_version {version} is not {SCHEMA_VERSION}, the one this "
+                            "version of clustersim reads")
         values["layout"] = Layout(**values["layout"])
         values["peak_memory_bytes"] = PeakMemory(**values["peak_memory_bytes"])
+        values["planning"] = Planning(**values["planning"])
         if values.get("critical_path_s") is not None:
             values["critical_path_s"] = CriticalPathSeconds(**values["critical_path_s"])
         if values.get("busiest_links") is not None:
@@ -137,7 +150,19 @@ class Summary:
         return cls(**values)
 
 
-_OPTIONAL = frozenset(f.name for f in fields(Summary) if f.default is None)
+OPTIONAL_FIELDS = frozenset(f.name for f in fields(Summary) if f.default is None)
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of summary.json, generated from ``Summary`` by pydantic, with
+    ``schema_version`` added as a required constant and every key required (optional figures may be null)."""
+    schema = pydantic.TypeAdapter(Summary).json_schema(mode="serialization")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "clustersim summary.json"
+    schema["properties"] = {"schema_version": {"const": SCHEMA_VERSION, "type": "integer"}, **schema["properties"]}
+    schema["required"] = list(schema["properties"])
+    schema["additionalProperties"] = False
+    return schema
 
 
 # ------------------------------------------------------------------------------------------------ intervals
@@ -194,12 +219,14 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
     pipeline_end = float(compute["end_s"].max())
     bubbles: list[float] = []
+    busy_compute: list[float] = []
     # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
     comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
     exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
+        busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
         busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
         busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
         busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
@@ -214,6 +241,12 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
     if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
         model_flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+    if scenario.costs.model == "fixed":
+        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
+        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
+        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
+        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
+        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
@@ -230,6 +263,8 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         step_time_s=step,
         tokens_per_s=tokens / step if step > 0 else 0.0,
         model_flops_per_step=model_flops,
+        parameters_total=total_params(plan.model),
+        parameters_active=active_params(plan.model) if plan.model.is_moe else None,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / peak,
         hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
@@ -242,5 +277,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         host_memory_bytes=max(m["host"] for m in memory.values()),  # CPU offload, per rank
         hbm_capacity_bytes=scenario.cluster.gpu.hbm_capacity,
         fits_in_memory=bool(peak_memory <= scenario.cluster.gpu.hbm_capacity),
+        planning=planning(step, gpus, tokens, float(np.mean(busy_compute)), scenario.cluster.gpu.board_power,
+                          scenario.training.train_tokens, scenario.cluster.price_per_gpu_hour),
         tasks=int(len(trace)),
     )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.workload.ir import TaskGraph
+from sim.workload.ir import STREAMS, TaskGraph
 
 TRACE_COLUMNS: dict[str, str] = {
     "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",
@@ -70,29 +70,89 @@ def read_trace(path: Path) -> pd.DataFrame:
     return frame.astype(TRACE_COLUMNS)
 
 
-def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None) -> dict[str, Any]:
-    """Chrome/Perfetto trace events: one process per rank, one thread per stream, times in microseconds; with
-    link segments (contention network), a "links" process with one load counter (fraction of capacity) per link."""
+# Trace Event Format (Chrome's "Trace Event Format" document, docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQ
+# tj7wkPjd8aO8wrdEWp1E; Perfetto's JSON importer, perfetto/src/trace_processor/importers/json): ``pid``/``tid`` are
+# integers; names come from ``M`` (metadata) events ``process_name``/``thread_name``, order from
+# ``process_sort_index``/``thread_sort_index``. A string tid is accepted by Perfetto only through a fallback its
+# source calls brittle, so threads here are numbered: tid = the stream's index in ``Stream`` (the charts' order).
+STREAM_TIDS: dict[str, int] = {str(stream): index for index, stream in enumerate(STREAMS)}
+US = 1e6  # the format's timestamps are microseconds
+
+
+def _flow_events(graph: TaskGraph, trace: pd.DataFrame) -> list[dict[str, Any]]:
+    """Flow (arrow) events for the step's cross-rank dependencies, in the format's flow v1 form: an ``s`` event
+    inside the producing slice and an ``f`` event with ``bp: "e"`` (bind to the enclosing slice) inside the
+    consuming one, both with the same ``id`` and ``cat``. Two sources: a task that depends on a task of another
+    rank (a pipeline send -> the neighbour stage's pass), cat ``pp``; and the simulated members of one collective
+    (one rendezvous key), an arrow from the lowest rank's member to each other member, cat ``collective``.
+    Ids are numbered in task order, so the same graph gives the same events."""
+    rank = trace["rank"].to_numpy()
+    start = trace["start_s"].to_numpy()
+    stream = trace["stream"].to_numpy()
     events: list[dict[str, Any]] = []
+
+    def arrow(src: int, dst: int, cat: str) -> None:
+        flow_id = len(events) // 2
+        events.append({"ph": "s", "id": flow_id, "cat": cat, "name": cat, "pid": int(rank[src]),
+                       "tid": STREAM_TIDS[stream[src]], "ts": float(start[src]) * US})
+        events.append({"ph": "f", "bp": "e", "id": flow_id, "cat": cat, "name": cat, "pid": int(rank[dst]),
+                       "tid": STREAM_TIDS[stream[dst]], "ts": float(start[dst]) * US})
+
+    members: dict[int, list[int]] = {}
+    for task in graph.tasks:
+        for dep in task.deps:
+            if rank[dep] != rank[task.id]:
+                arrow(dep, task.id, "pp")
+        if task.collective >= 0:
+            members.setdefault(task.collective, []).append(task.id)
+    for key in sorted(members):
+        first, *others = sorted(members[key], key=lambda t: (int(rank[t]), t))
+        for other in others:
+            arrow(first, other, "collective")
+    return events
+
+
+def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None,
+                 graph: TaskGraph | None = None) -> dict[str, Any]:
+    """Chrome/Perfetto trace events: one process per rank (pid = rank), one thread per stream (tid = the
+    stream's index in ``Stream``), each named by ``process_name``/``thread_name`` metadata and ordered by the
+    sort-index metadata; complete (``X``) events in microseconds; with the ``graph`` the trace came from, flow
+    events for the cross-rank dependencies (``_flow_events``); with link segments (contention network), a
+    "links" process with one load counter (fraction of capacity) per link."""
+    events: list[dict[str, Any]] = []
+    ranks = [int(rank) for rank in sorted(trace["rank"].unique())]
+    for rank in ranks:
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+    used = trace[["rank", "stream"]].drop_duplicates()
+    for rank, stream in sorted(zip(used["rank"].astype(int), used["stream"], strict=True),
+                               key=lambda pair: (pair[0], STREAM_TIDS[pair[1]])):
+        tid = STREAM_TIDS[stream]
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": stream}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}})
     if link_segments is not None and len(link_segments):
-        links_pid = int(trace["rank"].max()) + 1
-        events.append({"ph": "M", "name": "process_name", "pid": links_pid, "args": {"name": "links"}})
+        links_pid = (ranks[-1] if ranks else -1) + 1
+        events.append({"ph": "M", "name": "process_name", "pid": links_pid, "tid": 0, "args": {"name": "links"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": links_pid, "tid": 0,
+                       "args": {"sort_index": links_pid}})
         for row in link_segments.itertuples(index=False):
             name = f"{row.src}->{row.dst}"
-            events.append({"ph": "C", "pid": links_pid, "name": name, "ts": row.start_s * 1e6,
+            events.append({"ph": "C", "pid": links_pid, "tid": 0, "name": name, "ts": row.start_s * US,
                            "args": {"load": round(float(row.load_fraction), 6)}})
-            events.append({"ph": "C", "pid": links_pid, "name": name, "ts": row.end_s * 1e6, "args": {"load": 0}})
-    for rank in sorted(trace["rank"].unique()):
-        events.append({"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}})
+            events.append({"ph": "C", "pid": links_pid, "tid": 0, "name": name, "ts": row.end_s * US,
+                           "args": {"load": 0}})
     for row in trace.itertuples(index=False):
         args = {"task": row.task, "microbatch": row.microbatch, "layer": row.layer}
         if row.bytes:
             args["bytes"] = row.bytes
         label = row.name if row.microbatch < 0 else f"{row.name} mb{row.microbatch}"
-        events.append({"ph": "X", "pid": int(row.rank), "tid": row.stream, "name": label, "cat": row.kind,
-                       "ts": row.start_s * 1e6, "dur": (row.end_s - row.start_s) * 1e6, "args": args})
+        events.append({"ph": "X", "pid": int(row.rank), "tid": STREAM_TIDS[row.stream], "name": label,
+                       "cat": row.kind, "ts": row.start_s * US, "dur": (row.end_s - row.start_s) * US, "args": args})
+    if graph is not None:
+        events.extend(_flow_events(graph, trace))
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_chrome_trace(trace: pd.DataFrame, path: Path, link_segments: pd.DataFrame | None = None) -> None:
-    path.write_text(json.dumps(chrome_trace(trace, link_segments), default=int))
+def write_chrome_trace(trace: pd.DataFrame, path: Path, link_segments: pd.DataFrame | None = None,
+                       graph: TaskGraph | None = None) -> None:
+    path.write_text(json.dumps(chrome_trace(trace, link_segments, graph), default=int))

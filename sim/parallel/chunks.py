@@ -1,9 +1,9 @@
 """Model chunks on pipeline stages, and which pass of a micro-batch waits for which.
 
-In: the layout (Megatron's interleaving or ZB-V's V), stages p, and a (stage, local chunk) or a model chunk.
-Out: ``model_chunk`` and its inverse ``chunk_location``; ``upstream``: the cross-chunk dependency rule every
-pipeline consumer shares (the task-graph emitter's sends, the estimate's stage-level replay, and the ZB-H2 and
-ZB-V schedule builders).
+In: the layout (Megatron's interleaving, ZB-V's V, or DualPipe's two copies), stages p, and a (stage, local
+chunk) or a model chunk. Out: ``model_chunk`` and its inverse ``chunk_location``; ``upstream``: the cross-chunk
+dependency rule every pipeline consumer shares (the task-graph emitter's sends, the estimate's stage-level replay,
+and the ZB-H2 and ZB-V schedule builders).
 """
 
 from __future__ import annotations
@@ -11,21 +11,28 @@ from __future__ import annotations
 from typing import Literal
 
 PassKind = Literal["F", "B", "W"]
-Layout = Literal["interleaved", "v"]
+Layout = Literal["interleaved", "v", "dual"]
 
 
 def model_chunk(layout: Layout, p: int, stage: int, chunk: int) -> int:
     """Which of the model's p*v chunks a stage's local chunk is: c*p + s interleaved (Megatron), and in a V
-    chunk 0 of stage s is model chunk s and chunk 1 is model chunk 2p-1-s."""
+    chunk 0 of stage s is model chunk s and chunk 1 is model chunk 2p-1-s. DualPipe's ``dual`` layout keeps two
+    copies of the model's p chunks (DeepSeek-V3 report Sec. 3.2.1): chunk 0 of stage s is chunk s of the copy whose
+    micro-batches enter at stage 0, chunk 1 is chunk p-1-s of the copy whose micro-batches enter at stage p-1."""
     if layout == "v":
         return stage if chunk == 0 else 2 * p - 1 - stage
+    if layout == "dual":
+        return stage if chunk == 0 else p - 1 - stage
     return chunk * p + stage
 
 
-def chunk_location(layout: Layout, p: int, global_chunk: int) -> tuple[int, int]:
-    """(stage, local chunk) holding a model chunk: the inverse of ``model_chunk``."""
+def chunk_location(layout: Layout, p: int, global_chunk: int, copy: int = 0) -> tuple[int, int]:
+    """(stage, local chunk) holding a model chunk: the inverse of ``model_chunk``; in the ``dual`` layout, of the
+    given copy (0: the forward-direction copy, 1: the reverse one), which is also the local chunk."""
     if layout == "v":
         return (global_chunk, 0) if global_chunk < p else (2 * p - 1 - global_chunk, 1)
+    if layout == "dual":
+        return (global_chunk, 0) if copy == 0 else (p - 1 - global_chunk, 1)
     return global_chunk % p, global_chunk // p
 
 

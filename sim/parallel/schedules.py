@@ -15,6 +15,9 @@ Timing is not decided here: the engine replays the order and the bubbles emerge 
   forwards (all of them when m == p); m must be a multiple of p. Bubble (p-1)/v (t_f+t_b).
 - ``zb-v`` (Qi et al. NeurIPS 2024, V-shaped, sim.parallel.zbv): two chunks per stage placed in a V (the forward goes
   down the stages and comes back up), zero bubble with 1F1B's memory (2p chunk-activations) when m >= 2p.
+- ``dualpipe``, ``dualpipev`` (DeepSeek-V3 report Sec. 3.2.1; github.com/deepseek-ai/DualPipe; sim.parallel.dualpipe):
+  the bidirectional schedule (two model copies, micro-batches entering at both ends) and its V-shaped half, with
+  W split from B where the code defers it, and forward/backward pairs issued as one unit (``Action.with_next``).
 - ``zb-h1``, ``zb-h2`` (Qi et al. ICLR 2024, "Zero Bubble Pipeline Parallelism", Sec. 3.1): the backward is
   split into B and W. ZB-H1 keeps 1F1B's warm-up and defers the first s W passes of stage s to the tail
   (bubble (p-1)(T_F+T_B-T_W), memory as 1F1B's p micro-batches). ZB-H2 fills the warm-up with extra forwards
@@ -25,19 +28,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sim.parallel.chunks import Layout, PassKind, upstream
+from sim.parallel.dualpipe import Chunk, dualpipe_chunks, dualpipe_rule, dualpipev_chunks, dualpipev_rule
 from sim.parallel.zbv import zb_v_passes
 
 __all__ = ["SCHEDULES", "Action", "Layout", "PassKind", "Schedule"]
 
 
-
 @dataclass(frozen=True, slots=True)
 class Action:
+    """One pass of a stage's compute stream. ``with_next``: this pass and the next form one issued unit (DualPipe's
+    ``_forward_backward_chunk``, or a backward that runs its weight gradients in the same autograd pass): the
+    unit's receives all complete before its first pass starts, and its sends leave after its last pass."""
+
     phase: PassKind
     microbatch: int
     chunk: int = 0
+    with_next: bool = False
 
 
 def gpipe(p: int, m: int, v: int = 1) -> list[list[Action]]:
@@ -143,6 +152,25 @@ def zb_v(p: int, m: int, v: int = 2) -> list[list[Action]]:
     return [[Action(phase, j, chunk) for phase, chunk, j in passes] for passes in zb_v_passes(p, m)]  # type: ignore[arg-type]
 
 
+def _unit_actions(orders: list[list[Chunk]]) -> list[list[Action]]:
+    return [[Action(part.phase, part.microbatch, part.chunk, i < len(chunk) - 1)
+             for chunk in order for i, part in enumerate(chunk)] for order in orders]
+
+
+def dualpipe(p: int, m: int, v: int = 1) -> list[list[Action]]:
+    return _unit_actions(dualpipe_chunks(p, m))
+
+
+def dualpipev(p: int, m: int, v: int = 2) -> list[list[Action]]:
+    return _unit_actions(dualpipev_chunks(p, m))
+
+
+@lru_cache(maxsize=64)
+def _dual_in_flight(name: str, p: int, m: int) -> tuple[int, ...]:
+    build = dualpipe if name == "dualpipe" else dualpipev
+    return tuple(in_flight_peak(actions, splits_backward=True) for actions in build(p, m))
+
+
 def _no_rule(p: int, m: int, v: int) -> str | None:
     return None if v == 1 else f"this schedule runs one model chunk per stage, not vpp = {v}"
 
@@ -193,4 +221,8 @@ SCHEDULES: dict[str, Schedule] = {
     "zb-h2": Schedule("zb-h2", zb_h2, lambda p, m, v, s: min(2 * p - 1, m), splits_backward=True),
     "zb-v": Schedule("zb-v", zb_v, lambda p, m, v, s: min(2 * p, 2 * m), splits_backward=True, rule=_v_rule,
                      layout="v"),
+    "dualpipe": Schedule("dualpipe", dualpipe, lambda p, m, v, s: _dual_in_flight("dualpipe", p, m)[s],
+                         splits_backward=True, rule=dualpipe_rule, layout="dual"),
+    "dualpipev": Schedule("dualpipev", dualpipev, lambda p, m, v, s: _dual_in_flight("dualpipev", p, m)[s],
+                          splits_backward=True, rule=dualpipev_rule, layout="v"),
 }

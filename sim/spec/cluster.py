@@ -41,7 +41,7 @@ class ClusterSpec(FrozenSpec):
     nodes: int = Field(ge=1)
     gpus_per_node: int = Field(ge=1)
     node: str | None = Field(default=None, description="node preset (dgx-a100, dgx-h100, hgx-h800, dgx-b200, "
-                                                               "gb200-nvl72)")
+                                   "gb200-nvl72, hgx-h20, gb300-nvl72, amd-mi300x-platform)")
     intra_node: LinkSpec
     inter_node: LinkSpec = Field(description="InfiniBand, per NIC")
     nics_per_node: int = Field(ge=1)
@@ -50,6 +50,8 @@ class ClusterSpec(FrozenSpec):
     all_to_all: LinkSpec | None = Field(default=None, description="NVLink under NCCL's all-to-all; None: intra_node")
     pcie: LinkSpec
     fabric: FabricSpec = FabricSpec()
+    price_per_gpu_hour: float | None = Field(default=None, ge=0, description=(
+        "what one GPU-hour costs (any currency): the summary's cost of a training.train_tokens budget"))
 
     @model_validator(mode="before")
     @classmethod
@@ -94,12 +96,12 @@ class ClusterSpec(FrozenSpec):
 
     @model_validator(mode="after")
     def _shape(self) -> ClusterSpec:
-        gpus = self.nodes * self.gpus_per_node
         if self.nvlink_domain % self.gpus_per_node:
             raise ValueError(f"nvlink_domain: {self.nvlink_domain} GPUs is not whole nodes of "
                              f"{self.gpus_per_node}")
-        if gpus > self.nvlink_domain and gpus % self.nvlink_domain:
-            raise ValueError(f"nvlink_domain: {gpus} GPUs do not split into domains of {self.nvlink_domain}")
+        # A GPU count that is not a multiple of the domain fills whole domains and a partial last one (whole
+        # nodes: 256 GB200 GPUs = 3 NVL72 racks + 10 trays of a fourth, as jobs are placed on NVL72 racks: an
+        # NVLink partition is any set of trays of one rack). Rank r is in domain r // nvlink_domain.
         return self
 
     @field_validator("gpu", mode="before")

@@ -143,6 +143,8 @@ def _check_experts(s: Scenario) -> None:
     p, m, moe = s.parallel, s.model, s.moe
     d = degrees(s)
     if not m.is_moe:
+        if s.moe != type(s.moe)():
+            raise ValueError("moe: the token-dispatch settings need a MoE model (model.num_moe_experts is not set)")
         if p.ep > 1 or (p.etp is not None and p.etp > 1):
             field = "ep" if p.ep > 1 else "etp"
             raise ValueError(f"parallel.{field}: expert parallelism needs a MoE model (model.num_moe_experts is "

@@ -26,7 +26,7 @@ from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
 from sim.spec.variation import VariationSpec
-from sim.units import Bytes, BytesPerSecond, Seconds, parse_seconds
+from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 
 MiB = 2**20
 # Input bounds (issue 27): a scenario is a few kB; these keep a malformed or hostile file from exhausting time or
@@ -78,6 +78,9 @@ class TrainingSpec(FrozenSpec):
         "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
         "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
         "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
+    train_tokens: Count | None = Field(default=None, description=(
+        "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
+        "training on it (sim.output.planning); none: those figures are null"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "
@@ -212,8 +215,9 @@ class MemorySpec(FrozenSpec):
 
 class FixedCostsSpec(FrozenSpec):
     model: Literal["fixed"]
-    forward: Seconds = Field(description="one transformer layer's forward, one micro-batch")
-    backward: Seconds = Field(description="one layer's backward; its input-gradient part (B) if weight_grad is given")
+    forward: Seconds = Field(gt=0, description="one transformer layer's forward, one micro-batch")
+    backward: Seconds = Field(gt=0, description="one layer's backward; its input-gradient part (B) if weight_grad "
+                              "is given")
     weight_grad: Seconds = Field(default=0.0, description="one layer's weight-gradient pass (W)")
     optimizer: Seconds = 0.0
 
@@ -277,7 +281,7 @@ class Scenario(FrozenSpec):
     model: ModelSpec
     training: TrainingSpec
     parallel: ParallelSpec = ParallelSpec()
-    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v"] = "1f1b"
+    schedule: Literal["gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zb-v", "dualpipe", "dualpipev"] = "1f1b"
     costs: Annotated[FixedCostsSpec | RooflineCostsSpec | CalibratedCostsSpec,
                      Field(discriminator="model")] = RooflineCostsSpec()
     network: NetworkSpec = NetworkSpec()
@@ -440,6 +444,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             raise ConfigError(f"--set {item!r}: expected a.b=value")
         path_text, value_text = item.split("=", 1)
         keys = path_text.strip().split(".")
+        path_text = ".".join(_field_name(key) for key in keys)  # as printed in errors: one line, quoted if odd
         node: dict[str, Any] = data
         for depth, key in enumerate(keys[:-1]):
             child = node.get(key)
@@ -448,11 +453,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if child is None:
                 child = {}
             if not isinstance(child, dict):
-                where = _field_name(".".join(keys[: depth + 1]))
-                raise ConfigError(f"--set {_field_name(path_text)}: {where} is not a mapping")
+                where = ".".join(map(_field_name, keys[: depth + 1]))
+                raise ConfigError(f"--set {path_text}: {where} is not a mapping")
             node[key] = child
             node = child
-        node[keys[-1]] = parse_yaml(value_text, f"--set {_field_name(path_text)}")
+        node[keys[-1]] = parse_yaml(value_text, f"--set {path_text}")
     return data
 
 

@@ -93,6 +93,11 @@ class _StageEmitter:
         # The data-parallel hooks add nothing inside layers (no ZeRO-3/FSDP gathers, no ZeRO-2 buckets).
         self.dp_inert = not self.dp.multi or (not self.dp.sharded_units and self.dp.zero < 2)
         self.waits: list[tuple[int, tuple[str, int, int]]] = []  # (task, (phase, global chunk, microbatch))
+        # An issued unit of several passes (Action.with_next, DualPipe's chunks): its first task, which waits for
+        # every pass's input, and the sends its passes defer to its end; None outside such a unit.
+        self.unit_first: int | None = None
+        self.unit_sends: list[tuple[str, int, int, int]] = []
+        self.tail: int | None = None  # the last task of the pass just emitted
         self.moe_layers = plan.moe_layers
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
             self.moe_work = moe_blocks(plan)
@@ -201,8 +206,23 @@ class _StageEmitter:
         self.flags[task] = (prev, touch, extra, consumed)  # type: ignore[index]
         return task
 
+    def open_unit(self) -> None:
+        """Starts a unit of passes issued together (``Action.with_next``): DualPipe's ``_forward_backward_chunk``
+        receives all inputs, then computes, then sends (dualpipe.py, around ``_commit_and_wait_comm``)."""
+        self.unit_first = len(self.g.tasks)
+
+    def close_unit(self) -> None:
+        """Ends the unit: the sends of its passes leave, in issue order, after its last task."""
+        self.unit_first = None
+        sends, self.unit_sends = self.unit_sends, []
+        for phase, chunk, mb, to_global_chunk in sends:
+            self._send(phase, chunk, mb, to_global_chunk, self.tail)
+
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
-        to_stage, _ = self.plan.chunk_location(to_global_chunk)
+        if self.unit_first is not None:
+            self.unit_sends.append((phase, chunk, mb, to_global_chunk))
+            return
+        to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
         if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
             return
@@ -307,6 +327,7 @@ class _StageEmitter:
             after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
+        self.tail = after
         self._wait_upstream(first_task, "F", g, mb)
         if g < last:
             self._send("F", chunk, mb, g + 1, after)
@@ -330,6 +351,7 @@ class _StageEmitter:
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
             self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
+        self.tail = after
         self._wait_upstream(first_task, "B", g, mb)
         if g > 0:
             self._send("B", chunk, mb, g - 1, after)
@@ -339,7 +361,7 @@ class _StageEmitter:
         (sim.parallel.chunks.upstream; on its own chunk the stream order already holds it)."""
         needs = upstream(phase, g, mb, self.p * self.v - 1)
         if needs is not None and needs[1] != g:
-            self.waits.append((first_task, needs))
+            self.waits.append((first_task if self.unit_first is None else self.unit_first, needs))
 
     def _blocking(self, stream: str, deps: list[int]) -> bool:
         """Synchronous TP communication: a compute task also waits for the last TP collective issued before
@@ -435,8 +457,9 @@ class _StageEmitter:
                     after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
             self.grad_ready[layer] = after  # type: ignore[assignment]
         if g == 0:
-            self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
-                                                "weight_grad")  # type: ignore[assignment]
+            after = self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
+                                                        "weight_grad")  # type: ignore[assignment]
+        self.tail = after
 
 
 def folds_tp(plan: Plan) -> bool:
@@ -482,7 +505,11 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:
+                if action.with_next and emitter.unit_first is None:
+                    emitter.open_unit()
                 run[action.phase](action.microbatch, action.chunk)
+                if not action.with_next and emitter.unit_first is not None:
+                    emitter.close_unit()
             emitter.dp.finish()
         # Cross-stage dependencies: a micro-batch's first task on a chunk waits for its neighbour chunk's send.
         for emitter in emitters:

@@ -40,12 +40,14 @@ Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
 - MoE: the routed experts' gradients are reduced apart from the dense ones, in their own buckets (filled the same
   way) over the expert-data-parallel group, on that group's stream ``expert_dp`` (Megatron-Core's DDP keeps
   expert parameters in separate buffers reduced over the expert DP group); with the distributed optimizer
-  (ZeRO-1) their updated weights are all-gathered over it after the step (also with overlap_param_gather, whose
-  per-bucket gathers cover the dense weights only: an approximation).
+  (ZeRO-1) their updated weights are all-gathered over it after the step, or, with overlap_param_gather, per
+  expert bucket under the next forward on the same stream (``step.expert_param_gather_buckets``), issued by the
+  same rule as the dense buckets (``before_forward``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sim.parallel.chunks import upstream
@@ -83,6 +85,10 @@ class DataParallelEmitter:
         self.param_buckets = step.param_gather_buckets(plan, stage.stage) if self.multi else []
         self.bucket_starts = {bucket.layers[0]: index for index, bucket in enumerate(self.param_buckets)}
         self.param_gathers: list[int] = []
+        # The same for a MoE model's expert weights over the expert-data-parallel group (their own bucket chain).
+        self.expert_buckets = step.expert_param_gather_buckets(plan, stage.stage) if self.multi else []
+        self.expert_starts = {bucket.layers[0]: index for index, bucket in enumerate(self.expert_buckets)}
+        self.expert_gathers: list[int] = []
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1,
               also: list[int] | None = None) -> int:
@@ -132,22 +138,32 @@ class DataParallelEmitter:
           k+1's when chunk k's first micro-batch starts (the interleaved schedule's param_sync_func, Megatron-LM
           core_r0.8 and current schedules.py, which NeMo 24.07 points at Apex's _try_start_bucket_param_sync;
           without interleaving, every bucket at the step start)."""
-        if mb != 0 or layer not in self.bucket_starts:
+        if mb != 0:
             return
-        index = self.bucket_starts[layer]
-        buckets = self.param_buckets
+        if layer in self.bucket_starts:
+            self._bucket_chain(self.param_buckets, self.param_gathers, self.bucket_starts[layer], chunk, mb, after,
+                               self._param_gather)
+        if layer in self.expert_starts:  # the expert buckets' own chain, by the same rule
+            self._bucket_chain(self.expert_buckets, self.expert_gathers, self.expert_starts[layer], chunk, mb,
+                               after, self._expert_gather)
+
+    def _bucket_chain(self, buckets: list[step.GatherBucket], issued: list[int], index: int, chunk: int, mb: int,
+                      after: int | None, gather: Callable[[float, list[int]], int]) -> None:
+        """Issue the gathers of ``buckets`` (``issued``: the tasks so far, made by ``gather``) that reaching
+        bucket ``index`` dispatches, and make the forward wait for this bucket's."""
         local = buckets[index].chunk
         if self.plan.scenario.parallel.align_param_gather:
-            if not self.param_gathers:
-                self._param_gathers([b for b in buckets if b.chunk <= 1], [])
+            if not issued:
+                self._param_gathers([b for b in buckets if b.chunk <= 1], [], gather)
             if local >= 1 and (index == 0 or buckets[index - 1].chunk != local):  # chunk k's first bucket
-                self._param_gathers([b for b in buckets if b.chunk == local + 1], self._reached(chunk, mb, after))
+                self._param_gathers([b for b in buckets if b.chunk == local + 1], self._reached(chunk, mb, after),
+                                    gather)
         else:
-            if not self.param_gathers:
-                self._param_gathers(buckets[:1], [])
+            if not issued:
+                self._param_gathers(buckets[:1], [], gather)
             if index + 1 < len(buckets):
-                self._param_gathers(buckets[index + 1:index + 2], self._reached(chunk, mb, after))
-        self.st.pending_deps.append(self.param_gathers[index])
+                self._param_gathers(buckets[index + 1:index + 2], self._reached(chunk, mb, after), gather)
+        self.st.pending_deps.append(issued[index])
 
     def _reached(self, chunk: int, mb: int, after: int | None) -> list[int | tuple[str, int, int]]:
         """What a collective issued when the compute reaches this point waits for: the previous task or, at a
@@ -158,11 +174,18 @@ class DataParallelEmitter:
         needs = upstream("F", chunk, mb, self.plan.pp * self.plan.vpp - 1)
         return [needs] if needs is not None else []
 
-    def _param_gathers(self, buckets: list[step.GatherBucket], waits: list[int | tuple[str, int, int]]) -> None:
+    def _param_gathers(self, buckets: list[step.GatherBucket], waits: list[int | tuple[str, int, int]],
+                       gather: Callable[[float, list[int]], int]) -> None:
         for bucket in buckets:
             tasks = [w for w in waits if isinstance(w, int)]
-            task = self._param_gather(bucket.nbytes, tasks)
+            task = gather(bucket.nbytes, tasks)
             self.st.waits.extend((task, w) for w in waits if isinstance(w, tuple))
+
+    def _expert_gather(self, nbytes: float, waits: list[int]) -> int:
+        task = self.st._add(EXPERT_DP_STREAM, "dp", f"expert_param_gather_bucket{len(self.expert_gathers)}", -1, -1,
+                            None, waits, op="all_gather", nbytes=nbytes, group=self.plan.expert_dp_group(self.st.rank))
+        self.expert_gathers.append(task)
+        return task
 
     def _param_gather(self, nbytes: float, waits: list[int]) -> int:
         task = self.st._add(NCCL_STREAM, "dp", f"param_gather_bucket{len(self.param_gathers)}", -1, -1, None, waits,
@@ -229,6 +252,13 @@ class DataParallelEmitter:
                 self._after_backward_buffers(op)
         if step.expert_reduces(plan):
             self._expert_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
+        copies = step.copy_gradient_reduce(plan, st.rank)
+        if copies is not None:  # DualPipe: sum the two model copies' gradients, after the DP reduction
+            nbytes, group = copies
+            last = max(st.grad_ready.values())
+            self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", "copy_grad_all_reduce", -1, -1, last,
+                                             list(self.reduce_tasks), op="all_reduce", nbytes=nbytes, group=group,
+                                             collective=st.g.meeting_key(group)))
         shard_params = step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)

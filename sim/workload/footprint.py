@@ -18,13 +18,17 @@ it; ``sim.output.summary`` reports it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from sim.model.memory import ModelStates, comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
 from sim.workload.ir import COMPUTE_KINDS
+
+if TYPE_CHECKING:  # the timeline reads a trace; the bound (``sim check``) runs without pandas
+    import pandas as pd
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients", "comm_buffers",
          "allocator_overhead", "reserved")
@@ -158,6 +162,8 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
     """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
     its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
     until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
+    import pandas as pd
+
     def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series) -> pd.DataFrame:
         keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
                                           unit])

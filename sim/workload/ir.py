@@ -100,6 +100,12 @@ class TaskGraph:
         self._issued[(rank, group)] = issued + 1
         return self._keys.setdefault((group, issued), len(self._keys))
 
+    def meeting_key(self, group: tuple[int, ...]) -> int:
+        """The key of a group's one collective whose members are all simulated in either mode (DualPipe's copy
+        pairs, two pipeline stages' ranks of one TP and DP index): they meet even in slice mode, where each would
+        otherwise move the group's bytes on its own."""
+        return self._keys.setdefault((group, -1), len(self._keys))
+
     def shared_collectives(self) -> dict[int, int]:
         """Rendezvous key -> simulated members, for the collectives with more than one (the engines' meets)."""
         members: dict[int, int] = {}

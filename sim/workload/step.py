@@ -294,7 +294,7 @@ def reduce_buckets(plan: Plan) -> list[tuple[int, float]]:
 def head_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters whose gradients become final with the head's on ``stage`` (0 elsewhere): the head and, with
     tied embeddings on another stage, its copy of the word embeddings (both on ``plan.head_stage``)."""
-    if stage != plan.head_stage:
+    if not plan.holds_head(stage):
         return 0.0
     tied = plan.model.vocab_size * plan.model.hidden_size if plan.tied_copy(stage) else 0
     return (head_params(plan.model) + tied) / plan.tp * plan.head_trains
@@ -302,7 +302,7 @@ def head_gradient_params(plan: Plan, stage: int) -> float:
 
 def embedding_gradient_params(plan: Plan, stage: int) -> float:
     """Parameters of the input embedding on ``stage`` (0 elsewhere), per TP rank."""
-    return embedding_params(plan.model) / plan.tp * plan.embedding_trains if stage == plan.embedding_stage else 0.0
+    return embedding_params(plan.model) / plan.tp * plan.embedding_trains if plan.holds_embedding(stage) else 0.0
 
 
 def stage_layer_ids(plan: Plan, stage: int) -> list[int]:
@@ -434,10 +434,32 @@ def final_weight_gather_bytes(plan: Plan, stage: int) -> float:
 
 def expert_weight_gather_bytes(plan: Plan, stage: int) -> float:
     """The distributed optimizer's all-gather of the updated expert weights over the expert-data-parallel group
-    (0 without ZeRO-1, a dense model or edp = 1)."""
-    if expert_reduces(plan) and plan.zero_stage == 1:
+    after the step (0 without ZeRO-1, a dense model or edp = 1, and under ``overlaps_param_gather``: the gather
+    moves to the next forward, bucket by bucket: ``expert_param_gather_buckets``)."""
+    if expert_reduces(plan) and plan.zero_stage == 1 and not overlaps_param_gather(plan):
         return plan.stage_expert_params(stage) * plan.weight_bytes_per_param
     return 0.0
+
+
+def expert_param_gather_buckets(plan: Plan, stage: int) -> list[GatherBucket]:
+    """The expert weights' all-gathers over the expert-data-parallel group under ``overlaps_param_gather``, in
+    the order the forward needs them (else none). Megatron-Core's DDP chains the expert buffers' bucket groups for
+    the overlapped gather exactly as the dense ones (distributed_data_parallel.py: ``for all_bgs in
+    [self.bucket_groups, self.expert_parallel_bucket_groups]`` sets ``next_param_gather_bucket_group``;
+    ``param_to_bucket_group`` maps expert parameters too, so the forward pre-hook waits for their bucket, and
+    ``start_param_sync`` dispatches both lists): per model chunk, expert gradients bucketed in backward order
+    (``expert_gradient_bytes``, ``group_buckets``), gathered in reverse. Bytes are the updated compute-dtype
+    expert weights, summing to what ``expert_weight_gather_bytes`` gathers after the step without the overlap."""
+    if not (overlaps_param_gather(plan) and expert_reduces(plan) and plan.zero_stage == 1):
+        return []
+    sizes = expert_gradient_bytes(plan, stage)
+    per_grad_byte = plan.weight_bytes_per_param / plan.grad_bytes_per_param
+    out = []
+    for local, chunk in enumerate(plan.stage_chunks[stage]):
+        ready = [(layer, sizes[layer]) for layer in reversed(plan.chunk_layers(chunk)) if layer in sizes]
+        out += [GatherBucket(tuple(reversed(members)), local, nbytes * per_grad_byte)
+                for members, nbytes in reversed(group_buckets(plan, ready))]
+    return out
 
 
 def optimizer_params(plan: Plan, stage: int) -> float:
@@ -447,6 +469,20 @@ def optimizer_params(plan: Plan, stage: int) -> float:
         return (plan.stage_params(stage) / plan.optimizer_shards
                 + plan.stage_expert_params(stage) / plan.expert_optimizer_shards)
     return plan.stage_trainable_params(stage) / plan.optimizer_shards
+
+
+def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]] | None:
+    """DualPipe's two model copies (the ``dual`` layout): rank i holds chunk i of one copy and chunk p-1-i of the
+    other, rank p-1-i (same TP and DP index) the same two chunks the other way round, so the two ranks sum their
+    whole gradient buffers before the optimizer step, as DualPipe's example sums each parameter's gradient with
+    its copy's (examples/example_dualpipe.py). Returns (bytes, group) of that all-reduce: the gradients the
+    optimizer updates (its ZeRO shard); None in the other layouts."""
+    if plan.layout != "dual":
+        return None
+    grid = plan.grid
+    here = grid.coord(rank)
+    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+    return optimizer_params(plan, here.pp) * plan.grad_bytes_per_param, tuple(sorted((rank, partner)))
 
 
 # One fp32 scalar: the global gradient norm, or the found-inf flag of the loss-scale check.

@@ -1,0 +1,101 @@
+"""Timing helpers for the benchmarks: a command's wall time and peak memory, medians of repeats.
+
+In: a command line (run as a child process) or a Python callable. Out: wall seconds and the peak resident set
+size in bytes. A child's peak is ``os.wait4``'s ``ru_maxrss`` for that child (Linux reports the largest of the
+child and the descendants it waited for, e.g. ``sim run``'s chart process), so each command's figure is its
+own, not the largest of the benchmark's children so far. In-process figures use ``getrusage(RUSAGE_SELF)``:
+the process's peak so far, which only grows, so run the smallest case first.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Timed:
+    seconds: float  # median wall time
+    runs: tuple[float, ...]
+    peak_rss: int  # bytes, the largest over the runs
+    cpu: float = float("nan")  # median CPU seconds (user + system, the process and its reaped children)
+
+    def __str__(self) -> str:
+        spread = ", ".join(f"{s:.3f}" for s in self.runs)
+        cpu = f", CPU {self.cpu:.3f} s" if self.cpu == self.cpu else ""
+        return f"{self.seconds:.3f} s (median of {len(self.runs)}: {spread}){cpu}, peak RSS {mib(self.peak_rss)}"
+
+
+def mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:,.0f} MiB"
+
+
+def child_env() -> dict[str, str]:
+    """The environment with this checkout first on PYTHONPATH, so ``-m sim`` is the code benchmarked."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path}
+
+
+def run_once(argv: Sequence[str]) -> tuple[float, int, float]:
+    """Wall seconds, peak RSS (bytes) and CPU seconds of one run of ``argv`` (output discarded; a failure
+    raises). On a loaded machine the CPU time says what the command costs, the wall time what it waited too."""
+    began = time.perf_counter()
+    child = subprocess.Popen(list(argv), cwd=ROOT, env=child_env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - began
+    child.returncode = os.waitstatus_to_exitcode(status)
+    err = child.stderr.read().decode() if child.stderr else ""
+    if child.returncode:
+        raise SystemExit(f"{' '.join(argv)} failed ({child.returncode}): {err.strip()[-500:]}")
+    return wall, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # Linux reports KiB
+
+
+def _summary(runs: list[tuple[float, int, float]]) -> Timed:
+    return Timed(statistics.median(w for w, _, _ in runs), tuple(w for w, _, _ in runs), max(r for _, r, _ in runs),
+                 statistics.median(c for _, _, c in runs))
+
+
+def timed_command(argv: Sequence[str], repeat: int) -> Timed:
+    return _summary([run_once(argv) for _ in range(repeat)])
+
+
+def interleaved(commands: dict[str, Sequence[str]], repeat: int) -> dict[str, Timed]:
+    """Each command ``repeat`` times, taking turns (so a change in the machine's load hits them alike)."""
+    runs: dict[str, list[tuple[float, int, float]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, argv in commands.items():
+            runs[name].append(run_once(argv))
+    return {name: _summary(r) for name, r in runs.items()}
+
+
+def timed_call(function: Callable[[], object], repeat: int) -> Timed:
+    """Median wall time of ``function()`` in this process, and this process's peak RSS after the runs."""
+    runs, cpu = [], []
+    for _ in range(repeat):
+        began, began_cpu = time.perf_counter(), time.process_time()
+        function()
+        runs.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - began_cpu)
+    return Timed(statistics.median(runs), tuple(runs), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                 statistics.median(cpu))
+
+
+def python() -> str:
+    return sys.executable
+
+
+def machine() -> str:
+    """One line naming this machine: CPUs the process may use and the load when measured."""
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} CPUs ({len(os.sched_getaffinity(0))} usable), load average "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}, Python {sys.version.split()[0]}")

@@ -1,0 +1,70 @@
+"""The MoE validation rows (issue 23 must-show 4): each published MoE run of ``scenarios/validation/moe`` is
+predicted within the 10% band of docs/validation.md, no per-row tuning, or is marked xfail (strict, so a row that
+comes inside says so) with the reason; docs/validation.md's MoE section is the report these rows regenerate
+(``python -m analysis validate``, ``analysis.validation_report.moe_markdown``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from analysis.validation_report import BAND, moe_markdown
+from sim.validation.validate import error_stats, published, run_validation
+
+from conftest import SCENARIOS
+
+FOLDER = SCENARIOS / "validation" / "moe"
+ROWS = list(published(FOLDER)["scenario"])
+
+# Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
+# (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
+_SLOW_8X22B = ("Mixtral 8x22B predicted too slow (+10.4..+12.8%): 80% of the step's compute is the expert "
+               "grouped GEMMs (m 4096, n 32768, k 6144: the profile's plateau, 800 TFLOP/s) times the H100 "
+               "end-to-end factor 1.5 fitted on NeMo FP8 dense rows; no sourced mechanism yet prices those "
+               "GEMMs faster (docs/mechanisms/expert_parallel.md)")
+_QWEN3 = ("Qwen3-235B-A22B: not loadable yet (training.recompute_modules, "
+          "parallel.account_for_embedding/loss_in_pipeline_split, the flex/DeepEP dispatcher)")
+OUTSIDE: dict[str, str] = {
+    "mz-mixtral-8x22b-h100-128-tokendrop.yaml": _SLOW_8X22B,
+    "folding-t3-mixtral-8x22b-h100-128-folding.yaml": _SLOW_8X22B,
+    "folding-t4-mixtral-8x22b-h100-128-mcore.yaml": _SLOW_8X22B,
+    "folding-t4-mixtral-8x22b-h100-128-folding.yaml": _SLOW_8X22B,
+    "mz-qwen3-235b-h100-256-deepep-ep32.yaml": _QWEN3,
+    "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml": _QWEN3,
+    "mz-qwen3-235b-h100-256-a2a-pp32.yaml": _QWEN3,
+    "mz-qwen3-235b-h100-256-deepep-tp4.yaml": _QWEN3,
+    "mz-qwen3-235b-h100-256-s16k-forcebal.yaml": _QWEN3,
+}
+
+pytestmark = pytest.mark.xdist_group("moe-validation")
+
+
+@pytest.fixture(scope="module")
+def table() -> pd.DataFrame:
+    return run_validation(FOLDER)
+
+
+def test_every_moe_scenario_file_has_a_published_row() -> None:
+    assert {path.name for path in FOLDER.glob("*.yaml")} == set(ROWS)
+    assert set(OUTSIDE) <= set(ROWS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scenario", [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=OUTSIDE[name])) if name in OUTSIDE else name
+    for name in ROWS])
+def test_moe_iteration_time_within_the_band(table: pd.DataFrame, scenario: str) -> None:
+    row = table.set_index("scenario").loc[scenario]
+    assert row["error"] == ""
+    assert row["predicted_iteration_time_s"] == pytest.approx(row["published_iteration_time_s"], rel=BAND)
+
+
+@pytest.mark.slow
+def test_moe_section_reports_every_row_with_signed_errors(table: pd.DataFrame) -> None:
+    text = moe_markdown(table)
+    stats = error_stats(table)
+    assert all(f"| {name} |" in text for name in ROWS)
+    assert f"signed mean (bias) {stats['signed_mean']:+.1%}" in text
+    assert f"maximum {stats['max_abs']:.1%}" in text
+    ran = table[table["error"] == ""]
+    assert stats["rows"] == len(ran) and stats["max_abs"] == pytest.approx(ran["iteration_time_error"].abs().max())
