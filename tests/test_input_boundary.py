@@ -162,3 +162,10 @@ def test_an_output_path_that_is_a_file_is_refused_before_the_run(tmp_path, capsy
     target.write_text("x")
     line = one_error_line(capsys, "run", str(TINY), "-o", str(target))
     assert line == f"error: -o: {str(target)!r} is a file, not a directory"
+
+
+def test_a_scenario_larger_than_the_bound_is_refused_unread(tmp_path, capsys):
+    big = TINY.read_text() + "# " + "x" * 300_000 + "\n"
+    path = write(tmp_path / "big.yaml", big.encode())
+    line = one_error_line(capsys, "check", path)
+    assert line == f"error: scenario: {path!r} is larger than 256 KiB"

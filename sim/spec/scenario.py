@@ -31,7 +31,10 @@ from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 MiB = 2**20
 # Input bounds (issue 27): a scenario is a few kB; these keep a malformed or hostile file from exhausting time or
 # memory, and each is reported as one line naming what was exceeded.
-MAX_FILE_BYTES = 4 * MiB  # a scenario (or an HF config.json) larger than this is refused unread
+# A scenario larger than this is refused unread: the largest bundled one is 2.4 kB, and PyYAML's pure-Python safe
+# loader parses about 150 kB/s of a flow list (benchmarks/bench_loader.py), so this bounds a load near 2 s.
+# (libyaml's CSafeLoader is faster but crashes the process on deep nesting: not used.)
+MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 32  # nesting of mappings/lists; the deepest bundled scenario nests 4 levels
 MAX_NAME_CHARS = 200  # names are printed in titles and file headers
 
@@ -429,7 +432,7 @@ def read_text(path: Path, what: str) -> str:
     except OSError as error:
         raise ConfigError(f"{what}: cannot read {str(path)!r}: {error.strerror or error}") from None
     if len(raw) > MAX_FILE_BYTES:
-        raise ConfigError(f"{what}: {str(path)!r} is larger than {MAX_FILE_BYTES // MiB} MiB")
+        raise ConfigError(f"{what}: {str(path)!r} is larger than {MAX_FILE_BYTES // 1024} KiB")
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as error:
