@@ -108,9 +108,11 @@ class Estimator:
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
+        pair_overlap = 0.0
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe = self._moe_layer(plan, times, overlapped)
+            pair_overlap = self._pair_overlap(plan, times, overlapped)
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
@@ -136,7 +138,8 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = _blocking_sends(plan, s)
             c = self._p2p(plan)
-            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
+            overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
+            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
         return stages
 
     def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
@@ -168,6 +171,28 @@ class Estimator:
         """A MoE layer's dispatch or combine: its collectives one after another on the ``ep`` stream."""
         return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
                                                 ex.skew) for ex in exchanges)
+
+    def _pair_overlap(self, plan: Plan, times: list[float], overlapped: bool) -> float:
+        """Seconds of one MoE layer's dispatch/combine that a DualPipe F&B pair hides
+        (``_StageEmitter._interleave_pair``): each exchange runs under the other pass's next compute block, F's
+        dispatch under B's unpermute+router+attention backward, B's combine gradient under F's experts, F's
+        combine under B's experts, B's dispatch gradient under F's unpermute+attention+router; what the shared
+        expert already hides is not counted twice."""
+        split = plan.splits_backward
+        bwd: ComputePhase = "input_grad" if split else "backward"
+        tp_comm = sum(times) if times else 0.0
+        dispatch = self._exchanges(plan, step.dispatch_exchanges(plan))
+        combine = self._exchanges(plan, step.combine_exchanges(plan))
+        price = self._moe_price
+        shared_tp = tp_comm if price(plan, "moe_shared", "forward") > 0 else 0.0
+        attention_f = self._price(plan, "attention", "forward") + tp_comm
+        attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
+                       else self._price(plan, "attention", bwd) + tp_comm)
+        outer_f = attention_f + price(plan, "moe_router", "forward") + price(plan, "moe_combine", "forward")
+        outer_b = attention_b + price(plan, "moe_router", bwd) + price(plan, "moe_combine", bwd)
+        return (min(max(0.0, dispatch - price(plan, "moe_shared", "forward") - shared_tp), outer_b)
+                + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
+                + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
 
     def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float]:
         """(forward, backward, weight-gradient pass) of one MoE layer, as the workload emits it
@@ -463,7 +488,8 @@ class Estimator:
         peak = max(stage_memory(plan, s)["total"] for s in candidates)
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
         visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
-        bound = visits * max(st.forward + st.backward + st.weight for st in stages)
+        # (less what a DualPipe F&B pair hides, as if every pass were paired)
+        bound = visits * max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
