@@ -273,7 +273,8 @@ class _StageEmitter:
             while start and stream_order[start - 1] >= forward:
                 start -= 1
             mine = set(stream_order[start:])
-            stream_order[start:] = [task for task in order if task in mine] + [t for t in stream_order[start:] if t >= end]
+            stream_order[start:] = ([task for task in order if task in mine]
+                                    + [task for task in stream_order[start:] if task >= end])
         if end == len(tasks):  # no W pass after the pair: the unit ends with the pair's last compute task
             self.tail = max((t for t in order if tasks[t].stream == "compute"), key=position.__getitem__)
 
