@@ -282,23 +282,10 @@ def test_slice_equals_all(network):
 
 
 # ------------------------------------------------------------------ MoE: a pair's dispatch/combine overlapped
-MOE_DUALPIPE = {
-    "name": "moe-dualpipe",
-    "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
-    "model": {"name": "moe-small", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
-              "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 4096, "mlp": "swiglu",
-              "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False, "bias": False,
-              "num_moe_experts": 8, "moe_router_topk": 2},
-    "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
-    "parallel": {"tp": 1, "pp": 4, "ep": 4, "zero": 1, "vpp": 1},
-    "schedule": "dualpipe",
-}
+def _moe_dualpipe(ranks="slice", **parallel):
+    from analysis.dualpipe_chart import moe_dualpipe_scenario
 
-
-def _moe_dualpipe(**parallel):
-    from sim.spec.scenario import scenario_from_dict
-
-    return scenario_from_dict({**MOE_DUALPIPE, "parallel": {**MOE_DUALPIPE["parallel"], **parallel}})
+    return moe_dualpipe_scenario(ranks, **parallel)
 
 
 def _exposed_ep(trace, rank):
@@ -373,12 +360,18 @@ def test_moe_pair_alternates_blocks_and_keeps_each_pass_in_order():
 def test_dense_pairs_and_slice_equal_all_for_moe(monkeypatch):
     """A dense model's pairs are not touched (the same trace with the interleaving switched off), and a MoE
     DualPipe step is the same in slice and all modes (every EP member reorders its pairs alike)."""
-    from sim.spec.scenario import scenario_from_dict
-
-    moe = [runner.run(scenario_from_dict({**MOE_DUALPIPE, **extra})).summary.step_time_s
-           for extra in ({}, {"ranks": "all"})]
+    moe = [runner.run(_moe_dualpipe(ranks)).summary.step_time_s
+           for ranks in ("slice", "all")]
     assert moe[0] == pytest.approx(moe[1], rel=1e-9)
     dense = pipeline_scenario(4, 8, "dualpipe", weight_grad="0.5 s")
     before = runner.run(dense).trace
     _back_to_back(monkeypatch)
     assert runner.run(dense).trace.equals(before)
+
+
+def test_moe_chart(tmp_path):
+    """analysis.dualpipe_chart.write_dualpipe_moe_chart draws the MoE step (docs/images/gantt-dualpipe-moe.png)."""
+    from analysis.dualpipe_chart import write_dualpipe_moe_chart
+
+    out = write_dualpipe_moe_chart(tmp_path / "moe.png")
+    assert out.stat().st_size > 50_000
