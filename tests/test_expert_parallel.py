@@ -222,6 +222,7 @@ def test_same_seed_gives_a_byte_identical_trace() -> None:
     ({"moe": {"a2a_overlap": True}}, "moe.a2a_overlap: overlapping dispatch/combine"),
     ({"moe": {"imbalance": 0.5}}, "moe.imbalance: Input should be greater than or equal to 1"),
     ({"model": {"num_moe_experts": None}}, "parallel.ep: expert parallelism needs a MoE model"),
+    ({"parallel": {"tp": 17}}, "parallel: tp*pp = 34 does not divide the cluster's 16 GPUs"),  # dp implied: 0
     ({"model": {"num_moe_experts": None}, "parallel": {"ep": 1}, "moe": {"imbalance": 1.2}},
      "moe: the token-dispatch settings need a MoE model"),
 ], ids=lambda v: v if isinstance(v, str) else None)

@@ -72,7 +72,8 @@ def _output_directory(out: Path) -> Path:
         raise ConfigError(f"-o: {str(out)!r} is a file, not a directory")
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_OUTPUTS:
-        (out / name).unlink(missing_ok=True)
+        if (out / name).is_file() or (out / name).is_symlink():  # a directory of that name is the writer's error
+            (out / name).unlink()
     return out
 
 
