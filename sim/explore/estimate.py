@@ -111,8 +111,8 @@ class Estimator:
         pair_overlap = 0.0
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
-            moe = self._moe_layer(plan, times, overlapped)
-            pair_overlap = self._pair_overlap(plan, times, overlapped)
+            moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
+            moe = (moe_f, moe_b, moe_w)
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
@@ -172,33 +172,17 @@ class Estimator:
         return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
                                                 ex.skew) for ex in exchanges)
 
-    def _pair_overlap(self, plan: Plan, times: list[float], overlapped: bool) -> float:
-        """Seconds of one MoE layer's dispatch/combine that a DualPipe F&B pair hides
+    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float, float]:
+        """(forward, backward, weight-gradient pass, pair overlap) of one MoE layer, as the workload emits it
+        (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then router ->
+        dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts -> combine ->
+        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward.
+
+        The pair overlap: the seconds of its dispatch/combine a DualPipe F&B pair hides
         (``_StageEmitter._interleave_pair``): each exchange runs under the other pass's next compute block, F's
         dispatch under B's unpermute+router+attention backward, B's combine gradient under F's experts, F's
         combine under B's experts, B's dispatch gradient under F's unpermute+attention+router; what the shared
         expert already hides is not counted twice."""
-        split = plan.splits_backward
-        bwd: ComputePhase = "input_grad" if split else "backward"
-        tp_comm = sum(times) if times else 0.0
-        dispatch = self._exchanges(plan, step.dispatch_exchanges(plan))
-        combine = self._exchanges(plan, step.combine_exchanges(plan))
-        price = self._moe_price
-        shared_tp = tp_comm if price(plan, "moe_shared", "forward") > 0 else 0.0
-        attention_f = self._price(plan, "attention", "forward") + tp_comm
-        attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
-                       else self._price(plan, "attention", bwd) + tp_comm)
-        outer_f = attention_f + price(plan, "moe_router", "forward") + price(plan, "moe_combine", "forward")
-        outer_b = attention_b + price(plan, "moe_router", bwd) + price(plan, "moe_combine", bwd)
-        return (min(max(0.0, dispatch - price(plan, "moe_shared", "forward") - shared_tp), outer_b)
-                + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
-                + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
-
-    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float]:
-        """(forward, backward, weight-gradient pass) of one MoE layer, as the workload emits it
-        (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then router ->
-        dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts -> combine ->
-        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward."""
         split = plan.splits_backward
         bwd: ComputePhase = "input_grad" if split else "backward"
         tp_comm = sum(times) if times else 0.0
@@ -220,7 +204,12 @@ class Estimator:
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        return forward, backward, weight
+        outer_f = attention_f + price(plan, "moe_router", "forward") + price(plan, "moe_combine", "forward")
+        outer_b = attention_b + price(plan, "moe_router", bwd) + price(plan, "moe_combine", bwd)
+        pair = (min(max(0.0, dispatch - price(plan, "moe_shared", "forward") - shared_tp), outer_b)
+                + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
+                + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
+        return forward, backward, weight, pair
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
