@@ -145,3 +145,93 @@ def write_dualpipe_chart(path: Path | str,
     fig.tight_layout()
     fig.savefig(path, dpi=140)
     return Path(path)
+
+
+# ------------------------------------------------------------------------- MoE: overlapped dispatch/combine
+def moe_dualpipe_scenario(ranks: str = "slice", **parallel: object) -> Scenario:
+    """A 4-layer Mixtral-like MoE (8 experts, top-2, hidden 1024) under DualPipe on 16 H100: pp 4 (one layer per
+    stage and copy), ep 4, 16 micro-batches of 2048 tokens, roofline costs and the analytic network; ``parallel``
+    overrides parallel settings, ``ranks`` the simulated ranks (slice or all)."""
+    return scenario_from_dict({
+        "name": "moe-dualpipe", "ranks": ranks,
+        "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
+        "model": {"name": "moe-small", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                  "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 4096,
+                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
+                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 4, "ep": 4, "zero": 1, "vpp": 1, **parallel},
+        "schedule": "dualpipe",
+    })
+
+
+EP_GRAD_COLOR = _lighter(COLORS["ep"], -0.4)  # the backward's gradient exchanges: the ep colour, darker
+
+
+def _moe_lanes(ax: object, result: RunResult, window: tuple[float, float] | None = None) -> None:
+    """Each rank's compute stream (upper lane, tasks coloured by pass) and ep stream (lower lane: the forward's
+    dispatch/combine, the backward's gradient exchanges darker), with each F&B pair framed."""
+    trace = result.trace
+    for stream, offset, height in (("compute", -0.38, 0.46), ("ep", 0.12, 0.26)):
+        shown = [result.plan.grid.rank(0, 0, stage) for stage in range(result.plan.pp)]  # one rank a stage
+        part = trace[(trace["stream"] == stream) & trace["rank"].isin(shown)]
+        for row in part.itertuples(index=False):
+            if stream == "ep":
+                color = EP_GRAD_COLOR if str(row.name).endswith("_grad_all_to_all") else COLORS["ep"]
+            else:
+                color = COLORS.get(str(row.kind), "#999999")
+            ax.broken_barh([(row.start_s, row.end_s - row.start_s)], (row.stage + offset, height),  # type: ignore[attr-defined]
+                           facecolors=color, edgecolor="white" if window else "none", linewidth=0.3)
+    blocks = pass_blocks(result)
+    for (rank, _), unit in blocks.groupby(["rank", "unit"]):
+        if len(unit) > 1 and "F" in set(unit["phase"]):
+            start, end = unit["start_s"].min(), unit["end_s"].max()
+            ax.add_patch(Rectangle((start, rank - 0.45), end - start, 0.9, fill=False,  # type: ignore[attr-defined]
+                                   edgecolor="black", linewidth=1.0))
+            if window and window[0] <= start <= window[1]:
+                mbs = "F" + str(int(unit[unit["phase"] == "F"]["microbatch"].iloc[0])) + " & B" + \
+                    str(int(unit[unit["phase"] == "B"]["microbatch"].iloc[0]))
+                ax.text(start, rank - 0.47, mbs, fontsize=6, va="bottom")  # type: ignore[attr-defined]
+    ranks = result.plan.pp
+    ax.set_yticks(range(ranks))  # type: ignore[attr-defined]
+    ax.set_yticklabels([f"rank {i}\ncompute / ep" for i in range(ranks)], fontsize=7)  # type: ignore[attr-defined]
+    ax.set_ylim(ranks - 0.5, -0.6)  # type: ignore[attr-defined]
+    ax.grid(axis="x", linewidth=0.3, alpha=0.5)  # type: ignore[attr-defined]
+    if window:
+        ax.set_xlim(*window)  # type: ignore[attr-defined]
+
+
+def write_dualpipe_moe_chart(path: Path | str, result: RunResult | None = None) -> Path:
+    """One DualPipe step of ``moe_dualpipe_scenario`` (or ``result``): the whole step, then a zoom on two
+    steady-state F&B pairs of rank 1, where the forward's dispatch/combine run on the ep stream while the other
+    micro-batch's backward computes (and the reverse)."""
+    result = result if result is not None else runner.run(moe_dualpipe_scenario())
+    blocks = pass_blocks(result)
+    pairs = blocks[(blocks["rank"] == 1)].groupby("unit").filter(lambda u: len(u) > 1 and "F" in set(u["phase"]))
+    units = sorted(pairs["unit"].unique())
+    middle = pairs[pairs["unit"].isin(units[len(units) // 2:len(units) // 2 + 2])]
+    window = (float(middle["start_s"].min()), float(middle["end_s"].max()))
+    margin = 0.05 * (window[1] - window[0])
+    window = (window[0] - margin, window[1] + margin)
+    fig = Figure(figsize=(15, 7.5))  # no pyplot: backend left alone
+    axes = fig.subplots(2, 1, squeeze=False)
+    _moe_lanes(axes[0, 0], result)
+    axes[0, 0].axvspan(*window, color="#FFD54F", alpha=0.25)
+    axes[0, 0].set_xlim(0, result.summary.step_time_s)
+    axes[0, 0].set_title(f"DualPipe, MoE (8 experts, top-2, ep 4), 4 ranks, 16 micro-batches: step "
+                         f"{1e3 * result.summary.step_time_s:.2f} ms (shaded: the zoom below)", fontsize=9, loc="left")
+    _moe_lanes(axes[1, 0], result, window)
+    axes[1, 0].set_title("two F&B pairs of rank 1 (framed): each pass's all-to-alls on the ep lane run while the "
+                         "other pass computes", fontsize=9, loc="left")
+    axes[1, 0].set_xlabel("time (s)")
+    handles = [Patch(color=COLORS["forward"], label="forward compute"),
+               Patch(color=COLORS["backward"], label="backward compute"),
+               Patch(color=COLORS["weight"], label="W"),
+               Patch(color=COLORS["ep"], label="dispatch / combine (forward)"),
+               Patch(color=EP_GRAD_COLOR, label="combine / dispatch gradients (backward)"),
+               Patch(facecolor="none", edgecolor="black", label="F&B issued as one overlapped pair")]
+    axes[0, 0].legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.08), ncol=6, fontsize=7,
+                      frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=140)
+    return Path(path)

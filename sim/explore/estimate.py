@@ -108,9 +108,11 @@ class Estimator:
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
+        pair_overlap = 0.0
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
-            moe = self._moe_layer(plan, times, overlapped)
+            moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
+            moe = (moe_f, moe_b, moe_w)
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
@@ -136,7 +138,8 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = _blocking_sends(plan, s)
             c = self._p2p(plan)
-            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers))
+            overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
+            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
         return stages
 
     def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
@@ -169,11 +172,17 @@ class Estimator:
         return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
                                                 ex.skew) for ex in exchanges)
 
-    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float]:
-        """(forward, backward, weight-gradient pass) of one MoE layer, as the workload emits it
+    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float, float]:
+        """(forward, backward, weight-gradient pass, pair overlap) of one MoE layer, as the workload emits it
         (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then router ->
         dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts -> combine ->
-        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward."""
+        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward.
+
+        The pair overlap: the seconds of its dispatch/combine a DualPipe F&B pair hides
+        (``_StageEmitter._interleave_pair``): each exchange runs under the other pass's next compute block, F's
+        dispatch under B's unpermute+router+attention backward, B's combine gradient under F's experts, F's
+        combine under B's experts, B's dispatch gradient under F's unpermute+attention+router; what the shared
+        expert already hides is not counted twice."""
         split = plan.splits_backward
         bwd: ComputePhase = "input_grad" if split else "backward"
         tp_comm = sum(times) if times else 0.0
@@ -195,7 +204,12 @@ class Estimator:
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        return forward, backward, weight
+        outer_f = attention_f + price(plan, "moe_router", "forward") + price(plan, "moe_combine", "forward")
+        outer_b = attention_b + price(plan, "moe_router", bwd) + price(plan, "moe_combine", bwd)
+        pair = (min(max(0.0, dispatch - price(plan, "moe_shared", "forward") - shared_tp), outer_b)
+                + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
+                + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
+        return forward, backward, weight, pair
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
@@ -463,7 +477,8 @@ class Estimator:
         peak = max(stage_memory(plan, s)["total"] for s in candidates)
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
         visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
-        bound = visits * max(st.forward + st.backward + st.weight for st in stages)
+        # (less what a DualPipe F&B pair hides, as if every pass were paired)
+        bound = visits * max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)

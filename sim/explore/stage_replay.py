@@ -24,6 +24,7 @@ class StageTimes:
     weight: float  # split weight-gradient pass (zero-bubble schedules)
     layer_backward: float  # one layer's backward, for when gradients become final
     layers: int
+    pair_overlap: float = 0.0  # MoE dispatch/combine an F&B pair hides (all chunks; DualPipe's interleaved pairs)
 
 
 Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool, bool]
@@ -77,6 +78,8 @@ def stage_level_replay(chunks: int, passes: list[list[Pass]], stages: list[Stage
                     break
                 ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in needs])
                 free[s] = ready + sum(times[phase] for phase, _, _, _, _ in unit)
+                if {"F", "B"} <= {phase for phase, _, _, _, _ in unit}:  # an F&B pair: its passes interleave
+                    free[s] -= stages[s].pair_overlap / chunks
                 for phase, key, _, _, _ in unit:
                     done[key] = free[s]
                     if phase == "B":

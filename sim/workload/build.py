@@ -97,6 +97,7 @@ class _StageEmitter:
         # every pass's input, and the sends its passes defer to its end; None outside such a unit.
         self.unit_first: int | None = None
         self.unit_sends: list[tuple[str, int, int, int]] = []
+        self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
         self.moe_layers = plan.moe_layers
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
@@ -212,11 +213,70 @@ class _StageEmitter:
         self.unit_first = len(self.g.tasks)
 
     def close_unit(self) -> None:
-        """Ends the unit: the sends of its passes leave, in issue order, after its last task."""
+        """Ends the unit: an F&B pair of MoE layers is interleaved (``_interleave_pair``), then the sends of its
+        passes leave, in issue order, after its last task."""
+        passes, self.unit_passes = self.unit_passes, []
+        phases = [phase for phase, _ in passes]
+        if self.plan.is_moe and phases[:2] == ["F", "B"]:
+            end = passes[2][1] if len(passes) > 2 else len(self.g.tasks)
+            self._interleave_pair(passes[0][1], passes[1][1], end)
         self.unit_first = None
         sends, self.unit_sends = self.unit_sends, []
         for phase, chunk, mb, to_global_chunk in sends:
             self._send(phase, chunk, mb, to_global_chunk, self.tail)
+
+    def _interleave_pair(self, forward: int, backward: int, end: int) -> None:
+        """DualPipe's overlapped F&B pair (DeepSeek-V3 report Sec. 3.2.1, Fig. 4; the DualPipe repo's
+        ``overlapped_forward_backward``): the forward of one micro-batch (tasks ``forward``..``backward``-1) and the
+        backward of another (``backward``..``end``-1) take turns on the compute stream, so each one's MoE dispatch
+        and combine (stream ``ep``) run under the other's compute. Each pass is cut into blocks at its MoE split
+        points, before every compute task that waits for an ``ep`` exchange (forward: attention+router | experts |
+        unpermute, next layer's attention+router | ...; backward mirrored), and the blocks alternate, F first as
+        the code issues them. The tasks and their edges stay; only each stream's order inside the unit changes
+        (F's and B's own orders kept). An edge from a B task to an F task that now comes later (Megatron's
+        synchronous TP wait on the last collective issued) moves to the last F task on that stream issued before
+        it. A pair of dense layers has no cut and keeps its order (F then B)."""
+        tasks = self.g.tasks
+
+        def cut(first: int, last: int) -> list[list[int]]:
+            parts: list[list[int]] = [[]]
+            for task in tasks[first:last]:
+                if (task.stream == "compute" and parts[-1]
+                        and any(tasks[dep].stream == EP_STREAM for dep in task.deps if dep >= first)):
+                    parts.append([])
+                parts[-1].append(task.id)
+            return parts
+
+        f_parts, b_parts = cut(forward, backward), cut(backward, end)
+        if len(f_parts) == 1 and len(b_parts) == 1:
+            return
+        order: list[int] = []
+        for i in range(max(len(f_parts), len(b_parts))):
+            order += (f_parts[i] if i < len(f_parts) else []) + (b_parts[i] if i < len(b_parts) else [])
+        position = {task: i for i, task in enumerate(order)}
+        last_on: dict[str, int] = {}  # stream -> the last F task on it so far in the new order
+        for task_id in order:
+            task = tasks[task_id]
+            if task_id >= backward:
+                moved = [dep for dep in task.deps if forward <= dep < backward and position[dep] > position[task_id]]
+                for dep in moved:
+                    task.deps.remove(dep)  # type: ignore[attr-defined]  # a list until freeze()
+                    earlier = last_on.get(tasks[dep].stream)
+                    if earlier is not None and earlier not in task.deps:
+                        task.deps.append(earlier)  # type: ignore[attr-defined]
+            else:
+                last_on[task.stream] = task_id
+        for (rank, _), stream_order in self.g.streams.items():
+            if rank != self.rank:
+                continue
+            start = len(stream_order)  # the unit's tasks are the last on each of this rank's streams
+            while start and stream_order[start - 1] >= forward:
+                start -= 1
+            mine = set(stream_order[start:])
+            stream_order[start:] = ([task for task in order if task in mine]
+                                    + [task for task in stream_order[start:] if task >= end])
+        if end == len(tasks):  # no W pass after the pair: the unit ends with the pair's last compute task
+            self.tail = max((t for t in order if tasks[t].stream == "compute"), key=position.__getitem__)
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
         if self.unit_first is not None:
@@ -507,6 +567,8 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
             for action in actions:
                 if action.with_next and emitter.unit_first is None:
                     emitter.open_unit()
+                if emitter.unit_first is not None:
+                    emitter.unit_passes.append((action.phase, len(graph.tasks)))
                 run[action.phase](action.microbatch, action.chunk)
                 if not action.with_next and emitter.unit_first is not None:
                     emitter.close_unit()
