@@ -317,6 +317,30 @@ def _fitted(node: str, tier: str, bandwidth: float) -> LinkSpec:
 _PCIE4 = LinkSpec(bandwidth=32 * GB, latency=1e-6, efficiency=0.8)
 _PCIE5 = LinkSpec(bandwidth=64 * GB, latency=1e-6, efficiency=0.8)
 
+_DGX_H100 = NodeSpec(
+    name="dgx-h100",
+    # NVLink4 450 GB/s per direction, NVSwitch3 with NVLink SHARP; 8x 400 Gb/s NDR = 50 GB/s per NIC.
+    intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
+    inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
+    nvls=_fitted("dgx-h100", "nvls", 450 * GB),
+    all_to_all=_fitted("dgx-h100", "all_to_all", 450 * GB),
+    pcie=_PCIE5,
+    source="MLPerf v4.0 DGX H100 system description; OpenXLA sm_90 tables; nccl-tests issues #212, #290",
+)
+
+_GB200_NVL72 = NodeSpec(
+    name="gb200-nvl72",
+    # 18 trays of 4 GPUs in one 72-GPU NVLink5 domain; one 400 Gb/s ConnectX-7 per GPU; Grace over C2C.
+    intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
+    inter_node=_fitted("gb200-nvl72", "inter_node", 50 * GB),
+    all_to_all=_fitted("gb200-nvl72", "all_to_all", 900 * GB),
+    gpus_per_node=4,
+    nics_per_node=4,
+    nvlink_domain=72,
+    pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
+    source="NVIDIA GB200 NVL72 datasheet; OpenXLA sm_100 GB200 NVL72 tables",
+)
+
 NODE_PRESETS: dict[str, NodeSpec] = {
     spec.name: spec
     for spec in (
@@ -328,16 +352,7 @@ NODE_PRESETS: dict[str, NodeSpec] = {
             pcie=_PCIE4,
             source="Narayanan et al. SC21 Sec 5 (Selene); nccl-tests issues #175, #119",
         ),
-        NodeSpec(
-            name="dgx-h100",
-            # NVLink4 450 GB/s per direction, NVSwitch3 with NVLink SHARP; 8x 400 Gb/s NDR = 50 GB/s per NIC.
-            intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
-            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
-            nvls=_fitted("dgx-h100", "nvls", 450 * GB),
-            all_to_all=_fitted("dgx-h100", "all_to_all", 450 * GB),
-            pcie=_PCIE5,
-            source="MLPerf v4.0 DGX H100 system description; OpenXLA sm_90 tables; nccl-tests issues #212, #290",
-        ),
+        _DGX_H100,
         NodeSpec(
             name="hgx-h800",
             # H800 NVLink: 8 of H100's 18 NVLink4 links (25 GB/s per direction each) = 200 GB/s per direction,
@@ -362,43 +377,17 @@ NODE_PRESETS: dict[str, NodeSpec] = {
             pcie=_PCIE5,
             source="ml-engineering network README (NVLink5); OpenXLA sm_100 tables; DGX B200 datasheet",
         ),
-        NodeSpec(
-            name="gb200-nvl72",
-            # 18 trays of 4 GPUs in one 72-GPU NVLink5 domain; one 400 Gb/s ConnectX-7 per GPU; Grace over C2C.
-            intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
-            inter_node=_fitted("gb200-nvl72", "inter_node", 50 * GB),
-            all_to_all=_fitted("gb200-nvl72", "all_to_all", 900 * GB),
-            gpus_per_node=4,
-            nics_per_node=4,
-            nvlink_domain=72,
-            pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
-            source="NVIDIA GB200 NVL72 datasheet; OpenXLA sm_100 GB200 NVL72 tables",
-        ),
-        NodeSpec(
-            name="hgx-h20",
-            # H20 keeps H100's NVLink4 (18 links, 900 GB/s bidirectional = 450 GB/s per direction) and NVSwitch3,
-            # so DGX H100's fitted tiers apply; 8x 400 Gb/s NICs as on HGX H100.
-            intra_node=_fitted("dgx-h100", "intra_node", 450 * GB),
-            inter_node=_fitted("dgx-h100", "inter_node", 50 * GB),
-            nvls=_fitted("dgx-h100", "nvls", 450 * GB),
-            all_to_all=_fitted("dgx-h100", "all_to_all", 450 * GB),
-            pcie=_PCIE5,
-            source="NVIDIA HGX H20 specification (NVLink 900 GB/s, PCIe Gen5); DGX H100's NVLink4 fits",
-        ),
-        NodeSpec(
-            name="gb300-nvl72",
-            # GB200 NVL72's NVLink5 rack (18 trays of 4 GPUs, 72-GPU domain); one 800 Gb/s ConnectX-8 SuperNIC per
-            # GPU = 100 GB/s; Grace over NVLink-C2C. GB200 NVL72's fitted latencies and curves stand in.
-            intra_node=_fitted("gb200-nvl72", "intra_node", 900 * GB),
-            inter_node=_fitted("gb200-nvl72", "inter_node", 100 * GB),
-            all_to_all=_fitted("gb200-nvl72", "all_to_all", 900 * GB),
-            gpus_per_node=4,
-            nics_per_node=4,
-            nvlink_domain=72,
-            pcie=LinkSpec(bandwidth=450 * GB, latency=1e-6, efficiency=0.8),
-            source="NVIDIA GB300 NVL72 datasheet (NVLink 130 TB/s over 72 GPUs = 1.8 TB/s each, ConnectX-8 800 "
-                   "Gb/s per GPU); GB200 NVL72's fits",
-        ),
+        _GB200_NVL72,
+        # H20 keeps H100's NVLink4 (18 links, 900 GB/s bidirectional = 450 GB/s per direction), NVSwitch3 and
+        # HGX H100's 8x 400 Gb/s NICs: DGX H100's fabric under its own name.
+        _DGX_H100.model_copy(update={"name": "hgx-h20", "source": "NVIDIA HGX H20 specification (NVLink 900 GB/s, "
+                                     "PCIe Gen5); DGX H100's NVLink4 fits"}),
+        # GB200 NVL72's NVLink5 rack (72-GPU domain, trays of 4) with one 800 Gb/s ConnectX-8 SuperNIC per GPU
+        # (100 GB/s) instead of ConnectX-7; GB200 NVL72's fitted latencies and curves stand in.
+        _GB200_NVL72.model_copy(update={
+            "name": "gb300-nvl72", "inter_node": _fitted("gb200-nvl72", "inter_node", 100 * GB),
+            "source": "NVIDIA GB300 NVL72 datasheet (NVLink 130 TB/s over 72 GPUs = 1.8 TB/s each, ConnectX-8 800 "
+                      "Gb/s per GPU); GB200 NVL72's fits"}),
         NodeSpec(
             name="amd-mi300x-platform",
             # 8 OAM GPUs fully connected by Infinity Fabric: 7 links of 64 GB/s per direction each (896 GB/s
