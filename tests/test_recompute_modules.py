@@ -52,7 +52,6 @@ def test_the_pp32_layout_puts_two_layers_on_the_end_stages() -> None:
      "parallel.pp*vpp: 96 does not divide model.num_layers + 1 = 95"),
     ({"parallel.vpp": 1, "parallel.first_stage_layers": 2, "parallel.dp": 4},
      "parallel.account_for_embedding_in_pipeline_split: not with first_stage_layers/last_stage_layers"),
-    ({"training.recompute": "full"}, "training.recompute_modules: needs recompute: selective (got full)"),
     ({"training.recompute_modules": "[mla_up_proj]"},
      "training.recompute_modules: mla_up_proj needs multi-head latent attention"),
     ({"training.recompute_modules": "[mlp]"}, "training.recompute_modules: mlp recomputes dense MLPs"),
@@ -105,6 +104,13 @@ def test_dense_mlp_and_attention_core_modules() -> None:
     assert dropped("core_attn") == pytest.approx(5 * a * s * s * b / tp, rel=1e-12)
     assert dropped("mlp") == pytest.approx(16 * sbh / tp, rel=1e-12)
     assert dropped("layernorm") == pytest.approx(4 * sbh / tp, rel=1e-12)
+
+
+def test_the_modules_are_read_only_under_selective_recomputation() -> None:
+    """As Megatron-Core: --recompute-modules matters only with --recompute-granularity selective."""
+    full, none = resolve(_qwen3(**{"training.recompute": "full"})), resolve(_qwen3(**{"training.recompute": "none"}))
+    assert full.recompute_modules == none.recompute_modules == frozenset()
+    assert none.activation_bytes(moe=True) == resolve(_qwen3()).activation_bytes("none", moe=True)
 
 
 def test_the_layer_being_recomputed_holds_what_its_modules_dropped() -> None:

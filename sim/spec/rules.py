@@ -149,15 +149,13 @@ def _check_uneven_stages(s: Scenario) -> None:
 
 
 def _check_recompute_modules(s: Scenario) -> None:
-    """``training.recompute_modules``: Megatron-Core's rules (transformer_config.py __post_init__): the list applies
-    to selective recomputation, mla_up_proj needs multi-head latent attention; and, where Megatron would silently
-    do nothing, a module the model does not have is refused instead (moe, moe_act, shared_experts on a model
-    without one)."""
+    """``training.recompute_modules``: Megatron-Core's rules (transformer_config.py __post_init__): mla_up_proj needs
+    multi-head latent attention; and, where Megatron would silently do nothing, a module the model does not have is
+    refused instead (moe, moe_act, shared_experts on a model without one). As in Megatron, the list is read only
+    under selective recomputation (none and full ignore it, so a search over recompute modes keeps one base)."""
     t, m = s.training, s.model
     if t.recompute_modules is None:
         return
-    if t.recompute != "selective":
-        raise ValueError(f"training.recompute_modules: needs recompute: selective (got {t.recompute})")
     for module in t.recompute_modules:
         if module == "mla_up_proj" and not m.multi_latent_attention:
             raise ValueError("training.recompute_modules: mla_up_proj needs multi-head latent attention "

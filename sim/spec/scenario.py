@@ -58,7 +58,8 @@ class TrainingSpec(FrozenSpec):
         "core_attn: the attention core (Korthikanti et al. 2022 Sec. 5); layernorm: the input and pre-MLP norms' "
         "outputs; mla_up_proj: MLA's up projections and RoPE (Q, K, V); mlp: a dense layer's MLP; moe_act: the "
         "routed experts' activation output; shared_experts: the shared expert MLP; moe: the whole MoE layer "
-        "(router, dispatch, experts, combine: its all-to-alls run again). Default: [core_attn], Megatron's"))
+        "(router, dispatch, experts, combine: its all-to-alls run again). Default: [core_attn], Megatron's; read "
+        "only with recompute: selective, as Megatron"))
     flash_attention: bool = False
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
