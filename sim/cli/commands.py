@@ -311,6 +311,20 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--tp", type=int, default=1)
     cal.add_argument("--micro-batch", type=int, default=1)
     cal.add_argument("--seq-len", type=int, default=4096)
+    cal.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", help="fit the link tiers of a profile from "
+                     "your own nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                     "alltoall_perf, sendrecv_perf stdout) instead of measuring: one host -> NVLink tiers, several "
+                     "-> the NIC tier; written into -o DIR/profile.json (merged when it exists)")
+    cal.add_argument("--base", metavar="PROFILE", help="with --from-nccl-tests: the profile to merge into "
+                     "(default: -o DIR/profile.json if it exists, else the shipped profile of the logs' GPU)")
+    cal.add_argument("--node", metavar="PRESET", help="with --from-nccl-tests: the node preset giving line rates, "
+                     "NICs and the NVLink domain (default: the logs' GPU's, e.g. dgx-h100 for H100)")
+    cal.add_argument("--nvls", action="store_true", help="with --from-nccl-tests: the one-host all-reduce runs "
+                     "used NVLink SHARP (NCCL's default on NVSwitch H100 / H200): fit the nvls tier")
+    cal.add_argument("--tier", choices=("intra_node", "inter_node", "nvls", "all_to_all"),
+                     help="with --from-nccl-tests: the tier every log describes (default: from the hosts)")
+    cal.add_argument("--in-place", action="store_true", help="with --from-nccl-tests: fit the in-place columns "
+                     "(default: out-of-place)")
     cal.set_defaults(handler=cmd_calibrate)
     return top
 
@@ -365,6 +379,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
+    if args.from_nccl_tests:
+        return cmd_import_nccl_tests(args, console)
     from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
     from sim.model.transformer import MODEL_PRESETS
     from sim.spec.degrees import degrees
@@ -401,6 +417,39 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
         table.add_row(f"{row.dtype}: {row.check}", f"{row.value:.3g} {row.note if isinstance(row.note, str) else ''}")
     console.print(table)
     console.print(f"wrote {args.output}/: " + ", ".join(sorted(p.name for p in Path(args.output).iterdir())))
+    return 0
+
+
+def cmd_import_nccl_tests(args: argparse.Namespace, console: Console) -> int:
+    """``sim calibrate --from-nccl-tests LOG...``: the logs' link tiers fitted into DIR/profile.json."""
+    from rich.table import Table
+
+    from sim.calibrate.nccl_tests import base_profile, import_logs, node_for, parse
+    from sim.costs import profile as profiles
+
+    output = Path(args.output)
+    logs = [parse(path) for path in args.from_nccl_tests]
+    node = node_for(logs, args.node)
+    existing = output / "profile.json"
+    base = (profiles.load(args.base) if args.base else profiles.load(existing) if existing.exists()
+            else base_profile(logs, args.node))
+    result = import_logs(logs, base, node, nvls=args.nvls, tier=args.tier,
+                         placement="in-place" if args.in_place else "out-of-place")
+    table = Table(title="link tiers fitted from nccl-tests", header_style="bold")
+    for column in ("tier", "runs", "ranks", "hosts", "busbw max", "plateau busbw", "base latency", "alpha"):
+        table.add_column(column, justify="left" if column in ("tier", "runs") else "right")
+    for tier in result.tiers:
+        table.add_row(tier.tier, ", ".join(tier.ops), ",".join(map(str, tier.n)), str(tier.hosts),
+                      f"{tier.measured_busbw / 1e9:,.2f} GB/s",
+                      f"{tier.plateau_busbw / 1e9:,.2f} GB/s" + ("" if tier.plateau_fitted else " (kept)"),
+                      f"{tier.fit.base_latency * 1e6:.2f} us" + ("" if tier.latency_fitted else " (kept)"),
+                      f"{tier.fit.latency * 1e6:.2f} us")
+    console.print(table)
+    for note in result.skipped:
+        console.print(f"skipped {note}")
+    output.mkdir(parents=True, exist_ok=True)
+    existing.write_text(result.profile.model_dump_json(indent=1) + "\n")
+    console.print(f"wrote {existing} (costs: {{model: calibrated, profile: {existing}}})")
     return 0
 
 
