@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate``.
+"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate | import``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -221,6 +221,37 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+IMPORT_FRAMEWORKS = ("megatron", "nemo", "deepspeed", "torchtitan")
+
+
+def cmd_import(args: argparse.Namespace, console: Console) -> int:
+    """``sim import FRAMEWORK INPUT...``: a scenario from a launch configuration, with the report of every flag."""
+    import importlib
+    from collections import Counter
+
+    import yaml
+
+    from sim.cli.tables import import_table
+    from sim.interop.draft import STATUSES, Options
+
+    options = Options(gpu=args.gpu, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpus=args.gpus,
+                      model=args.model, name=args.name)
+    if not args.inputs:
+        raise ConfigError(f"import {args.framework}: give the configuration (a file, or the arguments)")
+    module = importlib.import_module(f"sim.interop.{args.framework}")
+    draft = getattr(module, f"import_{args.framework}")(list(args.inputs), options)
+    console.print(import_table(draft.rows, f"sim import {args.framework}: what became of each setting"))
+    counts = Counter(row.status for row in draft.rows)
+    console.print(", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status]))
+    scenario = draft.scenario()  # validated before anything is written
+    out = Path(args.output)
+    header = (f"# Imported by `sim import {args.framework}` from {' '.join(args.inputs)[:200]}\n"
+              "# (the command prints what became of every setting); check it with `sim check`.\n")
+    out.write_text(header + yaml.safe_dump(draft.data, sort_keys=False))
+    console.print(f"wrote {out}: {scenario.name}, {scenario.cluster.num_gpus} GPUs", markup=False, highlight=False)
+    return 0
+
+
 def executor_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel (processes or Dask workers)")
     cmd.add_argument("--executor", choices=("process", "dask"), default="process",
@@ -286,6 +317,23 @@ def parser() -> argparse.ArgumentParser:
                             help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
+
+    imp = commands.add_parser("import", allow_abbrev=False, help="a scenario from a launch configuration: Megatron-LM "
+                              "arguments or script, NeMo YAML, DeepSpeed JSON (+ HF Trainer arguments), TorchTitan "
+                              "TOML; prints what became of every setting")
+    imp.add_argument("framework", choices=IMPORT_FRAMEWORKS)
+    imp.add_argument("inputs", nargs="*", metavar="FILE-or-ARGS",
+                     help="the configuration file; Megatron: a launch script or the arguments themselves; DeepSpeed: "
+                     "ds_config.json then the HF Trainer's arguments (--per_device_train_batch_size 4 ...)")
+    imp.add_argument("-o", "--output", required=True, help="scenario YAML to write")
+    imp.add_argument("--gpu", help="GPU preset (H100-SXM, A100-80GB-SXM, ...): the configurations do not say")
+    imp.add_argument("--gpus", type=int, help="GPUs in all (default: what the configuration says, if anything)")
+    imp.add_argument("--nodes", type=int, help="nodes (x --gpus-per-node, default the GPU's node preset)")
+    imp.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    imp.add_argument("--model", help="model preset or Hugging Face config.json: the shape the configuration does "
+                     "not give (the vocabulary, or all of it)")
+    imp.add_argument("--name", help="scenario name (default FRAMEWORK-import)")
+    imp.set_defaults(handler=cmd_import)
 
     val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
     val.add_argument("folder", nargs="?", help="scenarios + published.csv (default scenarios/validation)")
@@ -408,7 +456,12 @@ def main(argv: list[str] | None = None, background: bool | None = None) -> int:
     """Run one command; its exit code. ``background``: draw ``sim run``'s charts in a forked process
     (``sim.cli.background``); by default only when this is the process's own command line (``argv`` None), so a
     caller's process (a test, a notebook) is never forked."""
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:  # only ``sim import`` takes a framework's own flags (Megatron's, the HF Trainer's) as its inputs
+        if args.command != "import":
+            top.parse_args(argv)  # argparse's own error for an unknown flag (exit 2)
+        args.inputs = list(args.inputs) + extra
     args.background = argv is None if background is None else background
     from rich.console import Console
 

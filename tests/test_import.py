@@ -1,0 +1,145 @@
+"""``sim import``: launch configurations from the frameworks' own public examples -> scenarios (issue 26).
+
+Each input is copied unchanged into tests/data/ecosystem/ (sources in tests/data/README.md). The tests assert every
+mapped field of the imported scenario, that ``sim check``'s validation accepts it, the report's statuses, and the
+refusals (one line naming the flag).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from sim.cli.commands import main
+from sim.errors import ConfigError
+from sim.interop.draft import Draft, Options
+from sim.interop.megatron import import_megatron, script_tokens
+
+DATA = ROOT / "tests" / "data" / "ecosystem"
+
+
+def _status(draft: Draft, source: str) -> str:
+    return next(row.status for row in draft.rows if row.source == source)
+
+
+def test_megatron_llama3_8b_fp8_script() -> None:
+    """examples/llama/train_llama3_8b_h100_fp8.sh: 8 GPUs (torchrun), FP8 hybrid, distributed optimizer with both
+    overlaps, GQA 8 groups, SwiGLU 14336, RMSNorm, RoPE, untied, no biases, vocabulary 128256."""
+    draft = import_megatron([str(DATA / "megatron_train_llama3_8b_h100_fp8.sh")], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.cluster.gpu.name, s.cluster.nodes, s.cluster.gpus_per_node) == ("H100-SXM", 1, 8)
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.parallel.zero) == (1, 1, 1, 1)
+    assert s.parallel.overlap_grad_reduce and s.parallel.overlap_param_gather and s.parallel.align_param_gather
+    assert not s.parallel.sequence_parallel  # --sequence-parallel with tp 1: Megatron-LM turns it off
+    assert (s.training.dtype, s.training.grad_dtype) == ("fp8", "bf16")
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (1, 128, 8192)
+    assert s.training.flash_attention and s.training.clip_grad == 1.0 and s.training.recompute == "none"
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size) == \
+        (32, 4096, 32, 8, 14336)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("swiglu", "rmsnorm", "rope", False,
+                                                                               False)
+    assert (m.vocab_size, m.max_seq_len) == (128256, 8192)
+    assert _status(draft, "--sequence-parallel") == "ignored"
+    assert _status(draft, "--lr") == "ignored"
+    assert _status(draft, "--fp8-param-gather") == "ignored"
+    assert _status(draft, "--align-param-gather") == "default"
+
+
+def test_megatron_gpt3_175b_script_pads_nothing_and_takes_nodes() -> None:
+    """examples/gpt3/train_gpt3_175b_distributed.sh on 128 nodes: tp 8 x pp 16, fp16, the 1536 batch; the script's
+    NUM_NODES=1 is overridden by --nodes; Megatron's defaults (GELU, LayerNorm, learned positions, tied, biases,
+    overlap_grad_reduce off) are written out; the vocabulary comes from the preset (51200, a multiple of 128 x 8)."""
+    draft = import_megatron([str(DATA / "megatron_train_gpt3_175b_distributed.sh")],
+                            Options(gpu="A100-80GB-SXM", nodes=128, model="gpt3-175b"))
+    s = draft.scenario()
+    assert s.cluster.num_gpus == 1024
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.zero, s.parallel.overlap_grad_reduce) == (8, 16, 0, False)
+    assert (s.training.dtype, s.training.micro_batch, s.training.global_batch, s.training.seq_len) == \
+        ("fp16", 1, 1536, 2048)
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size) == \
+        (96, 12288, 96, 4 * 12288, 51200)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("gelu", "layernorm", "learned", True,
+                                                                               True)
+    assert draft.data["model"] == "gpt3-175b"  # the flags describe the preset exactly
+    assert _status(draft, "--step-batch-size-schedule") == "ignored"
+    assert _status(draft, "--overlap-grad-reduce") == "default"
+
+
+def test_megatron_mixtral_script() -> None:
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh on 8 nodes: pp 4, ep 8, 8 experts top-2, alltoall."""
+    draft = import_megatron([str(DATA / "megatron_train_mixtral_8x7b_distributed.sh")],
+                            Options(gpu="H100-SXM", nodes=8, model="mixtral-8x7b"))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.ep, s.parallel.zero) == (1, 4, 8, 1)
+    assert (s.model.num_moe_experts, s.model.moe_router_topk, s.moe.token_dispatcher) == (8, 2, "alltoall")
+    assert (s.training.dtype, s.training.global_batch, s.training.seq_len) == ("bf16", 256, 4096)
+    assert draft.data["model"] == "mixtral-8x7b"
+
+
+def test_megatron_arguments_and_vocabulary_padding() -> None:
+    """Arguments given directly: interleaving from layers per virtual stage, selective recompute, GQA, and the
+    vocabulary padded as Megatron-LM pads it (50257 -> a multiple of 128 x tp 4 = 50688)."""
+    args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+            "--sequence-parallel --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --group-query-attention "
+            "--num-query-groups 4 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 2 "
+            "--global-batch-size 64 --vocab-size 50257 --bf16 --recompute-granularity selective "
+            "--use-distributed-optimizer --some-new-flag 3").split()
+    draft = import_megatron(args, Options(gpu="H100-SXM", gpus=16))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.schedule) == (4, 2, 6, "interleaved")
+    assert s.parallel.sequence_parallel and s.parallel.overlap_p2p_comm
+    assert (s.training.recompute, s.training.micro_batch, s.training.global_batch) == ("selective", 2, 64)
+    assert (s.model.num_kv_heads, s.model.vocab_size, s.model.ffn_hidden_size, s.model.mlp) == (4, 50688, 8192,
+                                                                                              "gelu")
+    assert _status(draft, "--some-new-flag") == "unknown"
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--fp16 --bf16", "--fp16: cannot be combined with --bf16"),
+    ("--num-layers-per-virtual-pipeline-stage 2 --num-virtual-stages-per-pipeline-rank 2",
+     "--num-layers-per-virtual-pipeline-stage: cannot be combined with --num-virtual-stages-per-pipeline-rank"),
+    ("--overlap-param-gather --overlap-grad-reduce", "--overlap-param-gather: needs --use-distributed-optimizer"),
+    ("--use-distributed-optimizer --overlap-param-gather", "--overlap-param-gather: needs --overlap-grad-reduce"),
+    ("--recompute-granularity selective --recompute-method block", "--recompute-method: not with"),
+    ("--tensor-model-parallel-size 3", "tp*pp = 3 does not divide the cluster's 8 GPUs (set by --tensor-model-parallel-size)"),
+    ("--global-batch-size 7", "(set by --global-batch-size)"),
+])
+def test_megatron_contradictions_are_one_line(args: str, message: str) -> None:
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+    flags = (base.replace("--bf16 ", "") if "--bf16" in args else base) + args
+    with pytest.raises(ConfigError) as error:
+        import_megatron(flags.split(), Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_script_variables_and_quoted_array_entries() -> None:
+    """The launch scripts' bash: ${NAME:-default}, $NAME, and "--flag value" quoted in an array."""
+    tokens = script_tokens('TP=${TP:-4}\nA=(\n "--fp8-format hybrid"\n --tensor-model-parallel-size $TP # c\n)\n')
+    assert tokens == ["A=(", "--fp8-format", "hybrid", "--tensor-model-parallel-size", "4", ")"]
+
+
+def test_cli_import_writes_a_scenario_sim_check_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "llama.yaml"
+    code = main(["import", "megatron", str(DATA / "megatron_train_llama3_8b_h100_fp8.sh"), "--gpu", "H100-SXM",
+                 "-o", str(out)])
+    assert code == 0
+    assert yaml.safe_load(out.read_text())["parallel"]["zero"] == 1
+    assert main(["check", str(out)]) == 0
+    # A framework's flags straight on the command line, and a refusal's exit code.
+    assert main(["import", "megatron", "--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b", "-o", str(out),
+                 "--tensor-model-parallel-size", "2", "--bf16"]) == 0
+    assert yaml.safe_load(out.read_text())["parallel"]["tp"] == 2
+    assert main(["import", "megatron", "--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b", "-o", str(out),
+                 "--fp16", "--bf16"]) == 2
+
+
+def test_only_the_cli_imports_interop() -> None:
+    """The importers are the command line's: no other layer of sim imports sim.interop (issue 26's rule)."""
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "sim").rglob("*.py")
+                 if "sim.interop" in path.read_text() and path.parts[-2] not in ("cli", "interop")]
+    assert offenders == []
