@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT
 
 from sim.cli.commands import main
 from sim.errors import ConfigError
 from sim.interop.draft import Draft, Options
 from sim.interop.megatron import import_megatron, script_tokens
+
+from conftest import ROOT
 
 DATA = ROOT / "tests" / "data" / "ecosystem"
 
@@ -106,7 +107,8 @@ def test_megatron_arguments_and_vocabulary_padding() -> None:
     ("--overlap-param-gather --overlap-grad-reduce", "--overlap-param-gather: needs --use-distributed-optimizer"),
     ("--use-distributed-optimizer --overlap-param-gather", "--overlap-param-gather: needs --overlap-grad-reduce"),
     ("--recompute-granularity selective --recompute-method block", "--recompute-method: not with"),
-    ("--tensor-model-parallel-size 3", "tp*pp = 3 does not divide the cluster's 8 GPUs (set by --tensor-model-parallel-size)"),
+    ("--tensor-model-parallel-size 3",
+     "tp*pp = 3 does not divide the cluster's 8 GPUs (set by --tensor-model-parallel-size)"),
     ("--global-batch-size 7", "(set by --global-batch-size)"),
 ])
 def test_megatron_contradictions_are_one_line(args: str, message: str) -> None:
@@ -143,3 +145,73 @@ def test_only_the_cli_imports_interop() -> None:
     offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "sim").rglob("*.py")
                  if "sim.interop" in path.read_text() and path.parts[-2] not in ("cli", "interop")]
     assert offenders == []
+
+
+def test_nemo_gpt3_175b_recipe() -> None:
+    """NeMo-Framework-Launcher conf/training/gpt3/175b.yaml (NeMo 1.x): 128 nodes x 8, tp 4 x pp 8 x 6 virtual
+    stages, sequence parallel, the mcore distributed optimizer with both overlaps and 220 MB buckets, bf16;
+    ffn_hidden_size is the interpolation ${multiply:4, ${.hidden_size}}; GPT-2's BPE vocabulary padded."""
+    from sim.interop.nemo import import_nemo
+
+    draft = import_nemo([str(DATA / "nemo_gpt3_175b.yaml")], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.cluster.nodes, s.cluster.gpus_per_node) == (128, 8)
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.schedule) == (4, 8, 6, "interleaved")
+    assert s.parallel.sequence_parallel and s.parallel.overlap_p2p_comm and s.parallel.zero == 1
+    assert s.parallel.overlap_grad_reduce and s.parallel.overlap_param_gather and s.parallel.align_param_gather
+    assert s.parallel.dp_bucket_size == 220 * 2**20 and s.parallel.grad_bucket_view
+    assert (s.training.dtype, s.training.micro_batch, s.training.global_batch, s.training.seq_len) == \
+        ("bf16", 1, 2048, 2048)
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size) == \
+        (96, 12288, 96, 49152, 50688)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("gelu", "layernorm", "learned", True,
+                                                                               True)
+
+
+def test_nemo_llama2_recipes() -> None:
+    """conf/training/llama/llama2_7b.yaml (16 nodes, tp 1, mcore_distributed_optim) and llama2_70b.yaml (tp 4 x pp 4
+    x 5 virtual stages, TP communication overlap): the Llama shape from the keys, the vocabulary from --model,
+    padded by NeMo's make_vocab_size_divisible_by x tp (32000 -> 32256 at tp 4)."""
+    from sim.interop.nemo import import_nemo
+
+    draft = import_nemo([str(DATA / "nemo_llama2_7b.yaml")], Options(gpu="H100-SXM", model="llama2-7b"))
+    s = draft.scenario()
+    assert s.cluster.num_gpus == 128 and (s.parallel.tp, s.parallel.pp, s.parallel.zero) == (1, 1, 1)
+    assert s.parallel.align_param_gather  # Megatron-Core's optimizer: every bucket's gather at the step start
+    assert (s.training.global_batch, s.training.seq_len, s.training.flash_attention) == (2048, 4096, True)
+    assert draft.data["model"] == "llama2-7b"
+    draft = import_nemo([str(DATA / "nemo_llama2_70b.yaml")], Options(gpu="H100-SXM", model="llama2-70b"))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.parallel.tp_comm_overlap) == (4, 4, 5, True)
+    assert (s.model.num_kv_heads, s.model.ffn_hidden_size, s.model.vocab_size) == (8, 28672, 32256)
+    assert _status(draft, "model.optim.lr") == "ignored"
+
+
+def test_nemo2_layout_and_contradiction() -> None:
+    """A NeMo 2.0 config as NeMo-Run writes it: trainer.strategy, its ddp block, plugins.precision, model.config,
+    data; and a precision the simulator does not model named by its key."""
+    from sim.interop.nemo import import_nemo
+
+    config = {"trainer": {"num_nodes": 2, "devices": 8, "strategy": {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "sequence_parallel": True,
+        "ddp": {"overlap_grad_reduce": True, "overlap_param_gather": True, "use_distributed_optimizer": True}},
+        "plugins": {"precision": "bf16-mixed"}},
+        "model": {"config": {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
+                             "num_attention_heads": 32, "num_query_groups": 8, "gated_linear_unit": True,
+                             "normalization": "RMSNorm", "position_embedding_type": "rope",
+                             "share_embeddings_and_output_weights": False, "add_bias_linear": False}},
+        "data": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 128}}
+    path = ROOT / "runs" / "test_import_nemo2.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(yaml.safe_dump(config))
+    s = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b")).scenario()
+    assert (s.cluster.num_gpus, s.parallel.tp, s.parallel.pp, s.parallel.zero) == (16, 2, 2, 1)
+    assert s.parallel.overlap_param_gather and s.parallel.sequence_parallel
+    assert (s.training.dtype, s.training.seq_len, s.training.global_batch) == ("bf16", 8192, 128)
+    assert (s.model.mlp, s.model.num_kv_heads, s.model.vocab_size) == ("swiglu", 8, 128256)
+    config["trainer"]["plugins"]["precision"] = "fp8-mixed"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):
+        import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
+    path.unlink()

@@ -51,12 +51,13 @@ class Options:
 
 
 def text(value: Any) -> str:
-    """A value as the report prints it."""
+    """A value as the report prints it (a long list cut to 60 characters)."""
     if value is True:
         return "true"
     if value is False:
         return "false"
-    return "" if value is None else str(value)
+    shown = "" if value is None else str(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 @dataclass

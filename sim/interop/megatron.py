@@ -268,9 +268,10 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     if vpp > 1:
         put("schedule", "num_layers_per_virtual_pipeline_stage", "interleaved",
             "Megatron's interleaved 1F1B with virtual stages", "default")
+        given = args.has("overlap_p2p_comm")
         put("parallel.overlap_p2p_comm", "overlap_p2p_comm", args.flag("overlap_p2p_comm", True),
-            "Megatron-LM's default (--no-overlap-p2p-communication turns it off)",
-            "mapped" if args.has("overlap_p2p_comm") else "default")
+            "" if given else "Megatron-LM's default (--no-overlap-p2p-communication turns it off)",
+            "mapped" if given else "default")
     first, last = args.int("decoder_first_pipeline_num_layers"), args.int("decoder_last_pipeline_num_layers")
     if first is not None:
         put("parallel.first_stage_layers", "decoder_first_pipeline_num_layers", first)
@@ -311,9 +312,10 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             raise refuse(f"{args.source('overlap_param_gather')}: needs --overlap-grad-reduce (Megatron-LM asserts "
                          "it)")
         put("parallel.overlap_param_gather", "overlap_param_gather", True)
+        given = args.has("align_param_gather")
         put("parallel.align_param_gather", "align_param_gather", args.flag("align_param_gather", True),
-            "Megatron-LM core 0.9+'s default (--no-align-param-gather turns it off)",
-            "mapped" if args.has("align_param_gather") else "default")
+            "" if given else "Megatron-LM core 0.9+'s default (--no-align-param-gather turns it off)",
+            "mapped" if given else "default")
     if args.flag("tp_comm_overlap"):
         put("parallel.tp_comm_overlap", "tp_comm_overlap", True)
     # Batch.
