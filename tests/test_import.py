@@ -215,3 +215,56 @@ def test_nemo2_layout_and_contradiction() -> None:
     with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):
         import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
     path.unlink()
+
+
+def test_deepspeed_hf_zero3_with_auto_values() -> None:
+    """The HF DeepSpeed guide's ZeRO-3 config (CPU offload, every size "auto") with the Trainer's arguments: the
+    micro-batch, accumulation and global batch from them (4 x 2 x 8 GPUs = 64), bf16 from --bf16 (the file has only
+    an fp16 section, "auto" -> off), clipping from max_grad_norm's default 1.0, and the hidden-size values of
+    transformers' trainer_config_finalize for Llama-2 7B (h = 4096): 4096^2, 0.9 x 4096^2, 10 x 4096."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    trainer = "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 --bf16 --gradient_checkpointing " \
+              "--max_seq_length 4096 --learning_rate 2e-5"
+    draft = import_deepspeed([str(DATA / "deepspeed_hf_zero3.json"), *trainer.split()],
+                             Options(gpu="H100-SXM", gpus=8, model="llama2-7b"))
+    s = draft.scenario()
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (4, 64, 4096)
+    assert (s.training.dtype, s.training.clip_grad, s.training.recompute) == ("bf16", 1.0, "full")
+    assert s.parallel.zero == 3 and s.parallel.overlap_grad_reduce and s.offload.optimizer and s.offload.params
+    assert s.deepspeed is not None
+    assert s.deepspeed.reduce_bucket_size == 4096**2
+    assert s.deepspeed.stage3_prefetch_bucket_size == int(0.9 * 4096**2)
+    assert s.deepspeed.stage3_param_persistence_threshold == 40960
+    assert s.deepspeed.stage3_max_live_parameters == 1e9
+    assert s.parallel.dp_bucket_size == 2 * 4096**2  # elements x 2 bytes
+    assert (s.training.flash_attention, s.training.fused_kernels) == (True, False)
+    assert _status(draft, "zero_optimization.stage3_gather_16bit_weights_on_model_save") == "ignored"
+    assert _status(draft, "--learning_rate") == "ignored"
+
+
+def test_deepspeed_numbers_the_batch_rule_and_refusals() -> None:
+    """DeepSpeed's batch rule (train_batch_size = micro x accumulation x world size) gives the world size when
+    no GPU count is given, and a config that breaks it is refused naming train_batch_size; NVMe offload, FSDP
+    beside DeepSpeed and an "auto" without the model are each one line."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    path = ROOT / "runs" / "test_import_ds.json"
+    path.parent.mkdir(exist_ok=True)
+    import json
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+              "bf16": {"enabled": True}, "gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}
+    path.write_text(json.dumps(config))
+    s = import_deepspeed([str(path)], Options(gpu="A100-80GB-SXM", model="llama2-7b")).scenario()
+    assert (s.cluster.num_gpus, s.training.global_batch, s.training.microbatches or 8) == (16, 256, 8)
+    assert s.parallel.zero == 2 and not s.parallel.overlap_grad_reduce  # overlap_comm's default at stage 2
+    with pytest.raises(ConfigError, match=r"^train_batch_size: 256 != .* x 32 GPUs = 512"):
+        import_deepspeed([str(path)], Options(gpu="A100-80GB-SXM", gpus=32, model="llama2-7b"))
+    with pytest.raises(ConfigError, match=r"^--fsdp: the HF Trainer runs DeepSpeed"):
+        import_deepspeed([str(path), "--fsdp", "full_shard auto_wrap"], Options(gpu="H100-SXM", model="llama2-7b"))
+    with pytest.raises(ConfigError, match=r"^--model: a DeepSpeed config has no model"):
+        import_deepspeed([str(path)], Options(gpu="H100-SXM"))
+    path.unlink()
+    with pytest.raises(ConfigError, match=r"^zero_optimization.offload_optimizer.device: 'nvme' offload is not"):
+        import_deepspeed([str(DATA / "deepspeed_hf_zero3_nvme.json")], Options(gpu="H100-SXM", gpus=8,
+                                                                              model="llama2-7b"))
