@@ -79,7 +79,7 @@ def _number(key: str, value: Any) -> float:
 
 def _enabled(config: dict[str, Any], section: str, trainer: Args, flag: str) -> tuple[bool, str]:
     block = config.get(section)
-    if block is None:  # the Trainer's accelerate adds the section for --bf16/--fp16 (DeepSpeedPlugin.set_mixed_precision)
+    if block is None:  # accelerate adds the section for --bf16/--fp16 (DeepSpeedPlugin.set_mixed_precision)
         given = trainer.flag(flag)
         return given, f"no {section} section; --{flag} {'given: accelerate adds it' if given else 'not given'}"
     value = block.get("enabled", True) if isinstance(block, dict) else block
