@@ -7,6 +7,7 @@ refusals (one line naming the flag).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -188,7 +189,7 @@ def test_nemo_llama2_recipes() -> None:
     assert _status(draft, "model.optim.lr") == "ignored"
 
 
-def test_nemo2_layout_and_contradiction() -> None:
+def test_nemo2_layout_and_contradiction(tmp_path: Path) -> None:
     """A NeMo 2.0 config as NeMo-Run writes it: trainer.strategy, its ddp block, plugins.precision, model.config,
     data; and a precision the simulator does not model named by its key."""
     from sim.interop.nemo import import_nemo
@@ -202,8 +203,7 @@ def test_nemo2_layout_and_contradiction() -> None:
                              "normalization": "RMSNorm", "position_embedding_type": "rope",
                              "share_embeddings_and_output_weights": False, "add_bias_linear": False}},
         "data": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 128}}
-    path = ROOT / "runs" / "test_import_nemo2.yaml"
-    path.parent.mkdir(exist_ok=True)
+    path = tmp_path / "nemo2.yaml"
     path.write_text(yaml.safe_dump(config))
     s = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b")).scenario()
     assert (s.cluster.num_gpus, s.parallel.tp, s.parallel.pp, s.parallel.zero) == (16, 2, 2, 1)
@@ -214,7 +214,6 @@ def test_nemo2_layout_and_contradiction() -> None:
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):
         import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
-    path.unlink()
 
 
 def test_deepspeed_hf_zero3_with_auto_values() -> None:
@@ -243,15 +242,13 @@ def test_deepspeed_hf_zero3_with_auto_values() -> None:
     assert _status(draft, "--learning_rate") == "ignored"
 
 
-def test_deepspeed_numbers_the_batch_rule_and_refusals() -> None:
+def test_deepspeed_numbers_the_batch_rule_and_refusals(tmp_path: Path) -> None:
     """DeepSpeed's batch rule (train_batch_size = micro x accumulation x world size) gives the world size when
     no GPU count is given, and a config that breaks it is refused naming train_batch_size; NVMe offload, FSDP
     beside DeepSpeed and an "auto" without the model are each one line."""
     from sim.interop.deepspeed import import_deepspeed
 
-    path = ROOT / "runs" / "test_import_ds.json"
-    path.parent.mkdir(exist_ok=True)
-    import json
+    path = tmp_path / "ds_config.json"
     config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
               "bf16": {"enabled": True}, "gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}
     path.write_text(json.dumps(config))
@@ -264,7 +261,51 @@ def test_deepspeed_numbers_the_batch_rule_and_refusals() -> None:
         import_deepspeed([str(path), "--fsdp", "full_shard auto_wrap"], Options(gpu="H100-SXM", model="llama2-7b"))
     with pytest.raises(ConfigError, match=r"^--model: a DeepSpeed config has no model"):
         import_deepspeed([str(path)], Options(gpu="H100-SXM"))
-    path.unlink()
     with pytest.raises(ConfigError, match=r"^zero_optimization.offload_optimizer.device: 'nvme' offload is not"):
         import_deepspeed([str(DATA / "deepspeed_hf_zero3_nvme.json")], Options(gpu="H100-SXM", gpus=8,
                                                                               model="llama2-7b"))
+
+
+def test_torchtitan_llama3_tomls() -> None:
+    """TorchTitan's llama3 train_configs on 64 H100: 8B is FSDP over all 64 (dp_shard -1), local batch 1,
+    selective op-level SAC; 70B is TP 8 (with sequence-parallel norms) x FSDP 8, local batch 8, full AC; 405B adds
+    async TP, Float8 linears and torch.compile."""
+    from sim.interop.torchtitan import import_torchtitan
+
+    s = import_torchtitan([str(DATA / "torchtitan_llama3_8b.toml")], Options(gpu="H100-SXM", gpus=64)).scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.pp, s.parallel.dp) == ("llama3-8b", 1, 1, 64)
+    assert s.fsdp is not None and s.fsdp.sharding == "FULL_SHARD"
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (1, 64, 8192)
+    assert (s.training.dtype, s.training.grad_dtype, s.training.recompute, s.training.clip_grad) == \
+        ("bf16", "fp32", "selective", 1.0)
+    assert (s.training.fused_kernels, s.training.flash_attention) == (False, True)
+    s = import_torchtitan([str(DATA / "torchtitan_llama3_70b.toml")], Options(gpu="H100-SXM", gpus=64)).scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.dp, s.parallel.sequence_parallel) == ("llama3-70b", 8, 8, True)
+    assert (s.training.micro_batch, s.training.global_batch, s.training.recompute) == (8, 64, "full")
+    draft = import_torchtitan([str(DATA / "torchtitan_llama3_405b.toml")], Options(gpu="H100-SXM", gpus=64))
+    s = draft.scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.tp_comm_overlap, s.training.dtype) == ("llama3-405b", 8, True,
+                                                                                            "fp8")
+    assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
+    assert not s.training.fp8_weight_cache
+    assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
+
+
+def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
+    from sim.interop.torchtitan import import_torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n'
+                    'global_batch_size = 64\n[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 8\n')
+    s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16)).scenario()
+    assert s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD" and s.parallel.dp == 16
+    assert (s.training.global_batch, s.training.micro_batch) == (64, 2)  # 2 accumulation steps
+    path.write_text('[model]\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 8\n'
+                    'data_parallel_shard_degree = 1\n')
+    s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert s.fsdp is None and s.parallel.zero == 0 and s.parallel.dp == 8
+    with pytest.raises(ConfigError, match=r"^parallelism.data_parallel_shard_degree: dp_replicate 8 x dp_shard 1"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16))
+    path.write_text('[model]\nflavor = "debugmodel"\n')
+    with pytest.raises(ConfigError, match=r"^model.flavor: llama3 debugmodel is not a preset"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
