@@ -296,7 +296,8 @@ def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
 
     path = tmp_path / "job.toml"
     path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n'
-                    'global_batch_size = 64\n[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 8\n')
+                    'global_batch_size = 64\n[parallelism]\ndata_parallel_replicate_degree = 2\n'
+                    'data_parallel_shard_degree = 8\n')
     s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16)).scenario()
     assert s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD" and s.parallel.dp == 16
     assert (s.training.global_batch, s.training.micro_batch) == (64, 2)  # 2 accumulation steps
