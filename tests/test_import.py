@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -310,3 +311,71 @@ def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
     path.write_text('[model]\nflavor = "debugmodel"\n')
     with pytest.raises(ConfigError, match=r"^model.flavor: llama3 debugmodel is not a preset"):
         import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
+
+
+def _layout(s: Any) -> tuple[Any, ...]:
+    from sim.spec.degrees import degrees
+
+    d = degrees(s)
+    return (d.num_gpus, d.tp, d.pp, d.dp, d.vpp, d.micro_batch, d.global_batch, d.seq_len, d.zero_stage, d.ep,
+            s.training.recompute, s.parallel.sequence_parallel, s.schedule, s.training.dtype)
+
+
+@pytest.mark.parametrize("framework, base, model", [
+    ("megatron", "tiny.yaml", None),
+    ("megatron", "llama2-7b_h100-8_dp.yaml", None),
+    ("torchtitan", "llama2-7b_h100-8_dp.yaml", "llama2-7b"),
+    ("deepspeed", "llama2-7b_h100-8_dp.yaml", "llama2-7b"),
+])
+def test_emitted_configurations_import_to_the_same_layout(framework: str, base: str, model: str | None,
+                                                          tmp_path: Path) -> None:
+    """Round trip: every layout `sim search --emit` may write for the framework (its EMIT_LIMITS), emitted and
+    imported again, gives the same degrees, micro-batch, global batch, ZeRO stage, recompute, sequence
+    parallelism, schedule and dtype (the Megatron shape flags carry the model, so none is passed there)."""
+    from sim.cli.commands import EMIT_LIMITS
+    from sim.explore import search
+    from sim.interop.deepspeed import import_deepspeed
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    overrides = ["cluster.nodes=2", "parallel.dp=16"] if "llama2" in base else []
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    only = search.parse_only([f"{knob}={values}" for knob, values in EMIT_LIMITS[framework].items()])
+    checked = 0
+    for layout in search.layouts(scenario, only, max_micro_batch=2):
+        try:
+            candidate = search.candidate(scenario, layout)
+        except ValueError:
+            continue
+        try:
+            emitted = emit(candidate, framework)
+        except ConfigError:  # a layout the framework cannot run (sim search lists it as not expressible)
+            continue
+        path = tmp_path / f"config{emitted.suffix}"
+        path.write_text(emitted.text)
+        options = Options(gpu=candidate.cluster.gpu.name, model=model,
+                          gpus=candidate.cluster.num_gpus if framework != "megatron" else None)
+        if framework == "megatron":
+            back = import_megatron([str(path)], options)
+        elif framework == "torchtitan":
+            back = import_torchtitan([str(path)], options)
+        else:
+            back = import_deepspeed([str(path), *emitted.launch.split()[6:]], options)
+        assert _layout(back.scenario()) == _layout(candidate), (layout, emitted.text)
+        checked += 1
+    assert checked >= 4
+
+
+def test_cli_search_emit_writes_importable_flags(tmp_path: Path) -> None:
+    """`sim search --emit megatron` on tiny: only Megatron-runnable layouts are searched (ZeRO 0/1, 1F1B or
+    interleaved), each shown layout's script is written, and importing the best one gives its layout back."""
+    out = tmp_path / "search"
+    assert main(["search", str(ROOT / "scenarios" / "tiny.yaml"), "--top", "6", "--show", "2", "--no-plot",
+                 "--emit", "megatron", "-o", str(out)]) == 0
+    scripts = sorted((out / "emit").glob("*.sh"))
+    assert len(scripts) == 2
+    s = import_megatron([str(scripts[0])], Options(gpu="A100-80GB-SXM")).scenario()
+    assert s.parallel.zero in (0, 1) and s.schedule in ("1f1b", "interleaved") and s.cluster.num_gpus == 4
+    assert s.model.num_layers == 4 and s.model.hidden_size == 1024

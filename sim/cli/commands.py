@@ -187,6 +187,12 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 
     from sim.explore import search
 
+    if args.emit:  # search only what the framework can run, unless --only says otherwise for that knob
+        given = {spec.split("=", 1)[0].strip() for spec in args.only}
+        limits = EMIT_LIMITS[args.emit]
+        args.only = list(args.only) + [f"{knob}={values}" for knob, values in limits.items() if knob not in given]
+        console.print(f"--emit {args.emit}: searching " + ", ".join(f"{k}={v}" for k, v in limits.items()
+                                                                     if k not in given), markup=False)
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
@@ -214,6 +220,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
                       "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",
                       f"{row['mfu']:.1%}", f"{row['peak_memory_bytes'] / 2**30:.0f}")
     console.print(table)
+    if args.emit:
+        _emit_layouts(args, console, simulated[simulated["status"] == "ok"].head(args.show), out)
     if not args.no_plot:
         for write in _plugins(SEARCH_PLUGINS):
             write(out, screened, simulated)
@@ -222,6 +230,44 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 
 
 IMPORT_FRAMEWORKS = ("megatron", "nemo", "deepspeed", "torchtitan")
+EMIT_FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+# The layouts each framework can launch (sim.interop.emit refuses the rest): Megatron-LM's distributed optimizer is
+# ZeRO-1 and its schedules 1F1B and interleaved 1F1B; TorchTitan shards with FSDP2 (ZeRO-2/3) or replicates (DDP);
+# a DeepSpeed run under the HF Trainer is data-parallel only, with HF gradient checkpointing (full) or none.
+EMIT_LIMITS = {"megatron": {"zero": "0,1", "schedule": "1f1b,interleaved"},
+               "torchtitan": {"zero": "0,2,3", "schedule": "1f1b,gpipe,interleaved,zb-v"},
+               "deepspeed": {"tp": "1", "pp": "1", "recompute": "none,full"}}
+
+
+def _emit_layouts(args: argparse.Namespace, console: Console, rows: Any, out: Path) -> None:
+    """``sim search --emit FRAMEWORK``: each shown layout's launch configuration under ``out/emit/``, the best
+    one's printed; a layout the framework cannot run is named with the knob it lacks."""
+    from sim.explore import search
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    base = load_scenario(args.scenario, args.set)
+    folder = out / "emit"
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    refused: list[str] = []
+    for rank, (_, row) in enumerate(rows.iterrows(), start=1):
+        layout = search.layout_of(row.rename({key: name for name, key in search.LAYOUT_KEYS.items()}))
+        name = f"{rank:02d}_tp{layout.tp}_pp{layout.pp}_dp{layout.dp}_v{layout.vpp}_mb{layout.micro_batch}"
+        try:
+            emitted = emit(search.candidate(base, layout), args.emit)
+        except ConfigError as error:
+            refused.append(f"{name}: {error}")
+            continue
+        (folder / f"{name}{emitted.suffix}").write_text(emitted.text)
+        if not written:
+            console.print(f"best layout as {args.emit} ({name}{emitted.suffix}; run with: {emitted.launch}):",
+                          markup=False, highlight=False)
+            console.print(emitted.text, markup=False, highlight=False)
+        written.append(f"{name}{emitted.suffix}")
+    console.print(f"wrote {folder}/: {', '.join(written) or 'nothing'}", markup=False, highlight=False)
+    for line in refused:
+        console.print(f"not expressible in {args.emit}: {line}", markup=False, highlight=False)
 
 
 def cmd_import(args: argparse.Namespace, console: Console) -> int:
@@ -313,6 +359,8 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--show", type=int, default=10, help="rows of the printed table")
     search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
     search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
+    search_cmd.add_argument("--emit", choices=EMIT_FRAMEWORKS, help="also write each shown layout's launch "
+                            "configuration (Megatron-LM script, TorchTitan TOML, DeepSpeed JSON) under OUTPUT/emit/")
     search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
                             help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)

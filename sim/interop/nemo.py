@@ -221,6 +221,8 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
         if sharding is None:
             raise refuse(f"model.fsdp_sharding_strategy: {strategy!r} is not full, hybrid or grad")
         draft.put("fsdp.sharding", sharding, "model.fsdp", True, f"fsdp_sharding_strategy {strategy}")
+        draft.put("parallel.overlap_grad_reduce", True, "model.fsdp", True, "FSDP reduces each unit under the "
+                  "backward", "default")
     read.update({"model.fsdp", "model.fsdp_sharding_strategy"})
     if flat.get("model.gradient_as_bucket_view") is not None:
         draft.put("parallel.grad_bucket_view", bool(flat["model.gradient_as_bucket_view"]),

@@ -148,10 +148,14 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         micro = _int(flat, "parallelism.pipeline_parallel_microbatch_size", 1)
         read.add("parallelism.pipeline_parallel_microbatch_size")
         per_stage = take("parallelism.pipeline_parallel_layers_per_stage")
-        if per_stage and SCHEDULES[schedule_name] in ("interleaved", "zb-h1"):
+        multi = SCHEDULES[schedule_name] in ("interleaved", "zb-h1", "zb-v", "dualpipev")
+        if per_stage and multi:
             layers = int(model.fields["num_layers"])
             draft.put("parallel.vpp", layers // (pp * int(per_stage)), "parallelism.pipeline_parallel_layers_per_stage",
                       per_stage)
+        elif SCHEDULES[schedule_name] in ("zb-v", "dualpipev"):  # a V schedule: two stages per rank
+            draft.put("parallel.vpp", 2, "parallelism.pipeline_parallel_schedule", schedule_name,
+                      "a V schedule runs two stages per rank", "default")
     draft.put("training.micro_batch", micro, "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else source)
     global_batch = take("training.global_batch_size", -1)
     batch = global_batch if global_batch and global_batch > 0 else local * dp
