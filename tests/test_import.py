@@ -379,3 +379,20 @@ def test_cli_search_emit_writes_importable_flags(tmp_path: Path) -> None:
     s = import_megatron([str(scripts[0])], Options(gpu="A100-80GB-SXM")).scenario()
     assert s.parallel.zero in (0, 1) and s.schedule in ("1f1b", "interleaved") and s.cluster.num_gpus == 4
     assert s.model.num_layers == 4 and s.model.hidden_size == 1024
+
+
+@pytest.mark.parametrize("framework, inputs, options", [
+    ("megatron", ["megatron_train_gpt3_175b_distributed.sh"], ["--gpu", "A100-80GB-SXM", "--nodes", "128",
+                                                               "--model", "gpt3-175b"]),
+    ("nemo", ["nemo_llama2_70b.yaml"], ["--gpu", "H100-SXM", "--model", "llama2-70b"]),
+    ("deepspeed", ["deepspeed_hf_zero3.json"], ["--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b",
+                                                "--per_device_train_batch_size", "2", "--bf16"]),
+    ("torchtitan", ["torchtitan_llama3_70b.toml"], ["--gpu", "H100-SXM", "--gpus", "64"]),
+])
+def test_each_framework_imports_to_a_scenario_sim_check_accepts(framework: str, inputs: list[str],
+                                                                options: list[str], tmp_path: Path) -> None:
+    """Issue 26's must-show 1: each framework's public example, through the command line, to a file `sim check`
+    accepts (exit 0)."""
+    out = tmp_path / f"{framework}.yaml"
+    assert main(["import", framework, *[str(DATA / name) for name in inputs], *options, "-o", str(out)]) == 0
+    assert main(["check", str(out)]) == 0
