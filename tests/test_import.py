@@ -396,3 +396,19 @@ def test_each_framework_imports_to_a_scenario_sim_check_accepts(framework: str, 
     out = tmp_path / f"{framework}.yaml"
     assert main(["import", framework, *[str(DATA / name) for name in inputs], *options, "-o", str(out)]) == 0
     assert main(["check", str(out)]) == 0
+
+
+def test_gpu_name_prefix_and_context_parallel_listed() -> None:
+    """--gpu takes a preset or an unambiguous start of one; --context-parallel-size above 1 is listed as unmapped
+    while the scenario has no parallel.cp (its ranks then count as data-parallel ranks)."""
+    from sim.spec.scenario import ParallelSpec
+
+    args = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1024 --bf16 " \
+           "--context-parallel-size 2 --global-batch-size 16".split()
+    draft = import_megatron(args, Options(gpu="h100", gpus=8))
+    s = draft.scenario()
+    assert s.cluster.gpu.name == "H100-SXM"
+    if "cp" not in ParallelSpec.model_fields:
+        assert _status(draft, "--context-parallel-size") == "unmapped" and s.parallel.dp is None
+    with pytest.raises(ConfigError, match=r"^--gpu: unknown GPU preset 'a100'"):
+        import_megatron(args, Options(gpu="a100", gpus=8))
