@@ -412,3 +412,18 @@ def test_gpu_name_prefix_and_context_parallel_listed() -> None:
         assert _status(draft, "--context-parallel-size") == "unmapped" and s.parallel.dp is None
     with pytest.raises(ConfigError, match=r"^--gpu: unknown GPU preset 'a100'"):
         import_megatron(args, Options(gpu="a100", gpus=8))
+
+
+def test_model_from_a_hugging_face_config(tmp_path: Path) -> None:
+    """--model config.json: the shape from the HF importer (Mistral-NeMo-12B: head_dim 128 with hidden 5120), and
+    the DeepSpeed "auto" buckets from its hidden size (5120^2)."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    config = str(ROOT / "tests" / "data" / "hf_configs" / "Mistral-Nemo-Base-2407" / "config.json")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))
+    s = import_deepspeed([str(path), "--bf16"], Options(gpu="H100-SXM", gpus=8, model=config)).scenario()
+    assert (s.model.hidden_size, s.model.kv_channels, s.model.num_layers) == (5120, 128, 40)
+    assert s.deepspeed is not None and s.deepspeed.reduce_bucket_size == 5120**2
+    assert (s.training.micro_batch, s.training.global_batch) == (8, 64)  # TrainingArguments' default 8 per GPU
