@@ -396,3 +396,34 @@ def test_each_framework_imports_to_a_scenario_sim_check_accepts(framework: str, 
     out = tmp_path / f"{framework}.yaml"
     assert main(["import", framework, *[str(DATA / name) for name in inputs], *options, "-o", str(out)]) == 0
     assert main(["check", str(out)]) == 0
+
+
+def test_gpu_name_prefix_and_context_parallel_listed() -> None:
+    """--gpu takes a preset or an unambiguous start of one; --context-parallel-size above 1 is listed as unmapped
+    while the scenario has no parallel.cp (its ranks then count as data-parallel ranks)."""
+    from sim.spec.scenario import ParallelSpec
+
+    args = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1024 --bf16 " \
+           "--context-parallel-size 2 --global-batch-size 16".split()
+    draft = import_megatron(args, Options(gpu="h100", gpus=8))
+    s = draft.scenario()
+    assert s.cluster.gpu.name == "H100-SXM"
+    if "cp" not in ParallelSpec.model_fields:
+        assert _status(draft, "--context-parallel-size") == "unmapped" and s.parallel.dp is None
+    with pytest.raises(ConfigError, match=r"^--gpu: unknown GPU preset 'a100'"):
+        import_megatron(args, Options(gpu="a100", gpus=8))
+
+
+def test_model_from_a_hugging_face_config(tmp_path: Path) -> None:
+    """--model config.json: the shape from the HF importer (Mistral-NeMo-12B: head_dim 128 with hidden 5120), and
+    the DeepSpeed "auto" buckets from its hidden size (5120^2)."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    config = str(ROOT / "tests" / "data" / "hf_configs" / "Mistral-Nemo-Base-2407" / "config.json")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))
+    s = import_deepspeed([str(path), "--bf16"], Options(gpu="H100-SXM", gpus=8, model=config)).scenario()
+    assert (s.model.hidden_size, s.model.kv_channels, s.model.num_layers) == (5120, 128, 40)
+    assert s.deepspeed is not None and s.deepspeed.reduce_bucket_size == 5120**2
+    assert (s.training.micro_batch, s.training.global_batch) == (8, 64)  # TrainingArguments' default 8 per GPU

@@ -119,9 +119,10 @@ def cluster(draft: Draft, options: Options, nodes: tuple[int, str] | None = None
         raise refuse(f"--gpu: the {draft.framework} configuration does not say which GPU; give --gpu "
                      f"(a preset: {', '.join(GPU_PRESETS)})")
     by_lower = {name.lower(): name for name in GPU_PRESETS}
-    if options.gpu.lower() not in by_lower:
+    starting = [name for name in GPU_PRESETS if name.lower().startswith(options.gpu.lower())]
+    if options.gpu.lower() not in by_lower and len(starting) != 1:  # "h100" is H100-SXM; "a100" is ambiguous
         raise refuse(f"--gpu: unknown GPU preset {options.gpu!r} (known: {', '.join(GPU_PRESETS)})")
-    gpu = by_lower[options.gpu.lower()]
+    gpu = by_lower.get(options.gpu.lower()) or starting[0]
     draft.put("cluster.gpu", gpu, "--gpu")
     preset_per_node = NODE_PRESETS[DEFAULT_NODE_FOR_GPU[gpu]].gpus_per_node
     if options.gpus_per_node:
