@@ -31,7 +31,7 @@ from sim.model.transformer import active_params, logits_forward_flops, model_flo
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
-from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, MOE_COMM_KINDS, Kind, Stream
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, Kind, Stream
 
 # summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
 # keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
@@ -222,6 +222,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     busy_compute: list[float] = []
     # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
     comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
     exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
