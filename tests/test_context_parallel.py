@@ -13,6 +13,7 @@ import pytest
 
 from sim import runner
 from sim.errors import ConfigError
+from sim.explore import search
 from sim.explore.estimate import estimate
 from sim.model.ops import FLASH_TILE, causal_fraction
 from sim.parallel.context import exchanges, executed_share, rank_chunks, ring_makespan, ring_steps, step_shares
@@ -259,3 +260,23 @@ def test_bundled_128k_scenario():
     assert estimate(s).step_time_s == pytest.approx(simulated.step_time_s, rel=0.05)
     assert simulated.exposed_comm_s["cp"] > 0
     assert all(row["fits"] for row in memory_plan(plan))
+
+
+# ------------------------------------------------------------------------------------------------ search
+def test_search_enumerates_cp_and_its_comm_types():
+    """cp over the divisors of the GPUs left by tp x pp that leave each rank >= CP_MIN_LOCAL_TOKENS tokens (16K
+    tokens: cp 2 and 4, not 8), each with p2p, all_gather and a2a; every one a layout ``sim run`` accepts."""
+    base = scenario()
+    only = search.parse_only(["tp=2", "pp=2", "zero=1", "recompute=none", "schedule=1f1b", "micro_batch=1",
+                              "sequence_parallel=true"])
+    table = search.screen(base, list(search.layouts(base, only=only)))
+    assert set(zip(table["cp"], table["cp_comm_type"], strict=True)) == {
+        (1, "p2p"), *((cp, comm) for cp in (2, 4) for comm in search.CP_COMM_TYPES)}
+    assert (table["status"] == "ok").all()
+    assert set(table["dp"]) == {8, 4, 2}
+    first = table.iloc[0]
+    simulated = runner.run(search.candidate(base, search.layout_of(first))).summary.step_time_s
+    assert first["est_step_time_s"] == pytest.approx(simulated, rel=0.05)
+    narrowed = search.layouts(base, only=search.parse_only(["cp=8", "tp=2", "pp=2", "zero=1", "recompute=none",
+                                                            "schedule=1f1b", "micro_batch=1"]))
+    assert {layout.cp for layout in narrowed} == {8}  # --only cp overrides the token floor
