@@ -34,7 +34,8 @@ SCENARIO = {
     "parallel": {"tp": 8, "cp": CP, "cp_comm_type": "p2p", "sequence_parallel": True},
     "schedule": "1f1b", "costs": "roofline", "network": "analytic",
 }
-COLORS = {"attention": "#4C72B0", "attention_core": "#8172B2", "mlp": "#55A868", "cp": "#C44E52", "tp": "#CCB974"}
+COLORS = {"attention": "#4C72B0", "attention_out": "#4C72B0", "attention_core": "#8172B2", "mlp": "#55A868",
+          "cp": "#C44E52", "tp": "#CCB974"}
 LANES = ("compute", "cp", "tp")
 
 

@@ -108,7 +108,7 @@ class Summary:
     hfu: float
     bubble_fraction: float
     bubble_rate_stagewise: float
-    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp) -> seconds, worst rank
+    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp; ep: MoE; cp: cp > 1) -> seconds, worst rank
     peak_memory_bytes: PeakMemory
     memory_breakdown_bytes: dict[str, dict[str, float]]  # rank -> part (weights, activations, ..., total) -> bytes
     host_memory_bytes: float  # CPU offload, per rank

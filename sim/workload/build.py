@@ -218,8 +218,9 @@ class _StageEmitter:
 
     # ------------------------------------------------------------------------------------ context parallel
     def _cp_block(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
-        """The attention block under context parallelism: the part before the flash kernel (norm, QKV), the
-        attention core with its CP exchanges (``_cp_core``), the part after it; backward in reverse, the QKV
+        """The attention block under context parallelism: the part before the flash kernel (norm, QKV: task
+        ``attention``), the attention core with its CP exchanges (``_cp_core``: ``attention_core``), the part after
+        it (output projection, residual: ``attention_out``); backward in reverse, the QKV
         projection's backward keeping Megatron's asynchronous input-gradient reduction under its weight gradient
         (as ``_overlapped_backward``)."""
         whole = self.block_work["attention"]  # the trained or the frozen layer's
@@ -231,9 +232,9 @@ class _StageEmitter:
         if phase == "forward":
             after = self._compute(kind, "attention", mb, layer, pre, after, phase)
             after = self._cp_core(kind, mb, layer, after, phase)
-            after = self._compute(kind, "attention", mb, layer, post, after, phase)
+            after = self._compute(kind, "attention_out", mb, layer, post, after, phase)
             return self._tp(self.tp_after, mb, layer, after)
-        after = self._compute("backward", "attention", mb, layer, post, after, phase)
+        after = self._compute("backward", "attention_out", mb, layer, post, after, phase)
         after = self._cp_core("backward", mb, layer, after, phase)
         column = self.column_work["attention"]
         if not overlaps_backward(self.plan, self._price(column, "weight_grad")[0]):
