@@ -84,7 +84,7 @@ def draw(trace: pd.DataFrame, out: Path) -> None:
     fig.suptitle("One layer of Llama 3 8B with context parallelism 4 (ring attention, TE p2p), 32K tokens, "
                  "tp 8 per node, rank 0", fontsize=11)
     fig.legend(handles=[Patch(color=COLORS["attention"], label="attention before/after the core (norm, QKV, out)"),
-                        Patch(color=COLORS["attention_core"], label="flash attention, one ring step"),
+                        Patch(color=COLORS["attention_core"], label="ring step: flash + output correction"),
                         Patch(color=COLORS["mlp"], label="MLP"),
                         Patch(color=COLORS["cp"], label="CP send (KV; backward KV + dKV)"),
                         Patch(color=COLORS["tp"], label="TP all-gather / reduce-scatter (SP)")],

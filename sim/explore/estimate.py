@@ -218,10 +218,10 @@ class Estimator:
         return forward, backward, weight, pair
 
     def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
-        """(forward, backward) seconds one layer's context-parallel exchanges add to its attention core, as the
-        workload emits them (``_StageEmitter._cp_core``): the ring's makespan less its compute
-        (sim.parallel.context.ring_makespan: a send is exposed where it outlasts its step), or the all-gather /
-        all-to-all collectives, which nothing overlaps. (0, 0) without CP."""
+        """(forward, backward) seconds one layer's context parallelism adds to its attention block's flash kernel,
+        as the workload emits it (``_StageEmitter._cp_core``): the ring's makespan (sim.parallel.context.
+        ring_makespan: a send is exposed where it outlasts its step; the steps with TE's output corrections) less
+        the flash kernel, or the all-gather / all-to-all collectives, which nothing overlaps. (0, 0) without CP."""
         ca = step.context_attention(plan)
         if ca is None:
             return 0.0, 0.0
@@ -233,7 +233,9 @@ class Estimator:
                 continue
             blocks = [self.costs.compute_time(work, phase) for work in ca.steps]  # type: ignore[arg-type]
             sends = [self.net.p2p_time(m.nbytes, group[0], group[1]) for m in moves]
-            out.append(ring_makespan(blocks, sends, backward=phase != "forward") - sum(blocks))
+            flash = Work(tuple(op for work in ca.steps for op in work.ops if op.name == "flash_attention"), 0.0)
+            core = self.costs.compute_time(flash, phase)  # type: ignore[arg-type]  # priced in the attention block
+            out.append(ring_makespan(blocks, sends, backward=phase != "forward") - core)
         return out[0], out[1]
 
     def _p2p(self, plan: Plan) -> float:

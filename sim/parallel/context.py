@@ -10,6 +10,7 @@ sequence length and a layer's per-TP-rank attention widths. Out, as plain number
   (Transformer Engine ``AttnFuncWithCPAndKVP2P``), and each step's share of the rank's (s/cp) x s score matrix.
   A diagonal block executes ``sim.model.ops.causal_fraction`` of its tiles (the same FlashAttention tile rule as
   without CP, applied per chunk), so over all ranks the executed tiles are exactly the unsplit sequence's.
+- ``correction_rows``: the output rows TE's ring rescales after each step (a memory-bound kernel per step).
 - ``executed_share``: the share of the rank's full-matrix attention FLOPs its kernels execute (what the cost
   model prices; MFU keeps Megatron's full-matrix count).
 - ``exchanges``: the collectives or sends of one layer's attention, per pass: ring attention's KV sends (and in
@@ -69,6 +70,17 @@ def step_shares(seq_len: int, cp: int, causal: bool = True, tile: int = FLASH_TI
     diagonal block runs ``causal_fraction`` of its tiles (FlashAttention-2 skips the tiles above the diagonal)."""
     diagonal = causal_fraction(seq_len // (2 * cp), tile)
     return tuple((step.full + step.diagonal * diagonal) / (4 * cp) for step in ring_steps(cp, causal))
+
+
+def correction_rows(cp: int, causal: bool = True) -> tuple[float, ...]:
+    """Per ring step, the share of a rank's output rows Transformer Engine's forward rescales and adds into the
+    output (AttnFuncWithCPAndKVP2P.forward, after the steps: ``flash_attn_fwd_out_correction_init`` for step 0,
+    ``flash_attn_fwd_out_correction`` for step k <= rank, the second half only, ``..._second_half_out_correction``,
+    for k > rank), averaged over the cp ranks: 1 - k/(2cp); all rows without the causal mask. A memory-bound
+    kernel over the output (step 0: read the step's output, write the output; later steps: read both, write the
+    output); its backward counterpart (dq and dK, dV accumulated per step) is priced by the weightless op's
+    backward rule (sim.costs.models.phase_scale)."""
+    return tuple(1.0 if not causal else 1.0 - k / (2 * cp) for k in range(cp))
 
 
 def executed_share(seq_len: int, cp: int, comm_type: CpCommType, causal: bool = True) -> float:

@@ -37,7 +37,7 @@ from sim.model.ops import (
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
-from sim.parallel.context import CpExchange, exchanges, executed_share, step_shares
+from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
@@ -139,8 +139,9 @@ def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
 
 @dataclass(frozen=True)
 class ContextAttention:
-    """A layer's attention core under context parallelism (``steps``: one Work per ring step under p2p, the whole
-    core otherwise) and the exchanges of each pass (sim.parallel.context.exchanges). The rest of the block runs
+    """A layer's attention core under context parallelism (``steps``: one Work per ring step under p2p, each the
+    step's flash kernel and its output correction, ``sim.parallel.context.correction_rows``; the whole core
+    otherwise) and the exchanges of each pass (sim.parallel.context.exchanges). The rest of the block runs
     around it (``attention_parts``)."""
 
     steps: tuple[Work, ...]
@@ -160,15 +161,17 @@ def context_attention(plan: Plan) -> ContextAttention | None:
     if plan.cp == 1:
         return None
     flash = next(op for op in blocks(plan).block["attention"].ops if op.name == "flash_attention")
-    if plan.cp_comm_type == "p2p":  # step k runs step_shares[k] of the full matrix, 1/cp of Megatron's count
-        cp = plan.cp
-        shares = step_shares(plan.seq_len, cp, plan.scenario.training.causal_attention)
-        steps = tuple(Work((replace(flash, flops=flash.flops / cp, bytes=flash.bytes / cp, executed=share * cp),),
-                           0.0) for share in shares)
-    else:
-        steps = (Work((flash,), 0.0),)
     m = plan.model
     q_width, kv_width = m.q_dim / plan.tp, m.kv_dim / plan.tp
+    if plan.cp_comm_type == "p2p":  # step k runs step_shares[k] of the full matrix, 1/cp of Megatron's count
+        cp, causal = plan.cp, plan.scenario.training.causal_attention
+        shares = step_shares(plan.seq_len, cp, causal)
+        out_bytes = plan.micro_batch * plan.local_seq_len * q_width * plan.elem_bytes
+        steps = tuple(Work((replace(flash, flops=flash.flops / cp, bytes=flash.bytes / cp, executed=share * cp),
+                            Op("cp_out_correction", 0.0, (2 if k == 0 else 3) * out_bytes * rows, False)), 0.0)
+                      for k, (share, rows) in enumerate(zip(shares, correction_rows(cp, causal), strict=True)))
+    else:
+        steps = (Work((flash,), 0.0),)
     b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
     return ContextAttention(steps, *(exchanges(plan.cp_comm_type, plan.cp, direction, b, s, q_width, kv_width, elem)
                                      for direction in ("forward", "backward")))
