@@ -34,6 +34,7 @@ from sim.model.peft import (
 )
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.context import CpCommType
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
@@ -91,10 +92,20 @@ class Plan:
         return self.scenario.parallel.sequence_parallel
 
     @cached_property
+    def cp(self) -> int:
+        """Context-parallel degree: the ranks each sequence is split over (``parallel.cp``)."""
+        return self.degrees.cp
+
+    @cached_property
+    def cp_comm_type(self) -> CpCommType:
+        """How a CP rank's attention sees the others' K and V (``parallel.cp_comm_type``; sim.parallel.context)."""
+        return self.scenario.parallel.cp_comm_type
+
+    @cached_property
     def grid(self) -> RankGrid:
         if self.is_moe:
-            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp)
-        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node)
+            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp, self.cp)
+        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, cp=self.cp)
 
     # ------------------------------------------------------------------------------------------------ batch
     @cached_property
@@ -104,6 +115,12 @@ class Plan:
     @cached_property
     def seq_len(self) -> int:
         return self.degrees.seq_len
+
+    @cached_property
+    def local_seq_len(self) -> int:
+        """Tokens of each sequence one rank holds: seq_len / cp (the rules make it whole). Every kernel but the
+        attention core, every activation and every TP, PP and MoE message is sized by it."""
+        return self.seq_len // self.cp
 
     @cached_property
     def microbatches(self) -> int:
@@ -329,9 +346,9 @@ class Plan:
 
     @cached_property
     def dispatch_tokens(self) -> float:
-        """Tokens one rank routes per micro-batch and MoE layer: b*s/tp (sequence parallelism, which the rules
-        require with tp > 1)."""
-        tokens = self.micro_batch * self.seq_len
+        """Tokens one rank routes per micro-batch and MoE layer: b*s/(cp*tp) (sequence parallelism, which the rules
+        require with tp > 1; a CP rank holds s/cp tokens)."""
+        tokens = self.micro_batch * self.local_seq_len
         return tokens / self.tp if self.sequence_parallel else float(tokens)
 
     @cached_property
@@ -470,7 +487,7 @@ class Plan:
     @cached_property
     def tp_bytes(self) -> float:
         """Bytes of one Megatron TP collective: the b x s x h activations of a block (Narayanan et al. SC21)."""
-        return float(self.micro_batch * self.seq_len * self.model.hidden_size * self.elem_bytes)
+        return float(self.micro_batch * self.local_seq_len * self.model.hidden_size * self.elem_bytes)
 
     @cached_property
     def p2p_bytes(self) -> float:
@@ -514,14 +531,14 @@ class Plan:
         mode = recompute or t.recompute
         modules = self.recompute_modules if mode == t.recompute else None
         if moe:
-            return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
+            return activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
                                               self.sequence_parallel, mode, t.flash_attention,
                                               moe=True, routed_tokens=self.routed_tokens, etp=self.etp,
                                               modules=modules)
-        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          mode, t.flash_attention, modules=modules)
+        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
+                                          self.sequence_parallel, mode, t.flash_attention, modules=modules)
         if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
-            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.seq_len, self.tp,
+            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.local_seq_len, self.tp,
                                              self.elem_bytes)
         return kept
 
@@ -581,8 +598,9 @@ class Plan:
 
     @cached_property
     def data_parallel(self) -> bool:
-        """Whether there is a data-parallel group to reduce over (dp > 1)."""
-        return self.dp > 1
+        """Whether there is a data-parallel group to reduce gradients over (dp x cp > 1: CP ranks hold the same
+        weights and reduce their gradients with the DP ranks, ``grid.dp_group``)."""
+        return self.dp * self.cp > 1
 
     @cached_property
     def gathers_units(self) -> bool:

@@ -110,7 +110,7 @@ class TrainingSpec(FrozenSpec):
 class ParallelSpec(FrozenSpec):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
-    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
+    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*cp*pp)")
     vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
     sequence_parallel: bool = False
     first_stage_layers: int | None = Field(default=None, ge=1, description="layers of the first pipeline stage, "
@@ -131,6 +131,14 @@ class ParallelSpec(FrozenSpec):
     etp: int | None = Field(default=None, ge=1, description=(
         "expert tensor parallelism (--expert-tensor-parallel-size): each expert's FFN split over etp ranks; "
         "default tp, as Megatron-Core (expert_tensor_parallel_size None -> tensor_model_parallel_size)"))
+    cp: int = Field(default=1, ge=1, description=(
+        "context parallelism (Megatron-LM --context-parallel-size, TorchTitan context_parallel_degree): each "
+        "sequence split over cp ranks in 2*cp load-balanced chunks; dp = GPUs / (tp*cp*pp); docs/mechanisms/"
+        "context_parallel.md"))
+    cp_comm_type: Literal["p2p", "all_gather", "a2a"] = Field(default="p2p", description=(
+        "how attention sees the other ranks' keys and values (Megatron-LM --cp-comm-type): p2p, Transformer "
+        "Engine's ring attention; all_gather, an all-gather of K and V before attention (Llama 3); a2a, "
+        "DeepSpeed Ulysses' all-to-all of q, k, v (heads scattered) and of the output"))
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "

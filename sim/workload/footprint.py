@@ -45,8 +45,8 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
         states = ModelStates(states.weights + plan.stage_frozen_bytes(stage) / shards, states.gradients,
                              states.optimizer)
     states, host = placed(states, offload.optimizer, offload.params)
-    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp, plan.flat_params, params * plan.grad_bytes_per_param,
-                                parallel.dp_bucket_size, parallel.grad_bucket_view,
+    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp * plan.cp, plan.flat_params,
+                                params * plan.grad_bytes_per_param, parallel.dp_bucket_size, parallel.grad_bucket_view,
                                 main_grad_buffer=plan.main_grad_buffer)
     if plan.is_moe:  # routed experts: sharded over ep x etp, ZeRO over the expert-data-parallel group
         experts, expert_host = placed(model_state_bytes(plan.stage_expert_params(stage), plan.dtype,
