@@ -23,7 +23,7 @@ from functools import cached_property
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
-from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model.memory import Recompute, activation_bytes_per_layer, loss_bytes, model_state_bytes, rank_params
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
@@ -539,6 +539,17 @@ class Plan:
         if rebuilds and self.is_moe:
             return max(self._kept_moe_bytes[1], self._kept_bytes[1] if not all(self.moe_layers) else 0.0)
         return self._kept_bytes[1] if rebuilds else 0.0
+
+    def transient_bytes(self, stage: int) -> float:
+        """Activations beside the stash that live for part of a stage's backward, the larger of two that never
+        overlap: the layer full recomputation is rebuilding (``rebuild_bytes``) and, on a stage that runs the LM
+        head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
+        head's backward ends before the first layer is rebuilt)."""
+        rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 else 0.0
+        mode = self.scenario.training.cross_entropy
+        if mode == "fused" or not self.holds_head(stage):
+            return rebuilding
+        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.seq_len, self.tp, mode))
 
     # --------------------------------------------------------------------------------------- ZeRO and FSDP
     @cached_property

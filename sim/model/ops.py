@@ -447,15 +447,21 @@ def embedding_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, elem_
     return (_elementwise("embedding_lookup", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),)
 
 
-def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int) -> tuple[Op, ...]:
+def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int,
+                     cross_entropy: str = "fused") -> tuple[Op, ...]:
     """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 logits) on one TP rank. The logits GEMM is
     not a Transformer Engine module (Megatron-LM's output_layer is tensor_parallel.ColumnParallelLinear,
     gpt_model.py) and runs outside the decoder's fp8_autocast (transformer_block.py), so it stays bf16 under
-    FP8 training (``te_linear`` false)."""
+    FP8 training (``te_linear`` false). ``cross_entropy`` "hf" (``training.cross_entropy``): Hugging Face's loss
+    first materialises the logits in fp32 (read 16-bit, write fp32; in the backward the gradient is cast back and
+    copied into the unshifted shape, the weightless op's 2x), then log_softmax and nll_loss as the fused kernel."""
     tokens = micro_batch * seq_len
     vocab_local = spec.vocab_size / tp
+    logits = tokens * vocab_local
+    upcast = (_elementwise("logits_upcast", logits, 2, reads=1, writes=2),) if cross_entropy == "hf" else ()
     return (
         _elementwise("final_norm", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),
         _gemm("logits", tokens, vocab_local, spec.hidden_size, elem_bytes),
+        *upcast,
         _elementwise("cross_entropy", tokens * vocab_local, 4, reads=2, writes=1),
     )

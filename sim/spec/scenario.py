@@ -84,6 +84,12 @@ class TrainingSpec(FrozenSpec):
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))
+    cross_entropy: Literal["fused", "megatron", "hf"] = Field(default="fused", description=(
+        "how the loss head holds its logits (sim.model.memory.LOSS_BYTES; docs/mechanisms/loss_head.md). fused: "
+        "not held beyond the kernel (the accounting of earlier versions; chunked fused linear-cross-entropy "
+        "kernels); megatron: vocab-parallel cross entropy, an fp32 copy of the bf16 logits kept for the backward "
+        "(megatron/core/tensor_parallel/cross_entropy.py); hf: Hugging Face transformers under the Trainer's "
+        "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "

@@ -1,7 +1,7 @@
 """The memory footprint of a step: the bound before simulating (what ``sim check`` prints) and a trace's timeline.
 
 Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
-layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_bytes``), FSDP units
+layer stashes and the layer being rebuilt or the loss head's logits (``Plan.stash_bytes``, ``Plan.transient_bytes``), FSDP units
 (``Plan.unit_layers``) and the allocator's overheads (``sim.model.memory.with_allocator``).
 
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
@@ -69,8 +69,7 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
         activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
                                              for chunk in plan.stage_chunks[stage])
-    if plan.recomputed_layers(stage) > 0:
-        activations += plan.rebuild_bytes
+    activations += plan.transient_bytes(stage)
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
     unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
@@ -150,7 +149,7 @@ def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, floa
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.rebuild_bytes
+        dynamic["activations"] += plan.transient_bytes(int(stage))
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
         result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}

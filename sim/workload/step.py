@@ -116,7 +116,7 @@ def blocks(plan: Plan) -> Blocks:
                 for name, block_ops in ops.items()},
         selective=Work(tuple(op for op in ops["attention"] if op.name in ATTENTION_CORE), 0.0),
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
-        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
+        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
     )
 
 
