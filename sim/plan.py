@@ -497,6 +497,20 @@ class Plan:
             return self.stage_layers(stage)
         return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
 
+    def offloads(self, layer: int) -> bool:
+        """Whether ``layer``'s activations go to the host between its forward and backward (activation offload,
+        ``training.cpu_offloading_num_layers``: the first N layers of each model chunk, as Transformer Engine's
+        CPU offload context counts the layers of the TransformerBlock it wraps)."""
+        offloaded = self.scenario.training.cpu_offloading_num_layers
+        if not offloaded:
+            return False
+        starts = self.chunk_starts
+        return layer - starts[bisect.bisect_right(starts, layer) - 1] < offloaded
+
+    def offloaded_layers(self, stage: int) -> int:
+        """Layers of a stage whose activations are offloaded (over its chunks)."""
+        return sum(self.offloads(layer) for g in self.stage_chunks[stage] for layer in self.chunk_layers(g))
+
     def activation_bytes(self, recompute: Recompute | None = None, moe: bool = False) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
         2022 Table 2) under ``recompute`` (default: the scenario's mode); ``moe``: a MoE layer, whose MLP part is

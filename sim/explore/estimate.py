@@ -131,6 +131,11 @@ class Estimator:
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
+            offloaded = plan.offloaded_layers(s)
+            if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
+                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
+                b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")

@@ -64,6 +64,15 @@ def check_rules(s: Scenario) -> None:
         if t.recompute_num_layers > d.layers_per_chunk:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
                              f"{d.layers_per_chunk} layers of a model chunk")
+    if t.cpu_offloading_num_layers:
+        # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
+        # "CPU offloading does not work when activation recomputation is enabled".
+        if t.recompute != "none":
+            raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
+                             f"{t.recompute}), as Megatron-Core refuses both together")
+        if t.cpu_offloading_num_layers >= min(d.chunk_sizes):
+            raise ValueError(f"training.cpu_offloading_num_layers: {t.cpu_offloading_num_layers} must be below the "
+                             f"{min(d.chunk_sizes)} layers of a model chunk (the last layer's backward starts at once)")
     if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
     if p.sequence_parallel and d.seq_len % p.tp:

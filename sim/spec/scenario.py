@@ -90,6 +90,11 @@ class TrainingSpec(FrozenSpec):
         "kernels); megatron: vocab-parallel cross entropy, an fp32 copy of the bf16 logits kept for the backward "
         "(megatron/core/tensor_parallel/cross_entropy.py); hf: Hugging Face transformers under the Trainer's "
         "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
+    cpu_offloading_num_layers: int = Field(default=0, ge=0, description=(
+        "activation offload (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's "
+        "get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
+        "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
+        "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "

@@ -59,6 +59,14 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
             "comm_buffers": buffers}, host
 
 
+def offloaded_host_bytes(plan: Plan, stage: int) -> float:
+    """Host memory activation offload takes on a rank of ``stage``: the offloaded layers' stash of every chunk the
+    schedule keeps in flight (the same count the bound's GPU activations use)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = sum(plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer))
+    return plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage) * offloaded if offloaded else 0.0
+
+
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
@@ -69,6 +77,15 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
         activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
                                              for chunk in plan.stage_chunks[stage])
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    if offloaded:
+        # Activation offload: the offloaded layers' stash is on the host between forward and backward. On the GPU
+        # beside the kept layers: one offloaded layer in transit (its copy runs under the next layer's forward; in
+        # the backward it comes back under the next layer's), two when a chunk keeps a single layer (the reload
+        # starts as that layer's backward does, beside the layer whose backward just ended).
+        in_transit = 2 if len(first_chunk) - len(offloaded) == 1 else 1
+        activations -= chunks_in_flight * sum(offloaded) - in_transit * max(offloaded)
+        host += offloaded_host_bytes(plan, stage)
     activations += plan.transient_bytes(stage)
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
@@ -145,15 +162,33 @@ def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, floa
         stash = ends.loc[(rank, "forward")]
         free = ends.loc[(rank, "backward")].to_numpy()
         sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
-        parts = {"activations": (stash.to_numpy(), free, sizes)}
+        parts = {"activations": _offloaded(rows, stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
         dynamic["activations"] += plan.transient_bytes(int(stage))
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
+        host += offloaded_host_bytes(plan, int(stage))
         result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
+
+
+def _offloaded(rows: pd.DataFrame, stash: pd.Series, free: np.ndarray,
+               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The activations' (alloc, free, bytes) with activation offload: an offloaded layer's stash is freed when
+    its copy to the host ends and allocated again when its copy back starts, until its backward ends."""
+    offload = rows[rows["name"] == "activation_offload"]
+    if offload.empty:
+        return stash.to_numpy(), free, sizes
+    reload = rows[rows["name"] == "activation_reload"]
+    at = stash.index  # (microbatch, layer), in the order of ``free`` and ``sizes``
+    gone = offload.set_index(["microbatch", "layer"])["end_s"].reindex(at).to_numpy()
+    back = reload.set_index(["microbatch", "layer"])["start_s"].reindex(at).to_numpy()
+    moved = ~np.isnan(gone) & ~np.isnan(back)
+    starts = np.concatenate([stash.to_numpy(), back[moved]])
+    ends = np.concatenate([np.where(moved, gone, free), free[moved]])
+    return starts, ends, np.concatenate([sizes, sizes[moved]])
 
 
 def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,

@@ -525,6 +525,13 @@ def pcie_seconds(plan: Plan, nbytes: float) -> float:
     return p2p_time(nbytes, pcie.latency, pcie.effective_bandwidth)
 
 
+def activation_copy_seconds(plan: Plan, layer: int) -> float:
+    """Activation offload: one PCIe copy of ``layer``'s activations of one micro-batch (to the host after its
+    forward, back before its backward; Transformer Engine's CPU offload handler copies every saved tensor of the
+    layer, which is what the layer stashes)."""
+    return pcie_seconds(plan, plan.stash_bytes(layer))
+
+
 def host_adam_seconds(plan: Plan, params: float) -> float:
     """ZeRO-Offload's Adam on the host: the step's bytes per parameter (sim.costs.models) over the host memory
     bandwidth a GPU gets (``offload.host_bandwidth``)."""
