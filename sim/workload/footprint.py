@@ -67,6 +67,16 @@ def offloaded_host_bytes(plan: Plan, stage: int) -> float:
     return plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage) * offloaded if offloaded else 0.0
 
 
+def offload_buffer_bytes(plan: Plan, stage: int) -> float:
+    """GPU memory activation offload keeps for good: Transformer Engine's AsyncDoubleBufferGroupOffloadHandler
+    copies each offloaded layer's saved tensors into one of two GPU buffers (``tensor_id_to_tensor_buf_double_bufs``,
+    by layer parity, allocated once and reused) and copies that buffer to the host, so min(N, 2) layers' stash
+    stays on the GPU (transformer_engine/pytorch/cpu_offload.py, TE 1.x)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    return min(len(offloaded), 2) * max(offloaded) if offloaded else 0.0
+
+
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
@@ -79,12 +89,14 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
                                              for chunk in plan.stage_chunks[stage])
     offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
     if offloaded:
-        # Activation offload: the offloaded layers' stash is on the host between forward and backward. On the GPU
-        # beside the kept layers: one offloaded layer in transit (its copy runs under the next layer's forward; in
-        # the backward it comes back under the next layer's), two when a chunk keeps a single layer (the reload
-        # starts as that layer's backward does, beside the layer whose backward just ended).
-        in_transit = 2 if len(first_chunk) - len(offloaded) == 1 else 1
-        activations -= chunks_in_flight * sum(offloaded) - in_transit * max(offloaded)
+        # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
+        # Transformer Engine's ping-pong copy buffers (``offload_buffer_bytes``) and, in the backward, the layer
+        # being copied back beside the kept layers whose backward has not yet freed them: it starts with the next
+        # layer's backward (and, at equal times, beside the layer before that), which the kept stash covers when
+        # a chunk keeps three layers or more.
+        kept_layers = len(first_chunk) - len(offloaded)
+        activations -= chunks_in_flight * sum(offloaded)
+        activations += offload_buffer_bytes(plan, stage) + max(0, 3 - kept_layers) * max(offloaded)
         host += offloaded_host_bytes(plan, stage)
     activations += plan.transient_bytes(stage)
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
@@ -166,7 +178,7 @@ def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, floa
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.transient_bytes(int(stage))
+        dynamic["activations"] += plan.transient_bytes(int(stage)) + offload_buffer_bytes(plan, int(stage))
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
         host += offloaded_host_bytes(plan, int(stage))
