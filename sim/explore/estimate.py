@@ -33,8 +33,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import layer_params, model_flops_per_step
+from sim.model.transformer import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.grid import lockstep_groups
@@ -472,9 +471,7 @@ class Estimator:
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

@@ -13,6 +13,7 @@ from sim.costs import profile
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
 from sim.spec.method import check_method
+from sim.spec.sequence import check_sequence
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
@@ -94,6 +95,7 @@ def check_rules(s: Scenario) -> None:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
     check_method(s)
+    check_sequence(s.training.sequence, d.seq_len)
     _check_sm_contention(s)
     _check_experts(s)
     check_variation(s)

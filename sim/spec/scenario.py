@@ -25,6 +25,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
+from sim.spec.sequence import SequenceSpec
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 
@@ -95,6 +96,9 @@ class TrainingSpec(FrozenSpec):
         "get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
         "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
         "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
+    sequence: SequenceSpec = Field(default_factory=SequenceSpec, description=(
+        "supervised fine-tuning inputs: document lengths and packing (sim.spec.sequence; "
+        "docs/mechanisms/sequence_packing.md)"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "

@@ -1,8 +1,9 @@
 """The memory footprint of a step: the bound before simulating (what ``sim check`` prints) and a trace's timeline.
 
 Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
-layer stashes and the layer being rebuilt or the loss head's logits (``Plan.stash_bytes``, ``Plan.transient_bytes``), FSDP units
-(``Plan.unit_layers``) and the allocator's overheads (``sim.model.memory.with_allocator``).
+layer stashes and the layer being rebuilt or the loss head's logits (``Plan.stash_bytes``,
+``Plan.transient_bytes``), activation offload's buffers and host copies, FSDP units (``Plan.unit_layers``) and
+the allocator's overheads (``sim.model.memory.with_allocator``).
 
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
 gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes

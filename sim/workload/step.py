@@ -18,7 +18,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
@@ -110,6 +110,11 @@ def blocks(plan: Plan) -> Blocks:
                             t.fused_kernels, fp8_casts(plan), t.causal_attention)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
+        share, causal = plan.attention_work
+        ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
+                           if op.name == "flash_attention" else op for op in block_ops)
+               for name, block_ops in ops.items()}
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
