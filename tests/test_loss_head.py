@@ -66,3 +66,22 @@ def test_bad_value_is_one_line() -> None:
     from sim.errors import ConfigError
     with pytest.raises(ConfigError, match="cross_entropy"):
         plan_of("apex")
+
+
+def test_fused_norm_rope_overrides_fused_kernels() -> None:
+    # Eager modelling code calling flash-attn's fused RMSNorm and rotary kernels: the norms one read and one
+    # write, no eager rotary kernels, the rest (SwiGLU, residual adds) eager.
+    from sim.model.ops import layer_forward_ops
+
+    spec = MODEL_PRESETS["llama3-8b"]
+    eager = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)
+    mixed = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False, fused_norm_rope=True)
+    fused = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=True)
+    names = {block: [op.name for op in ops] for block, ops in mixed.items()}
+    assert "rotary_embedding" in [op.name for op in eager["attention"]]
+    assert "rotary_embedding" not in names["attention"]
+    norm = next(op for op in mixed["attention"] if op.name == "input_norm")
+    assert norm == next(op for op in fused["attention"] if op.name == "input_norm")
+    assert norm.bytes == 1024 * 4096 * 2 * 2
+    assert next(op for op in mixed["mlp"] if op.name == "mlp_activation") == next(
+        op for op in eager["mlp"] if op.name == "mlp_activation")

@@ -79,3 +79,21 @@ def test_70b_fsdp_bound_is_above_the_published_peak() -> None:
     published = float(r["peak_memory_gib"]) * GiB
     assert parts["weights"] + parts["gradients"] + parts["optimizer"] < published < parts["total"]
     assert parts["total"] / published - 1 == pytest.approx(0.145, abs=0.01)
+
+
+# ------------------------------------------------------------------------- LoRA throughput (must-show 3)
+VALIDATION = Path(__file__).parent.parent / "scenarios" / "validation_peft"
+
+
+@pytest.mark.parametrize("published", list(csv.DictReader((VALIDATION / "published.csv").open())),
+                         ids=lambda row: row["scenario"])
+def test_qwen_lora_rows_inside_the_band(published: dict[str, str]) -> None:
+    # Qwen-7B LoRA on one A100 (Qwen README, "Profiling of Memory and Speed"): the step within the fidelity band
+    # (10%; measured -3.6%, -3.0%, -0.7%, -1.4%), and the peak below the published (allocator-reserved) figure
+    # by at most 11% (-6.3%, -6.4%, -10.6%, -4.1%; the caching allocator's overhead is not in the scenarios).
+    import sim
+
+    run = sim.run(VALIDATION / published["scenario"]).summary
+    assert run.step_time_s / float(published["iteration_time_s"]) - 1 == pytest.approx(0.0, abs=0.10)
+    memory = run.peak_memory_bytes.max / 1e9 / float(published["peak_memory_gb"]) - 1
+    assert -0.11 <= memory <= 0.0

@@ -73,6 +73,11 @@ class TrainingSpec(FrozenSpec):
         "(TE modules called without is_first_microbatch, e.g. under DeepSpeed or FSDP)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
+    fused_norm_rope: bool | None = Field(default=None, description=(
+        "RMSNorm and rotary embedding as fused kernels (true) or eager PyTorch (false) whatever fused_kernels says; "
+        "default: as fused_kernels. Eager modelling code that calls flash-attn's fused kernels when installed "
+        "(Qwen-7B's modeling_qwen.py: flash_attn.ops.rms_norm and apply_rotary_emb_func) sets fused_kernels false "
+        "and this true"))
     cuda_graphs: bool = Field(default=False, description=(
         "the layers' kernels replay from CUDA graphs, so the CPU launches none of them one by one (no "
         "costs.launch_overhead). Off by default in Megatron-LM (--enable-cuda-graph / --external-cuda-graph), "

@@ -107,7 +107,7 @@ def blocks(plan: Plan) -> Blocks:
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels, fp8_casts(plan), t.causal_attention)
+                            t.fused_kernels, fp8_casts(plan), t.causal_attention, t.fused_norm_rope)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
     if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
