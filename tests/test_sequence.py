@@ -39,6 +39,12 @@ def test_length_moments_closed_forms() -> None:
     uniform = length_stats(SequenceSpec(lengths="uniform"), S)
     assert uniform.mean == pytest.approx((S + 1) / 2)
     assert uniform.mean_square == pytest.approx((S + 1) * (2 * S + 1) / 6)
+    # Its causal share, summed in tile groups, against the sum over every length.
+    for low, high in ((1, S), (100, 3000), (129, 129), (5, 130)):
+        stats = length_stats(SequenceSpec(lengths="uniform", min_len=low), high)
+        every = range(low, high + 1)
+        brute = sum(n * n * causal_fraction(n) for n in every) / sum(n * n for n in every)
+        assert stats.causal_share == pytest.approx(brute, rel=1e-12)
     # A histogram, with a row above seq_len truncated to it.
     hist = length_stats(SequenceSpec(lengths="histogram", histogram=[(512, 3), (2048, 1), (9000, 1)]), S)
     assert hist.mean == pytest.approx((3 * 512 + 2048 + S) / 5)

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from sim.hardware import FrozenSpec
-from sim.model.ops import causal_fraction
+from sim.model.ops import FLASH_TILE
 
 
 class SequenceSpec(FrozenSpec):
@@ -62,19 +62,35 @@ class LengthStats:
 
 def length_stats(spec: SequenceSpec, seq_len: int) -> LengthStats:
     """The moments of ``spec``'s document lengths truncated at ``seq_len`` (closed sums over the distribution)."""
+    if spec.lengths == "uniform":
+        return _uniform_stats(min(spec.min_len, seq_len), seq_len)
     if spec.lengths == "fixed":
         lengths, weights = np.array([min(spec.length or seq_len, seq_len)], float), np.array([1.0])
-    elif spec.lengths == "uniform":
-        lengths = np.arange(min(spec.min_len, seq_len), seq_len + 1, dtype=float)
-        weights = np.ones_like(lengths)
     else:
         lengths = np.minimum(np.array([n for n, _ in spec.histogram], float), seq_len)
         weights = np.array([w for _, w in spec.histogram], float)
     p = weights / weights.sum()
     square = float(p @ lengths**2)
-    shares = np.array([causal_fraction(int(n)) for n in lengths])
-    causal = float(p @ (lengths**2 * shares)) / square
+    tiles = np.ceil(lengths / FLASH_TILE)
+    causal = float(p @ (lengths**2 * (tiles + 1) / (2 * tiles))) / square  # sim.model.ops.causal_fraction
     return LengthStats(mean=float(p @ lengths), mean_square=square, causal_share=causal)
+
+
+def _uniform_stats(low: int, high: int) -> LengthStats:
+    """``length_stats`` of lengths uniform over low..high in closed sums, grouped by flash tiles (lengths with the
+    same tile count n share causal_fraction (n + 1) / 2n), so the work is high / 128 terms, not high."""
+    count = high - low + 1
+    mean = (low + high) / 2
+
+    def squares(n: np.ndarray) -> np.ndarray:  # 1^2 + ... + n^2
+        return n * (n + 1) * (2 * n + 1) / 6
+
+    square = float(squares(np.float64(high)) - squares(np.float64(low - 1))) / count
+    tiles = np.arange(-(-low // FLASH_TILE), -(-high // FLASH_TILE) + 1, dtype=np.float64)
+    first = np.maximum((tiles - 1) * FLASH_TILE + 1, low)
+    last = np.minimum(tiles * FLASH_TILE, high)
+    weighted = (squares(last) - squares(first - 1)) * (tiles + 1) / (2 * tiles)
+    return LengthStats(mean=mean, mean_square=square, causal_share=float(weighted.sum()) / count / square)
 
 
 def check_sequence(spec: SequenceSpec, seq_len: int) -> None:
