@@ -85,7 +85,7 @@ def _uniform_stats(low: int, high: int) -> LengthStats:
     def squares(n: np.ndarray) -> np.ndarray:  # 1^2 + ... + n^2
         return n * (n + 1) * (2 * n + 1) / 6
 
-    square = float(squares(np.float64(high)) - squares(np.float64(low - 1))) / count
+    square = (high * (high + 1) * (2 * high + 1) - (low - 1) * low * (2 * low - 1)) / 6 / count
     tiles = np.arange(-(-low // FLASH_TILE), -(-high // FLASH_TILE) + 1, dtype=np.float64)
     first = np.maximum((tiles - 1) * FLASH_TILE + 1, low)
     last = np.minimum(tiles * FLASH_TILE, high)
