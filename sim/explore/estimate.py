@@ -33,8 +33,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import layer_params, model_flops_per_step
+from sim.model.transformer import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
@@ -134,6 +133,11 @@ class Estimator:
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
+            offloaded = plan.offloaded_layers(s)
+            if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
+                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
+                b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")
@@ -514,9 +518,7 @@ class Estimator:
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

@@ -14,6 +14,7 @@ from sim.parallel.context import check_context
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees, pipeline_slots
 from sim.spec.method import check_method
+from sim.spec.sequence import check_sequence
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
@@ -77,6 +78,15 @@ def check_rules(s: Scenario) -> None:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
                              f"{d.layers_per_chunk} layers of a model chunk")
     _check_recompute_modules(s)
+    if t.cpu_offloading_num_layers:
+        # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
+        # "CPU offloading does not work when activation recomputation is enabled".
+        if t.recompute != "none":
+            raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
+                             f"{t.recompute}), as Megatron-Core refuses both together")
+        if t.cpu_offloading_num_layers >= min(d.chunk_sizes):
+            raise ValueError(f"training.cpu_offloading_num_layers: {t.cpu_offloading_num_layers} must be below the "
+                             f"{min(d.chunk_sizes)} layers of a model chunk (the last layer's backward starts at once)")
     if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
     if p.sequence_parallel and d.seq_len % p.tp:
@@ -98,6 +108,7 @@ def check_rules(s: Scenario) -> None:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
     check_method(s)
+    check_sequence(s.training.sequence, d.seq_len)
     _check_sm_contention(s)
     _check_experts(s)
     m, t = s.model, s.training

@@ -119,18 +119,23 @@ def blocks(plan: Plan) -> Blocks:
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels, fp8_casts(plan), t.causal_attention)
+                            t.fused_kernels, fp8_casts(plan), t.causal_attention, t.fused_norm_rope)
     if plan.cp > 1:
         ops["attention"] = cp_attention_ops(plan)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
+        share, causal = plan.attention_work
+        ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
+                           if op.name == "flash_attention" else op for op in block_ops)
+               for name, block_ops in ops.items()}
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
-        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
+        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
     )
 
 
@@ -156,7 +161,8 @@ def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
     share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, t.causal_attention)
     return attention_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
                                  plan.elem_bytes, t.flash_attention, t.fused_kernels, fp8_casts(plan),
-                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share)
+                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share,
+                                 fused_norm_rope=t.fused_norm_rope)
 
 
 @dataclass(frozen=True)
@@ -602,6 +608,13 @@ def pcie_seconds(plan: Plan, nbytes: float) -> float:
     """A host <-> GPU copy over the node's PCIe link: latency + bytes / effective rate."""
     pcie = plan.scenario.cluster.pcie
     return p2p_time(nbytes, pcie.latency, pcie.effective_bandwidth)
+
+
+def activation_copy_seconds(plan: Plan, layer: int) -> float:
+    """Activation offload: one PCIe copy of ``layer``'s activations of one micro-batch (to the host after its
+    forward, back before its backward; Transformer Engine's CPU offload handler copies every saved tensor of the
+    layer, which is what the layer stashes)."""
+    return pcie_seconds(plan, plan.stash_bytes(layer))
 
 
 def host_adam_seconds(plan: Plan, params: float) -> float:
