@@ -229,7 +229,7 @@ class Estimator:
 
     def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
         """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
-        if not plan.gathers_units or not plan.data_parallel:
+        if not plan.gathers_units or not plan.data_parallel or plan.pipelined_fsdp:  # FSDP + PP: _unit_gather_delay
             return 0.0, 0.0
         group = plan.shard_group(0)
         if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
@@ -342,7 +342,13 @@ class Estimator:
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
                 ready.append((-1, sizes[-1], ready[-1][2]))
             when = {layer: at for layer, _, at in ready}
-            if per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
+            if plan.pipelined_fsdp:  # FSDP + PP: every unit of a chunk, once, after the chunk's last backward
+                buckets = []
+                for g in reversed(plan.stage_chunks[stage]):  # the last local chunk's backward ends first
+                    layers = plan.chunk_layers(g)
+                    buckets += [(layers[0], step.unit_grad_params(plan, first // plan.unit_layers) * grad_elem)
+                                for first in layers[::plan.unit_layers]]
+            elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 buckets = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
@@ -367,7 +373,7 @@ class Estimator:
             exposed = max(0.0, free_at - backward_end)
             if step.expert_reduces(plan):  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
-            if zero >= 2 and plan.microbatches > 1:
+            if zero >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
@@ -444,6 +450,28 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
+    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
+        """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
+        micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
+        (``DataParallelEmitter.before_layer``): unit i's gather waits for unit i-2's compute to end (at most two
+        gathered ahead), gathers queue on the group's one stream, and a unit computes once its gather is done."""
+        if not (plan.pipelined_fsdp and plan.data_parallel):
+            return 0.0
+        group = plan.shard_group(0)
+        layers = plan.chunk_layers(plan.stage_chunks[stage][0])
+        unit_forward = st.forward / st.layers * plan.unit_layers  # the embedding and head spread over the layers
+        gathered = free = start
+        busy, ends = 0.0, list[float]()
+        for index, first in enumerate(layers[::plan.unit_layers]):
+            issued = ends[index - 2] if index >= 2 else 0.0
+            nbytes = step.unit_weight_params(plan, first // plan.unit_layers) * plan.weight_bytes_per_param
+            gathered = max(gathered if index else 0.0, issued) + self._dp_collective(plan, "all_gather", nbytes,
+                                                                                      group)
+            free = max(free, gathered) + unit_forward
+            busy += unit_forward
+            ends.append(free)
+        return max(0.0, free - start - busy)
+
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
@@ -457,7 +485,8 @@ class Estimator:
         hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
         start = delay = 0.0
         for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            delay = max(delay, self._param_gather_delay(plan, s, st, start),
+                        self._unit_gather_delay(plan, s, st, start))
             start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.

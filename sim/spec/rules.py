@@ -72,9 +72,14 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
-    if (d.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
-        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage}/FSDP is not combined with pipeline parallelism "
-                         f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
+    if d.zero_stage >= 2 and s.fsdp is None and p.pp > 1:
+        # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < ZeroStageEnum.gradients ("ZeRO-2 and
+        # ZeRO-3 are incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py).
+        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage} with pp = {p.pp}: DeepSpeed's pipeline engine refuses "
+                         "ZeRO-2/3 with pipelines; use an fsdp section (FSDP2 + pipelining) or ZeRO-1")
+    if s.fsdp is not None and p.pp > 1 and any(size % s.fsdp.unit_layers for size in d.chunk_sizes):
+        raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide the layers of every model chunk "
+                         f"({sorted(set(d.chunk_sizes))}); an FSDP unit lives on one pipeline stage")
     if d.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
         raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{d.zero_stage}/FSDP use 1f1b or gpipe")
     if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:

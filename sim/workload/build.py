@@ -437,7 +437,7 @@ class _StageEmitter:
         stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
-        stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
+        stampable = not self.pending_deps and (self.dp_inert or self.dp.inert(mb, direction)) and self.fixed_durations
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
         chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")

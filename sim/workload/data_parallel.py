@@ -32,6 +32,10 @@ backward prefetch is about issue order, and it is what this module replays:
   SHARD_GRAD_OP keeps the forward's gather until the unit's backward (and, its weights sharded at rest, has no
   weight all-gather after the step). HYBRID_SHARD shards inside a node and
   adds an all-reduce of each reduced shard across nodes, on its own process group's stream.
+- FSDP with pp > 1 (``Plan.pipelined_fsdp``: TorchTitan's FSDP2 under torch.distributed.pipelining): a unit's
+  weights are all-gathered once per step, in its first micro-batch's forward, and kept; its gradients accumulate
+  unsharded, and every unit of a model chunk is reduce-scattered once, after the chunk's last micro-batch's
+  backward (the pipeline stage's manual ``post_backward``).
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
@@ -67,6 +71,7 @@ class DataParallelEmitter:
         self.weight_bytes_per_param = plan.weight_bytes_per_param
         self.unit_layers = plan.unit_layers
         self.sharded_units = plan.gathers_units
+        self.per_step = plan.pipelined_fsdp  # gathers in micro-batch 0's forward, reduces after the last backward
         self.prefetch = plan.prefetch
         self.unit_ends: list[int] = []  # last compute task of each unit computed, in order (for prefetch)
         self.gathered: dict[tuple[int, int], int] = {}  # SHARD_GRAD_OP: (mb, unit) gathered in forward
@@ -105,6 +110,10 @@ class DataParallelEmitter:
         unit = layer // self.unit_layers
         first_of_unit = layer % self.unit_layers == (0 if phase == "forward" else self.unit_layers - 1)
         if not first_of_unit:
+            return
+        if self.per_step:  # FSDP + PP: gathered once, in micro-batch 0's forward; the compute stream orders the rest
+            if phase == "forward" and mb == 0:
+                self.st.pending_deps.append(self._gather(mb, unit, False, 2))
             return
         if phase != "forward" and self.zero < 3:  # SHARD_GRAD_OP kept the forward's gather
             self.st.pending_deps.append(self.gathered[(mb, unit)])
@@ -208,6 +217,11 @@ class DataParallelEmitter:
             waits = []
         return task
 
+    def inert(self, mb: int, phase: str) -> bool:
+        """Whether this micro-batch's pass of a layer adds no data-parallel task or dependency (so the stage
+        emitter may stamp a recorded layer chain): FSDP + PP touches only micro-batch 0's forward."""
+        return self.per_step and not (phase == "forward" and mb == 0)
+
     def unit_compute_done(self, layer: int, phase: str, last_task: int) -> None:
         """Record the end of a unit's compute (the last layer of a unit in this phase's order)."""
         if self.sharded_units and layer % self.unit_layers == (self.unit_layers - 1 if phase == "forward" else 0):
@@ -216,6 +230,9 @@ class DataParallelEmitter:
     def after_layer_backward(self, mb: int, layer: int, last_task: int) -> None:
         """Reduce-scatter gradients as they are produced: per unit (ZeRO-3 / FSDP) or per bucket (ZeRO-2)."""
         if not self.multi or self.zero < 2:
+            return
+        if self.per_step:
+            self._reduce_chunk(mb, layer, last_task)
             return
         if self.sharded_units:
             if self.zero >= 3:
@@ -231,6 +248,19 @@ class DataParallelEmitter:
         if step.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0
+
+    def _reduce_chunk(self, mb: int, layer: int, last_task: int) -> None:
+        """FSDP + PP: when the last micro-batch's backward of a model chunk has run its first layer (with the
+        embedding's backward on chunk 0), every unit of the chunk is reduce-scattered, in forward order (the
+        stage's ``post_backward`` over its FSDP states, torch/distributed/pipelining/stage.py)."""
+        plan = self.plan
+        chunk = next(c for c in plan.stage_chunks[self.st.stage] if layer in plan.chunk_layers(c))
+        layers = plan.chunk_layers(chunk)
+        if mb != plan.microbatches - 1 or layer != layers[0]:
+            return
+        for first in layers[::self.unit_layers]:
+            unit = first // self.unit_layers
+            self._reduce(mb, first, last_task, step.unit_grad_params(plan, unit) * self.grad_bytes_per_param)
 
     def _reduce(self, mb: int, layer: int, after: int, nbytes: float) -> None:
         task = self.st._add(NCCL_STREAM, "dp", "grad_reduce_scatter", mb, layer, after, op="reduce_scatter",

@@ -99,6 +99,10 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
         if plan.peft.active and plan.zero_stage >= 3:
             gathered = max(gathered, 2 * last_unit + layer_units)
         unreduced = 2 * unit_grads
+        if plan.pipelined_fsdp:
+            # FSDP + PP: the stage's units stay gathered from micro-batch 0's forward to the last backward, and
+            # their gradients accumulate unsharded until the step's reduce-scatters (Plan.pipelined_fsdp).
+            gathered, unreduced = stage_weights, stage_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
         unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
@@ -172,13 +176,18 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
     unit_layers = plan.unit_layers
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
     unit = gathers["layer"] // unit_layers
-    keep_to_backward = plan.zero_stage < 3
+    keep_to_backward = plan.zero_stage < 3 or plan.pipelined_fsdp
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
-    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
+    last_mb = plan.microbatches - 1
+    # FSDP + PP: micro-batch 0's gather is kept to the last micro-batch's backward, and a unit's gradients
+    # accumulate from micro-batch 0's backward until the step's one reduce-scatter.
+    kept_to = gathers["microbatch"] + last_mb if plan.pipelined_fsdp else gathers["microbatch"]
+    gathered = (gathers["start_s"].to_numpy(), span(kept_to, phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
     reduces = rows[rows["name"] == "grad_reduce_scatter"]
-    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
+    first_mb = reduces["microbatch"] - last_mb if plan.pipelined_fsdp else reduces["microbatch"]
+    backward = span(first_mb, "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if plan.zero_stage == 2 and not plan.flat_params:
         # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
