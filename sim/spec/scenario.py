@@ -43,7 +43,9 @@ class TrainingSpec(FrozenSpec):
     global_batch: int | None = Field(default=None, ge=1, description="sequences per optimizer step")
     microbatches: int | None = Field(default=None, ge=1, description="m per pipeline; global_batch / (dp*micro_batch)")
     micro_batch: int = Field(default=1, ge=1)
-    seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
+    seq_len: int | None = Field(default=None, ge=1, description=(
+        "tokens per sequence. Default: 8192 or the model's max_seq_len if shorter (sim.spec.degrees.DEFAULT_SEQ_LEN; "
+        "never silently a long-context model's maximum), noted by sim check"))
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_num_layers: int | None = Field(default=None, ge=0, description=(
