@@ -135,3 +135,30 @@ def test_fsdp_zero1_and_no_shard_with_pp_are_accepted():
                      dict(parallel={"tp": 1, "pp": 2, "dp": 4}, fsdp={"sharding": "NO_SHARD"})):
         plan = resolve(make_scenario(**sections))
         assert not plan.pipelined_fsdp
+
+
+def test_search_enumerates_fsdp_with_pp_and_its_points_run_as_screened():
+    """`sim search` keeps ZeRO-2/3 layouts with pp > 1 as FSDP SHARD_GRAD_OP / FULL_SHARD; a point's overrides
+    load as the layout screened, and the estimate is within 5% of the simulation for those that fit. (vpp 4 with
+    sequence parallelism is left out: there the estimate is 6.3% high with FSDP and 8.1% with ZeRO-1, the
+    interleaved schedule's own error, not FSDP's.)"""
+    from sim.explore import search, sweep
+    from sim.spec.scenario import load_scenario
+
+    from conftest import SCENARIOS
+
+    path = SCENARIOS / "llama2-7b_h100-16_fsdp.yaml"
+    base = load_scenario(path, ["model.num_layers=8", "training.global_batch=32"])
+    only = search.parse_only(["pp=2", "zero=2,3", "schedule=1f1b,interleaved", "recompute=none", "tp=2",
+                              "micro_batch=1", "vpp=1,2"])
+    table = search.screen(base, list(search.layouts(base, only)))
+    ok = table[table["status"] == "ok"]
+    assert set(ok["zero"]) == {2, 3} and set(ok["schedule"]) == {"1f1b", "interleaved"}
+    for _, row in ok.iterrows():
+        point = search.to_points(row.to_frame().T)[0]
+        assert point["fsdp.sharding"] == {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}[int(row["zero"])]
+        overrides = [f"{key}={sweep._encode(value)}" for key, value in point.items()]
+        scenario = load_scenario(path, ["model.num_layers=8", "training.global_batch=32", "fsdp=null", *overrides])
+        assert resolve(scenario).pipelined_fsdp
+        simulated = runner.run(scenario).summary.step_time_s
+        assert row["est_step_time_s"] == pytest.approx(simulated, rel=0.05)
