@@ -344,10 +344,11 @@ class Estimator:
             when = {layer: at for layer, _, at in ready}
             if plan.pipelined_fsdp:  # FSDP + PP: every unit of a chunk, once, after the chunk's last backward
                 buckets = []
-                for g in reversed(plan.stage_chunks[stage]):  # the last local chunk's backward ends first
-                    layers = plan.chunk_layers(g)
-                    buckets += [(layers[0], step.unit_grad_params(plan, first // plan.unit_layers) * grad_elem)
-                                for first in layers[::plan.unit_layers]]
+                for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
+                    key = -10 - c  # chunk c's last backward ends c*p chunk-passes before the stage's
+                    when[key] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
+                    buckets += [(key, unit.grad_params * grad_elem)
+                                for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
             elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 buckets = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
@@ -453,23 +454,19 @@ class Estimator:
     def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
         """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
         micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
-        (``DataParallelEmitter.before_layer``): unit i's gather waits for unit i-2's compute to end (at most two
-        gathered ahead), gathers queue on the group's one stream, and a unit computes once its gather is done."""
+        (``DataParallelEmitter.before_layer``): all at the step start, queued on the group's one stream, and a unit
+        computes once its gather is done (the later chunks' gathers are done long before they are reached)."""
         if not (plan.pipelined_fsdp and plan.data_parallel):
             return 0.0
         group = plan.shard_group(0)
-        layers = plan.chunk_layers(plan.stage_chunks[stage][0])
-        unit_forward = st.forward / st.layers * plan.unit_layers  # the embedding and head spread over the layers
-        gathered = free = start
-        busy, ends = 0.0, list[float]()
-        for index, first in enumerate(layers[::plan.unit_layers]):
-            issued = ends[index - 2] if index >= 2 else 0.0
-            nbytes = step.unit_weight_params(plan, first // plan.unit_layers) * plan.weight_bytes_per_param
-            gathered = max(gathered if index else 0.0, issued) + self._dp_collective(plan, "all_gather", nbytes,
-                                                                                      group)
+        units = step.chunk_units(plan, plan.stage_chunks[stage][0])
+        unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
+        gathered, free, busy = 0.0, start, 0.0
+        for unit in units:
+            gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
+                                            group)
             free = max(free, gathered) + unit_forward
             busy += unit_forward
-            ends.append(free)
         return max(0.0, free - start - busy)
 
     # ------------------------------------------------------------------------------------------ whole

@@ -112,12 +112,21 @@ def lockstep_groups(group: tuple[int, ...], lockstep: int) -> tuple[tuple[int, .
 
 # Cached: the search's screen asks for these per stage of thousands of layouts (pure functions of five ints).
 @lru_cache(maxsize=4096)
-def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                last: int | None = None) -> tuple[int, ...]:
-    """Layers of each model chunk, in model order. Even by default; ``first``/``last`` give the first and last
-    pipeline stage other counts (vpp = 1) and split the rest evenly over the other stages, as Megatron-LM's
+def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
+                embedding_slot: bool = False, loss_slot: bool = False) -> tuple[int, ...]:
+    """Layers of each model chunk, in model order (chunk g = a * pp + b: virtual stage a of pipeline stage b).
+    Even by default. ``first``/``last`` give the first and last pipeline stage other counts and split the rest
+    evenly over the other stages, each stage's layers split evenly over its vpp chunks, as Megatron-LM's
     --decoder-first/last-pipeline-num-layers do (Qi et al. 2024 give the embedding and head stages one layer
-    fewer). The scenario rules guarantee the split is whole."""
+    fewer). ``embedding_slot``/``loss_slot``: the embedding / the loss counts as one layer in an even split
+    (Megatron-Core's account_for_embedding/loss_in_pipeline_split), so the first / last chunk holds one
+    transformer layer fewer, none when chunks hold one. The scenario rules guarantee the split is whole."""
+    if embedding_slot or loss_slot:
+        per = (layers + embedding_slot + loss_slot) // (pp * vpp)
+        sizes = [per] * (pp * vpp)
+        sizes[0] -= embedding_slot
+        sizes[-1] -= loss_slot
+        return tuple(sizes)
     if first is None and last is None:
         return (layers // (pp * vpp),) * (pp * vpp)
     if pp == 1:
@@ -125,4 +134,5 @@ def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
     given = (first is not None) + (last is not None)
     rest = layers - (first or 0) - (last or 0)
     per = rest // (pp - given) if pp - given else 0
-    return (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
+    stages = (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
+    return tuple(stages[b] // vpp for _ in range(vpp) for b in range(pp))

@@ -72,7 +72,9 @@ def degrees(scenario: Scenario) -> Degrees:
         zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
         # More pipeline slots than layers is refused by the rules; no chunk list is built for it (a fuzzed pp of 1e12
         # would otherwise allocate one entry per slot before the rule could say so).
-        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers)
-        if p.pp * p.vpp <= scenario.model.num_layers else (),
+        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers,
+                                p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+        if p.pp * p.vpp <= scenario.model.num_layers + p.account_for_embedding_in_pipeline_split
+        + p.account_for_loss_in_pipeline_split else (),
         ep=p.ep, etp=etp, edp=max(1, p.tp * dp // (p.ep * etp)),
     )

@@ -29,8 +29,11 @@ def check_rules(s: Scenario) -> None:
     if p.tp * p.pp * d.dp != gpus:
         raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * d.dp} but the cluster has {gpus} GPUs")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    slots = p.account_for_embedding_in_pipeline_split + p.account_for_loss_in_pipeline_split
     if uneven:
         _check_uneven_stages(s)
+    elif slots:
+        _check_split_slots(s, slots)
     elif m.num_layers % (p.pp * p.vpp):
         what = "pp" if p.vpp == 1 else "pp*vpp"
         raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
@@ -132,14 +135,47 @@ def _check_uneven_stages(s: Scenario) -> None:
     p, layers = s.parallel, s.model.num_layers
     given_fields = [name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None]
     field = "parallel." + "/".join(given_fields)
-    if p.pp < 2 or p.vpp != 1:
-        raise ValueError(f"{field}: needs pp >= 2 and vpp = 1 (pp = {p.pp}, vpp = {p.vpp})")
+    if p.pp < 2:
+        raise ValueError(f"{field}: needs pp >= 2 (pp = {p.pp})")
+    if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
+        raise ValueError(f"{field}: not with parallel.account_for_embedding/loss_in_pipeline_split (Megatron-Core "
+                         "refuses both at once)")
     given = (p.first_stage_layers is not None) + (p.last_stage_layers is not None)
     rest = layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
     others = p.pp - given
     if rest < others or (others and rest % others) or (not others and rest):
         raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
                          f"model.num_layers = {layers} evenly")
+    # With interleaving, each stage's layers split evenly over its vpp chunks (Megatron-Core transformer_config.py:
+    # the first, the last and each middle stage's layers must be divisible by the virtual pipeline degree).
+    _check_chunk_order(s, field)
+    middle = rest // others if others else None
+    for name, count in (("parallel.first_stage_layers", p.first_stage_layers),
+                        ("parallel.last_stage_layers", p.last_stage_layers), (field, middle)):
+        if count is not None and count % p.vpp:
+            raise ValueError(f"{name}: a stage of {count} layers does not split over vpp = {p.vpp} model chunks "
+                             "(Megatron-Core requires each stage's layers divisible by vpp)")
+
+
+def _check_chunk_order(s: Scenario, field: str) -> None:
+    """Uneven chunks are laid out in Megatron's interleaved order (chunk a * pp + b on stage b): not in the V or
+    DualPipe layouts."""
+    if s.parallel.vpp > 1 and SCHEDULES[s.schedule].layout != "interleaved":
+        raise ValueError(f"{field}: uneven model chunks need the interleaved layout (schedule {s.schedule} places "
+                         "its chunks otherwise)")
+
+
+def _check_split_slots(s: Scenario, slots: int) -> None:
+    """Megatron-Core's account_for_embedding/loss_in_pipeline_split: num_layers plus the slots the embedding and
+    the loss take must split evenly over pp, and each stage's share over vpp (transformer_config.py)."""
+    p, layers = s.parallel, s.model.num_layers
+    if p.pp < 2:
+        raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: needs pp >= 2 (pp = {p.pp})")
+    _check_chunk_order(s, "parallel.account_for_embedding_in_pipeline_split")
+    total = layers + slots
+    if total % (p.pp * p.vpp):
+        raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: model.num_layers + {slots} = {total} "
+                         f"does not split evenly over pp*vpp = {p.pp * p.vpp} model chunks")
 
 
 def _check_experts(s: Scenario) -> None:

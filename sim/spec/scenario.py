@@ -108,6 +108,12 @@ class ParallelSpec(FrozenSpec):
                                            "when it differs (Megatron's --decoder-first-pipeline-num-layers)")
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
+    account_for_embedding_in_pipeline_split: bool = Field(default=False, description=(
+        "Megatron-Core's flag of that name: the input embedding counts as one layer when the layers are split "
+        "evenly over the pp*vpp model chunks, so the first chunk holds one transformer layer fewer (none if "
+        "chunks hold one: the embedding alone, as in Llama 3's pipeline)"))
+    account_for_loss_in_pipeline_split: bool = Field(default=False, description=(
+        "the same for the output layer and loss: the last model chunk holds one transformer layer fewer"))
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     ep: int = Field(default=1, ge=1, description=(
         "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "

@@ -377,6 +377,7 @@ class _StageEmitter:
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
         g, last = self._global_chunk(chunk), self.p * self.v - 1
+        self.dp.before_chunk(mb, g)  # FSDP + PP's gathers: not the pass's first task, which waits for its input
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == 0:
@@ -411,6 +412,7 @@ class _StageEmitter:
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
             self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
+        self.dp.after_chunk_backward(mb, g, after)  # type: ignore[arg-type]
         self.tail = after
         self._wait_upstream(first_task, "B", g, mb)
         if g > 0:

@@ -63,12 +63,10 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
-    # A stage's chunks have one size (uneven stages have one chunk), so its first chunk's stash stands for each.
-    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
-    activations = chunks_in_flight * sum(plan.stash_bytes(layer) for layer in first_chunk)
-    if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
-        activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
-                                             for chunk in plan.stage_chunks[stage])
+    # The largest chunk's stash stands for each chunk in flight (a stage's chunks differ with uneven stages
+    # under interleaving, the embedding's or the loss's chunk one layer short, or dense and MoE layers mixed).
+    activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
+                                         for chunk in plan.stage_chunks[stage])
     if plan.recomputed_layers(stage) > 0:
         activations += plan.rebuild_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
@@ -175,19 +173,22 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
 
     unit_layers = plan.unit_layers
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
+    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    if plan.pipelined_fsdp:
+        # FSDP + PP: a unit's gathered weights live until its post_backward reshards them as its reduce-scatter is
+        # issued; its unsharded gradients from the rank's first backward until that reduce-scatter ends.
+        resharded = reduces.set_index("layer")["start_s"].reindex(gathers["layer"]).to_numpy()
+        first_backward = rows[rows["kind"] == "backward"]["start_s"].min()
+        return {"gathered_weights": (gathers["start_s"].to_numpy(), resharded, gathers["bytes"].to_numpy(float)),
+                "unreduced_gradients": (np.full(len(reduces), first_backward), reduces["end_s"].to_numpy(),
+                                        reduces["bytes"].to_numpy(float))}
     unit = gathers["layer"] // unit_layers
-    keep_to_backward = plan.zero_stage < 3 or plan.pipelined_fsdp
+    keep_to_backward = plan.zero_stage < 3
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
-    last_mb = plan.microbatches - 1
-    # FSDP + PP: micro-batch 0's gather is kept to the last micro-batch's backward, and a unit's gradients
-    # accumulate from micro-batch 0's backward until the step's one reduce-scatter.
-    kept_to = gathers["microbatch"] + last_mb if plan.pipelined_fsdp else gathers["microbatch"]
-    gathered = (gathers["start_s"].to_numpy(), span(kept_to, phase, unit)["last"].to_numpy(),
+    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
-    reduces = rows[rows["name"] == "grad_reduce_scatter"]
-    first_mb = reduces["microbatch"] - last_mb if plan.pipelined_fsdp else reduces["microbatch"]
-    backward = span(first_mb, "bwd", reduces["layer"] // unit_layers)
+    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if plan.zero_stage == 2 and not plan.flat_params:
         # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
