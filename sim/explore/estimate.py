@@ -380,6 +380,10 @@ class Estimator:
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
                 exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
+            if zero >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+                # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                exposed = plan.microbatches * per_microbatch
         copies = step.copy_gradient_reduce(plan, plan.grid.stage_representative(stage))
         if copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += self.net.collective_time("all_reduce", *copies)

@@ -136,6 +136,8 @@ class ParallelSpec(FrozenSpec):
         "DDP / ZeRO-1: true: a gradient bucket is reduced as soon as its gradients are final in the last "
         "micro-batch's backward (PyTorch DDP; Megatron-LM --overlap-grad-reduce; NeMo overlap_grad_sync); false: "
         "one reduction per model chunk after the whole backward (Megatron-LM's default: bucket_size None). "
+        "ZeRO-2/3: false runs each reduce-scatter on the compute stream, so the backward waits for it (DeepSpeed "
+        "overlap_comm false, the default at stages 1-2; a zero_optimization block sets it). "
         "docs/mechanisms/distributed_optimizer.md"))
     overlap_param_gather: bool = Field(default=False, description=(
         "ZeRO-1/2 (Megatron's distributed optimizer): the updated weights are all-gathered per gradient bucket "
@@ -330,6 +332,13 @@ class Scenario(FrozenSpec):
         parallel = dict(data.get("parallel") or {})
         if "stage" in block:
             parallel["zero"] = block["stage"]
+        # overlap_comm: whether gradient reductions run on their own stream (under the backward) or on the compute
+        # stream (stage_1_and_2.py reduce_ipg_grads / stage3.py: ``self.reduction_stream`` only with overlap_comm).
+        # DeepSpeed's default is true at stage 3 and false at stages 1-2 (zero/config.py overlap_comm_valid).
+        overlap = block.get("overlap_comm", block.get("stage", 0) == 3)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"zero_optimization.overlap_comm: expected true or false (got {overlap!r})")
+        parallel.setdefault("overlap_grad_reduce", overlap)
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel
