@@ -146,6 +146,8 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                     for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                           (False, True) if tp > 1 else (False,),
                                                                           expert_degrees(base, tp, dp)):
+                        if zero >= 2 and pp > 1 and dp == 1:  # FSDP over one rank: nothing to shard (ZeRO-0's run)
+                            continue
                         layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp, ep, etp)
                         if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
                             yield layout
