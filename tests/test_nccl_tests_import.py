@@ -214,3 +214,19 @@ def test_the_tier_each_run_describes(tmp_path):
     assert tier_of(across, node, nvls=False) is None  # not fitted: the model's all-to-all mixes both tiers
     result = import_logs([across], default_for("H100-SXM"), node)
     assert result.tiers == [] and "all-to-all across 2 hosts" in result.skipped[0]
+
+
+def test_the_runner_takes_a_profiles_nvls_and_all_to_all_tiers(tmp_path):
+    """A profile's nvls and all_to_all tiers (what an NVLS all-reduce or an alltoall_perf run fits) replace the
+    node preset's in the topology a calibrated run builds; the other tiers stay the preset's."""
+    fields = {"nvls": {"efficiency": 0.5, "latency": 3e-6}, "all_to_all": {"efficiency": 0.6, "base_latency": 1e-5}}
+    path = tmp_path / "profile.json"
+    path.write_text(Profile.model_validate({**default_for("H100-SXM").model_dump(), **fields}).model_dump_json())
+    scenario = load_scenario(SCENARIOS / "llama2-7b_h100-8_dp.yaml",
+                             ["costs.model=calibrated", f"costs.profile={path}"])
+    topology = runner.build_topology(resolve(scenario))
+    node = NODE_PRESETS["dgx-h100"]
+    assert topology.nvls is not None and (topology.nvls.efficiency, topology.nvls.latency) == (0.5, 3e-6)
+    assert topology.nvls.bandwidth == node.nvls.bandwidth
+    assert topology.all_to_all_link.efficiency == 0.6 and topology.all_to_all_link.base_latency == 1e-5
+    assert topology.intra_node.efficiency == node.intra_node.efficiency
