@@ -131,20 +131,21 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def trace_rank(path: Path | str) -> int | None:
+def trace_rank(data: dict[str, Any]) -> int | None:
     """The rank Kineto recorded for the trace (``distributedInfo.rank``), if any."""
-    rank = (_load(Path(path)).get("distributedInfo") or {}).get("rank")
+    rank = (data.get("distributedInfo") or {}).get("rank")
     try:
         return int(rank) if rank is not None else None
     except (TypeError, ValueError):
         return None
 
 
-def measured_steps(path: Path | str, device: int | None = None) -> list[MeasuredStep]:
+def measured_steps(path: Path | str, device: int | None = None,
+                   data: dict[str, Any] | None = None) -> list[MeasuredStep]:
     """Per ProfilerStep of the trace: its duration and the seconds of each category on ``device`` (default: the
-    lowest device with kernels; a trace from one rank has one)."""
+    lowest device with kernels; a trace from one rank has one). ``data``: the trace already loaded."""
     path = Path(path)
-    data = _load(path)
+    data = data if data is not None else _load(path)
     events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
     steps = []
     launches: dict[int, float] = {}
@@ -274,9 +275,10 @@ def compare(profile: Path | str, run_dir: Path | str, rank: int | None = None, d
     """The table: category, measured_s, simulated_s (per step on one rank), difference_s (simulated - measured)
     and error (simulated / measured - 1; NaN where nothing was measured). ``rank``: the simulated rank (default:
     the trace's own, from ``distributedInfo``, else 0)."""
-    measured = measured_steps(profile, device)
+    data = _load(Path(profile))
+    measured = measured_steps(profile, device, data)
     if rank is None:
-        rank = trace_rank(profile) or 0
+        rank = trace_rank(data) or 0
     if steps:
         missing = sorted(set(steps) - {s.step for s in measured})
         if missing:
@@ -324,6 +326,6 @@ def write_chart(table: pd.DataFrame, path: Path | str) -> None:
     ax.set_yticks(list(y), list(table["category"]))
     ax.invert_yaxis()
     ax.set_xlabel("seconds per step, one rank")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     figure.tight_layout()
     figure.savefig(path)

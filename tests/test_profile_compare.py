@@ -138,3 +138,21 @@ def test_bad_inputs_are_one_line(tiny_run, tmp_path, capsys):
         compare(TRACE, tiny_run, steps=[9])
     with pytest.raises(ConfigError, match="not a sim run output"):
         compare(TRACE, tmp_path)
+
+
+def test_the_simulated_rank_is_the_traces_own_by_default(tiny_run, tmp_path):
+    """Kineto's distributedInfo.rank picks the simulated rank (tiny: rank 2 is the second pipeline stage, which
+    runs the head, not the embedding); --rank overrides it."""
+    import json
+
+    data = json.loads(TRACE.read_text())
+    data["distributedInfo"]["rank"] = 2
+    ranked = tmp_path / "rank2.json"
+    ranked.write_text(json.dumps(data))
+    _, two, _ = simulated_step(tiny_run, 2)
+    _, zero, _ = simulated_step(tiny_run, 0)
+    assert two[OTHER] != zero[OTHER]
+    table = compare(ranked, tiny_run).set_index("category")
+    assert table.loc[OTHER, "simulated_s"] == pytest.approx(two[OTHER])
+    assert compare(ranked, tiny_run, rank=0).set_index("category").loc[OTHER, "simulated_s"] == pytest.approx(
+        zero[OTHER])
