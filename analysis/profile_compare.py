@@ -18,13 +18,13 @@ step time is the ProfilerStep's duration. The table averages the steps (``steps`
 warm-up step).
 
 Kernel classes, by name (``KERNEL_CLASSES``; first match wins; names as the libraries write them):
-- NCCL: ``ncclDevKernel_<Coll>_<RedOp>_<type>_<Algo>_<Proto>`` (NCCL >= 2.19, src/device/generate.py) and
-  ``ncclKernel_<Coll>_...`` (older NCCL), e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL; the collective from
-  ``<Coll>``: AllReduce, AllGather, ReduceScatter, Broadcast, SendRecv / Send / Recv (point to point). NCCL runs
-  all-to-all as grouped send/recv, so a SendRecv kernel is ``send`` unless Kineto's collective record on it
-  (``args["Collective name"]``, libkineto kCollectiveName) says all_to_all. Holistic Trace Analysis
-  (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py ``get_kernel_type``) classes communication, memory
-  and computation the same way: NCCL by name, Memcpy / Memset apart, the rest computation.
+- NCCL: ``ncclDevKernel_<Coll>_<RedOp>_<type>_<Algo>_<Proto>`` (current NCCL, src/device/generate.py) and
+  ``ncclKernel_<Coll>_...`` (older NCCL, src/collectives/device/), e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL;
+  the collective from ``<Coll>``: AllReduce, AllGather, ReduceScatter, Broadcast, SendRecv / Send / Recv (point to
+  point). NCCL runs all-to-all as grouped send/recv, so a SendRecv kernel is ``send`` unless Kineto's collective
+  record on it (``args["Collective name"]``, libkineto kCollectiveName) says all_to_all. Holistic Trace Analysis
+  (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py ``get_kernel_type``) classes communication, memory and
+  computation the same way: NCCL by name, Memcpy / Memset apart, the rest computation.
 - attention: FlashAttention-2's ``flash_fwd_kernel``, ``flash_fwd_splitkv_kernel``, ``flash_bwd_*`` (Dao-AILab
   flash-attention csrc/flash_attn/src; PyTorch's SDPA copy is ``pytorch_flash::flash_fwd_kernel``),
   FlashAttention-3's ``FlashAttnFwdSm90`` / ``FlashAttnBwdSm90`` (hopper/), PyTorch's memory-efficient SDPA

@@ -36,7 +36,7 @@ def test_a_log_gives_its_ranks_hosts_gpu_rows_and_average():
     assert log.avg_busbw == pytest.approx(745.53e9)
     # nccl-tests' busbw is algbw x 2(n-1)/n for all-reduce (doc/PERFORMANCE.md): the file agrees with itself
     assert four_gib.algbw["out-of-place"] * 2 * 71 / 72 == pytest.approx(four_gib.busbw["out-of-place"], rel=1e-3)
-    newer = parse(GB10)  # v2.19+ header: '# nccl-tests version' and '# Collective test starting'
+    newer = parse(GB10)  # v2.17+ header: '# nccl-tests version' and '# Collective test starting'
     assert (newer.test, newer.n, newer.hosts, newer.gpu) == ("all_reduce_perf", 2, ("host-a", "host-b"), "NVIDIA GB10")
 
 

@@ -43,7 +43,7 @@ US = 1e-6
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "", ATTENTION),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >", "", OTHER),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL all_reduce"),
-    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "", "NCCL all_gather"),  # NCCL before 2.19
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "", "NCCL all_gather"),  # older NCCL
     ("ncclDevKernel_ReduceScatter_Sum_f32_RING_SIMPLE", "", "NCCL reduce_scatter"),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL send"),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "all_to_all", "NCCL all_to_all"),

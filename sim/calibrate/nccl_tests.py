@@ -7,13 +7,13 @@ busbw), and a ``Profile`` whose ``intra_node`` / ``inter_node`` / ``nvls`` / ``a
 fitted latency, plateau efficiency and efficiency curve (``sim.calibrate.fitting.fit_link``).
 
 The format, from nccl-tests' own source (github.com/NVIDIA/nccl-tests):
-- 2.13 and later (src/common.cu, since v2.19.x src/util.cu ``writeDeviceReport`` / ``writeResultHeader``):
+- 2.13 and later (src/common.cu; from v2.17, late 2025, src/util.cu ``writeDeviceReport`` / ``writeResultHeader``):
   ``# nThread 1 nGpus 1 minBytes ...``, one line per rank ``#  Rank %2d Group %2d Pid %6d on %10s device %2d
   [%04x:%02x:%02x] %s`` (host name, then the device name), a header ``size count type redop root time algbw
   busbw #wrong`` twice (out-of-place, in-place), optionally per-iteration columns (``-I 1``: i_min i_max i_p99
   i_cv% after each #wrong) and a timestamp; ``cputime`` instead of ``time`` with ``-C 1``; ``#wrong`` is
-  ``N/A`` without validation. From v2.19 also ``# nccl-tests version ...`` and ``# Collective test starting:
-  all_reduce_perf``.
+  ``N/A`` without validation. From v2.17 also ``# nccl-tests version ...`` and ``# Collective test starting:
+  all_reduce_perf`` (the program name; ``_mpi`` builds end in ``_mpi``).
 - before 2.13 (v2.0-v2.12, src/<test>.cu ``print_header``): ``#   Rank %2d Pid %6d on %10s device %2d [0x%02x]
   %s`` (no Group), the header ``size count type redop time algbw busbw error`` per test (no ``root`` column,
   and no ``redop`` for all-gather / all-to-all / send-recv), ``error`` a float such as ``0e+00``.
