@@ -6,15 +6,15 @@ In: a Chrome trace JSON written by ``torch.profiler`` (Kineto; ``prof.export_chr
 NCCL collective, memcpy, idle, and the step) with measured and simulated seconds per step on one rank, their
 difference and the signed error simulated / measured - 1 (``python -m analysis compare-profile``).
 
-The measured side (the format: pytorch/kineto libkineto/src/output_json.cpp ``ChromeTraceLogger``):
-``traceEvents`` holds complete events (``"ph": "X"``, ``ts``/``dur`` in microseconds). GPU work is ``cat``
-``kernel``, ``gpu_memcpy`` or ``gpu_memset``, with ``pid`` the device and ``tid`` the CUDA stream, and
-``args.correlation`` naming the ``cuda_runtime`` launch (``cudaLaunchKernel``, ...) that issued it; the step is
-the CPU ``user_annotation`` ``ProfilerStep#N`` that ``profiler.step()`` opens. A GPU activity belongs to the step
-whose ProfilerStep contains its launch (its own start when it has no launch event). Per step: each category's
-seconds are the sum of its activities' durations (overlapping streams both count, as Holistic Trace Analysis'
-kernel breakdown sums them); idle is the step minus the union of all its GPU activity (never below zero); the
-step time is the ProfilerStep's duration. The table averages the steps (``steps`` picks some, e.g. skipping a
+The measured side (the format: pytorch/kineto libkineto/src/output_json.cpp ``ChromeTraceLogger``): ``traceEvents``
+holds complete events (``"ph": "X"``, ``ts``/``dur`` in microseconds). GPU work is ``cat`` ``kernel``,
+``gpu_memcpy`` or ``gpu_memset``, with ``pid`` the device and ``tid`` the CUDA stream, and ``args.correlation``
+naming the ``cuda_runtime`` or ``cuda_driver`` launch (``cudaLaunchKernel``, Triton's ``cuLaunchKernel``, ...) that
+issued it; the step is the CPU ``user_annotation`` ``ProfilerStep#N`` that ``profiler.step()`` opens. A GPU activity
+belongs to the step whose ProfilerStep contains its launch (its own start when it has no launch event). Per step:
+each category's seconds are the sum of its activities' durations (overlapping streams both count, as Holistic Trace
+Analysis' kernel breakdown sums them); idle is the step minus the union of all its GPU activity (never below zero);
+the step time is the ProfilerStep's duration. The table averages the steps (``steps`` picks some, e.g. skipping a
 warm-up step).
 
 Kernel classes, by name (``KERNEL_CLASSES``; first match wins; names as the libraries write them):
@@ -78,7 +78,11 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (ATTENTION, re.compile(r"flash_(fwd|bwd)|FlashAttn|fmha|_sdpa_|native_sdpa|_attn_(fwd|bwd)", re.IGNORECASE)),
     (GEMM, re.compile(r"gemm|xmma|nvjet|gemv|splitKreduce|triton_tem_fused_\w*mm", re.IGNORECASE)),
 )
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kineto's categories (libkineto ActivityType toString), lower-cased: PyTorch 1.8-1.9 wrote "Kernel", "Memcpy",
+# "Memset", "Runtime". Launches come through the runtime (cudaLaunchKernel) or the driver (cuLaunchKernel:
+# Triton's kernels).
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver", "runtime")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 MAX_TRACE_BYTES = 2 << 30
 
@@ -151,11 +155,11 @@ def measured_steps(path: Path | str, device: int | None = None,
     launches: dict[int, float] = {}
     gpu: list[dict[str, Any]] = []
     for index, event in enumerate(events):
-        cat, name = event.get("cat", ""), str(event.get("name", ""))
+        cat, name = str(event.get("cat", "")).lower(), str(event.get("name", ""))
         try:
             if cat == "user_annotation" and (match := STEP_NAME.match(name)):
                 steps.append((float(event["ts"]), float(event["ts"]) + float(event["dur"]), int(match[1])))
-            elif cat == "cuda_runtime" and "correlation" in event.get("args", {}):
+            elif cat in LAUNCH_CATEGORIES and "correlation" in event.get("args", {}):
                 launches[int(event["args"]["correlation"])] = float(event["ts"])
             elif cat in GPU_CATEGORIES:
                 float(event["ts"]), float(event["dur"]), int(event["pid"])
@@ -168,7 +172,7 @@ def measured_steps(path: Path | str, device: int | None = None,
     if not gpu:
         raise ConfigError(f"{path}: no GPU activity (cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile "
                           "(pass activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])")
-    devices = sorted({int(e["pid"]) for e in gpu if e.get("cat") == "kernel"} or {int(e["pid"]) for e in gpu})
+    devices = sorted({int(e["pid"]) for e in gpu if str(e["cat"]).lower() == "kernel"} or {int(e["pid"]) for e in gpu})
     if device is None:
         device = devices[0]
     elif device not in devices:
@@ -190,7 +194,7 @@ def measured_steps(path: Path | str, device: int | None = None,
         intervals = []
         for event in per_step[number]:
             ts, dur = float(event["ts"]) * 1e-6, float(event["dur"]) * 1e-6
-            if event["cat"] == "kernel":
+            if str(event["cat"]).lower() == "kernel":
                 args = event.get("args", {})
                 category = kernel_class(str(event["name"]), str(args.get("Collective name", "")))
             else:
