@@ -159,6 +159,9 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "run1.txt" in err and "cannot tell which nccl-tests binary" in err
     assert main(["calibrate", "--from-nccl-tests", str(GB200), "-o", str(tmp_path / "o")]) == 2
     assert "--base PROFILE" in capsys.readouterr().err  # no GPU preset named, no node given
+    assert main(["calibrate", "--from-nccl-tests", str(GB200), "--base", str(GB10), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --base:") and "is not JSON" in err
 
 
 def _log(test: str, n: int, times: list[tuple[int, float]], hosts: int = 1) -> str:
