@@ -6,25 +6,25 @@ In: a Chrome trace JSON written by ``torch.profiler`` (Kineto; ``prof.export_chr
 NCCL collective, memcpy, idle, and the step) with measured and simulated seconds per step on one rank, their
 difference and the signed error simulated / measured - 1 (``python -m analysis compare-profile``).
 
-The measured side (the format: pytorch/kineto libkineto/src/output_json.cpp ``ChromeTraceLogger``):
-``traceEvents`` holds complete events (``"ph": "X"``, ``ts``/``dur`` in microseconds). GPU work is ``cat``
-``kernel``, ``gpu_memcpy`` or ``gpu_memset``, with ``pid`` the device and ``tid`` the CUDA stream, and
-``args.correlation`` naming the ``cuda_runtime`` launch (``cudaLaunchKernel``, ...) that issued it; the step is
-the CPU ``user_annotation`` ``ProfilerStep#N`` that ``profiler.step()`` opens. A GPU activity belongs to the step
-whose ProfilerStep contains its launch (its own start when it has no launch event). Per step: each category's
-seconds are the sum of its activities' durations (overlapping streams both count, as Holistic Trace Analysis'
-kernel breakdown sums them); idle is the step minus the union of all its GPU activity (never below zero); the
-step time is the ProfilerStep's duration. The table averages the steps (``steps`` picks some, e.g. skipping a
+The measured side (the format: pytorch/kineto libkineto/src/output_json.cpp ``ChromeTraceLogger``): ``traceEvents``
+holds complete events (``"ph": "X"``, ``ts``/``dur`` in microseconds). GPU work is ``cat`` ``kernel``,
+``gpu_memcpy`` or ``gpu_memset``, with ``pid`` the device and ``tid`` the CUDA stream, and ``args.correlation``
+naming the ``cuda_runtime`` or ``cuda_driver`` launch (``cudaLaunchKernel``, Triton's ``cuLaunchKernel``, ...) that
+issued it; the step is the CPU ``user_annotation`` ``ProfilerStep#N`` that ``profiler.step()`` opens. A GPU activity
+belongs to the step whose ProfilerStep contains its launch (its own start when it has no launch event). Per step:
+each category's seconds are the sum of its activities' durations (overlapping streams both count, as Holistic Trace
+Analysis' kernel breakdown sums them); idle is the step minus the union of all its GPU activity (never below zero);
+the step time is the ProfilerStep's duration. The table averages the steps (``steps`` picks some, e.g. skipping a
 warm-up step).
 
 Kernel classes, by name (``KERNEL_CLASSES``; first match wins; names as the libraries write them):
-- NCCL: ``ncclDevKernel_<Coll>_<RedOp>_<type>_<Algo>_<Proto>`` (NCCL >= 2.19, src/device/generate.py) and
-  ``ncclKernel_<Coll>_...`` (older NCCL), e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL; the collective from
-  ``<Coll>``: AllReduce, AllGather, ReduceScatter, Broadcast, SendRecv / Send / Recv (point to point). NCCL runs
-  all-to-all as grouped send/recv, so a SendRecv kernel is ``send`` unless Kineto's collective record on it
-  (``args["Collective name"]``, libkineto kCollectiveName) says all_to_all. Holistic Trace Analysis
-  (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py ``get_kernel_type``) classes communication, memory
-  and computation the same way: NCCL by name, Memcpy / Memset apart, the rest computation.
+- NCCL: ``ncclDevKernel_<Coll>_<RedOp>_<type>_<Algo>_<Proto>`` (current NCCL, src/device/generate.py) and
+  ``ncclKernel_<Coll>_...`` (older NCCL, src/collectives/device/), e.g. ncclDevKernel_AllReduce_Sum_bf16_RING_LL;
+  the collective from ``<Coll>``: AllReduce, AllGather, ReduceScatter, Broadcast, SendRecv / Send / Recv (point to
+  point). NCCL runs all-to-all as grouped send/recv, so a SendRecv kernel is ``send`` unless Kineto's collective
+  record on it (``args["Collective name"]``, libkineto kCollectiveName) says all_to_all. Holistic Trace Analysis
+  (facebookresearch/HolisticTraceAnalysis hta/utils/utils.py ``get_kernel_type``) classes communication, memory and
+  computation the same way: NCCL by name, Memcpy / Memset apart, the rest computation.
 - attention: FlashAttention-2's ``flash_fwd_kernel``, ``flash_fwd_splitkv_kernel``, ``flash_bwd_*`` (Dao-AILab
   flash-attention csrc/flash_attn/src; PyTorch's SDPA copy is ``pytorch_flash::flash_fwd_kernel``),
   FlashAttention-3's ``FlashAttnFwdSm90`` / ``FlashAttnBwdSm90`` (hopper/), PyTorch's memory-efficient SDPA
@@ -78,7 +78,11 @@ KERNEL_CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (ATTENTION, re.compile(r"flash_(fwd|bwd)|FlashAttn|fmha|_sdpa_|native_sdpa|_attn_(fwd|bwd)", re.IGNORECASE)),
     (GEMM, re.compile(r"gemm|xmma|nvjet|gemv|splitKreduce|triton_tem_fused_\w*mm", re.IGNORECASE)),
 )
-GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# Kineto's categories (libkineto ActivityType toString), lower-cased: PyTorch 1.8-1.9 wrote "Kernel", "Memcpy",
+# "Memset", "Runtime". Launches come through the runtime (cudaLaunchKernel) or the driver (cuLaunchKernel:
+# Triton's kernels).
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver", "runtime")
 STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 MAX_TRACE_BYTES = 2 << 30
 
@@ -131,30 +135,31 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
-def trace_rank(path: Path | str) -> int | None:
+def trace_rank(data: dict[str, Any]) -> int | None:
     """The rank Kineto recorded for the trace (``distributedInfo.rank``), if any."""
-    rank = (_load(Path(path)).get("distributedInfo") or {}).get("rank")
+    rank = (data.get("distributedInfo") or {}).get("rank")
     try:
         return int(rank) if rank is not None else None
     except (TypeError, ValueError):
         return None
 
 
-def measured_steps(path: Path | str, device: int | None = None) -> list[MeasuredStep]:
+def measured_steps(path: Path | str, device: int | None = None,
+                   data: dict[str, Any] | None = None) -> list[MeasuredStep]:
     """Per ProfilerStep of the trace: its duration and the seconds of each category on ``device`` (default: the
-    lowest device with kernels; a trace from one rank has one)."""
+    lowest device with kernels; a trace from one rank has one). ``data``: the trace already loaded."""
     path = Path(path)
-    data = _load(path)
+    data = data if data is not None else _load(path)
     events = [e for e in data["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
     steps = []
     launches: dict[int, float] = {}
     gpu: list[dict[str, Any]] = []
     for index, event in enumerate(events):
-        cat, name = event.get("cat", ""), str(event.get("name", ""))
+        cat, name = str(event.get("cat", "")).lower(), str(event.get("name", ""))
         try:
             if cat == "user_annotation" and (match := STEP_NAME.match(name)):
                 steps.append((float(event["ts"]), float(event["ts"]) + float(event["dur"]), int(match[1])))
-            elif cat == "cuda_runtime" and "correlation" in event.get("args", {}):
+            elif cat in LAUNCH_CATEGORIES and "correlation" in event.get("args", {}):
                 launches[int(event["args"]["correlation"])] = float(event["ts"])
             elif cat in GPU_CATEGORIES:
                 float(event["ts"]), float(event["dur"]), int(event["pid"])
@@ -167,7 +172,7 @@ def measured_steps(path: Path | str, device: int | None = None) -> list[Measured
     if not gpu:
         raise ConfigError(f"{path}: no GPU activity (cat kernel / gpu_memcpy / gpu_memset): a CPU-only profile "
                           "(pass activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])")
-    devices = sorted({int(e["pid"]) for e in gpu if e.get("cat") == "kernel"} or {int(e["pid"]) for e in gpu})
+    devices = sorted({int(e["pid"]) for e in gpu if str(e["cat"]).lower() == "kernel"} or {int(e["pid"]) for e in gpu})
     if device is None:
         device = devices[0]
     elif device not in devices:
@@ -189,7 +194,7 @@ def measured_steps(path: Path | str, device: int | None = None) -> list[Measured
         intervals = []
         for event in per_step[number]:
             ts, dur = float(event["ts"]) * 1e-6, float(event["dur"]) * 1e-6
-            if event["cat"] == "kernel":
+            if str(event["cat"]).lower() == "kernel":
                 args = event.get("args", {})
                 category = kernel_class(str(event["name"]), str(args.get("Collective name", "")))
             else:
@@ -274,9 +279,10 @@ def compare(profile: Path | str, run_dir: Path | str, rank: int | None = None, d
     """The table: category, measured_s, simulated_s (per step on one rank), difference_s (simulated - measured)
     and error (simulated / measured - 1; NaN where nothing was measured). ``rank``: the simulated rank (default:
     the trace's own, from ``distributedInfo``, else 0)."""
-    measured = measured_steps(profile, device)
+    data = _load(Path(profile))
+    measured = measured_steps(profile, device, data)
     if rank is None:
-        rank = trace_rank(profile) or 0
+        rank = trace_rank(data) or 0
     if steps:
         missing = sorted(set(steps) - {s.step for s in measured})
         if missing:
@@ -324,6 +330,6 @@ def write_chart(table: pd.DataFrame, path: Path | str) -> None:
     ax.set_yticks(list(y), list(table["category"]))
     ax.invert_yaxis()
     ax.set_xlabel("seconds per step, one rank")
-    ax.legend(loc="lower right")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     figure.tight_layout()
     figure.savefig(path)

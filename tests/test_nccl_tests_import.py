@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sim import runner
-from sim.calibrate.nccl_tests import NcclTestsError, import_logs, parse
+from sim.calibrate.nccl_tests import NcclTestsError, import_logs, parse, tier_of
 from sim.cli.commands import main
 from sim.costs.profile import Profile, default_for, load
 from sim.hardware import NODE_PRESETS, interpolate_log2
@@ -36,7 +36,7 @@ def test_a_log_gives_its_ranks_hosts_gpu_rows_and_average():
     assert log.avg_busbw == pytest.approx(745.53e9)
     # nccl-tests' busbw is algbw x 2(n-1)/n for all-reduce (doc/PERFORMANCE.md): the file agrees with itself
     assert four_gib.algbw["out-of-place"] * 2 * 71 / 72 == pytest.approx(four_gib.busbw["out-of-place"], rel=1e-3)
-    newer = parse(GB10)  # v2.19+ header: '# nccl-tests version' and '# Collective test starting'
+    newer = parse(GB10)  # v2.17+ header: '# nccl-tests version' and '# Collective test starting'
     assert (newer.test, newer.n, newer.hosts, newer.gpu) == ("all_reduce_perf", 2, ("host-a", "host-b"), "NVIDIA GB10")
 
 
@@ -102,13 +102,14 @@ def test_two_hosts_fit_the_nic_tier_over_the_nodes_nics():
 
 def test_small_messages_fit_the_latency_and_keep_the_plateau():
     """DGX Spark's four 8-64 KiB rows are latency: one op, one group size, so alpha stays the base tier's and the
-    base latency is the least-squares one, base + 2 alpha = the mean of the four times (closed form); the
-    plateau they cannot see stays the base's."""
+    base latency is the least-squares one, base + 2 alpha = the mean of the four times less their bytes at the
+    plateau rate (S for a 2-rank all-reduce, at 0.9 x 25 GB/s; closed form); the plateau they cannot see stays
+    the base's."""
     base = Profile.model_validate({**default_for("B200").model_dump(), "inter_node": {
         "bandwidth": 25e9, "latency": 6.6e-6, "base_latency": 20e-6, "efficiency": 0.9}})
     (tier,) = import_logs([GB10], base).tiers
     assert tier.tier == "inter_node" and tier.latency_fitted and not tier.plateau_fitted
-    mean = (35.15 + 31.67 + 39.56 + 67.93) / 4 * 1e-6
+    mean = sum(t * 1e-6 - 2 ** k / (0.9 * 25e9) for t, k in ((35.15, 13), (31.67, 14), (39.56, 15), (67.93, 16))) / 4
     assert tier.fit.base_latency + 2 * tier.fit.latency == pytest.approx(mean)
     assert (tier.fit.latency, tier.fit.efficiency) == (6.6e-6, 0.9)
 
@@ -158,3 +159,77 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "run1.txt" in err and "cannot tell which nccl-tests binary" in err
     assert main(["calibrate", "--from-nccl-tests", str(GB200), "-o", str(tmp_path / "o")]) == 2
     assert "--base PROFILE" in capsys.readouterr().err  # no GPU preset named, no node given
+    assert main(["calibrate", "--from-nccl-tests", str(GB200), "--base", str(GB10), "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: --base:") and "is not JSON" in err
+
+
+def _log(test: str, n: int, times: list[tuple[int, float]], hosts: int = 1) -> str:
+    """An nccl-tests v2.13+ output (src/util.cu's layout) of ``times`` (bytes, seconds), busbw by the nccl-tests
+    factor (doc/PERFORMANCE.md)."""
+    from sim.calibrate.nccl_tests import TESTS
+    from sim.network.collectives import bus_factor
+
+    op = TESTS[test]
+    lines = ["# nThread 1 nGpus 1 minBytes 1024 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 "
+             "agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
+    lines += [f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {'node' + str(r * hosts // n):>10s} device {r % 8:2d} "
+              f"[0000:{r:02x}:00] NVIDIA H100 80GB HBM3" for r in range(n)]
+    lines += ["#", "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   "
+              "algbw   busbw #wrong"]
+    for nbytes, seconds in times:
+        algbw = nbytes / seconds / 1e9
+        busbw = algbw * bus_factor(op, 2 if op == "send" else n)
+        cell = f"{seconds * 1e6:9.3f}  {algbw:8.3f}  {busbw:8.3f}       0"
+        lines.append(f"{nbytes:12d}  {nbytes // 4:12d}     float     sum      -1  {cell}  {cell}")
+    return "\n".join(lines) + "\n# Avg bus bandwidth    : 1.0\n"
+
+
+def test_a_closed_form_round_trip_recovers_latency_alpha_and_plateau(tmp_path):
+    """All-reduce and all-gather on one node of 8, timed by the ring closed form of a known tier (base 20 us,
+    alpha 1.5 us, plateau 80% of 450 GB/s, flat): two step counts (14 and 7) separate base from alpha, and the
+    fit gives all three back (to the 1 ns the times are printed with), and a flat curve."""
+    base, alpha, rate = 20e-6, 1.5e-6, 0.8 * 450e9
+    paths = []
+    for test, op in (("all_reduce_perf", "all_reduce"), ("all_gather_perf", "all_gather")):
+        times = [(2 ** e, base + ring_time(op, 2 ** e, 8, alpha, rate)) for e in range(10, 31)]
+        path = tmp_path / f"{test}.log"
+        path.write_text(_log(test, 8, times))
+        paths.append(path)
+    (tier,) = import_logs(paths, default_for("H100-SXM"), NODE_PRESETS["dgx-h100"]).tiers
+    assert tier.tier == "intra_node" and tier.latency_fitted and tier.plateau_fitted
+    assert tier.fit.base_latency == pytest.approx(base, rel=1e-4) and tier.fit.latency == pytest.approx(alpha, rel=1e-4)
+    assert tier.fit.efficiency == pytest.approx(0.8, rel=1e-4)
+    assert all(fraction == pytest.approx(1.0, abs=1e-4) for _, fraction in tier.fit.curve)
+
+
+def test_the_tier_each_run_describes(tmp_path):
+    node = NODE_PRESETS["dgx-h100"]
+    one = [(2 ** 20, 1e-4)]
+    cases = {"alltoall_perf": (8, 1, "all_to_all"), "all_reduce_perf": (16, 2, "inter_node"),
+             "sendrecv_perf": (8, 1, "intra_node"), "reduce_scatter_perf": (8, 1, "intra_node")}
+    for test, (n, hosts, expected) in cases.items():
+        log = parse(f"{test}.log", _log(test, n, one, hosts))
+        assert tier_of(log, node, nvls=False) == expected, test
+    reduce = parse("all_reduce_perf.log", _log("all_reduce_perf", 8, one))
+    assert (tier_of(reduce, node, nvls=True), tier_of(reduce, node, nvls=False)) == ("nvls", "intra_node")
+    across = parse("alltoall_perf.log", _log("alltoall_perf", 16, one, 2))
+    assert tier_of(across, node, nvls=False) is None  # not fitted: the model's all-to-all mixes both tiers
+    result = import_logs([across], default_for("H100-SXM"), node)
+    assert result.tiers == [] and "all-to-all across 2 hosts" in result.skipped[0]
+
+
+def test_the_runner_takes_a_profiles_nvls_and_all_to_all_tiers(tmp_path):
+    """A profile's nvls and all_to_all tiers (what an NVLS all-reduce or an alltoall_perf run fits) replace the
+    node preset's in the topology a calibrated run builds; the other tiers stay the preset's."""
+    fields = {"nvls": {"efficiency": 0.5, "latency": 3e-6}, "all_to_all": {"efficiency": 0.6, "base_latency": 1e-5}}
+    path = tmp_path / "profile.json"
+    path.write_text(Profile.model_validate({**default_for("H100-SXM").model_dump(), **fields}).model_dump_json())
+    scenario = load_scenario(SCENARIOS / "llama2-7b_h100-8_dp.yaml",
+                             ["costs.model=calibrated", f"costs.profile={path}"])
+    topology = runner.build_topology(resolve(scenario))
+    node = NODE_PRESETS["dgx-h100"]
+    assert topology.nvls is not None and (topology.nvls.efficiency, topology.nvls.latency) == (0.5, 3e-6)
+    assert topology.nvls.bandwidth == node.nvls.bandwidth
+    assert topology.all_to_all_link.efficiency == 0.6 and topology.all_to_all_link.base_latency == 1e-5
+    assert topology.intra_node.efficiency == node.intra_node.efficiency

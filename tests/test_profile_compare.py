@@ -43,7 +43,7 @@ US = 1e-6
     ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "", ATTENTION),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >", "", OTHER),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL all_reduce"),
-    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "", "NCCL all_gather"),  # NCCL before 2.19
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "", "NCCL all_gather"),  # older NCCL
     ("ncclDevKernel_ReduceScatter_Sum_f32_RING_SIMPLE", "", "NCCL reduce_scatter"),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL send"),
     ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "all_to_all", "NCCL all_to_all"),
@@ -56,14 +56,15 @@ def test_the_trace_sums_per_category_and_step():
     """Step 5: memcpy 100, GEMM 2000 + 1250, flash 1000, add 250 + layer norm 300 (launched in step 5, running past
     its end), all-reduce 3000, send/recv 500 us; busy = 100 + (1500..8500) + 300 = 7400 of 10000 us.
     Step 6: GEMM 1800, flash backward 2200, memset 10, all-gather 700, all-to-all 900 (Kineto's collective name on
-    a SendRecv kernel), layer norm 200; busy 5810 us."""
+    a SendRecv kernel), layer norm 200 and a Triton kernel of 100 us launched through the driver (cuLaunchKernel)
+    at the end of step 6 and run after it; busy 5910 us."""
     five, six = measured_steps(TRACE)
     assert (five.step, six.step, five.seconds, six.seconds) == (5, 6, pytest.approx(0.01), pytest.approx(0.01))
     assert five.categories == pytest.approx({"memcpy": 100 * US, GEMM: 3250 * US, ATTENTION: 1000 * US,
                                              OTHER: 550 * US, "NCCL all_reduce": 3000 * US, "NCCL send": 500 * US})
     assert six.categories == pytest.approx({GEMM: 1800 * US, ATTENTION: 2200 * US, "memcpy": 10 * US,
-                                            "NCCL all_gather": 700 * US, "NCCL all_to_all": 900 * US, OTHER: 200 * US})
-    assert (five.busy, six.busy) == (pytest.approx(7400 * US), pytest.approx(5810 * US))
+                                            "NCCL all_gather": 700 * US, "NCCL all_to_all": 900 * US, OTHER: 300 * US})
+    assert (five.busy, six.busy) == (pytest.approx(7400 * US), pytest.approx(5910 * US))
 
 
 def test_union_of_intervals():
@@ -106,7 +107,7 @@ def test_the_table_holds_measured_against_simulated(tiny_run, tmp_path, capsys):
     step, categories, busy = simulated_step(tiny_run, 0)
     assert table.loc["step", "measured_s"] == pytest.approx(0.01) and table.loc["step", "simulated_s"] == step
     assert table.loc[GEMM, "measured_s"] == pytest.approx((3250 + 1800) / 2 * US)
-    assert table.loc["idle", "measured_s"] == pytest.approx((2600 + 4190) / 2 * US)
+    assert table.loc["idle", "measured_s"] == pytest.approx((2600 + 4090) / 2 * US)
     assert table.loc["idle", "simulated_s"] == pytest.approx(step - busy)
     assert table.loc["NCCL all_to_all", "simulated_s"] == 0 and table.loc["NCCL send", "simulated_s"] > 0  # tiny's pp
     row = table.loc[GEMM]
@@ -138,3 +139,21 @@ def test_bad_inputs_are_one_line(tiny_run, tmp_path, capsys):
         compare(TRACE, tiny_run, steps=[9])
     with pytest.raises(ConfigError, match="not a sim run output"):
         compare(TRACE, tmp_path)
+
+
+def test_the_simulated_rank_is_the_traces_own_by_default(tiny_run, tmp_path):
+    """Kineto's distributedInfo.rank picks the simulated rank (tiny: rank 2 is the second pipeline stage, which
+    runs the head, not the embedding); --rank overrides it."""
+    import json
+
+    data = json.loads(TRACE.read_text())
+    data["distributedInfo"]["rank"] = 2
+    ranked = tmp_path / "rank2.json"
+    ranked.write_text(json.dumps(data))
+    _, two, _ = simulated_step(tiny_run, 2)
+    _, zero, _ = simulated_step(tiny_run, 0)
+    assert two[OTHER] != zero[OTHER]
+    table = compare(ranked, tiny_run).set_index("category")
+    assert table.loc[OTHER, "simulated_s"] == pytest.approx(two[OTHER])
+    assert compare(ranked, tiny_run, rank=0).set_index("category").loc[OTHER, "simulated_s"] == pytest.approx(
+        zero[OTHER])

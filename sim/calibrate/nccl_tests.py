@@ -7,13 +7,13 @@ busbw), and a ``Profile`` whose ``intra_node`` / ``inter_node`` / ``nvls`` / ``a
 fitted latency, plateau efficiency and efficiency curve (``sim.calibrate.fitting.fit_link``).
 
 The format, from nccl-tests' own source (github.com/NVIDIA/nccl-tests):
-- 2.13 and later (src/common.cu, since v2.19.x src/util.cu ``writeDeviceReport`` / ``writeResultHeader``):
+- 2.13 and later (src/common.cu; from v2.17, late 2025, src/util.cu ``writeDeviceReport`` / ``writeResultHeader``):
   ``# nThread 1 nGpus 1 minBytes ...``, one line per rank ``#  Rank %2d Group %2d Pid %6d on %10s device %2d
   [%04x:%02x:%02x] %s`` (host name, then the device name), a header ``size count type redop root time algbw
   busbw #wrong`` twice (out-of-place, in-place), optionally per-iteration columns (``-I 1``: i_min i_max i_p99
   i_cv% after each #wrong) and a timestamp; ``cputime`` instead of ``time`` with ``-C 1``; ``#wrong`` is
-  ``N/A`` without validation. From v2.19 also ``# nccl-tests version ...`` and ``# Collective test starting:
-  all_reduce_perf``.
+  ``N/A`` without validation. From v2.17 also ``# nccl-tests version ...`` and ``# Collective test starting:
+  all_reduce_perf`` (the program name; ``_mpi`` builds end in ``_mpi``).
 - before 2.13 (v2.0-v2.12, src/<test>.cu ``print_header``): ``#   Rank %2d Pid %6d on %10s device %2d [0x%02x]
   %s`` (no Group), the header ``size count type redop time algbw busbw error`` per test (no ``root`` column,
   and no ``redop`` for all-gather / all-to-all / send-recv), ``error`` a float such as ``0e+00``.
@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ from sim.calibrate.fitting import LinkFit, Measurement, fit_latency, fit_link
 from sim.costs.profile import Profile
 from sim.errors import ConfigError
 from sim.hardware import GPU_PRESETS, LinkSpec, NodeSpec
-from sim.network.collectives import bus_factor, latency_steps, ring_latency
+from sim.network.collectives import bus_factor, bytes_moved, latency_steps, ring_latency
 
 # nccl-tests binary -> the simulator's collective (sim.network.collectives.OPS).
 TESTS = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "reduce_scatter_perf": "reduce_scatter",
@@ -276,53 +277,68 @@ def _base_link(tier: str, base: Profile | None, node: NodeSpec | None) -> LinkSp
     return preset
 
 
-def _fit_base_latency(rows: Sequence[Measurement], fixed: np.ndarray) -> float | None:
-    """Least squares of seconds = base + fixed over the small messages, base >= 0; None without small ones."""
-    small = np.array([r.nbytes <= LATENCY_MAX_BYTES for r in rows])
-    if not small.any():
-        return None
-    seconds = np.array([r.seconds for r in rows])
-    return max(0.0, float(np.mean(seconds[small] - fixed[small])))
+def _row_value(by_row: dict[int, float], row: Measurement) -> float:
+    return by_row[id(row)]
+
+
+CURVE_KNOTS = tuple(2.0 ** e for e in range(17, 35))  # 128 KiB .. 16 GiB: above the latency rows
+REFITS = 6  # latency <-> plateau alternations (the small messages' bandwidth term, then the latency again)
 
 
 def fit_tier(tier: str, logs: Sequence[NcclTestsLog], link: LinkSpec, node: NodeSpec | None,
              placement: str = "out-of-place", intra: LinkSpec | None = None) -> TierFit:
     """Fit one tier's latency, plateau and curve on the rows of ``logs`` (all of this tier) against ``link``
-    (the base tier: its line rate, and its latencies where the rows cannot separate them)."""
+    (the base tier: its line rate, and its latencies where the rows cannot separate them).
+
+    The latency comes from the messages <= 64 KiB less their bandwidth term at the plateau rate (the least a
+    message of any size pays), the plateau and curve from ``fit_link`` with that latency held, on knots above
+    64 KiB only (the rows the latency was not fitted on: a small message cannot tell latency from a low
+    efficiency); the two alternate (``REFITS`` times, from the base tier's plateau). Exact on noise-free
+    closed-form times of a flat tier (a test); a plateau reached only at large sizes keeps the small messages'
+    extra time in the latency, as fit_link does."""
     rows = [m for log in logs for m in log.measurements(placement)]
     algorithm = "nvls" if tier == "nvls" else "ring"
-    line_rate = link.bandwidth
-    latency_of: Callable[[Measurement], float] | None = None
     steps = np.array([latency_steps(algorithm, r.op, r.n) for r in rows], dtype=float)
-    hosts = max(len(log.hosts) for log in logs)
+    seconds = np.array([r.seconds for r in rows])
+    moved = np.array([bytes_moved(algorithm, r.op, r.n, r.nbytes) for r in rows])
     small = np.array([r.nbytes <= LATENCY_MAX_BYTES for r in rows])
-    latency: tuple[float, float] | None
+    line_rate = link.bandwidth
+    # Per row, the alphas it pays beyond the base latency, when alpha is not fitted (None: fit it).
+    alphas: np.ndarray | None = steps * link.latency
     if tier == "inter_node":
-        # The node's NICs together carry one rank's ring (one ring per rail), as scripts/fit_network_defaults.py.
+        # The node's NICs together carry one rank's ring (one ring per rail), as scripts/fit_network_defaults.py;
+        # its NVLink steps pay the intra tier's alpha and its network steps this tier's (ring_latency).
         line_rate = link.bandwidth * (node.nics_per_node if node is not None else 1)
-        alpha_intra = (intra or link).latency
-        nodes = [len(log.hosts) for log in logs for _ in log.measurements(placement)]
-        ring = [ring_latency(r.op, r.n, k, alpha_intra, link.latency) for r, k in zip(rows, nodes, strict=True)]
-        base = _fit_base_latency(rows, np.array(ring))
-        base_latency = link.base_latency if base is None else base
-        latency = (base_latency, link.latency)
-        fixed = dict(zip(map(id, rows), ring, strict=True))
-
-        def latency_of(row: Measurement) -> float:
-            return base_latency + fixed[id(row)]
+        nodes = [min(len(log.hosts), 2) if log.op == "send" else len(log.hosts)  # a pair crosses one boundary
+                 for log in logs for _ in log.measurements(placement)]
+        alphas = np.array([ring_latency(r.op, r.n, k, (intra or link).latency, link.latency)
+                           for r, k in zip(rows, nodes, strict=True)])
     elif small.any() and len(set(steps[small])) >= 2:  # two step counts separate base from alpha: fit both
-        latency = None
-    else:  # one step count (one op, one group size): alpha from the base tier, the base fitted if it can be
-        base = _fit_base_latency(rows, steps * link.latency)
-        latency = (link.base_latency if base is None else base, link.latency)
-    if small.all():  # latency-bound rows only: they say nothing of the plateau, which stays the base tier's
-        if latency is None:
-            latency = fit_latency(steps, np.array([r.seconds for r in rows]))
-        fit = LinkFit(latency[0], latency[1], link.efficiency, link.efficiency_curve, len(rows))
-    else:
-        fit = fit_link(rows, line_rate, algorithm=algorithm, knots=[2.0 ** e for e in range(10, 35)],
-                       latency_max_bytes=LATENCY_MAX_BYTES, latency=latency, latency_of=latency_of)
+        alphas = None
+
+    def latency_from(bandwidth_seconds: np.ndarray) -> tuple[float, float]:
+        if not small.any():
+            return link.base_latency, link.latency
+        latency_part = seconds[small] - bandwidth_seconds[small]
+        if alphas is None:
+            return fit_latency(steps[small], latency_part)
+        return max(0.0, float(np.mean(latency_part - alphas[small]))), link.latency  # least squares of the base
+
+    plateau = link.efficiency
+    fit = LinkFit(link.base_latency, link.latency, link.efficiency, link.efficiency_curve, len(rows))
+    for _ in range(REFITS):
+        bandwidth_seconds = moved / (line_rate * plateau)
+        base_latency, alpha = latency_from(bandwidth_seconds)
+        if small.all():  # latency-bound rows only: they say nothing of the plateau, which stays the base tier's
+            fit = LinkFit(base_latency, alpha, link.efficiency, link.efficiency_curve, len(rows))
+            break
+        fixed = (np.full(len(rows), base_latency) + (steps * alpha if alphas is None else alphas))
+        fit = fit_link(rows, line_rate, algorithm=algorithm, knots=CURVE_KNOTS,
+                       latency_max_bytes=LATENCY_MAX_BYTES, latency=(base_latency, alpha),
+                       latency_of=partial(_row_value, dict(zip(map(id, rows), fixed.tolist(), strict=True))))
+        plateau = fit.efficiency
     measured = max(r.busbw[placement] for log in logs for r in log.rows if placement in r.busbw)
+    hosts = max(len(log.hosts) for log in logs)
     return TierFit(tier, tuple(log.path for log in logs), tuple(sorted({log.op for log in logs})),
                    tuple(sorted({log.n for log in logs})), hosts, line_rate, fit, measured,
                    latency_fitted=bool(small.any()), plateau_fitted=not small.all())

@@ -529,8 +529,11 @@ def cmd_import_nccl_tests(args: argparse.Namespace, console: Console) -> int:
     logs = [parse(path) for path in args.from_nccl_tests]
     node = node_for(logs, args.node)
     existing = output / "profile.json"
-    base = (profiles.load(args.base) if args.base else profiles.load(existing) if existing.exists()
-            else base_profile(logs, args.node))
+    try:
+        base = (profiles.load(args.base) if args.base else profiles.load(existing) if existing.exists()
+                else base_profile(logs, args.node))
+    except profiles.ProfileError as error:  # a ValueError: one line naming the file, as a scenario's would be
+        raise ConfigError(str(error).replace("costs.profile", "--base" if args.base else "-o")) from None
     result = import_logs(logs, base, node, nvls=args.nvls, tier=args.tier,
                          placement="in-place" if args.in_place else "out-of-place")
     table = Table(title="link tiers fitted from nccl-tests", header_style="bold")
