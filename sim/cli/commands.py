@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     scenario = load_scenario(args.scenario, args.set)
     out = _output_directory(Path(args.output))  # before the run: a bad path is reported at once
     began = time.perf_counter()
-    result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
+    result = runner.run(scenario, record_links=args.chrome or args.link_timeline, limits=_limits(args))
     wall = time.perf_counter() - began
     if result.links is not None:  # contention network: which links carried what
         result.links.to_csv(out / "links.csv", index=False)
@@ -171,7 +171,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
 
         table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
-                                executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout)
+                                executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout,
+                                limits=_limits(args))
     counts = table["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.no_plot:
@@ -193,7 +194,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
                                   args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,
-                                  args.dask_timeout)
+                                  args.dask_timeout, _limits(args))
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
@@ -219,6 +220,22 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
             write(out, screened, simulated)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
     return 0
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """The run budget of ``--max-tasks`` / ``--max-memory`` (sim.workload.size.Limits)."""
+    from sim.api import limits
+
+    return limits(args.max_tasks, args.max_memory, ("--max-tasks", "--max-memory"))
+
+
+def limit_args(cmd: argparse.ArgumentParser) -> None:
+    """``--max-tasks`` / ``--max-memory``: a run's budget, checked against its estimated size before it is built
+    (sim.workload.size; docs/reliability.md)."""
+    cmd.add_argument("--max-tasks", type=int, metavar="N", help="refuse a run estimated above N tasks (default "
+                     "10,000,000)")
+    cmd.add_argument("--max-memory", metavar="SIZE", help="refuse a run estimated above SIZE, e.g. '8 GiB' "
+                     "(default: half the machine's memory)")
 
 
 def executor_args(cmd: argparse.ArgumentParser) -> None:
@@ -248,6 +265,7 @@ def parser() -> argparse.ArgumentParser:
                      help="contention network: also write link_timeline.csv, each link's load over time")
     run.add_argument("--no-plot", action="store_true", help="skip the Gantt chart")
     run.add_argument("--fail-on-oom", action="store_true", help="exit non-zero if a rank does not fit")
+    limit_args(run)
     run.set_defaults(handler=cmd_run)
 
     check = commands.add_parser("check", help="validate a scenario and print it with every default filled")
@@ -271,6 +289,7 @@ def parser() -> argparse.ArgumentParser:
     executor_args(sweep_cmd)
     sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
     sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
+    limit_args(sweep_cmd)
     sweep_cmd.set_defaults(handler=cmd_sweep)
 
     search_cmd = commands.add_parser("search", help="find the best layout: screen every tp/pp/dp/vpp/micro-batch/"
@@ -285,6 +304,7 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
                             help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)
+    limit_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
 
     val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")

@@ -34,6 +34,7 @@ from sim.errors import ConfigError, SimError
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
 from sim.spec.degrees import degrees
 from sim.spec.scenario import apply_overrides, parse_yaml, read_text, scenario_from_dict
+from sim.workload.size import Limits
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
@@ -147,9 +148,9 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], point: dict[str, Any],
-              keys: list[str]) -> dict[str, Any]:
+              keys: list[str], limits: Limits | None = None) -> dict[str, Any]:
     """One point -> one row with the resolved value of every swept key. Never raises for a bad point: the
-    reason goes into ``status``."""
+    reason goes into ``status`` (a point over ``limits``, the run budget, is ``error: <field>: ...``)."""
     row: dict[str, Any] = dict(point)
     try:
         raw = apply_overrides(copy.deepcopy(base_data), overrides)
@@ -157,7 +158,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
             raw.setdefault("training", {})["global_batch"] = None
         raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in point.items()])
         scenario = scenario_from_dict(raw, base_dir=base_dir)
-        summary = runner.run(scenario).summary
+        summary = runner.run(scenario, limits=limits).summary
     except ConfigError as error:
         return row | {"status": f"invalid: {error}"}
     except SimError as error:
@@ -224,10 +225,15 @@ def _check_same_base(spec: SweepSpec, out: Path) -> None:
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
               scheduler: str | None = None, only: set[int] | None = None,
-              dask_timeout: float = DASK_TIMEOUT_S) -> pd.DataFrame:
+              dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None) -> pd.DataFrame:
     """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
     written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
-    progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler."""
+    progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler. ``limits`` is
+    each point's run budget; its default memory share is split between the ``jobs`` points that run at once on
+    this machine (not with a remote ``scheduler``, whose workers have their own memory)."""
+    limits = limits or Limits()
+    if limits.max_memory is None and jobs > 1 and scheduler is None:
+        limits = Limits(limits.max_tasks, limits.memory // jobs)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_base(spec, out)
     points = spec.points()
@@ -251,7 +257,7 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
                 on_row(row)
 
         base = (spec.base_data, str(spec.base.parent))
-        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys)) for index, point in todo]
+        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys, limits)) for index, point in todo]
         for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout):
             record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
