@@ -81,6 +81,7 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     from sim import runner
     from sim.cli.tables import memory_problem, summary_table, summary_title
     from sim.output import trace
+    from sim.output.atomic import write_atomically, write_text_atomically
     from sim.spec.scenario import load_scenario, resolved_yaml
 
     scenario = load_scenario(args.scenario, args.set)
@@ -88,19 +89,22 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     began = time.perf_counter()
     result = runner.run(scenario, record_links=args.chrome or args.link_timeline, limits=_limits(args))
     wall = time.perf_counter() - began
-    if result.links is not None:  # contention network: which links carried what
-        result.links.to_csv(out / "links.csv", index=False)
-    if result.link_segments is not None and args.link_timeline:  # (the Gantt chart reads it)
-        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
+    # Every file is written to a temporary name and renamed (sim.output.atomic): a killed run leaves none half-written.
+    links, segments = result.links, result.link_segments
+    if links is not None:  # contention network: which links carried what
+        write_atomically(out / "links.csv", lambda path: links.to_csv(path, index=False))
+    if segments is not None and args.link_timeline:  # (the Gantt chart reads it)
+        write_atomically(out / "link_timeline.csv", lambda path: segments.to_csv(path, index=False))
     if charts is not None:  # the chart process draws while this one writes the rest
         charts.submit(out, result.trace, result.summary)
-    (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
-    (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
-    trace.write_trace(result.trace, out / f"trace.{args.format}")
+    write_text_atomically(out / "scenario.resolved.yaml", resolved_yaml(scenario))
+    write_text_atomically(out / "summary.json", result.summary.to_json())
+    write_atomically(out / f"trace.{args.format}", lambda path: trace.write_trace(result.trace, path))
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments, result.graph)
+        write_atomically(out / "trace.json",
+                         lambda path: trace.write_chrome_trace(result.trace, path, result.link_segments, result.graph))
     if charts is not None:
         error = charts.wait()
         if error:
@@ -158,11 +162,12 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sim.explore import sweep
+    from sim.explore.executors import stop_on_sigterm
 
     spec = sweep.make_spec(Path(args.target), args.grid, args.set)
     out = Path(args.output)
     columns = [TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=False) as bar:
+    with stop_on_sigterm(), Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("sweep", total=None)
 
         def started(total: int, done: int) -> None:
@@ -187,10 +192,11 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     from sim.explore import search
+    from sim.explore.executors import stop_on_sigterm
 
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=True) as bar:
+    with stop_on_sigterm(), Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
                                   args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,

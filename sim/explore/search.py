@@ -35,6 +35,7 @@ from sim.errors import ConfigError
 from sim.explore.estimate import Estimator
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
+from sim.output.atomic import write_atomically
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
 from sim.spec.scenario import Scenario, check_rules, load_scenario
@@ -251,6 +252,6 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     simulated = simulated.sort_values("step_time_s", kind="stable").reset_index(drop=True)
     chosen_index = chosen.index.to_numpy()
     screened.loc[chosen_index[pruned], "status"] = "pruned"
-    screened.to_parquet(out / "screen.parquet", index=False)
-    simulated.to_parquet(out / "results.parquet", index=False)
+    write_atomically(out / "screen.parquet", lambda path: screened.to_parquet(path, index=False))
+    write_atomically(out / "results.parquet", lambda path: simulated.to_parquet(path, index=False))
     return SearchResult(screened, simulated, screen_s, time.perf_counter() - began - screen_s)

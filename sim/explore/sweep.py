@@ -17,11 +17,12 @@ the table is the same either way. A spec may also list its points explicitly (``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import io
 import itertools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ import pandas as pd
 from sim import runner
 from sim.errors import ConfigError, SimError
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
+from sim.output.atomic import write_atomically, write_text_atomically
 from sim.spec.degrees import degrees
 from sim.spec.scenario import apply_overrides, parse_yaml, read_text, scenario_from_dict
 from sim.workload.size import Limits
@@ -184,20 +186,26 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
 
 
 def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
-    """Rows already finished; a row cut off by a kill (missing fields or status) is dropped, and the file is
-    rewritten clean so appending continues on a fresh line."""
+    """Rows already finished; a row cut off by a kill is dropped, and the file is rewritten clean (atomically) so
+    appending continues on a fresh line. Each row is appended as one line ending in a newline and flushed, so the
+    only row a kill can tear is the last, and a last line without its newline is that row, whatever it parses
+    as (a number cut short would still look like a whole row); rows missing fields or a status are dropped too."""
     if not path.is_file():
         return []
     with path.open(newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r.get("status") and None not in r.values()]
+        text = handle.read()
+    if not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
+    rows = [r for r in csv.DictReader(io.StringIO(text, newline="")) if r.get("status") and None not in r.values()]
     if rows and list(rows[0]) != columns:
         raise ConfigError(f"sweep: {path} was written by a different grid; use another output directory")
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    def rewrite(temporary: Path) -> None:
+        with temporary.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_atomically(path, rewrite)
     return rows
 
 
@@ -219,7 +227,7 @@ def _check_same_base(spec: SweepSpec, out: Path) -> None:
     if (out / RESULTS_CSV).is_file():
         raise ConfigError(f"sweep: {out} holds results without a {MANIFEST} (written by an older clustersim, or "
                           "not a sweep); use another output directory or delete it")
-    manifest.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+    write_text_atomically(manifest, json.dumps(mine, indent=1, sort_keys=True) + "\n")
 
 
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
@@ -258,8 +266,10 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
 
         base = (spec.base_data, str(spec.base.parent))
         jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys, limits)) for index, point in todo]
-        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout):
-            record(index, point, row)
+        # closing: an interrupt in record() stops the executor's workers at once, not when the generator is freed
+        with contextlib.closing(run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout)) as rows:
+            for (index, point), row in rows:
+                record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
-    table.to_parquet(out / "results.parquet", index=False)
+    write_atomically(out / "results.parquet", lambda path: table.to_parquet(path, index=False))
     return table
