@@ -177,7 +177,7 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
 
         table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
                                 executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout,
-                                limits=_limits(args))
+                                limits=_limits(args), on_dashboard=_dashboard(args, console))
     counts = table["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.no_plot:
@@ -200,7 +200,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
                                   args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,
-                                  args.dask_timeout, _limits(args))
+                                  args.dask_timeout, _limits(args), _dashboard(args, console))
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
@@ -251,6 +251,23 @@ def executor_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")
     cmd.add_argument("--dask-timeout", type=float, default=DASK_TIMEOUT_S, metavar="SECONDS",
                      help=f"how long to wait to connect to the Dask scheduler (default {DASK_TIMEOUT_S:g})")
+    cmd.add_argument("--dask-dashboard", action="store_true",
+                     help="serve the Dask dashboard (a local cluster's on 127.0.0.1) and print its link (default: off)")
+
+
+def _dashboard(args: argparse.Namespace, console: Console) -> Callable[[str], None] | None:
+    """With ``--dask-dashboard``: a callback printing the dashboard's link once; ConfigError without Dask."""
+    if not args.dask_dashboard:
+        return None
+    if args.executor != "dask":
+        raise ConfigError("--dask-dashboard: needs --executor dask")
+    shown: set[str] = set()
+
+    def show(link: str) -> None:
+        if link not in shown:
+            shown.add(link)
+            console.print(f"Dask dashboard: {link}", markup=False, highlight=False)
+    return show
 
 
 def parser() -> argparse.ArgumentParser:

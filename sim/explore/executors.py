@@ -36,9 +36,12 @@ DASK_TIMEOUT_S = 30.0
 
 def run_all(function: Callable[..., Any], jobs: list[tuple[Any, tuple[Any, ...]]], workers: int = 1,
             executor: Executor = "process", scheduler: str | None = None,
-            dask_timeout: float = DASK_TIMEOUT_S) -> Generator[tuple[Any, Any], None, None]:
+            dask_timeout: float = DASK_TIMEOUT_S,
+            on_dashboard: Callable[[str], None] | None = None) -> Generator[tuple[Any, Any], None, None]:
+    """``on_dashboard`` (Dask only): start the Dask dashboard and call this with its link (the remote
+    scheduler's own, or the local cluster's on 127.0.0.1); without it no dashboard is served."""
     if executor == "dask":
-        yield from _dask(function, jobs, workers, scheduler, dask_timeout)
+        yield from _dask(function, jobs, workers, scheduler, dask_timeout, on_dashboard)
     elif executor != "process":
         raise ConfigError(f"--executor: {executor!r} is not one of process, dask")
     elif workers <= 1:
@@ -106,21 +109,48 @@ def stop_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# The local Dask cluster's address (issue 27: no listener beyond localhost). Its scheduler and workers listen on the
+# loopback address only (the workers connect to the scheduler, so those listeners are the executor itself). The
+# dashboard is off unless asked for (``--dask-dashboard``: DASHBOARD_ADDRESS, loopback too). dask.distributed's
+# scheduler starts its HTTP server whatever it is told (Scheduler.__init__ -> start_http_server, port 8787 by
+# default): without a dashboard it gets a random loopback port and no routes (distributed.scheduler.http.routes
+# and the workers' distributed.worker.http.routes emptied, so not even /health or /metrics is served).
+LOCAL_HOST = "127.0.0.1"
+DASHBOARD_ADDRESS = f"{LOCAL_HOST}:8787"  # dask's usual dashboard port, on the loopback address
+
+
+def local_cluster_settings(workers: int, dashboard: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(keyword arguments of ``dask.distributed.LocalCluster``, the dask config set while it starts) for
+    ``workers`` single-threaded worker processes, with or without the dashboard."""
+    options: dict[str, Any] = {"n_workers": max(1, workers), "threads_per_worker": 1, "processes": True,
+                               "host": LOCAL_HOST, "worker_dashboard_address": None}
+    if dashboard:
+        return options | {"dashboard_address": DASHBOARD_ADDRESS}, {}
+    options |= {"dashboard_address": None,
+                "scheduler_kwargs": {"dashboard": False, "dashboard_address": f"{LOCAL_HOST}:0"}}
+    return options, {"distributed.scheduler.http.routes": [], "distributed.worker.http.routes": []}
+
+
 def _dask(function: Callable[..., Any], jobs: list[tuple[Any, tuple[Any, ...]]], workers: int,
-          scheduler: str | None, timeout: float) -> Iterator[tuple[Any, Any]]:
+          scheduler: str | None, timeout: float,
+          on_dashboard: Callable[[str], None] | None = None) -> Iterator[tuple[Any, Any]]:
     if not timeout > 0:
         raise ConfigError(f"--dask-timeout: {timeout} is not a positive number of seconds")
     try:
+        import dask.config
         from dask.distributed import Client, LocalCluster
         from dask.distributed import as_completed as dask_completed
     except ImportError:
         raise ConfigError("--executor dask: needs dask.distributed: pip install 'clustersim[dask]'") from None
     cluster = None
     if scheduler is None:
-        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+        options, config = local_cluster_settings(workers, on_dashboard is not None)
+        with dask.config.set(config):
+            cluster = LocalCluster(**options)
     try:
         with Client(scheduler if scheduler is not None else cluster, timeout=f"{timeout}s") as client:
+            if on_dashboard is not None:
+                on_dashboard(str(client.dashboard_link))
             # pure=False: two points with equal arguments are still two rows; keys keep the results apart.
             futures = {client.submit(function, *args, pure=False): key for key, args in jobs}
             for future in dask_completed(futures):

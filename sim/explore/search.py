@@ -215,11 +215,13 @@ class SearchResult:
 def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000, jobs: int = 1,
                executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
                on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None,
-               dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None) -> SearchResult:
+               dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None,
+               on_dashboard: Callable[[str], None] | None = None) -> SearchResult:
     """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
     estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
     skipped (``pruned``). ``dask_timeout``: seconds the Dask executor waits to connect to its scheduler; ``limits``:
-    each simulated layout's run budget (``sim.workload.size``)."""
+    each simulated layout's run budget (``sim.workload.size``); ``on_dashboard``: the Dask dashboard's link, when
+    one is wanted (each wave's sweep reports it)."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
     space = list(layouts(base, only))
@@ -243,7 +245,8 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
         keep = prune(batch, best_step) if use_bound else batch
         pruned += [i for i in batch.index if i not in keep.index]
         table = run_sweep(spec, out, jobs, on_row=on_row, executor=executor, scheduler=scheduler,
-                          only=set(int(i) for i in keep.index), dask_timeout=dask_timeout, limits=limits)
+                          only=set(int(i) for i in keep.index), dask_timeout=dask_timeout, limits=limits,
+                          on_dashboard=on_dashboard)
         done = table[(table["status"] == "ok") & table["point_id"].isin(ours)]
         if len(done):
             best_step = min(best_step, float(done["step_time_s"].min()))

@@ -233,12 +233,14 @@ def _check_same_base(spec: SweepSpec, out: Path) -> None:
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
               scheduler: str | None = None, only: set[int] | None = None,
-              dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None) -> pd.DataFrame:
+              dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None,
+              on_dashboard: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
     written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
     progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler. ``limits`` is
     each point's run budget; its default memory share is split between the ``jobs`` points that run at once on
-    this machine (not with a remote ``scheduler``, whose workers have their own memory)."""
+    this machine (not with a remote ``scheduler``, whose workers have their own memory). ``on_dashboard``: with the
+    Dask executor, serve its dashboard and call this with the link (sim.explore.executors.run_all)."""
     limits = limits or Limits()
     if limits.max_memory is None and jobs > 1 and scheduler is None:
         limits = Limits(limits.max_tasks, limits.memory // jobs)
@@ -267,7 +269,8 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
         base = (spec.base_data, str(spec.base.parent))
         jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys, limits)) for index, point in todo]
         # closing: an interrupt in record() stops the executor's workers at once, not when the generator is freed
-        with contextlib.closing(run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout)) as rows:
+        with contextlib.closing(run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout,
+                                          on_dashboard)) as rows:
             for (index, point), row in rows:
                 record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
