@@ -306,7 +306,8 @@ def parser() -> argparse.ArgumentParser:
     sweep_cmd = commands.add_parser("sweep", help="run a grid of scenario variants into a results table")
     sweep_cmd.add_argument("target", help="a scenario YAML (with --grid) or a sweep file (base, set, grid)")
     sweep_cmd.add_argument("--grid", action="append", default=[], metavar="a.b=v1,v2|a..b",
-                           help="a grid axis (repeatable; later axes vary fastest)")
+                           help="a grid axis: a.b=v1,v2, a.b=[v1,v2] or a.b=lo..hi (repeatable; later axes vary "
+                           "fastest)")
     sweep_cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
                            help="override a field of the base scenario (repeatable)")
     executor_args(sweep_cmd)

@@ -100,10 +100,16 @@ def point_id(point: dict[str, Any]) -> str:
 
 
 def parse_axis(text: str) -> tuple[str, list[Any]]:
-    """``key=v1,v2,...`` (each value read as YAML) or ``key=a..b`` (integers a to b inclusive)."""
+    """``key=v1,v2,...`` (each value read as YAML), ``key=[v1, v2, ...]`` (a YAML list: the same axis) or
+    ``key=a..b`` (integers a to b inclusive)."""
     if "=" not in text:
         raise ConfigError(f"--grid {text!r}: expected key=v1,v2,... or key=a..b")
     key, values = text.split("=", 1)
+    if values.strip().startswith("["):  # --grid 'parallel.tp=[1,2]' (issue 27: was a YAML traceback)
+        listed = parse_yaml(values, f"--grid {key.strip()}")
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"--grid {key.strip()}: expected a non-empty list of values, e.g. [1, 2]")
+        return key.strip(), listed
     if ".." in values and "," not in values:
         low, high = values.split("..", 1)
         try:
