@@ -5,8 +5,11 @@ a case over ``HANG_S`` seconds or a process over ``MEMORY_BUDGET`` fails the tes
 
 Seeded (``derandomize=True``: the same cases on every run and machine) and sized for CI: ``CASES`` cases in all
 (documents and ``--set`` strings), plus ``RUN_CASES`` mutated documents simulated end to end under the run budget
-``RUN_LIMITS`` (a finite summary that summary.json can hold, MFU <= HFU <= 1, or one line; never over the budget). A failure prints the mutation; add it to tests/test_input_boundary.py as a
-regression test when fixing it.
+``RUN_LIMITS`` (a finite summary that summary.json can hold, MFU <= HFU <= 1, or one line; never over the
+budget). A failure prints the mutation; add it to tests/test_input_boundary.py as a regression test when fixing it.
+
+More cases: raise ``DOCUMENT_CASES`` / ``SET_CASES`` / ``RUN_CASES`` (or run with ``--hypothesis-seed`` and
+``derandomize`` off for new cases each run); docs/reliability.md.
 """
 
 from __future__ import annotations
