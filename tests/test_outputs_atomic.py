@@ -90,3 +90,11 @@ def test_sim_run_leaves_only_its_outputs(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.resolved.yaml", "summary.json", "trace.csv",
                                                            "trace.json"]
     json.loads((tmp_path / "summary.json").read_text(), parse_constant=lambda name: pytest.fail(name))
+
+
+def test_a_directory_where_the_file_goes_is_reported_against_that_path(tmp_path):
+    (tmp_path / "summary.json").mkdir()
+    with pytest.raises(IsADirectoryError) as error:
+        write_text_atomically(tmp_path / "summary.json", "{}\n")
+    assert error.value.filename == str(tmp_path / "summary.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # the temporary file removed

@@ -9,6 +9,7 @@ it, and is removed if the writer fails or the process is interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,16 +21,25 @@ def temporary_path(path: Path) -> Path:
 
 
 def write_atomically(path: Path | str, write: Callable[[Path], object]) -> Path:
-    """``write(temporary)`` then ``os.replace(temporary, path)``; the temporary file is removed on any failure."""
+    """``write(temporary)`` then ``os.replace(temporary, path)``; the temporary file is removed on any failure,
+    and an OSError names ``path`` (e.g. a directory standing where the file goes: 'Is a directory')."""
     path = Path(path)
     temporary = temporary_path(path)
     try:
         write(temporary)
         os.replace(temporary, path)
+    except OSError as error:  # reported against the file asked for, not the temporary one (the CLI prints it)
+        _remove(temporary)
+        raise OSError(error.errno, error.strerror or str(error), str(path)) from None
     except BaseException:
-        temporary.unlink(missing_ok=True)
+        _remove(temporary)
         raise
     return path
+
+
+def _remove(temporary: Path) -> None:
+    with contextlib.suppress(OSError):
+        temporary.unlink(missing_ok=True)
 
 
 def write_text_atomically(path: Path | str, text: str) -> Path:
