@@ -34,6 +34,7 @@ from sim.model.peft import (
 )
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.context import CpCommType
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
@@ -91,10 +92,20 @@ class Plan:
         return self.scenario.parallel.sequence_parallel
 
     @cached_property
+    def cp(self) -> int:
+        """Context-parallel degree: the ranks each sequence is split over (``parallel.cp``)."""
+        return self.degrees.cp
+
+    @cached_property
+    def cp_comm_type(self) -> CpCommType:
+        """How a CP rank's attention sees the others' K and V (``parallel.cp_comm_type``; sim.parallel.context)."""
+        return self.scenario.parallel.cp_comm_type
+
+    @cached_property
     def grid(self) -> RankGrid:
         if self.is_moe:
-            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp)
-        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node)
+            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp, self.cp)
+        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, cp=self.cp)
 
     # ------------------------------------------------------------------------------------------------ batch
     @cached_property
@@ -104,6 +115,12 @@ class Plan:
     @cached_property
     def seq_len(self) -> int:
         return self.degrees.seq_len
+
+    @cached_property
+    def local_seq_len(self) -> int:
+        """Tokens of each sequence one rank holds: seq_len / cp (the rules make it whole). Every kernel but the
+        attention core, every activation and every TP, PP and MoE message is sized by it."""
+        return self.seq_len // self.cp
 
     @cached_property
     def microbatches(self) -> int:
@@ -329,9 +346,9 @@ class Plan:
 
     @cached_property
     def dispatch_tokens(self) -> float:
-        """Tokens one rank routes per micro-batch and MoE layer: b*s/tp (sequence parallelism, which the rules
-        require with tp > 1)."""
-        tokens = self.micro_batch * self.seq_len
+        """Tokens one rank routes per micro-batch and MoE layer: b*s/(cp*tp) (sequence parallelism, which the rules
+        require with tp > 1; a CP rank holds s/cp tokens)."""
+        tokens = self.micro_batch * self.local_seq_len
         return tokens / self.tp if self.sequence_parallel else float(tokens)
 
     @cached_property
@@ -470,7 +487,7 @@ class Plan:
     @cached_property
     def tp_bytes(self) -> float:
         """Bytes of one Megatron TP collective: the b x s x h activations of a block (Narayanan et al. SC21)."""
-        return float(self.micro_batch * self.seq_len * self.model.hidden_size * self.elem_bytes)
+        return float(self.micro_batch * self.local_seq_len * self.model.hidden_size * self.elem_bytes)
 
     @cached_property
     def p2p_bytes(self) -> float:
@@ -497,22 +514,40 @@ class Plan:
             return self.stage_layers(stage)
         return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
 
+    @cached_property
+    def recompute_modules(self) -> frozenset[str]:
+        """The submodules selective recomputation replays in the backward (``training.recompute_modules``;
+        Megatron-Core's default ``core_attn``, Korthikanti's selective recompute); empty without it."""
+        t = self.scenario.training
+        if t.recompute != "selective":
+            return frozenset()
+        return frozenset(t.recompute_modules if t.recompute_modules is not None else ("core_attn",))
+
     def activation_bytes(self, recompute: Recompute | None = None, moe: bool = False) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
-        2022 Table 2) under ``recompute`` (default: the scenario's mode); ``moe``: a MoE layer, whose MLP part is
-        the router and the ``routed_tokens`` its local experts compute."""
+        2022 Table 2) under ``recompute`` (default: the scenario's mode, with its ``recompute_modules``);
+        ``moe``: a MoE layer, whose MLP part is the router and the ``routed_tokens`` its local experts compute."""
         t = self.scenario.training
         mode = recompute or t.recompute
+        modules = self.recompute_modules if mode == t.recompute else None
         if moe:
-            return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
+            return activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
                                               self.sequence_parallel, mode, t.flash_attention,
-                                              moe=True, routed_tokens=self.routed_tokens, etp=self.etp)
-        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          mode, t.flash_attention)
+                                              moe=True, routed_tokens=self.routed_tokens, etp=self.etp,
+                                              modules=modules)
+        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
+                                          self.sequence_parallel, mode, t.flash_attention, modules=modules)
         if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
-            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.seq_len, self.tp,
+            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.local_seq_len, self.tp,
                                              self.elem_bytes)
         return kept
+
+    def _selective_bytes(self, modules: frozenset[str], moe: bool = False) -> float:
+        """A layer's kept activations with only ``modules`` recomputed (selective recomputation)."""
+        t = self.scenario.training
+        return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
+                                          "selective", t.flash_attention, moe=moe, routed_tokens=self.routed_tokens,
+                                          etp=self.etp, modules=modules)
 
     @cached_property
     def _kept_bytes(self) -> tuple[float, float]:
@@ -532,10 +567,18 @@ class Plan:
 
     @cached_property
     def rebuild_bytes(self) -> float:
-        """Activations of the one layer full recomputation is rebuilding during its backward (0 without; the
-        larger of a dense and a MoE layer's in a MoE model)."""
+        """Activations of the one layer recomputation is rebuilding during its backward (0 without; the larger
+        of a dense and a MoE layer's in a MoE model): the whole layer's under full recomputation, what its
+        ``recompute_modules`` dropped under selective recomputation (they are live again until its backward
+        is done)."""
         t = self.scenario.training
         rebuilds = t.recompute == "full" and t.recompute_num_layers != 0
+        if t.recompute == "selective":  # beyond Korthikanti's attention core, which his peak leaves out
+            core, modules = self.recompute_modules & {"core_attn"}, self.recompute_modules
+            dense = self._selective_bytes(core) - self._selective_bytes(modules) if not all(self.moe_layers) else 0.0
+            moe = (self._selective_bytes(core, moe=True) - self._selective_bytes(modules, moe=True)
+                   if self.is_moe else 0.0)
+            return max(dense, moe)
         if rebuilds and self.is_moe:
             return max(self._kept_moe_bytes[1], self._kept_bytes[1] if not all(self.moe_layers) else 0.0)
         return self._kept_bytes[1] if rebuilds else 0.0
@@ -555,8 +598,9 @@ class Plan:
 
     @cached_property
     def data_parallel(self) -> bool:
-        """Whether there is a data-parallel group to reduce over (dp > 1)."""
-        return self.dp > 1
+        """Whether there is a data-parallel group to reduce gradients over (dp x cp > 1: CP ranks hold the same
+        weights and reduce their gradients with the DP ranks, ``grid.dp_group``)."""
+        return self.dp * self.cp > 1
 
     @cached_property
     def gathers_units(self) -> bool:

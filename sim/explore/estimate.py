@@ -37,6 +37,7 @@ from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
+from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
@@ -83,7 +84,7 @@ class Estimator:
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
         shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention)
+                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type)
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -103,8 +104,9 @@ class Estimator:
             bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
-        if plan.scenario.training.recompute == "selective":
-            bwd_layer += self._price(plan, "selective", "forward")
+        bwd_layer += self._selective_dense(plan, tp_comm)
+        cp_f, cp_b = self._cp_exposed(plan, bwd)
+        fwd_layer, bwd_layer = fwd_layer + cp_f, bwd_layer + cp_b
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
@@ -116,17 +118,18 @@ class Estimator:
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
+            share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
                 n = plan.stage_moe_layers(s)
-                fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / layers for d, e in zip(dense, moe,
+                fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
             recomputed = plan.recomputed_layers(s)
-            layer_bwd = bwd_layer + fwd_layer * recomputed / layers
+            layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
-                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / layers
+                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / share_of
                 layer_bwd += share * (frozen[0] - bwd_layer)
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
@@ -141,6 +144,15 @@ class Estimator:
             overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
             stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
         return stages
+
+    def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
+        """Seconds selective recomputation adds to a dense layer's backward (the emitter's
+        ``_selective_recompute``): the replayed attention-side ops, the pre-MLP norm, and with module ``mlp`` the
+        MLP module with its TP collectives."""
+        if not plan.recompute_modules:
+            return 0.0
+        mlp = self._price(plan, "recompute_mlp", "forward") + (tp_comm if "mlp" in plan.recompute_modules else 0.0)
+        return self._price(plan, "recompute_attention", "forward") + mlp
 
     def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
                       split: bool) -> tuple[float, float] | None:
@@ -157,12 +169,14 @@ class Estimator:
     def _moe_price(self, plan: Plan, name: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a MoE layer's MLP part (sim.workload.step.moe_blocks), cached by shape."""
         t = plan.scenario.training
-        shape = ("moe", plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, plan.etp, plan.local_experts,
-                 plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache, plan.microbatches)
+        shape = ("moe", plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel, plan.etp,
+                 plan.local_experts, plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache,
+                 plan.microbatches, plan.recompute_modules)
         key = (name, phase, shape)
         if key not in self._compute:
             if shape not in self._moe_blocks:
-                self._moe_blocks[shape] = step.moe_blocks(plan)
+                self._moe_blocks[shape] = step.moe_blocks(plan) | {
+                    f"recompute_{block}": work for block, work in step.moe_recompute(plan).items()}
             work = self._moe_blocks[shape][name]
             self._compute[key] = self.costs.compute_time(work, phase) if work.ops else 0.0
         return self._compute[key]
@@ -193,14 +207,22 @@ class Estimator:
         attention_f = self._price(plan, "attention", "forward") + tp_comm
         attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
                        else self._price(plan, "attention", bwd) + tp_comm)
-        if plan.scenario.training.recompute == "selective":
-            attention_b += self._price(plan, "selective", "forward")
-        forward = (attention_f + price(plan, "moe_router", "forward")
-                   + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
-                   + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
+        attention_b += self._price(plan, "recompute_attention", "forward")
+        cp_f, cp_b = self._cp_exposed(plan, bwd)
+        attention_f, attention_b = attention_f + cp_f, attention_b + cp_b
+        moe_forward = (price(plan, "moe_router", "forward")
+                       + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
+                       + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
+        forward = attention_f + moe_forward
+        # Selective recomputation (the emitter's _selective_recompute and _moe_backward): module moe runs the MoE
+        # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert.
+        shared_again = price(plan, "recompute_moe_shared", "forward")
+        recompute = moe_forward if "moe" in plan.recompute_modules else (
+            price(plan, "recompute_moe_router", "forward") + price(plan, "recompute_moe_experts", "forward")
+            + (shared_again + shared_tp if shared_again > 0 else 0.0))
         backward = (price(plan, "moe_combine", bwd) + dispatch + price(plan, "moe_experts", bwd)
                     + max(combine, price(plan, "moe_shared", bwd) + shared_tp) + price(plan, "moe_router", bwd)
-                    + attention_b)
+                    + attention_b + recompute)
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
@@ -210,6 +232,27 @@ class Estimator:
                 + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
                 + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
         return forward, backward, weight, pair
+
+    def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
+        """(forward, backward) seconds one layer's context parallelism adds to its attention block's flash kernel,
+        as the workload emits it (``_StageEmitter._cp_core``): the ring's makespan (sim.parallel.context.
+        ring_makespan: a send is exposed where it outlasts its step; the steps with TE's output corrections) less
+        the flash kernel, or the all-gather / all-to-all collectives, which nothing overlaps. (0, 0) without CP."""
+        ca = step.context_attention(plan)
+        if ca is None:
+            return 0.0, 0.0
+        group = plan.grid.cp_group(0)
+        out = []
+        for moves, phase in ((ca.forward, "forward"), (ca.backward, bwd)):
+            if plan.cp_comm_type != "p2p":
+                out.append(sum(network_models.transfer_time(self.net, m.op, m.nbytes, group) for m in moves))
+                continue
+            blocks = [self.costs.compute_time(work, phase) for work in ca.steps]  # type: ignore[arg-type]
+            sends = [self.net.p2p_time(m.nbytes, group[0], group[1]) for m in moves]
+            flash = Work(tuple(op for work in ca.steps for op in work.ops if op.name == "flash_attention"), 0.0)
+            core = self.costs.compute_time(flash, phase)  # type: ignore[arg-type]  # priced in the attention block
+            out.append(ring_makespan(blocks, sends, backward=phase != "forward") - core)
+        return out[0], out[1]
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
@@ -373,6 +416,10 @@ class Estimator:
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
                 exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
+            if zero >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+                # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                exposed = plan.microbatches * per_microbatch
         copies = step.copy_gradient_reduce(plan, plan.grid.stage_representative(stage))
         if copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += self.net.collective_time("all_reduce", *copies)
@@ -503,6 +550,8 @@ def _work(pieces: step.Blocks, what: str) -> Work:
         return pieces.block[what]
     if what.endswith("_column"):
         return pieces.column[what.removesuffix("_column")]
+    if what.startswith("recompute_"):
+        return pieces.recompute[what.removeprefix("recompute_")]
     return {"selective": pieces.selective, "embedding": pieces.embedding, "head": pieces.head}[what]
 
 

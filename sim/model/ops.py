@@ -49,6 +49,19 @@ class Op:
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
 ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+# What each of Megatron-Core's --recompute-modules replays in the backward, by op name (transformer_config.py
+# recompute_modules; transformer_layer.py, multi_latent_attention.py, moe/experts.py, moe/shared_experts.py).
+# ``moe`` (the whole MoE layer under tensor_parallel.checkpoint, moe_layer.py) replays every op of the MoE part and
+# its dispatch and combine: the emitters run its forward again rather than a list of ops.
+RECOMPUTE_OPS: dict[str, frozenset[str]] = {
+    "core_attn": ATTENTION_CORE,
+    "layernorm": frozenset({"input_norm", "post_attention_norm"}),  # input_layernorm, pre_mlp_layernorm
+    "mla_up_proj": frozenset({"q_proj", "q_up_proj", "kv_up_proj", "rotary_embedding"}),  # and RoPE
+    "mlp": frozenset({"mlp_up", "mlp_activation", "mlp_down"}),  # the dense MLP module (its norm is outside)
+    "moe_act": frozenset({"experts_activation"}),
+    "shared_experts": frozenset({"shared_expert_up", "shared_expert_activation", "shared_expert_down"}),
+    "moe": frozenset(),
+}
 # The column-parallel GEMM of each block (Megatron's ColumnParallelLinear): the one whose input gradient is
 # all-reduced (reduce-scattered with SP) across the TP group in the backward.
 # MLA's column-parallel GEMMs are its up projections (q_proj without a q latent); a MoE layer's shared expert's up
@@ -179,11 +192,16 @@ def attention_forward_ops(
     fused_kernels: bool = True,
     fp8_casts: Fp8Casts | None = None,
     causal: bool = False,
+    kv_seq_len: int | None = None,
+    executed: float | None = None,
 ) -> tuple[Op, ...]:
     """Forward kernels of one layer's attention block on one TP rank (``layer_forward_ops``'s ``attention``):
     input norm, QKV projection (MLA: its down and up projections), the attention core, output projection,
-    dropout + residual. Arguments as ``layer_forward_ops``."""
+    dropout + residual. Arguments as ``layer_forward_ops``; under context parallelism (sim.parallel.context)
+    ``seq_len`` is the rank's s/cp tokens, ``kv_seq_len`` the keys each query sees (all s; default ``seq_len``)
+    and ``executed`` the share of the flash kernel's full-matrix FLOPs it runs (default: ``causal_fraction``)."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
+    kv_s = kv_seq_len or s
     tokens = b * s
     heads = spec.num_attention_heads / tp
     kv_local = spec.kv_dim / tp
@@ -212,11 +230,11 @@ def attention_forward_ops(
         if spec.multi_latent_attention:  # q and k of d_nope + d_rope, v and o of d_v per head
             flash_flops = 2.0 * b * heads * s * s * (qk_dim + v_dim)
             flash_bytes = float(elem_bytes * tokens * heads * (2 * qk_dim + 2 * v_dim))
-        else:
-            flash_flops = 2.0 * 2 * b * heads * s * s * spec.head_dim
-            flash_bytes = float(elem_bytes * tokens * (2 * q_local + 2 * kv_local))
-        executed = _executed_share(spec, s, causal)
-        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=executed))
+        else:  # q and o of the rank's tokens, k and v of the keys they see
+            flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
+            flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
+        share = _executed_share(spec, s, causal) if executed is None else executed
+        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=share))
     else:
         score_elems = b * heads * s * s
         attention += [

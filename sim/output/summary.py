@@ -35,7 +35,7 @@ from sim.model.transformer import active_params, logits_forward_flops, model_flo
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
-from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, MOE_COMM_KINDS, Kind, Stream
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, Kind, Stream
 
 # summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
 # keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
@@ -125,7 +125,7 @@ class Summary:
     hfu: float
     bubble_fraction: float
     bubble_rate_stagewise: float
-    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp) -> seconds, worst rank
+    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp; ep: MoE; cp: cp > 1) -> seconds, worst rank
     peak_memory_bytes: PeakMemory
     memory_breakdown_bytes: dict[str, dict[str, float]]  # rank -> part (weights, activations, ..., total) -> bytes
     host_memory_bytes: float  # CPU offload, per rank
@@ -272,6 +272,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     busy_compute: list[float] = []
     # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
     comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
     exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]

@@ -39,15 +39,27 @@ from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.data_parallel import DataParallelEmitter
-from sim.workload.ir import EP_STREAM, EXPERT_DP_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
+from sim.workload.ir import (
+    CP_STREAM,
+    EP_STREAM,
+    EXPERT_DP_STREAM,
+    NCCL_STREAM,
+    OFFLOAD_STREAM,
+    REPLICA_STREAM,
+    Task,
+    TaskGraph,
+)
 from sim.workload.step import (
+    attention_parts,
     blocks,
     combine_exchanges,
+    context_attention,
     dispatch_exchanges,
     expert_group,
     frozen_layer_blocks,
     make_costs,
     moe_blocks,
+    moe_recompute,
     overlaps_backward,
     tp_ops,
 )
@@ -60,7 +72,7 @@ class _StageEmitter:
                  sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
         grid, scenario = plan.grid, plan.scenario
         here = grid.coord(rank)
-        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(plan.pp)]
+        self.stage_rank = [grid.rank(here.tp, here.dp, stage, here.cp) for stage in range(plan.pp)]
         self.g, self.plan, self.costs, self.rank, self.sends = graph, plan, costs, rank, sends
         self.stage = here.pp
         self.p, self.v = plan.pp, plan.vpp
@@ -69,7 +81,8 @@ class _StageEmitter:
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         work = blocks(plan)
-        self.block_work, self.column_work, self.selective_work = work.block, work.column, work.selective
+        self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
+        self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
         self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
@@ -100,8 +113,14 @@ class _StageEmitter:
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
         self.moe_layers = plan.moe_layers
+        self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
+        if self.cp_attention is not None:
+            self.cp_group = grid.cp_group(rank)
+            self.cp_next = self.cp_group[(self.cp_group.index(rank) + 1) % len(self.cp_group)]
+            self.cp_parts: dict[int, tuple[Work, Work]] = {}  # id(attention block) -> (before, after the core)
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
             self.moe_work = moe_blocks(plan)
+            self.moe_recompute = moe_recompute(plan)
             self.has_shared = bool(self.moe_work["moe_shared"].ops)
             self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
                              for ex in dispatch_exchanges(plan)]
@@ -165,6 +184,8 @@ class _StageEmitter:
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
+        if block == "attention" and self.cp_attention is not None:
+            return self._cp_block(kind, mb, layer, after, phase)
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
@@ -197,6 +218,83 @@ class _StageEmitter:
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
         return wgrad
+
+    # ------------------------------------------------------------------------------------ context parallel
+    def _cp_block(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
+        """The attention block under context parallelism: the part before the flash kernel (norm, QKV: task
+        ``attention``), the attention core with its CP exchanges (``_cp_core``: ``attention_core``), the part after
+        it (output projection, residual: ``attention_out``); backward in reverse, the QKV
+        projection's backward keeping Megatron's asynchronous input-gradient reduction under its weight gradient
+        (as ``_overlapped_backward``)."""
+        whole = self.block_work["attention"]  # the trained or the frozen layer's
+        if id(whole) not in self.cp_parts:  # kept: _price caches by identity
+            self.cp_parts[id(whole)] = attention_parts(whole)
+        pre, post = self.cp_parts[id(whole)]
+        if self.tp_before:
+            after = self._tp(self.tp_before, mb, layer, after)
+        if phase == "forward":
+            after = self._compute(kind, "attention", mb, layer, pre, after, phase)
+            after = self._cp_core(kind, mb, layer, after, phase)
+            after = self._compute(kind, "attention_out", mb, layer, post, after, phase)
+            return self._tp(self.tp_after, mb, layer, after)
+        after = self._compute("backward", "attention_out", mb, layer, post, after, phase)
+        after = self._cp_core("backward", mb, layer, after, phase)
+        column = self.column_work["attention"]
+        if not overlaps_backward(self.plan, self._price(column, "weight_grad")[0]):
+            after = self._compute("backward", "attention", mb, layer, pre, after, phase)
+            return self._tp(self.tp_after, mb, layer, after)
+        total, weight = self._price(pre, "backward"), self._price(column, "weight_grad")
+        gathered = None
+        if self.tp_before:  # SP: the stored sharded input gathered again beside the input-gradient GEMMs
+            prior = self.blocking_tp
+            gathered = self._flagged(self._tp(self.tp_before, mb, layer, after), True, False, ())
+            self.blocking_tp = prior  # it gates nothing but the weight gradient
+        ring_end = after
+        dgrad = self._compute("backward", "attention", mb, layer, pre, after,
+                              cost=(total[0] - weight[0], total[1] - weight[1]))
+        if gathered is not None:
+            self._flagged(dgrad, False, True, (dgrad - ring_end,))  # type: ignore[operator]
+        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True, False, (), consumed=True)
+        extra = [gathered] if gathered is not None else []
+        wgrad = self.g.add(self.rank, self.stage, "compute", "backward", "attention", mb, layer, extra,
+                           weight[0] * self.jitter(), "", 0.0, weight[1])
+        self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
+        self.blocking_tp = reduce  # the next block consumes the reduced input gradient
+        return wgrad
+
+    def _cp_core(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
+        """The attention core and its CP exchanges (stream ``cp``; sim.parallel.context.exchanges): all_gather and
+        a2a, the collectives before the core, the core, the collectives after it; p2p, Transformer Engine's ring
+        (AttnFuncWithCPAndKVP2P): at step k the send of what step k+1 needs leaves (forward: after send k-1;
+        backward: also after step k-1's compute, whose dKV it carries) while step k computes on what arrived, and
+        step k waits for send k-1. Returns the task the rest of the block waits for (the backward ring's last
+        send: dK, dV back home)."""
+        ca = self.cp_attention
+        assert ca is not None
+        backward = kind == "backward"
+        moves = ca.backward if backward else ca.forward
+        if self.plan.cp_comm_type != "p2p":
+            last = after
+            for move in (m for m in moves if m.where == "before"):
+                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
+                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
+            last = self._moe_task("compute", kind, "attention_core", mb, layer, last, work=ca.steps[0], phase=phase)
+            for move in (m for m in moves if m.where == "after"):
+                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
+                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
+            return last
+        start, block, send = after, after, None
+        block_k: int | None = None
+        for k, step in enumerate(ca.steps):
+            block_k = self._moe_task("compute", kind, "attention_core", mb, layer, None,
+                                     [send] if send is not None else [], work=step, phase=phase)
+            if k < len(moves):
+                gate = start if k == 0 else block if backward else None  # K, V ready; backward: step k-1's dKV
+                also = [gate] if gate is not None else []
+                send = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, None, also,
+                                      exchange=("send", moves[k].nbytes, (self.rank, self.cp_next), 1.0))
+            block = block_k
+        return send if backward and send is not None else block
 
     def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
                  consumed: bool = False) -> int | None:
@@ -349,22 +447,28 @@ class _StageEmitter:
         grads = combine
         for exchange in self.dispatch:
             grads = self._moe_task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange)
+        if self.moe_recompute["moe_experts"].ops:  # moe_act: the activation output, rebuilt from fc1's
+            grads = self._moe_task("compute", "recompute", "moe_experts", mb, layer, grads,
+                                   work=self.moe_recompute["moe_experts"])
         experts = self._moe_task("compute", "backward", "moe_experts", mb, layer, grads, work=w["moe_experts"],
                                  phase=phase)
         returned = experts
         for exchange in self.combine:
             returned = self._moe_task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange)
         if self.has_shared:
+            if self.moe_recompute["moe_shared"].ops:  # shared_experts: its forward again, collectives included
+                self._shared_expert("recompute", mb, layer, combine, "forward", self.moe_recompute["moe_shared"])
             self._shared_expert("backward", mb, layer, combine, phase)
         last = len(self.g.tasks) - 1
         return self._moe_task("compute", "backward", "moe_router", mb, layer, last,
                               [returned] if returned != last else [], work=w["moe_router"], phase=phase)
 
-    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase) -> None:
+    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase,
+                       work: Work | None = None) -> None:
         """The shared expert on the compute stream after ``source`` (its input, or its output gradient), with
         sequence parallelism's all-gather before and reduce-scatter after over the TP group (Megatron-Core
-        SharedExpertMLP is a TP MLP)."""
-        work = self.moe_work["moe_shared"]
+        SharedExpertMLP is a TP MLP); ``work``: other work than its whole MLP (its recomputation)."""
+        work = work or self.moe_work["moe_shared"]
         if self.tp > 1:
             gather = self._moe_task("tp", "tp", "", mb, layer, None, [source],
                                     exchange=("all_gather", self.tp_bytes, self.tp_group, 1.0))
@@ -485,8 +589,8 @@ class _StageEmitter:
                     else:
                         after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
-                if block == "attention" and recompute == "selective":
-                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
+                if recompute == "selective":
+                    after = self._selective_recompute(block, moe, mb, layer, after)
                 if block == "mlp" and moe:
                     after = self._moe_backward(mb, layer, after, phase)
                 else:
@@ -497,6 +601,28 @@ class _StageEmitter:
                                        self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after
+
+    def _selective_recompute(self, block: str, moe: bool, mb: int, layer: int, after: int | None) -> int | None:
+        """What selective recomputation replays before ``block``'s backward (``training.recompute_modules``,
+        Megatron-Core): before attention's, the attention core, input norm and MLA up projections
+        (``step.Blocks.recompute``); before a dense MLP's, the pre-MLP norm and, with module ``mlp``, the MLP
+        module with its sequence-parallel all-gather and reduce-scatter (tensor_parallel.checkpoint reruns
+        the module's forward, collectives included); before a MoE layer's, with module ``moe``, its whole forward,
+        dispatch and combine included (moe_layer.py checkpoints custom_forward), else its pre-MLP norm. A MoE
+        layer's ``moe_act`` and ``shared_experts`` replay inside its backward (``_moe_backward``)."""
+        if block == "attention":
+            work = self.recompute_work["attention"]
+            name = "attention_core" if self.modules == {"core_attn"} else "attention_recompute"
+            return self._compute("recompute", name, mb, layer, work, after)
+        if moe:
+            if "moe" in self.modules:
+                return self._moe_forward("recompute", mb, layer, after)
+            return self._compute("recompute", "moe_router", mb, layer, self.moe_recompute["moe_router"], after)
+        if "mlp" not in self.modules:
+            return self._compute("recompute", "mlp", mb, layer, self.recompute_work["mlp"], after)
+        after = self._tp(self.tp_before, mb, layer, after)
+        after = self._compute("recompute", "mlp", mb, layer, self.recompute_work["mlp"], after)
+        return self._tp(self.tp_after, mb, layer, after)
 
     def weight_grad(self, mb: int, chunk: int) -> None:
         """The weight-gradient pass (W) of zero-bubble schedules: GEMMs only, no communication."""
@@ -544,7 +670,8 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     p, m, v = plan.pp, plan.microbatches, plan.vpp
     orders: list[list[Action]] = plan.schedule.actions(p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
-    replicas = [(t, d) for d in range(grid.dp) for t in tp_ranks] if scenario.ranks == "all" else [(0, 0)]
+    replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
+                if scenario.ranks == "all" else [(0, 0, 0)])
     variation = scenario.variation
     priced: dict[tuple[str | None, float], CostModel] = {(None, 1.0): costs}
 
@@ -558,10 +685,10 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
             priced[key] = base if scale == 1.0 else ScaledCosts(base, scale)
         return priced[key]
 
-    for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
+    for tp_rank, dp_rank, cp_rank in replicas:  # one pipeline: its p stages, linked by sends
         sends: dict[tuple[str, int, int], int] = {}
-        emitters = [_StageEmitter(graph, plan, costs_for(grid.rank(tp_rank, dp_rank, stage)),
-                                  grid.rank(tp_rank, dp_rank, stage), sends, stamp) for stage in range(p)]
+        ranks = [grid.rank(tp_rank, dp_rank, stage, cp_rank) for stage in range(p)]
+        emitters = [_StageEmitter(graph, plan, costs_for(rank), rank, sends, stamp) for rank in ranks]
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:

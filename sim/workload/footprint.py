@@ -45,8 +45,8 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
         states = ModelStates(states.weights + plan.stage_frozen_bytes(stage) / shards, states.gradients,
                              states.optimizer)
     states, host = placed(states, offload.optimizer, offload.params)
-    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp, plan.flat_params, params * plan.grad_bytes_per_param,
-                                parallel.dp_bucket_size, parallel.grad_bucket_view,
+    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp * plan.cp, plan.flat_params,
+                                params * plan.grad_bytes_per_param, parallel.dp_bucket_size, parallel.grad_bucket_view,
                                 main_grad_buffer=plan.main_grad_buffer)
     if plan.is_moe:  # routed experts: sharded over ep x etp, ZeRO over the expert-data-parallel group
         experts, expert_host = placed(model_state_bytes(plan.stage_expert_params(stage), plan.dtype,
@@ -69,7 +69,7 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
         activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
                                              for chunk in plan.stage_chunks[stage])
-    if plan.recomputed_layers(stage) > 0:
+    if plan.recomputed_layers(stage) > 0 or plan.recompute_modules:
         activations += plan.rebuild_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit

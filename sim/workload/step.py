@@ -18,15 +18,17 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
 from sim.hardware import GpuSpec
 from sim.model.ops import (
-    ATTENTION_CORE,
     COLUMN_PARALLEL,
+    RECOMPUTE_OPS,
     Fp8Casts,
+    Op,
+    attention_forward_ops,
     embedding_forward_ops,
     head_forward_ops,
     layer_forward_ops,
@@ -35,6 +37,7 @@ from sim.model.ops import (
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
+from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
@@ -50,9 +53,16 @@ class Blocks:
 
     block: dict[str, Work]  # attention, mlp: the whole block (half a layer each)
     column: dict[str, Work]  # the column-parallel GEMMs of each block (QKV, MLP up)
-    selective: Work  # the attention core that selective recomputation replays
+    # What selective recomputation replays before each block's backward (``replayed``): attention core, input
+    # norm, MLA's up projections before attention's; the pre-MLP norm and (module ``mlp``) the MLP before the MLP's
+    recompute: dict[str, Work]
     embedding: Work
     head: Work
+
+    @property
+    def selective(self) -> Work:
+        """The forward work selective recomputation replays before the attention block's backward."""
+        return self.recompute["attention"]
 
 
 def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
@@ -103,28 +113,97 @@ def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] |
 
 
 def blocks(plan: Plan) -> Blocks:
-    """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split."""
+    """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split; under
+    context parallelism every kernel runs on the rank's s/cp tokens and the attention core on them against all s
+    keys (``cp_attention_ops``)."""
     t = plan.scenario.training
-    b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
+    b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
                             t.fused_kernels, fp8_casts(plan), t.causal_attention)
+    if plan.cp > 1:
+        ops["attention"] = cp_attention_ops(plan)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
-        selective=Work(tuple(op for op in ops["attention"] if op.name in ATTENTION_CORE), 0.0),
+        recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
     )
+
+
+def replayed(ops: tuple[Op, ...], modules: frozenset[str]) -> tuple[Op, ...]:
+    """The ops of ``ops`` that selective recomputation of ``modules`` runs again, in forward order
+    (``sim.model.ops.RECOMPUTE_OPS``)."""
+    names = frozenset().union(*(RECOMPUTE_OPS[module] for module in modules))
+    return tuple(op for op in ops if op.name in names)
+
+
+def moe_recompute(plan: Plan) -> dict[str, Work]:
+    """Per MoE block (``MOE_BLOCKS``), the forward ops selective recomputation replays before its backward: the
+    pre-MLP norm (``layernorm``) in the router's, the activation (``moe_act``) in the experts', the shared expert
+    (``shared_experts``). Module ``moe`` reruns the whole MoE forward instead (the emitters' ``_moe_forward``)."""
+    modules = frozenset() if "moe" in plan.recompute_modules else plan.recompute_modules
+    return {name: Work(replayed(work.ops, modules), 0.0) for name, work in moe_blocks(plan).items()}
+
+
+def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
+    """A layer's attention block on one CP rank: its s/cp queries against all s keys, the flash kernel executing
+    the blocks ``sim.parallel.context.executed_share`` counts (the causal tile rule per chunk)."""
+    t = plan.scenario.training
+    share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, t.causal_attention)
+    return attention_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
+                                 plan.elem_bytes, t.flash_attention, t.fused_kernels, fp8_casts(plan),
+                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share)
+
+
+@dataclass(frozen=True)
+class ContextAttention:
+    """A layer's attention core under context parallelism (``steps``: one Work per ring step under p2p, each the
+    step's flash kernel and its output correction, ``sim.parallel.context.correction_rows``; the whole core
+    otherwise) and the exchanges of each pass (sim.parallel.context.exchanges). The rest of the block runs
+    around it (``attention_parts``)."""
+
+    steps: tuple[Work, ...]
+    forward: tuple[CpExchange, ...]
+    backward: tuple[CpExchange, ...]
+
+
+def attention_parts(work: Work) -> tuple[Work, Work]:
+    """An attention block's work before its flash kernel (norm, QKV projection: K and V exist after it; with the
+    block's layer share for fixed costs) and after it (output projection, dropout + residual)."""
+    core = next(i for i, op in enumerate(work.ops) if op.name == "flash_attention")
+    return Work(work.ops[:core], work.layer_share), Work(work.ops[core + 1:], 0.0)
+
+
+def context_attention(plan: Plan) -> ContextAttention | None:
+    """The CP attention core of ``plan`` (None without context parallelism)."""
+    if plan.cp == 1:
+        return None
+    flash = next(op for op in blocks(plan).block["attention"].ops if op.name == "flash_attention")
+    m = plan.model
+    q_width, kv_width = m.q_dim / plan.tp, m.kv_dim / plan.tp
+    if plan.cp_comm_type == "p2p":  # step k runs step_shares[k] of the full matrix, 1/cp of Megatron's count
+        cp, causal = plan.cp, plan.scenario.training.causal_attention
+        shares = step_shares(plan.seq_len, cp, causal)
+        out_bytes = plan.micro_batch * plan.local_seq_len * q_width * plan.elem_bytes
+        steps = tuple(Work((replace(flash, flops=flash.flops / cp, bytes=flash.bytes / cp, executed=share * cp),
+                            Op("cp_out_correction", 0.0, (2 if k == 0 else 3) * out_bytes * rows, False)), 0.0)
+                      for k, (share, rows) in enumerate(zip(shares, correction_rows(cp, causal), strict=True)))
+    else:
+        steps = (Work((flash,), 0.0),)
+    b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
+    return ContextAttention(steps, *(exchanges(plan.cp_comm_type, plan.cp, direction, b, s, q_width, kv_width, elem)
+                                     for direction in ("forward", "backward")))
 
 
 def moe_blocks(plan: Plan) -> dict[str, Work]:
     """The work of a MoE layer's MLP part on one rank (``MOE_BLOCKS``): the router, the shared expert (sharded by
     tp), the grouped GEMMs of the local experts over ``plan.routed_tokens`` token-expert pairs (the most loaded
     rank's), the combine. The expert GEMMs stand for the half layer the dense MLP is under fixed costs."""
-    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel,
+    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
                           plan.elem_bytes, plan.etp, plan.local_experts, plan.routed_tokens, fp8_casts(plan))
     return {name: Work(ops[name], 0.5 if name == "moe_experts" else 0.0) for name in MOE_BLOCKS}
 
@@ -481,7 +560,7 @@ def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]]
         return None
     grid = plan.grid
     here = grid.coord(rank)
-    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp, here.cp)
     return optimizer_params(plan, here.pp) * plan.grad_bytes_per_param, tuple(sorted((rank, partner)))
 
 
@@ -515,8 +594,8 @@ def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
     grid = plan.grid
     if plan.optimizer_shards > 1:
         return tuple(range(grid.world_size))
-    dp = grid.coord(rank).dp
-    return tuple(sorted(grid.rank(t, dp, p) for p in range(plan.pp) for t in range(plan.tp)))
+    here = grid.coord(rank)
+    return tuple(sorted(grid.rank(t, here.dp, p, here.cp) for p in range(plan.pp) for t in range(plan.tp)))
 
 
 def pcie_seconds(plan: Plan, nbytes: float) -> float:
