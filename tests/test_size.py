@@ -56,6 +56,22 @@ def test_estimate_counts_every_pipeline_with_ranks_all(name, fold):
     assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, ratio
 
 
+CP = ["parallel.tp=1", "training.flash_attention=true", "parallel.cp=2"]
+
+
+@pytest.mark.parametrize(("name", "overrides"), [
+    ("tiny", [*CP, "ranks=all"]),  # the ring (p2p): a core and a send per step, and dp x cp pipelines
+    ("tiny", [*CP, "parallel.cp_comm_type=all_gather"]),
+    ("tiny", [*CP, "parallel.cp_comm_type=a2a", "ranks=all"]),
+    ("tiny", ["training.recompute=selective", "training.recompute_modules=[core_attn, mlp, layernorm]"]),
+    ("mixtral-8x7b_h100-64", ["training.recompute=selective", "training.recompute_modules=[core_attn, moe]"]),
+    ("tiny", ["schedule=zb-h1", "training.recompute=full"]),
+], ids=["cp-p2p-all", "cp-all-gather", "cp-a2a-all", "selective-mlp", "selective-moe", "zb-h1-full"])
+def test_estimate_follows_the_knobs_that_change_a_layers_tasks(name, overrides):
+    ratio = _ratio(load_scenario(SCENARIOS / f"{name}.yaml", overrides))
+    assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, ratio
+
+
 def _validation_scenarios() -> list[Path]:
     found = []
     for path in sorted([*VALIDATION.glob("*.yaml"), *VALIDATION.glob("*/*.yaml"),

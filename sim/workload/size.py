@@ -12,7 +12,8 @@ The count mirrors ``sim.workload.build``: every micro-batch passes every layer o
 once backward (each schedule's F and B actions per stage are m x its local chunks, and the chunks partition the
 layers; DualPipe's two copies each carry half the micro-batches), a zero-bubble schedule adds the W pass, and the
 slice simulates one pipeline (``ranks: slice``) while ``ranks: all`` simulates dp x tp of them (dp when TP groups
-are folded). It is an estimate: ``tests/test_size.py`` holds it within ``ESTIMATE_FACTOR`` of the built graph's
+are folded; times cp with context parallelism, each CP rank's attention core and ring exchanges counted per
+layer). It is an estimate: ``tests/test_size.py`` holds it within ``ESTIMATE_FACTOR`` of the built graph's
 task count on every bundled and validation scenario.
 """
 
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 
 from sim.errors import ResourceLimit
 from sim.plan import Plan
-from sim.workload.step import combine_exchanges, dispatch_exchanges, gather_calls, tp_ops
+from sim.workload.step import combine_exchanges, context_attention, dispatch_exchanges, gather_calls, tp_ops
 
 # The estimate's stated accuracy: estimated / built task count lies in [1 / ESTIMATE_FACTOR, ESTIMATE_FACTOR] on
 # every bundled and validation scenario (tests/test_size.py).
@@ -94,28 +95,50 @@ class RunSize:
     task_bytes: int  # the part of ``bytes`` that grows with the tasks (the rest grows with the cluster)
 
 
-def _layer_tasks(plan: Plan, layer: int) -> int:
-    """Tasks of one micro-batch's forward and backward (and W) passes through ``layer`` on one rank."""
+def _cp_tasks(plan: Plan) -> tuple[int, int]:
+    """Tasks context parallelism adds to one layer's attention block, (forward, backward): the output part as its
+    own task and the attention core with its CP exchanges (sim.workload.build._cp_core: p2p, a core and a send
+    per ring step; all_gather / a2a, one core between the collectives)."""
+    attention = context_attention(plan)
+    if attention is None:
+        return 0, 0
+    steps, ring = len(attention.steps), plan.cp_comm_type == "p2p"
+
+    def core(moves: int) -> int:
+        return steps + min(steps, moves) if ring else 1 + moves
+
+    return 1 + core(len(attention.forward)), 1 + core(len(attention.backward))
+
+
+def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
+    """Tasks of one micro-batch's forward and backward (and W) passes through ``layer`` on one rank; ``cp`` is
+    ``_cp_tasks(plan)``."""
     before, after = tp_ops(plan)
     tp_collectives = (before is not None) + (after is not None)
     moe = plan.moe_layers[layer]
-    recompute = plan.scenario.training.recompute
     dense_forward = 1 + tp_collectives  # [all-gather] compute [all-reduce | reduce-scatter]
     # Backward: Megatron's asynchronous backward (TP, weight gradients in B) splits the compute in two and, with
     # SP, all-gathers the input again (sim.workload.build._overlapped_backward).
     overlapped = plan.tp > 1 and not plan.splits_backward
     dense_backward = dense_forward + (1 + (before is not None) if overlapped else 0)
-    moe_forward = moe_backward = 0
+    moe_forward = 0
     if moe:
         exchanges = len(dispatch_exchanges(plan)) + len(combine_exchanges(plan))
         shared = (1 + 2 * (plan.tp > 1)) if plan.model.moe_shared_expert_intermediate_size else 0
-        moe_forward = moe_backward = 3 + exchanges + shared  # router, experts, combine; dispatch/combine; shared
-    forward = dense_forward + (moe_forward if moe else dense_forward)
-    backward = dense_backward + (moe_backward if moe else dense_backward)
+        moe_forward = 3 + exchanges + shared  # router, experts, combine; dispatch/combine; shared expert
+    forward = dense_forward + (moe_forward if moe else dense_forward) + cp[0]
+    backward = dense_backward + (moe_forward if moe else dense_backward) + cp[1]
     if plan.recomputes(layer):
         backward += forward
-    if recompute == "selective":
-        backward += 1  # the attention core's recomputation
+    modules = plan.recompute_modules  # selective (sim.workload.build._selective_recompute): attention's part,
+    if modules:  # and the MLP's when its module or its norm is replayed
+        backward += 1
+        if moe and "moe" in modules:
+            backward += moe_forward
+        elif "mlp" in modules:
+            backward += 0 if moe else dense_forward
+        elif "layernorm" in modules:
+            backward += 1
     weight = (4 if moe else 2) if plan.splits_backward else 0
     return forward + backward + weight
 
@@ -136,7 +159,8 @@ def estimate_size(plan: Plan) -> RunSize:
     """The run's tasks, events and bytes, without building anything (see the module docstring)."""
     scenario = plan.scenario
     m, layers = plan.microbatches, plan.model.num_layers
-    per_microbatch = sum(_layer_tasks(plan, layer) for layer in range(layers))
+    cp = _cp_tasks(plan)
+    per_microbatch = sum(_layer_tasks(plan, layer, cp) for layer in range(layers))
     passes = 3 if plan.splits_backward else 2
     per_microbatch += 2 * passes  # the embedding and the LM head
     per_microbatch += 2 * (plan.chunks - 1)  # a send each way across every chunk boundary
@@ -149,7 +173,7 @@ def estimate_size(plan: Plan) -> RunSize:
         # sim.workload.build.folds_tp, restated on the Plan (importing build here would pull the cost models in)
         v = scenario.variation
         folded = scenario.fold_tp and plan.tp > 1 and not (v.slowdown or v.jitter or v.links)
-        pipelines = plan.dp * (1 if folded else plan.tp)
+        pipelines = plan.dp * plan.cp * (1 if folded else plan.tp)
     tasks = pipelines * (m * per_microbatch + per_step)
     engine = "event" if scenario.network.model == "contention" or scenario.engine == "event" else "longest_path"
     task_bytes = tasks * BYTES_PER_TASK
