@@ -33,8 +33,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import layer_params, model_flops_per_step
+from sim.model.transformer import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
@@ -134,6 +133,11 @@ class Estimator:
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
+            offloaded = plan.offloaded_layers(s)
+            if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
+                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
+                b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")
@@ -272,7 +276,7 @@ class Estimator:
 
     def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
         """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
-        if not plan.gathers_units or not plan.data_parallel:
+        if not plan.gathers_units or not plan.data_parallel or plan.pipelined_fsdp:  # FSDP + PP: _unit_gather_delay
             return 0.0, 0.0
         group = plan.shard_group(0)
         if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
@@ -385,7 +389,14 @@ class Estimator:
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
                 ready.append((-1, sizes[-1], ready[-1][2]))
             when = {layer: at for layer, _, at in ready}
-            if per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
+            if plan.pipelined_fsdp:  # FSDP + PP: every unit of a chunk, once, after the chunk's last backward
+                buckets = []
+                for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
+                    key = -10 - c  # chunk c's last backward ends c*p chunk-passes before the stage's
+                    when[key] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
+                    buckets += [(key, unit.grad_params * grad_elem)
+                                for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
+            elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 buckets = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
@@ -410,7 +421,7 @@ class Estimator:
             exposed = max(0.0, free_at - backward_end)
             if step.expert_reduces(plan):  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
-            if zero >= 2 and plan.microbatches > 1:
+            if zero >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
@@ -491,6 +502,24 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
+    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
+        """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
+        micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
+        (``DataParallelEmitter.before_layer``): all at the step start, queued on the group's one stream, and a unit
+        computes once its gather is done (the later chunks' gathers are done long before they are reached)."""
+        if not (plan.pipelined_fsdp and plan.data_parallel):
+            return 0.0
+        group = plan.shard_group(0)
+        units = step.chunk_units(plan, plan.stage_chunks[stage][0])
+        unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
+        gathered, free, busy = 0.0, start, 0.0
+        for unit in units:
+            gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
+                                            group)
+            free = max(free, gathered) + unit_forward
+            busy += unit_forward
+        return max(0.0, free - start - busy)
+
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
@@ -504,7 +533,8 @@ class Estimator:
         hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
         start = delay = 0.0
         for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            delay = max(delay, self._param_gather_delay(plan, s, st, start),
+                        self._unit_gather_delay(plan, s, st, start))
             start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
@@ -514,9 +544,7 @@ class Estimator:
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

@@ -30,8 +30,7 @@ import pandas as pd
 import pydantic
 
 from sim.errors import SimError
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import active_params, logits_forward_flops, model_flops_per_step, total_params
+from sim.model.transformer import active_params, logits_forward_flops, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
@@ -289,9 +288,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     scenario = plan.scenario
     gpus = plan.num_gpus
     peak = scenario.cluster.gpu.peak(plan.dtype)
-    model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-    if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-        model_flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
     if scenario.costs.model == "fixed":
         # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
         # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
@@ -303,7 +300,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
-    tokens = plan.global_batch * plan.seq_len
+    tokens = plan.model_tokens_per_step  # document tokens: padding does not count
     return Summary(
         scenario=scenario.name,
         seed=scenario.seed,

@@ -25,6 +25,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
+from sim.spec.sequence import SequenceSpec
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 
@@ -46,7 +47,9 @@ class TrainingSpec(FrozenSpec):
     global_batch: int | None = Field(default=None, ge=1, description="sequences per optimizer step")
     microbatches: int | None = Field(default=None, ge=1, description="m per pipeline; global_batch / (dp*micro_batch)")
     micro_batch: int = Field(default=1, ge=1)
-    seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
+    seq_len: int | None = Field(default=None, ge=1, description=(
+        "tokens per sequence. Default: 8192 or the model's max_seq_len if shorter (sim.spec.degrees.DEFAULT_SEQ_LEN; "
+        "never silently a long-context model's maximum), noted by sim check"))
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_num_layers: int | None = Field(default=None, ge=0, description=(
@@ -83,6 +86,11 @@ class TrainingSpec(FrozenSpec):
         "(TE modules called without is_first_microbatch, e.g. under DeepSpeed or FSDP)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
+    fused_norm_rope: bool | None = Field(default=None, description=(
+        "RMSNorm and rotary embedding as fused kernels (true) or eager PyTorch (false) whatever fused_kernels says; "
+        "default: as fused_kernels. Eager modelling code that calls flash-attn's fused kernels when installed "
+        "(Qwen-7B's modeling_qwen.py: flash_attn.ops.rms_norm and apply_rotary_emb_func) sets fused_kernels false "
+        "and this true"))
     cuda_graphs: bool = Field(default=False, description=(
         "the layers' kernels replay from CUDA graphs, so the CPU launches none of them one by one (no "
         "costs.launch_overhead). Off by default in Megatron-LM (--enable-cuda-graph / --external-cuda-graph), "
@@ -95,6 +103,20 @@ class TrainingSpec(FrozenSpec):
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))
+    cross_entropy: Literal["fused", "megatron", "hf"] = Field(default="fused", description=(
+        "how the loss head holds its logits (sim.model.memory.LOSS_BYTES; docs/mechanisms/loss_head.md). fused: "
+        "not held beyond the kernel (the accounting of earlier versions; chunked fused linear-cross-entropy "
+        "kernels); megatron: vocab-parallel cross entropy, an fp32 copy of the bf16 logits kept for the backward "
+        "(megatron/core/tensor_parallel/cross_entropy.py); hf: Hugging Face transformers under the Trainer's "
+        "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
+    cpu_offloading_num_layers: int = Field(default=0, ge=0, description=(
+        "activation offload (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's "
+        "get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
+        "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
+        "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
+    sequence: SequenceSpec = Field(default_factory=SequenceSpec, description=(
+        "supervised fine-tuning inputs: document lengths and packing (sim.spec.sequence; "
+        "docs/mechanisms/sequence_packing.md)"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "
@@ -118,12 +140,11 @@ class ParallelSpec(FrozenSpec):
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
     account_for_embedding_in_pipeline_split: bool = Field(default=False, description=(
-        "the input embedding takes one layer's slot in the pipeline split: layers + 1 (+ 1 with the loss) slots "
-        "split evenly over pp x vpp model chunks, the first chunk building one transformer layer fewer "
-        "(Megatron-Core --account-for-embedding-in-pipeline-split, transformer_block.py get_num_layers_to_build)"))
+        "Megatron-Core's flag of that name: the input embedding counts as one layer when the layers are split "
+        "evenly over the pp*vpp model chunks, so the first chunk holds one transformer layer fewer (none if "
+        "chunks hold one: the embedding alone, as in Llama 3's pipeline)"))
     account_for_loss_in_pipeline_split: bool = Field(default=False, description=(
-        "the LM head and loss take one layer's slot: the last model chunk builds one transformer layer fewer "
-        "(--account-for-loss-in-pipeline-split)"))
+        "the same for the output layer and loss: the last model chunk holds one transformer layer fewer"))
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     ep: int = Field(default=1, ge=1, description=(
         "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "

@@ -50,6 +50,7 @@ from sim.workload.ir import (
     TaskGraph,
 )
 from sim.workload.step import (
+    activation_copy_seconds,
     attention_parts,
     blocks,
     combine_exchanges,
@@ -112,6 +113,9 @@ class _StageEmitter:
         self.unit_sends: list[tuple[str, int, int, int]] = []
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
+        # Activation offload (training.cpu_offloading_num_layers): the copy the next layer's forward waits for.
+        self.offload = scenario.training.cpu_offloading_num_layers > 0
+        self.pending_offload: int | None = None
         self.moe_layers = plan.moe_layers
         self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
         if self.cp_attention is not None:
@@ -481,6 +485,7 @@ class _StageEmitter:
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
         g, last = self._global_chunk(chunk), self.p * self.v - 1
+        self.dp.before_chunk(mb, g)  # FSDP + PP's gathers: not the pass's first task, which waits for its input
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == 0:
@@ -515,6 +520,7 @@ class _StageEmitter:
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
             self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
+        self.dp.after_chunk_backward(mb, g, after)  # type: ignore[arg-type]
         self.tail = after
         self._wait_upstream(first_task, "B", g, mb)
         if g > 0:
@@ -537,11 +543,43 @@ class _StageEmitter:
         return stream == "tp" and self.tp_blocks
 
     def _layer(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's forward or backward with, under activation offload (``Plan.offloads``), its PCIe copies on
+        the offload stream, as Transformer Engine's CPU offload handler orders them (transformer_engine/pytorch/
+        cpu_offload.py, AsyncDoubleBufferGroupOffloadHandler): a layer's activations are copied to the host after
+        its forward, and the compute after the next layer's forward waits for that copy; in the backward a layer's
+        activations are copied back from the start of the next layer's backward (its successor in the forward),
+        and its own backward waits for them. Returns the layer's last compute or TP task."""
+        if not self.offload:
+            return self._layer_tasks(direction, mb, layer, after)
+        plan = self.plan
+        if direction == "forward":
+            after = self._layer_tasks(direction, mb, layer, after)
+            if self.pending_offload is not None:
+                self.pending_deps.append(self.pending_offload)
+                self.pending_offload = None
+            if plan.offloads(layer):
+                self.pending_offload = self._add(OFFLOAD_STREAM, "offload", "activation_offload", mb, layer, after,
+                                                 duration=activation_copy_seconds(plan, layer),
+                                                 nbytes=plan.stash_bytes(layer))
+            return after
+        below = layer - 1  # offloaded layers are never a chunk's last, so ``below`` is in this layer's chunk
+        if below < 0 or not plan.offloads(below):
+            return self._layer_tasks(direction, mb, layer, after)
+        first = len(self.g.tasks)
+        tail = self._layer_tasks(direction, mb, layer, after)
+        # The reload starts with this layer's backward: after the task before it, or with its first task.
+        reload = self._add(OFFLOAD_STREAM, "offload", "activation_reload", mb, below, after,
+                           () if after is not None else (first,), duration=activation_copy_seconds(plan, below),
+                           nbytes=plan.stash_bytes(below))
+        self.pending_deps.append(reload)
+        return tail
+
+    def _layer_tasks(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
         """One layer's forward or backward (with recomputation), returning its last task. Every layer of a
         stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
-        stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
+        stampable = not self.pending_deps and (self.dp_inert or self.dp.inert(mb, direction)) and self.fixed_durations
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
         chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")

@@ -1,8 +1,9 @@
 """The memory footprint of a step: the bound before simulating (what ``sim check`` prints) and a trace's timeline.
 
 Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
-layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_bytes``), FSDP units
-(``Plan.unit_layers``) and the allocator's overheads (``sim.model.memory.with_allocator``).
+layer stashes and the layer being rebuilt or the loss head's logits (``Plan.stash_bytes``,
+``Plan.transient_bytes``), activation offload's buffers and host copies, FSDP units (``Plan.unit_layers``) and
+the allocator's overheads (``sim.model.memory.with_allocator``).
 
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
 gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes
@@ -59,18 +60,45 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
             "comm_buffers": buffers}, host
 
 
+def offloaded_host_bytes(plan: Plan, stage: int) -> float:
+    """Host memory activation offload takes on a rank of ``stage``: the offloaded layers' stash of every chunk the
+    schedule keeps in flight (the same count the bound's GPU activations use)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = sum(plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer))
+    return plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage) * offloaded if offloaded else 0.0
+
+
+def offload_buffer_bytes(plan: Plan, stage: int) -> float:
+    """GPU memory activation offload keeps for good: Transformer Engine's AsyncDoubleBufferGroupOffloadHandler
+    copies each offloaded layer's saved tensors into one of two GPU buffers (``tensor_id_to_tensor_buf_double_bufs``,
+    by layer parity, allocated once and reused) and copies that buffer to the host, so min(N, 2) layers' stash
+    stays on the GPU (transformer_engine/pytorch/cpu_offload.py, TE 1.x)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    return min(len(offloaded), 2) * max(offloaded) if offloaded else 0.0
+
+
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
-    # A stage's chunks have one size (uneven stages have one chunk), so its first chunk's stash stands for each.
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
-    activations = chunks_in_flight * sum(plan.stash_bytes(layer) for layer in first_chunk)
-    if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
-        activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
-                                             for chunk in plan.stage_chunks[stage])
-    if plan.recomputed_layers(stage) > 0 or plan.recompute_modules:
-        activations += plan.rebuild_bytes
+    # The largest chunk's stash stands for each chunk in flight (a stage's chunks differ with uneven stages
+    # under interleaving, the embedding's or the loss's chunk one layer short, or dense and MoE layers mixed).
+    activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
+                                         for chunk in plan.stage_chunks[stage])
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    if offloaded:
+        # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
+        # Transformer Engine's ping-pong copy buffers (``offload_buffer_bytes``) and, in the backward, the layer
+        # being copied back beside the kept layers whose backward has not yet freed them: it starts with the next
+        # layer's backward (and, at equal times, beside the layer before that), which the kept stash covers when
+        # a chunk keeps three layers or more.
+        kept_layers = len(first_chunk) - len(offloaded)
+        activations -= chunks_in_flight * sum(offloaded)
+        activations += offload_buffer_bytes(plan, stage) + max(0, 3 - kept_layers) * max(offloaded)
+        host += offloaded_host_bytes(plan, stage)
+    activations += plan.transient_bytes(stage)
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
     unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
@@ -99,6 +127,10 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
         if plan.peft.active and plan.zero_stage >= 3:
             gathered = max(gathered, 2 * last_unit + layer_units)
         unreduced = 2 * unit_grads
+        if plan.pipelined_fsdp:
+            # FSDP + PP: the stage's units stay gathered from micro-batch 0's forward to the last backward, and
+            # their gradients accumulate unsharded until the step's reduce-scatters (Plan.pipelined_fsdp).
+            gathered, unreduced = stage_weights, stage_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
         unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
@@ -146,15 +178,33 @@ def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, floa
         stash = ends.loc[(rank, "forward")]
         free = ends.loc[(rank, "backward")].to_numpy()
         sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
-        parts = {"activations": (stash.to_numpy(), free, sizes)}
+        parts = {"activations": _offloaded(rows, stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.rebuild_bytes
+        dynamic["activations"] += plan.transient_bytes(int(stage)) + offload_buffer_bytes(plan, int(stage))
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
+        host += offloaded_host_bytes(plan, int(stage))
         result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
+
+
+def _offloaded(rows: pd.DataFrame, stash: pd.Series, free: np.ndarray,
+               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The activations' (alloc, free, bytes) with activation offload: an offloaded layer's stash is freed when
+    its copy to the host ends and allocated again when its copy back starts, until its backward ends."""
+    offload = rows[rows["name"] == "activation_offload"]
+    if offload.empty:
+        return stash.to_numpy(), free, sizes
+    reload = rows[rows["name"] == "activation_reload"]
+    at = stash.index  # (microbatch, layer), in the order of ``free`` and ``sizes``
+    gone = offload.set_index(["microbatch", "layer"])["end_s"].reindex(at).to_numpy()
+    back = reload.set_index(["microbatch", "layer"])["start_s"].reindex(at).to_numpy()
+    moved = ~np.isnan(gone) & ~np.isnan(back)
+    starts = np.concatenate([stash.to_numpy(), back[moved]])
+    ends = np.concatenate([np.where(moved, gone, free), free[moved]])
+    return starts, ends, np.concatenate([sizes, sizes[moved]])
 
 
 def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
@@ -171,13 +221,21 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
 
     unit_layers = plan.unit_layers
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
+    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    if plan.pipelined_fsdp:
+        # FSDP + PP: a unit's gathered weights live until its post_backward reshards them as its reduce-scatter is
+        # issued; its unsharded gradients from the rank's first backward until that reduce-scatter ends.
+        resharded = reduces.set_index("layer")["start_s"].reindex(gathers["layer"]).to_numpy()
+        first_backward = rows[rows["kind"] == "backward"]["start_s"].min()
+        return {"gathered_weights": (gathers["start_s"].to_numpy(), resharded, gathers["bytes"].to_numpy(float)),
+                "unreduced_gradients": (np.full(len(reduces), first_backward), reduces["end_s"].to_numpy(),
+                                        reduces["bytes"].to_numpy(float))}
     unit = gathers["layer"] // unit_layers
     keep_to_backward = plan.zero_stage < 3
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
     gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
-    reduces = rows[rows["name"] == "grad_reduce_scatter"]
     backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if plan.zero_stage == 2 and not plan.flat_params:

@@ -119,18 +119,23 @@ def blocks(plan: Plan) -> Blocks:
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels, fp8_casts(plan), t.causal_attention)
+                            t.fused_kernels, fp8_casts(plan), t.causal_attention, t.fused_norm_rope)
     if plan.cp > 1:
         ops["attention"] = cp_attention_ops(plan)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
+        share, causal = plan.attention_work
+        ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
+                           if op.name == "flash_attention" else op for op in block_ops)
+               for name, block_ops in ops.items()}
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
-        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
+        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
     )
 
 
@@ -156,7 +161,8 @@ def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
     share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, t.causal_attention)
     return attention_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
                                  plan.elem_bytes, t.flash_attention, t.fused_kernels, fp8_casts(plan),
-                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share)
+                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share,
+                                 fused_norm_rope=t.fused_norm_rope)
 
 
 @dataclass(frozen=True)
@@ -303,6 +309,41 @@ def unit_weight_params(plan: Plan, unit: int) -> float:
     if layers[-1] == plan.model.num_layers - 1:
         params += head_params(plan.model) / plan.tp
     return params
+
+
+@dataclass(frozen=True)
+class ChunkUnit:
+    """An FSDP unit as FSDP + PP places it (``Plan.pipelined_fsdp``): its first layer (-1: a chunk holding only
+    the embedding or the head), and the parameters per TP rank its all-gather carries (compute-dtype
+    equivalents, ``unit_weight_params``) and its reduce-scatter carries (``unit_grad_params``)."""
+
+    layer: int
+    weight_params: float
+    grad_params: float
+
+
+def chunk_units(plan: Plan, chunk: int) -> list[ChunkUnit]:
+    """The FSDP units of model ``chunk`` in forward order: ``plan.unit_layers`` of its layers each, the embedding
+    in the first unit of chunk 0 and the head in the last unit of the last chunk (their own unit where that
+    chunk holds no transformer layer: Megatron-Core's account_for_embedding/loss_in_pipeline_split with one layer
+    per chunk, as Llama 3's pipeline). Unlike ``unit_params``, the embedding and head go where their chunk is."""
+    model, tp = plan.model, plan.tp
+    embedding = embedding_params(model) / tp if chunk == 0 else 0.0
+    head = head_params(model) / tp if chunk == plan.chunks - 1 else 0.0
+    layers = plan.chunk_layers(chunk)
+    if not layers:
+        return [ChunkUnit(-1, embedding + head, embedding * plan.embedding_trains + head * plan.head_trains)]
+    units = []
+    for first in layers[::plan.unit_layers]:
+        unit = first // plan.unit_layers
+        weights, grads = unit_weight_params(plan, unit), unit_grad_params(plan, unit)
+        if first == 0 and chunk != 0:  # the embedding is on chunk 0, which holds no layer
+            weights, grads = weights - embedding_params(model) / tp, grads - embedding_params(model) / tp \
+                * plan.embedding_trains
+        if first + plan.unit_layers == model.num_layers and chunk != plan.chunks - 1:  # the head: the last chunk
+            weights, grads = weights - head_params(model) / tp, grads - head_params(model) / tp * plan.head_trains
+        units.append(ChunkUnit(first, weights, grads))
+    return units
 
 
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
@@ -602,6 +643,13 @@ def pcie_seconds(plan: Plan, nbytes: float) -> float:
     """A host <-> GPU copy over the node's PCIe link: latency + bytes / effective rate."""
     pcie = plan.scenario.cluster.pcie
     return p2p_time(nbytes, pcie.latency, pcie.effective_bandwidth)
+
+
+def activation_copy_seconds(plan: Plan, layer: int) -> float:
+    """Activation offload: one PCIe copy of ``layer``'s activations of one micro-batch (to the host after its
+    forward, back before its backward; Transformer Engine's CPU offload handler copies every saved tensor of the
+    layer, which is what the layer stashes)."""
+    return pcie_seconds(plan, plan.stash_bytes(layer))
 
 
 def host_adam_seconds(plan: Plan, params: float) -> float:
