@@ -37,6 +37,7 @@ from matplotlib.path import Path as MplPath
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import IdentityTransform
 
+from sim.output.atomic import write_atomically
 from sim.output.summary import Summary, exposed_intervals
 from sim.workload.ir import COMPUTE_KINDS, STREAMS
 
@@ -478,7 +479,7 @@ def write_gantt(
     ax = plot_gantt(trace, fig.subplots(), ranks=ranks, start=start, end=end, title=title,
                     link_segments=link_segments)
     fit_margins(fig, [label.get_text() for label in ax.get_yticklabels()])
-    fig.savefig(path, dpi=DPI)
+    write_atomically(path, lambda temporary: fig.savefig(temporary, dpi=DPI))  # a killed run leaves no torn image
     return path
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from sim.errors import ConfigError, OutOfMemory, ScheduleDeadlock, SimError
+from sim.errors import ConfigError, OutOfMemory, ResourceLimit, ScheduleDeadlock, SimError
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Check", "ConfigError", "Estimate", "OutOfMemory", "Plan", "RunResult", "Scenario", "ScheduleDeadlock",
-    "SimError", "Summary", "check", "estimate", "load_scenario", "run",
+    "Check", "ConfigError", "Estimate", "OutOfMemory", "Plan", "ResourceLimit", "RunResult", "Scenario",
+    "ScheduleDeadlock", "SimError", "Summary", "check", "estimate", "load_scenario", "run",
 ]
 
 _LAZY = {  # name -> the module that defines it

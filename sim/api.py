@@ -13,6 +13,7 @@ This module sits above the runner and ``sim.explore`` (it calls both) and below 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
@@ -21,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
+from sim.errors import ConfigError
 from sim.model.peft import trainable_params
 from sim.model.transformer import total_params
 from sim.plan import resolve
 from sim.spec import scenario as spec
 from sim.spec.scenario import Scenario
+from sim.units import parse_bytes
 from sim.workload.footprint import memory_plan
+from sim.workload.size import DEFAULT_MAX_TASKS, Limits
 
 if TYPE_CHECKING:  # run and estimate import these when called: check (and ``sim check``) runs without pandas
     from sim.explore.estimate import Estimate
@@ -114,13 +118,39 @@ def load_scenario(scenario: ScenarioSource, set: Overrides = None) -> Scenario:
     return spec.scenario_from_dict(spec.apply_overrides(data, overrides))
 
 
-def run(scenario: ScenarioSource, set: Overrides = None, *, record_links: bool = False) -> RunResult:
+def run(scenario: ScenarioSource, set: Overrides = None, *, record_links: bool = False,
+        max_tasks: int | None = None, max_memory: int | str | None = None) -> RunResult:
     """Simulate one training step in memory (``sim run`` without the files). ``record_links`` keeps each link's
     load over time (``RunResult.link_segments``, contention network only). The result's ``summary`` is a
-    ``Summary``, its ``trace`` a DataFrame with one row per executed task."""
+    ``Summary``, its ``trace`` a DataFrame with one row per executed task. ``max_tasks`` / ``max_memory`` (bytes,
+    or a string such as ``"8 GiB"``) are the run's budget, checked against its estimated size before anything is
+    built (``sim.workload.size``; defaults ``DEFAULT_MAX_TASKS`` and half the machine's memory): over it,
+    ``ResourceLimit`` names the field that makes the run big."""
     from sim import runner
 
-    return runner.run(load_scenario(scenario, set), record_links=record_links)
+    return runner.run(load_scenario(scenario, set), record_links=record_links,
+                      limits=limits(max_tasks, max_memory))
+
+
+def limits(max_tasks: int | None = None, max_memory: int | str | None = None,
+           names: tuple[str, str] = ("max_tasks", "max_memory")) -> Limits:
+    """The run budget from the API's keywords (None: the default), each checked: ConfigError naming it as
+    ``names`` says (the CLI's ``--max-tasks`` / ``--max-memory``)."""
+    tasks = DEFAULT_MAX_TASKS
+    if max_tasks is not None:
+        if isinstance(max_tasks, bool) or not isinstance(max_tasks, int) or max_tasks < 1:
+            raise ConfigError(f"{names[0]}: {max_tasks!r} is not a positive whole number of tasks")
+        tasks = max_tasks
+    memory: int | None = None
+    if max_memory is not None:
+        try:
+            size = parse_bytes(max_memory)
+        except ValueError as error:
+            raise ConfigError(f"{names[1]}: {error}") from None
+        if not (math.isfinite(size) and size > 0):
+            raise ConfigError(f"{names[1]}: {max_memory!r} is not a positive finite size")
+        memory = int(size)
+    return Limits(tasks, memory)
 
 
 def estimate(scenario: ScenarioSource, set: Overrides = None) -> Estimate:

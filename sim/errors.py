@@ -29,3 +29,10 @@ class OutOfMemory(SimError):
     """A rank's peak memory exceeds its GPU's capacity and the user asked to fail on it."""
 
     exit_code = 4
+
+
+class ResourceLimit(SimError):
+    """A run would exceed its budget of tasks or memory (``--max-tasks`` / ``--max-memory``), estimated before
+    anything is built (``sim.workload.size``); the message names the field that makes it big."""
+
+    exit_code = 5

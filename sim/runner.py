@@ -29,6 +29,7 @@ from sim.plan import Plan, resolve
 from sim.spec.scenario import CalibratedCostsSpec, Scenario
 from sim.workload import build as workload
 from sim.workload.ir import TaskGraph
+from sim.workload.size import Limits, check_limits
 
 
 @dataclass
@@ -123,13 +124,17 @@ def check_physical(summary: Summary, scenario: Scenario) -> None:
         raise SimError(f"result: MFU {summary.mfu:.3g} is above 1 (a simulator bug; please report the scenario)")
 
 
-def run(scenario: Scenario, record_links: bool = False) -> RunResult:
+def run(scenario: Scenario, record_links: bool = False, limits: Limits | None = None) -> RunResult:
+    """Simulate ``scenario``'s step. ``limits`` (default ``Limits()``: ``--max-tasks`` / ``--max-memory``'s
+    defaults) is checked against the run's estimated size before anything is built (``sim.workload.size``), so a
+    run too big for the machine is one ``ResourceLimit`` line instead of exhausted memory."""
     with without_gc():
-        return _run(scenario, record_links)
+        return _run(scenario, record_links, limits or Limits())
 
 
-def _run(scenario: Scenario, record_links: bool = False) -> RunResult:
+def _run(scenario: Scenario, record_links: bool, limits: Limits) -> RunResult:
     plan = resolve(scenario)
+    check_limits(plan, limits)  # before the topology and the graph: a runaway run fails here, in milliseconds
     topo = build_topology(plan)
     net = network.make(scenario.network.model, topo, scenario.network.algorithm, scenario.network.protocol)
     graph = workload.build(plan)

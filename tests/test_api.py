@@ -29,8 +29,8 @@ EVERY_OPTIONAL_FIELD = ["network.model=contention", "ranks=all", "network.nccl_s
 
 def test_all_is_pinned_and_every_name_resolves():
     assert sim.__all__ == [
-        "Check", "ConfigError", "Estimate", "OutOfMemory", "Plan", "RunResult", "Scenario", "ScheduleDeadlock",
-        "SimError", "Summary", "check", "estimate", "load_scenario", "run",
+        "Check", "ConfigError", "Estimate", "OutOfMemory", "Plan", "ResourceLimit", "RunResult", "Scenario",
+        "ScheduleDeadlock", "SimError", "Summary", "check", "estimate", "load_scenario", "run",
     ]
     assert sim.__all__ == sorted(sim.__all__)
     assert all(getattr(sim, name) is not None for name in sim.__all__)

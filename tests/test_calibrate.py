@@ -3,9 +3,14 @@
 The GPU path runs the same code with CUDA events and NCCL; its tests are marked ``gpu`` and skipped here.
 """
 
+import contextlib
 import importlib.util
 import json
+import os
+import socket
 import sys
+import threading
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,7 +21,7 @@ if importlib.util.find_spec("torch") is None:
     pytest.skip("could not import 'torch'", allow_module_level=True)
 
 from sim import runner  # noqa: E402
-from sim.calibrate.run import resolve_device  # noqa: E402
+from sim.calibrate.run import LOOPBACK, gloo_environment, listening_socket, resolve_device  # noqa: E402
 from sim.cli.commands import main  # noqa: E402
 from sim.costs.profile import load  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
@@ -30,11 +35,88 @@ from conftest import SCENARIOS  # noqa: E402
 pytestmark = pytest.mark.xdist_group("calibration")
 
 
+LISTENERS: set[tuple[str, int]] = set()  # (local address, port) of every socket listening during the run
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and its live descendants (Linux /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        grew = False
+        for pid, parent in parents.items():
+            if parent in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
+def _listening(pids: set[int]) -> set[tuple[str, int]]:
+    """Listening TCP sockets (IPv4 and IPv6) that these processes hold: /proc/net/tcp* rows in state 0A (LISTEN)
+    whose inode is one of their descriptors."""
+    inodes = set()
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").glob("*") if Path(f"/proc/{pid}/fd").is_dir() else []:
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:
+                    address, port = fields[1].split(":")
+                    found.add((address, int(port, 16)))
+    return found
+
+
 @pytest.fixture(scope="module")
 def calibration(tmp_path_factory):
+    """The quick CPU calibration, run once; meanwhile a thread records every socket it listens on."""
     out = tmp_path_factory.mktemp("calibration")
-    assert main(["calibrate", "--device", "cpu", "--quick", "-o", str(out)]) == 0
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            LISTENERS.update(_listening(_tree(os.getpid())))
+            done.wait(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    if Path("/proc/net/tcp").is_file():
+        watcher.start()
+    try:
+        assert main(["calibrate", "--device", "cpu", "--quick", "-o", str(out)]) == 0
+    finally:
+        done.set()
     return out
+
+
+# 127.0.0.1 as /proc/net/tcp writes it (little-endian hex) and ::1 / ::ffff:127.0.0.1 as /proc/net/tcp6 does.
+LOOPBACK_HEX = {"0100007F", "00000000000000000000000001000000", "0000000000000000FFFF00000100007F"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/net/tcp").is_file(), reason="reads listening sockets from Linux's /proc")
+def test_the_cpu_collectives_listen_on_localhost_only(calibration):
+    """Issue 27: the rendezvous store and gloo's sockets are on the loopback address (the store used to listen on
+    every interface, on a port picked by a bind/close/rebind race)."""
+    assert LISTENERS, "the watcher saw no listening socket: the store and gloo listen while the collectives run"
+    assert {address for address, _ in LISTENERS} <= LOOPBACK_HEX, LISTENERS
+
+
+def test_the_store_socket_and_gloo_interface_are_loopback():
+    sock = listening_socket()
+    with sock:
+        assert sock.getsockname()[0] == LOOPBACK == "127.0.0.1"
+    interface = gloo_environment()["GLOO_SOCKET_IFNAME"]
+    assert interface in {name for _, name in socket.if_nameindex()} and interface.startswith("lo")
 
 
 def calibrated_tiny(profile_path):

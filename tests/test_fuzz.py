@@ -4,14 +4,19 @@ or raise a ``SimError`` whose message is one line naming a field; any other exce
 a case over ``HANG_S`` seconds or a process over ``MEMORY_BUDGET`` fails the test.
 
 Seeded (``derandomize=True``: the same cases on every run and machine) and sized for CI: ``CASES`` cases in all
-(documents and ``--set`` strings). A failure prints the mutation; add it to tests/test_input_boundary.py as a
-regression test when fixing it.
+(documents and ``--set`` strings), plus ``RUN_CASES`` mutated documents simulated end to end under the run budget
+``RUN_LIMITS`` (a finite summary that summary.json can hold, MFU <= HFU <= 1, or one line; never over the
+budget). A failure prints the mutation; add it to tests/test_input_boundary.py as a regression test when fixing it.
+
+More cases: ``CLUSTERSIM_FUZZ_SCALE=10 pytest tests/test_fuzz.py`` runs ten times as many of each (still seeded:
+the same cases on every run; docs/reliability.md).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import os
 import resource
 import signal
 from pathlib import Path
@@ -22,16 +27,21 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim import runner
 from sim.errors import SimError
 from sim.plan import resolve
 from sim.spec.scenario import apply_overrides, resolved_yaml, scenario_from_dict
 from sim.workload.footprint import memory_plan
+from sim.workload.size import Limits
 
 from conftest import SCENARIOS
 
-DOCUMENT_CASES = 1200
-SET_CASES = 800
+SCALE = max(1, int(os.environ.get("CLUSTERSIM_FUZZ_SCALE", "1")))  # more cases on demand (not in CI)
+DOCUMENT_CASES = 1200 * SCALE
+SET_CASES = 800 * SCALE
 CASES = DOCUMENT_CASES + SET_CASES  # issue 27 must-show 1: at least 2,000 per run
+RUN_CASES = 300 * SCALE  # mutated documents simulated end to end (sim run's path), under RUN_LIMITS
+RUN_LIMITS = Limits(max_tasks=250_000, max_memory=512 * 2**20)  # the run budget (sim.workload.size) for them
 HANG_S = 20
 MEMORY_BUDGET = 3 * 2**30  # peak RSS of the test process (a mutated million-GPU cluster must not get there)
 
@@ -119,8 +129,9 @@ def _alarm(signum: int, frame: Any) -> None:
     raise Hang(f"a case ran over {HANG_S} s")
 
 
-def check_case(data: Any, overrides: list[str], base_dir: Path) -> None:
-    """What ``sim check`` runs; passes, or raises SimError with one line. Anything else propagates (a failure)."""
+def check_case(data: Any, overrides: list[str], base_dir: Path, simulate: bool = False) -> None:
+    """What ``sim check`` runs (and with ``simulate``, ``sim run``'s simulation and summary.json under
+    ``RUN_LIMITS``); passes, or raises SimError with one line. Anything else propagates (a failure)."""
     previous = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(HANG_S)
     try:
@@ -129,6 +140,10 @@ def check_case(data: Any, overrides: list[str], base_dir: Path) -> None:
         scenario = scenario_from_dict(apply_overrides(data, overrides), base_dir=base_dir)
         resolved_yaml(scenario)
         memory_plan(resolve(scenario))
+        if simulate:
+            summary = runner.run(scenario, limits=RUN_LIMITS).summary
+            summary.to_json()  # finite numbers only, or a SimError naming the field
+            assert math.isfinite(summary.step_time_s) and 0 <= summary.mfu <= summary.hfu * (1 + 1e-9) <= 1 + 1e-9
     except SimError as error:
         message = str(error)
         assert message and "\n" not in message, repr(message)
@@ -158,3 +173,12 @@ def test_mutated_scenarios_pass_or_give_one_line(case: tuple[str, Any]) -> None:
 def test_set_strings_pass_or_give_one_line(case: tuple[str, list[str]]) -> None:
     name, overrides = case
     check_case(copy.deepcopy(BASES[name][0]), overrides, BASES[name][1])
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("fuzz_run")
+@fuzz(RUN_CASES)
+@given(mutated_documents())
+def test_mutated_scenarios_simulate_or_give_one_line_within_the_run_budget(case: tuple[str, Any]) -> None:
+    name, data = case
+    check_case(data, [], BASES[name][1], simulate=True)

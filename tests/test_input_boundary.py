@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from sim.explore.sweep import parse_axis
 from sim.spec.scenario import MAX_DEPTH
 
 from conftest import ROOT, SCENARIOS
@@ -169,3 +170,32 @@ def test_a_scenario_larger_than_the_bound_is_refused_unread(tmp_path, capsys):
     path = write(tmp_path / "big.yaml", big.encode())
     line = one_error_line(capsys, "check", path)
     assert line == f"error: scenario: {path!r} is larger than 256 KiB"
+
+
+def test_a_grid_axis_written_as_a_yaml_list_is_that_axis(tmp_path, capsys):
+    """``--grid 'parallel.tp=[1,2]'`` was a YAML traceback (the list was split at its comma); now it is the axis."""
+    assert parse_axis("parallel.tp=[1,2]") == ("parallel.tp", [1, 2])
+    assert parse_axis("schedule=[1f1b, gpipe]") == ("schedule", ["1f1b", "gpipe"])
+    assert main(["sweep", str(TINY), "--grid", "training.microbatches=[2,4]", "-o", str(tmp_path / "s"),
+                 "--no-plot"]) == 0
+    assert "2 points: 2 ok" in capsys.readouterr().out
+    line = one_error_line(capsys, "sweep", str(TINY), "--grid", "parallel.tp=[1,2", "-o", str(tmp_path / "t"))
+    assert line.startswith("error: --grid parallel.tp: not valid YAML")
+    line = one_error_line(capsys, "sweep", str(TINY), "--grid", "parallel.tp=[]", "-o", str(tmp_path / "u"))
+    assert line == "error: --grid parallel.tp: expected a non-empty list of values, e.g. [1, 2]"
+
+
+def test_rich_markup_in_a_sweep_directory_is_printed_as_text(tmp_path, capsys):
+    out = tmp_path / "o[/x]"
+    for _ in range(2):  # the second run prints the resuming line with the path too
+        assert main(["sweep", str(TINY), "--grid", "training.microbatches=1,2", "-o", str(out), "--no-plot"]) == 0
+    printed = capsys.readouterr().out.replace("\n", "")
+    assert f"wrote {out}/" in printed and f"already in {out}/results.csv" in printed
+
+
+def test_an_infinite_step_from_extreme_gpu_fields_is_one_line_and_no_summary(tmp_path, capsys):
+    """Overriding GPU fields could give ``step_time_s: inf`` with exit 0; now the result is refused, unwritten."""
+    line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path), "--no-plot", "--set",
+                          "cluster.gpu.hbm_bandwidth=1e-300 B/s")
+    assert line.startswith("error: result: step time inf s is not a finite positive time")
+    assert not (tmp_path / "summary.json").exists()

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -92,28 +93,71 @@ def test_missing_base_is_one_error(tmp_path):
         make_spec(sweep_file, [], [])
 
 
+def _descendants(pid: int) -> set[int]:
+    """The live processes below ``pid`` (Linux /proc; zombies count as gone)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
 @pytest.mark.slow
-def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path, capsys):
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads the process tree from Linux's /proc")
+@pytest.mark.parametrize(("stop", "jobs"), [(signal.SIGKILL, 1), (signal.SIGKILL, 2), (signal.SIGINT, 2),
+                                            (signal.SIGTERM, 2)], ids=["SIGKILL-j1", "SIGKILL-j2", "SIGINT-j2",
+                                                                       "SIGTERM-j2"])
+def test_killed_sweep_stops_its_workers_and_resumes_with_only_the_missing_points(tmp_path, capsys, stop, jobs):
+    """Issue 27: a sweep killed at any moment (SIGKILL; SIGINT, Ctrl-C; SIGTERM, a batch system's kill) leaves no
+    worker process running, and the same command run again computes only the points that were missing."""
     out = tmp_path / "sweep"
     args = ["sweep", str(TINY), "--grid", "training.microbatches=1..48", "--grid", "schedule=gpipe,1f1b", "-o",
-            str(out), "--no-plot"]
-    # The first run is a real process, killed with SIGKILL half-way; the resumed run is main() in this process.
+            str(out), "--no-plot", "-j", str(jobs)]
+    # The first run is a real process, stopped half-way; the resumed run is main() in this process.
     first = subprocess.Popen([sys.executable, "-m", "sim", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     results = out / "results.csv"
-    deadline = time.time() + 60
+    deadline = time.time() + 120
     while time.time() < deadline:
         if results.is_file() and len(results.read_text().splitlines()) > 11:
             break
         time.sleep(0.02)
-    first.send_signal(signal.SIGKILL)
-    first.wait()
+    workers = _descendants(first.pid)
+    assert len(workers) >= (jobs if jobs > 1 else 0)
+    first.send_signal(stop)
+    code = first.wait(timeout=60)
+    assert code == (-signal.SIGKILL if stop == signal.SIGKILL else 130)
+    deadline = time.time() + 20  # a SIGKILLed parent's workers get SIGKILL from the kernel (PR_SET_PDEATHSIG)
+    while _alive(workers) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(workers), "worker processes outlived the sweep"
     with results.open() as handle:
         before = [row for row in csv.DictReader(handle) if row.get("status")]
-    assert 10 <= len(before) < 96, "the sweep should have been killed half-way"
+    assert 10 <= len(before) < 96, "the sweep should have been stopped half-way"
 
     capsys.readouterr()
-    assert main(args) == 0
+    assert main(args[:-2]) == 0
     done = len(before)
     assert f"resuming: {done} of 96 points already" in capsys.readouterr().out.replace("\n", " ")
     table = pd.read_csv(results)
@@ -124,6 +168,26 @@ def test_killed_sweep_resumes_with_only_the_missing_points(tmp_path, capsys):
     assert list(kept["point_id"]) == [row["point_id"] for row in before]
     spec = make_spec(TINY, ["training.microbatches=1..48", "schedule=gpipe,1f1b"], [])
     assert set(table["point_id"]) == {point_id(p) for p in spec.points()}
+    # And the table is an uninterrupted run's (same rows, in grid order, whatever order the workers finished in).
+    whole = run_sweep(spec, tmp_path / "whole")
+    resumed = pd.read_parquet(out / "results.parquet")
+    pd.testing.assert_frame_equal(resumed.drop(columns="point_id"), whole.drop(columns="point_id"))
+
+
+def test_a_row_torn_by_a_kill_is_dropped_even_when_it_parses(tmp_path):
+    """Only the last line can be torn (rows are appended whole and flushed); one without its newline is dropped
+    even if what is left of it reads as a complete row (its last number cut short)."""
+    spec = make_spec(TINY, ["training.microbatches=2..4"], [])
+    table = run_sweep(spec, tmp_path)
+    text = (tmp_path / "results.csv").read_text()
+    (tmp_path / "results.csv").write_text(text[:-3])  # the last row's task count loses its last digits
+    again = run_sweep(spec, tmp_path)
+    pd.testing.assert_frame_equal(again, table)
+
+
+def test_the_manifest_and_tables_leave_no_temporary_file(tmp_path):
+    run_sweep(make_spec(TINY, ["training.microbatches=2..3"], []), tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.csv", "results.parquet", "sweep.json"]
 
 
 def test_base_that_is_not_a_scenario_is_one_error(tmp_path):

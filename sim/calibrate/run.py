@@ -105,18 +105,42 @@ def device_info(device: Any) -> dict[str, Any]:
             "host": platform.node()}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+# The CPU collectives' rendezvous (issue 27: no listener beyond localhost): torch's TCPStore is served by this
+# process on a socket bound to the loopback address before its port is handed out (``master_listen_fd``: no
+# bind/close/rebind race, and the store never listens on all interfaces as an env:// rendezvous does), and gloo's
+# pair sockets use the loopback interface (GLOO_SOCKET_IFNAME; by default gloo binds the address the host name
+# resolves to, which may be a public one).
+LOOPBACK = "127.0.0.1"
+
+
+def listening_socket() -> socket.socket:
+    """A TCP socket bound to ``LOOPBACK`` on a free port, already listening (the store's server takes it over)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((LOOPBACK, 0))
+    sock.listen()
+    return sock
+
+
+def loopback_interface() -> str:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), for gloo's GLOO_SOCKET_IFNAME."""
+    names = [name for _, name in socket.if_nameindex()]
+    return next((name for name in names if name.startswith("lo")), "lo")
+
+
+def gloo_environment() -> dict[str, str]:
+    """What the CPU collectives' processes set before creating their gloo process group."""
+    return {"GLOO_SOCKET_IFNAME": loopback_interface()}
 
 
 def _gloo_worker(rank: int, world: int, port: int, out: str, sizes: list[int], warmup: int, reps: int) -> None:
+    import datetime as dt
+
     import torch
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    os.environ.update(gloo_environment())
+    store = dist.TCPStore(LOOPBACK, port, world + 1, is_master=False, timeout=dt.timedelta(seconds=300))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
         rows = bench_collectives(torch.device("cpu"), OPS, sizes, warmup, reps)
         if rank == 0:
@@ -126,11 +150,21 @@ def _gloo_worker(rank: int, world: int, port: int, out: str, sizes: list[int], w
 
 
 def _cpu_collectives(options: CalibrationOptions, plan: dict[str, Any]) -> pd.DataFrame:
+    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     out = options.output / "collectives.csv"
-    mp.spawn(_gloo_worker, args=(options.procs, _free_port(), str(out), plan["sizes"], 1, plan["comm_reps"]),
-             nprocs=options.procs, join=True)
+    sock = listening_socket()
+    port = sock.getsockname()[1]
+    # The store's server, here, owns the socket from now on (detach: Python must not close its descriptor too);
+    # its clients are the ``procs`` workers (world_size counts this process as well).
+    store = dist.TCPStore(LOOPBACK, port, options.procs + 1, is_master=True, wait_for_workers=False,
+                          master_listen_fd=sock.detach())
+    try:
+        mp.spawn(_gloo_worker, args=(options.procs, port, str(out), plan["sizes"], 1, plan["comm_reps"]),
+                 nprocs=options.procs, join=True)
+    finally:
+        del store
     return pd.read_csv(out)
 
 

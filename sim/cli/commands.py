@@ -81,26 +81,30 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
     from sim import runner
     from sim.cli.tables import memory_problem, summary_table, summary_title
     from sim.output import trace
+    from sim.output.atomic import write_atomically, write_text_atomically
     from sim.spec.scenario import load_scenario, resolved_yaml
 
     scenario = load_scenario(args.scenario, args.set)
     out = _output_directory(Path(args.output))  # before the run: a bad path is reported at once
     began = time.perf_counter()
-    result = runner.run(scenario, record_links=args.chrome or args.link_timeline)
+    result = runner.run(scenario, record_links=args.chrome or args.link_timeline, limits=_limits(args))
     wall = time.perf_counter() - began
-    if result.links is not None:  # contention network: which links carried what
-        result.links.to_csv(out / "links.csv", index=False)
-    if result.link_segments is not None and args.link_timeline:  # (the Gantt chart reads it)
-        result.link_segments.to_csv(out / "link_timeline.csv", index=False)
+    # Every file is written to a temporary name and renamed (sim.output.atomic): a killed run leaves none half-written.
+    links, segments = result.links, result.link_segments
+    if links is not None:  # contention network: which links carried what
+        write_atomically(out / "links.csv", lambda path: links.to_csv(path, index=False))
+    if segments is not None and args.link_timeline:  # (the Gantt chart reads it)
+        write_atomically(out / "link_timeline.csv", lambda path: segments.to_csv(path, index=False))
     if charts is not None:  # the chart process draws while this one writes the rest
         charts.submit(out, result.trace, result.summary)
-    (out / "scenario.resolved.yaml").write_text(resolved_yaml(scenario))
-    (out / "summary.json").write_text(json.dumps(result.summary.to_dict(), indent=2, sort_keys=True) + "\n")
-    trace.write_trace(result.trace, out / f"trace.{args.format}")
+    write_text_atomically(out / "scenario.resolved.yaml", resolved_yaml(scenario))
+    write_text_atomically(out / "summary.json", result.summary.to_json())
+    write_atomically(out / f"trace.{args.format}", lambda path: trace.write_trace(result.trace, path))
     console.print(summary_title(result.summary), markup=False, highlight=False)
     console.print(summary_table(result.summary, wall))
     if args.chrome:
-        trace.write_chrome_trace(result.trace, out / "trace.json", result.link_segments, result.graph)
+        write_atomically(out / "trace.json",
+                         lambda path: trace.write_chrome_trace(result.trace, path, result.link_segments, result.graph))
     if charts is not None:
         error = charts.wait()
         if error:
@@ -160,11 +164,12 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sim.explore import sweep
+    from sim.explore.executors import stop_on_sigterm
 
     spec = sweep.make_spec(Path(args.target), args.grid, args.set)
     out = Path(args.output)
     columns = [TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=False) as bar:
+    with stop_on_sigterm(), Progress(*columns, console=console, transient=False) as bar:
         task = bar.add_task("sweep", total=None)
 
         def started(total: int, done: int) -> None:
@@ -173,7 +178,8 @@ def cmd_sweep(args: argparse.Namespace, console: Console) -> int:
                 console.print(f"resuming: {done} of {total} points already in {out / sweep.RESULTS_CSV}")
 
         table = sweep.run_sweep(spec, out, args.jobs, on_start=started, on_row=lambda row: bar.advance(task),
-                                executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout)
+                                executor=args.executor, scheduler=args.scheduler, dask_timeout=args.dask_timeout,
+                                limits=_limits(args), on_dashboard=_dashboard(args, console))
     counts = table["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"{len(table)} points: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
     if not args.no_plot:
@@ -188,6 +194,7 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     from sim.explore import search
+    from sim.explore.executors import stop_on_sigterm
 
     if args.emit:  # search only what the framework can run, unless --only says otherwise for that knob
         given = {spec.split("=", 1)[0].strip() for spec in args.only}
@@ -197,11 +204,11 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
                                                                      if k not in given), markup=False)
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
-    with Progress(*columns, console=console, transient=True) as bar:
+    with stop_on_sigterm(), Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("search", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
                                   args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,
-                                  args.dask_timeout)
+                                  args.dask_timeout, _limits(args), _dashboard(args, console))
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "
@@ -229,6 +236,22 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
             write(out, screened, simulated)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
     return 0
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    """The run budget of ``--max-tasks`` / ``--max-memory`` (sim.workload.size.Limits)."""
+    from sim.api import limits
+
+    return limits(args.max_tasks, args.max_memory, ("--max-tasks", "--max-memory"))
+
+
+def limit_args(cmd: argparse.ArgumentParser) -> None:
+    """``--max-tasks`` / ``--max-memory``: a run's budget, checked against its estimated size before it is built
+    (sim.workload.size; docs/reliability.md)."""
+    cmd.add_argument("--max-tasks", type=int, metavar="N", help="refuse a run estimated above N tasks (default "
+                     "10,000,000)")
+    cmd.add_argument("--max-memory", metavar="SIZE", help="refuse a run estimated above SIZE, e.g. '8 GiB' "
+                     "(default: half the machine's memory)")
 
 
 IMPORT_FRAMEWORKS = ("megatron", "nemo", "deepspeed", "torchtitan")
@@ -307,6 +330,23 @@ def executor_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")
     cmd.add_argument("--dask-timeout", type=float, default=DASK_TIMEOUT_S, metavar="SECONDS",
                      help=f"how long to wait to connect to the Dask scheduler (default {DASK_TIMEOUT_S:g})")
+    cmd.add_argument("--dask-dashboard", action="store_true",
+                     help="serve the Dask dashboard (a local cluster's on 127.0.0.1) and print its link (default: off)")
+
+
+def _dashboard(args: argparse.Namespace, console: Console) -> Callable[[str], None] | None:
+    """With ``--dask-dashboard``: a callback printing the dashboard's link once; ConfigError without Dask."""
+    if not args.dask_dashboard:
+        return None
+    if args.executor != "dask":
+        raise ConfigError("--dask-dashboard: needs --executor dask")
+    shown: set[str] = set()
+
+    def show(link: str) -> None:
+        if link not in shown:
+            shown.add(link)
+            console.print(f"Dask dashboard: {link}", markup=False, highlight=False)
+    return show
 
 
 def parser() -> argparse.ArgumentParser:
@@ -327,6 +367,7 @@ def parser() -> argparse.ArgumentParser:
                      help="contention network: also write link_timeline.csv, each link's load over time")
     run.add_argument("--no-plot", action="store_true", help="skip the Gantt chart")
     run.add_argument("--fail-on-oom", action="store_true", help="exit non-zero if a rank does not fit")
+    limit_args(run)
     run.set_defaults(handler=cmd_run)
 
     check = commands.add_parser("check", help="validate a scenario and print it with every default filled")
@@ -344,12 +385,14 @@ def parser() -> argparse.ArgumentParser:
     sweep_cmd = commands.add_parser("sweep", help="run a grid of scenario variants into a results table")
     sweep_cmd.add_argument("target", help="a scenario YAML (with --grid) or a sweep file (base, set, grid)")
     sweep_cmd.add_argument("--grid", action="append", default=[], metavar="a.b=v1,v2|a..b",
-                           help="a grid axis (repeatable; later axes vary fastest)")
+                           help="a grid axis: a.b=v1,v2, a.b=[v1,v2] or a.b=lo..hi (repeatable; later axes vary "
+                           "fastest)")
     sweep_cmd.add_argument("--set", action="append", default=[], metavar="a.b=value",
                            help="override a field of the base scenario (repeatable)")
     executor_args(sweep_cmd)
     sweep_cmd.add_argument("-o", "--output", default="runs/sweep", help="sweep directory (default runs/sweep)")
     sweep_cmd.add_argument("--no-plot", action="store_true", help="skip the sweep plot")
+    limit_args(sweep_cmd)
     sweep_cmd.set_defaults(handler=cmd_sweep)
 
     search_cmd = commands.add_parser("search", help="find the best layout: screen every tp/pp/dp/vpp/micro-batch/"
@@ -366,6 +409,7 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
                             help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)
+    limit_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
 
     imp = commands.add_parser("import", allow_abbrev=False, help="a scenario from a launch configuration: Megatron-LM "

@@ -37,9 +37,11 @@ from sim.errors import ConfigError
 from sim.explore.estimate import Estimator
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
+from sim.output.atomic import write_atomically
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
 from sim.spec.scenario import FsdpSpec, Scenario, check_rules, load_scenario
+from sim.workload.size import Limits
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
@@ -245,10 +247,13 @@ class SearchResult:
 def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000, jobs: int = 1,
                executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
                on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None,
-               dask_timeout: float = DASK_TIMEOUT_S) -> SearchResult:
+               dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None,
+               on_dashboard: Callable[[str], None] | None = None) -> SearchResult:
     """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
     estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
-    skipped (``pruned``). ``dask_timeout``: seconds the Dask executor waits to connect to its scheduler."""
+    skipped (``pruned``). ``dask_timeout``: seconds the Dask executor waits to connect to its scheduler; ``limits``:
+    each simulated layout's run budget (``sim.workload.size``); ``on_dashboard``: the Dask dashboard's link, when
+    one is wanted (each wave's sweep reports it)."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
     space = list(layouts(base, only))
@@ -272,7 +277,8 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
         keep = prune(batch, best_step) if use_bound else batch
         pruned += [i for i in batch.index if i not in keep.index]
         table = run_sweep(spec, out, jobs, on_row=on_row, executor=executor, scheduler=scheduler,
-                          only=set(int(i) for i in keep.index), dask_timeout=dask_timeout)
+                          only=set(int(i) for i in keep.index), dask_timeout=dask_timeout, limits=limits,
+                          on_dashboard=on_dashboard)
         done = table[(table["status"] == "ok") & table["point_id"].isin(ours)]
         if len(done):
             best_step = min(best_step, float(done["step_time_s"].min()))
@@ -281,6 +287,6 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     simulated = simulated.sort_values("step_time_s", kind="stable").reset_index(drop=True)
     chosen_index = chosen.index.to_numpy()
     screened.loc[chosen_index[pruned], "status"] = "pruned"
-    screened.to_parquet(out / "screen.parquet", index=False)
-    simulated.to_parquet(out / "results.parquet", index=False)
+    write_atomically(out / "screen.parquet", lambda path: screened.to_parquet(path, index=False))
+    write_atomically(out / "results.parquet", lambda path: simulated.to_parquet(path, index=False))
     return SearchResult(screened, simulated, screen_s, time.perf_counter() - began - screen_s)

@@ -17,11 +17,12 @@ the table is the same either way. A spec may also list its points explicitly (``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import io
 import itertools
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,10 @@ import pandas as pd
 from sim import runner
 from sim.errors import ConfigError, SimError
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
+from sim.output.atomic import write_atomically, write_text_atomically
 from sim.spec.degrees import degrees
 from sim.spec.scenario import apply_overrides, parse_yaml, read_text, scenario_from_dict
+from sim.workload.size import Limits
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
@@ -97,10 +100,16 @@ def point_id(point: dict[str, Any]) -> str:
 
 
 def parse_axis(text: str) -> tuple[str, list[Any]]:
-    """``key=v1,v2,...`` (each value read as YAML) or ``key=a..b`` (integers a to b inclusive)."""
+    """``key=v1,v2,...`` (each value read as YAML), ``key=[v1, v2, ...]`` (a YAML list: the same axis) or
+    ``key=a..b`` (integers a to b inclusive)."""
     if "=" not in text:
         raise ConfigError(f"--grid {text!r}: expected key=v1,v2,... or key=a..b")
     key, values = text.split("=", 1)
+    if values.strip().startswith("["):  # --grid 'parallel.tp=[1,2]' (issue 27: was a YAML traceback)
+        listed = parse_yaml(values, f"--grid {key.strip()}")
+        if not isinstance(listed, list) or not listed:
+            raise ConfigError(f"--grid {key.strip()}: expected a non-empty list of values, e.g. [1, 2]")
+        return key.strip(), listed
     if ".." in values and "," not in values:
         low, high = values.split("..", 1)
         try:
@@ -147,9 +156,9 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], point: dict[str, Any],
-              keys: list[str]) -> dict[str, Any]:
+              keys: list[str], limits: Limits | None = None) -> dict[str, Any]:
     """One point -> one row with the resolved value of every swept key. Never raises for a bad point: the
-    reason goes into ``status``."""
+    reason goes into ``status`` (a point over ``limits``, the run budget, is ``error: <field>: ...``)."""
     row: dict[str, Any] = dict(point)
     try:
         raw = apply_overrides(copy.deepcopy(base_data), overrides)
@@ -157,7 +166,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
             raw.setdefault("training", {})["global_batch"] = None
         raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in point.items()])
         scenario = scenario_from_dict(raw, base_dir=base_dir)
-        summary = runner.run(scenario).summary
+        summary = runner.run(scenario, limits=limits).summary
     except ConfigError as error:
         return row | {"status": f"invalid: {error}"}
     except SimError as error:
@@ -183,20 +192,26 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
 
 
 def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
-    """Rows already finished; a row cut off by a kill (missing fields or status) is dropped, and the file is
-    rewritten clean so appending continues on a fresh line."""
+    """Rows already finished; a row cut off by a kill is dropped, and the file is rewritten clean (atomically) so
+    appending continues on a fresh line. Each row is appended as one line ending in a newline and flushed, so the
+    only row a kill can tear is the last, and a last line without its newline is that row, whatever it parses
+    as (a number cut short would still look like a whole row); rows missing fields or a status are dropped too."""
     if not path.is_file():
         return []
     with path.open(newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r.get("status") and None not in r.values()]
+        text = handle.read()
+    if not text.endswith("\n"):
+        text = text[:text.rfind("\n") + 1]
+    rows = [r for r in csv.DictReader(io.StringIO(text, newline="")) if r.get("status") and None not in r.values()]
     if rows and list(rows[0]) != columns:
         raise ConfigError(f"sweep: {path} was written by a different grid; use another output directory")
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    def rewrite(temporary: Path) -> None:
+        with temporary.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    write_atomically(path, rewrite)
     return rows
 
 
@@ -218,16 +233,23 @@ def _check_same_base(spec: SweepSpec, out: Path) -> None:
     if (out / RESULTS_CSV).is_file():
         raise ConfigError(f"sweep: {out} holds results without a {MANIFEST} (written by an older clustersim, or "
                           "not a sweep); use another output directory or delete it")
-    manifest.write_text(json.dumps(mine, indent=1, sort_keys=True) + "\n")
+    write_text_atomically(manifest, json.dumps(mine, indent=1, sort_keys=True) + "\n")
 
 
 def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int, int], None] | None = None,
               on_row: Callable[[dict[str, Any]], None] | None = None, executor: Executor = "process",
               scheduler: str | None = None, only: set[int] | None = None,
-              dask_timeout: float = DASK_TIMEOUT_S) -> pd.DataFrame:
+              dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None,
+              on_dashboard: Callable[[str], None] | None = None) -> pd.DataFrame:
     """Run the missing points of ``spec`` (those listed in ``only``, if given) into ``out``; return every row
     written so far in grid order. ``on_start(total, already_done)`` and ``on_row(row)`` let the caller draw
-    progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler."""
+    progress; ``dask_timeout`` is the seconds the Dask executor waits to connect to its scheduler. ``limits`` is
+    each point's run budget; its default memory share is split between the ``jobs`` points that run at once on
+    this machine (not with a remote ``scheduler``, whose workers have their own memory). ``on_dashboard``: with the
+    Dask executor, serve its dashboard and call this with the link (sim.explore.executors.run_all)."""
+    limits = limits or Limits()
+    if limits.max_memory is None and jobs > 1 and scheduler is None:
+        limits = Limits(limits.max_tasks, limits.memory // jobs)
     out.mkdir(parents=True, exist_ok=True)
     _check_same_base(spec, out)
     points = spec.points()
@@ -251,9 +273,12 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
                 on_row(row)
 
         base = (spec.base_data, str(spec.base.parent))
-        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys)) for index, point in todo]
-        for (index, point), row in run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout):
-            record(index, point, row)
+        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys, limits)) for index, point in todo]
+        # closing: an interrupt in record() stops the executor's workers at once, not when the generator is freed
+        with contextlib.closing(run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout,
+                                          on_dashboard)) as rows:
+            for (index, point), row in rows:
+                record(index, point, row)
     table = pd.read_csv(csv_path).sort_values("point", kind="stable").reset_index(drop=True)
-    table.to_parquet(out / "results.parquet", index=False)
+    write_atomically(out / "results.parquet", lambda path: table.to_parquet(path, index=False))
     return table

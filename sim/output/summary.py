@@ -5,7 +5,8 @@ from ``sim.workload.footprint.memory_timeline``. Out: a ``Summary``, a
 frozen dataclass: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble fraction, exposed communication per
 kind, peak memory per rank and whether it fits; the runner adds the optional fields (NCCL's SM stretch; the
 critical rank and path with ``ranks: all``; the busiest and the critical link on the ``contention`` network).
-``Summary.to_dict()`` is the ``summary.json`` a run directory holds: ``schema_version`` first, then every field in
+``Summary.to_dict()`` is the ``summary.json`` a run directory holds (``Summary.to_json()`` its text, finite numbers
+only): ``schema_version`` first, then every field in
 every mode (an optional figure that does not apply is null), and ``Summary.from_dict`` reads it back;
 ``json_schema()`` is its JSON Schema (docs/summary.schema.json, described in docs/summary.md).
 
@@ -18,6 +19,8 @@ while the rank's compute stream is idle (worst rank reported).
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -26,6 +29,7 @@ import numpy as np
 import pandas as pd
 import pydantic
 
+from sim.errors import SimError
 from sim.model.transformer import active_params, logits_forward_flops, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
@@ -35,6 +39,19 @@ from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_K
 # summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
 # keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
 SCHEMA_VERSION = 1
+
+
+def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The dotted path and value of the first float in ``value`` (dicts and lists, walked in order) that is NaN or
+    infinite; None if there is none."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = non_finite(item, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
 
 
 @dataclass(frozen=True)
@@ -127,6 +144,19 @@ class Summary:
         """summary.json: ``schema_version``, then every field in field order as plain dicts and lists, the
         optional ones null where the run did not compute them: the same key set in every mode."""
         return {"schema_version": SCHEMA_VERSION, **asdict(self)}
+
+    def to_json(self) -> str:
+        """summary.json's text: ``to_dict()`` as indented JSON with sorted keys. NaN and infinity are not JSON
+        (RFC 8259 Sec. 6; Python's ``json`` would write ``NaN`` / ``Infinity``, which strict readers refuse), so a
+        value that is not a finite number is a ``SimError`` naming its field, never an invalid file. The runner's
+        ``check_physical`` refuses an impossible step first; this is the writer's own guard."""
+        data = self.to_dict()
+        where = non_finite(data)
+        if where is not None:
+            field, value = where
+            raise SimError(f"summary.{field}: {value} is not a finite number, which summary.json cannot hold (a "
+                           f"simulator bug; please report the scenario)")
+        return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Summary:
