@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
-from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
+from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import layer_params, model_flops_per_step
 from sim.network import models as network_models
@@ -75,7 +75,7 @@ class Estimator:
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
-        self._orders: dict[tuple[str, int, int], tuple[int, list[list[Pass]]]] = {}
+        self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
