@@ -76,6 +76,7 @@ class Estimator:
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
+        self._replays: dict[Any, tuple[float, list[float]]] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
@@ -310,7 +311,12 @@ class Estimator:
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
                                                       plan.chunks - 1)
-            return stage_level_replay(*self._orders[key], stages, c)
+            # layouts that differ only where the stages' times do not (ZeRO 0 and 1) replay the same order
+            replayed = (key, tuple(stages), c)
+            if replayed not in self._replays:
+                self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
+            total, ends = self._replays[replayed]
+            return total, list(ends)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
             ends.append(total - behind)

@@ -39,6 +39,7 @@ class Unit:
 
     stage: int
     phases: tuple[PassKind, ...]
+    index: tuple[int, ...]  # the phases as indices into (F, B, W)
     needs: tuple[tuple[int, bool], ...]
     slots: tuple[int, ...]
     pair: bool
@@ -92,7 +93,8 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
                 phases = tuple(phase for phase, _, _, _, _ in unit)
                 for _, key, _, _, _ in unit:
                     slot[key] = len(slot)
-                units.append(Unit(s, phases, tuple((slot[dep], crosses) for dep, crosses in needs),
+                units.append(Unit(s, phases, tuple("FBW".index(phase) for phase in phases),
+                                  tuple((slot[dep], crosses) for dep, crosses in needs),
                                   tuple(slot[key] for _, key, _, _, _ in unit), {"F", "B"} <= set(phases),
                                   "B" in phases))
                 position[s] = end + 1
@@ -105,15 +107,23 @@ def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
     """Makespan of a schedule's issued units (``pass_dependencies``) with each stage's F, B and W split evenly
     over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends. Each
     unit starts once its stage is free and every input from outside it is there (plus ``c`` where that input
-    ran on another stage), and delivers its outputs when the whole unit ends."""
+    ran on another stage), and delivers its outputs when the whole unit ends. The same sums as a sweep over
+    the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
-    times = [{"F": st.forward / chunks, "B": st.backward / chunks, "W": st.weight / chunks} for st in stages]
+    times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
     done = [0.0] * sum(len(unit.slots) for unit in units)
     free, last_b = [0.0] * p, [0.0] * p
     for unit in units:
         s = unit.stage
-        ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in unit.needs])
-        free[s] = ready + sum(times[s][phase] for phase in unit.phases)
+        ready = free[s]
+        for dep, crosses in unit.needs:
+            arrives = done[dep] + c if crosses else done[dep]
+            if arrives > ready:
+                ready = arrives
+        if len(unit.index) == 1:
+            free[s] = ready + times[s][unit.index[0]]
+        else:
+            free[s] = ready + sum(times[s][i] for i in unit.index)
         if unit.pair:  # an F&B pair: its passes interleave
             free[s] -= stages[s].pair_overlap / chunks
         for key in unit.slots:
