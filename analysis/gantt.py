@@ -37,14 +37,23 @@ from matplotlib.path import Path as MplPath
 from matplotlib.textpath import TextPath
 from matplotlib.transforms import IdentityTransform
 
-from sim.output.summary import Summary
-from sim.workload.ir import STREAMS
+from sim.output.summary import Summary, exposed_intervals
+from sim.workload.ir import COMPUTE_KINDS, STREAMS
 
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860", "offload": "#DA8BC3",
     "ep": "#CCB974",
+    # A kind's collectives apart where one kind issues several (the trace's ``op``): FSDP/ZeRO-3 gathers
+    # parameters (light) and reduce-scatters gradients (dark) on the same stream; SP's TP all-gather and
+    # reduce-scatter likewise. Keys are "kind op" with the op as nccl-tests names it.
+    "tp all-gather": "#E58A8D", "tp reduce-scatter": "#8E2A2E",
+    "dp all-gather": "#C9AE7D", "dp reduce-scatter": "#5E4127",
 }
+OP_LABELS = {"all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "all_reduce": "all-reduce",
+             "all_to_all": "all-to-all", "send": "send"}
+EXPOSED_COLOR = "#D62728"  # the strip under communication that runs while its rank's compute stream idles
+EXPOSED_SHARE = 0.3  # of a lane's painted band, at its bottom
 STREAM_ORDER = {stream: index for index, stream in enumerate(STREAMS)}
 TIER_COLORS = {"nvlink": "#2F6B3A", "nic": "#1F4E79", "uplink": "#8B1E3F", "pcie": "#6A5ACD", "host": "#555555"}
 MAX_RANKS_SHOWN = 16
@@ -186,16 +195,22 @@ def paint(cover: np.ndarray, colors: np.ndarray) -> np.ndarray:
     return np.clip(1.0 - ink, 0.0, 1.0)
 
 
-def bands(lane_colors: np.ndarray, height: int) -> np.ndarray:
+def bands(lane_colors: np.ndarray, height: int, marks: np.ndarray | None = None) -> np.ndarray:
     """The chart's image (``height`` rows, columns, 4; RGBA uint8, which Matplotlib draws without converting):
     lane ``i`` (of ``lane_colors``'s first axis) owns the rows whose centre falls in [i, i + 1) of
-    ``height / lanes`` rows per lane, and paints the middle ``BAND`` of them with its colours; the rest is white."""
+    ``height / lanes`` rows per lane, and paints the middle ``BAND`` of them with its colours; the rest is white.
+    ``marks`` (lanes, columns; in [0, 1]) blends ``EXPOSED_COLOR`` into the bottom ``EXPOSED_SHARE`` of a band."""
     lanes, columns = lane_colors.shape[:2]
-    rgba = np.full((lanes + 1, columns, 4), 255, dtype=np.uint8)  # the last "lane" is white: the gaps between
+    rgba = np.full((2 * lanes + 1, columns, 4), 255, dtype=np.uint8)  # lanes, marked lanes, white (the gaps)
     rgba[:lanes, :, :3] = np.rint(lane_colors * 255)
+    marked = lane_colors if marks is None else lane_colors + marks[..., None] * (
+        np.array(matplotlib.colors.to_rgb(EXPOSED_COLOR)) - lane_colors)
+    rgba[lanes:2 * lanes, :, :3] = np.rint(marked * 255)
     centre = (np.arange(height) + 0.5) * lanes / height  # each row's centre in lane units (lane i spans [i, i+1))
     lane = np.minimum(centre.astype(np.int64), lanes - 1)
-    return rgba[np.where(np.abs(centre - lane - 0.5) <= BAND / 2, lane, lanes)]
+    offset = centre - lane - 0.5  # -BAND/2 at the band's top, +BAND/2 at its bottom (origin upper)
+    bottom = offset > BAND / 2 - EXPOSED_SHARE * BAND
+    return rgba[np.where(np.abs(offset) <= BAND / 2, np.where(bottom, lane + lanes, lane), 2 * lanes)]
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,9 @@ class LaneBlocks:
     link_end: np.ndarray = field(default_factory=lambda: np.zeros(0))
     link_load: np.ndarray = field(default_factory=lambda: np.zeros(0))
     link_colors: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    exposed_lane: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    exposed_start: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    exposed_end: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def lane_colors(self, columns: int) -> np.ndarray:
         """Each lane's colour per pixel column (task lanes, then link lanes; ``columns`` across [lo, hi])."""
@@ -240,9 +258,21 @@ class LaneBlocks:
         return np.concatenate([colors] + [paint(load[i:i + 1], self.link_colors[i:i + 1])
                                           for i in range(self.links)])
 
+    def exposed(self, columns: int) -> np.ndarray:
+        """Per lane (task lanes, then link lanes) and pixel column, the share of the column's time that lane's
+        communication is exposed (drawn at least a pixel wide, as sparse transfers are)."""
+        marks = np.zeros((self.lanes + self.links, columns))
+        if len(self.exposed_lane):
+            pixel = (self.hi - self.lo if self.hi > self.lo else 1.0) / columns
+            end = np.maximum(self.exposed_end, self.exposed_start + pixel)
+            marks[:self.lanes] = np.clip(coverage(self.exposed_lane, np.zeros(len(self.exposed_lane), dtype=np.int64),
+                                                  self.exposed_start, end, self.lanes, 1, self.lo, self.hi,
+                                                  columns)[0], 0.0, 1.0)
+        return marks
+
     def image(self, columns: int, height: int) -> np.ndarray:
         """The chart's RGBA image, ``height`` x ``columns`` pixels."""
-        return bands(self.lane_colors(columns), height)
+        return bands(self.lane_colors(columns), height, self.exposed(columns))
 
 
 class LaneRaster(AxesImage):
@@ -298,6 +328,40 @@ class MicrobatchLabels(PathCollection):
         self.labels = list(zip(x.tolist(), lane.tolist(), texts, strict=True))
 
 
+def paint_kinds(rows: pd.DataFrame) -> np.ndarray:
+    """The colour key of each non-compute row: "kind op" where ``COLORS`` has one (an FSDP all-gather apart from
+    its reduce-scatter), else the kind."""
+    kinds = rows["kind"].to_numpy().astype(str)
+    if "op" not in rows:
+        return kinds
+    keyed = np.char.add(np.char.add(kinds, " "), np.array([OP_LABELS.get(op, op) for op in rows["op"].astype(str)],
+                                                           dtype=str))
+    return np.where(np.isin(keyed, list(COLORS)), keyed, kinds)
+
+
+def exposed_blocks(frame: pd.DataFrame, lane_of: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The exposed communication of the window's rows, on the lanes of the transfers it belongs to: per rank,
+    each communication stream's intervals outside the rank's compute stream (``exposed_intervals``, the summary's
+    rule). Returns (lane, start, end) arrays."""
+    lanes, starts, ends = [], [], []
+    compute = frame["stream"].to_numpy() == "compute"
+    comm = ~compute & ~frame["kind"].isin(list(COMPUTE_KINDS)).to_numpy()
+    rank = frame["rank"].to_numpy()
+    start, end = frame["start_s"].to_numpy(float), frame["end_s"].to_numpy(float)
+    for r in np.unique(rank[comm]):
+        busy = compute & (rank == r)
+        mine = comm & (rank == r)
+        for lane in np.unique(lane_of[mine]):
+            rows = mine & (lane_of == lane)
+            s, e = exposed_intervals(start[rows], end[rows], start[busy], end[busy])
+            lanes.append(np.full(len(s), lane, dtype=np.int64))
+            starts.append(s)
+            ends.append(e)
+    if not lanes:
+        return np.zeros(0, dtype=np.int64), np.zeros(0), np.zeros(0)
+    return np.concatenate(lanes), np.concatenate(starts), np.concatenate(ends)
+
+
 def lane_blocks(frame: pd.DataFrame, lanes: list[tuple[int, int, str]], lane_of: np.ndarray, lo: float, hi: float,
                 link_segments: pd.DataFrame | None = None,
                 links: Sequence[str] = ()) -> tuple[LaneBlocks, pd.DataFrame]:
@@ -322,7 +386,7 @@ def lane_blocks(frame: pd.DataFrame, lanes: list[tuple[int, int, str]], lane_of:
     c_kind = np.array([kind_of.get(str(k), unknown) for k in names], dtype=np.int64)[codes[picked]]
     other = ~compute
     o_lane = lane_of[other]
-    o_codes, o_names = pd.factorize(kinds[other])
+    o_codes, o_names = pd.factorize(paint_kinds(frame[other]))
     o_kind = np.array([kind_of.get(str(k), unknown) for k in o_names], dtype=np.int64)[o_codes]
     per_lane = np.bincount(o_lane, minlength=len(lanes))
     n = len(c_lane)
@@ -331,6 +395,8 @@ def lane_blocks(frame: pd.DataFrame, lanes: list[tuple[int, int, str]], lane_of:
         np.concatenate([c_start, start[other]]), np.concatenate([c_end, end[other]]),
         np.arange(n + len(o_lane)) < n, np.concatenate([np.zeros(n, dtype=bool), per_lane[o_lane] < 500]),
         colors, lo, hi)
+    e_lane, e_start, e_end = exposed_blocks(frame, lane_of)
+    blocks = replace(blocks, exposed_lane=e_lane, exposed_start=e_start, exposed_end=e_end)
     if link_segments is not None and len(links):
         name = (link_segments["src"] + "->" + link_segments["dst"]).to_numpy()
         index = {link: i for i, link in enumerate(links)}
@@ -383,10 +449,14 @@ def plot_gantt(
     ax.set_xlim(lo, hi)
     ax.set_xlabel("time (s)")
     ax.grid(axis="x", linewidth=0.3, alpha=0.5)
-    drawn = set(np.unique(frame["kind"].to_numpy().astype(str))) - {"recompute"}
-    present = [k for k in COLORS if k in drawn]
-    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in present], loc="lower right",
-              bbox_to_anchor=(1.0, 1.0), ncol=len(present), fontsize=8, frameon=False)
+    compute = frame["stream"].to_numpy() == "compute"
+    drawn = (set(np.unique(frame["kind"].to_numpy()[compute].astype(str)))
+             | set(np.unique(paint_kinds(frame[~compute])))) - {"recompute"}
+    handles = [Patch(color=COLORS[k], label=k) for k in COLORS if k in drawn]
+    if len(blocks.exposed_lane):
+        handles.append(Patch(color=EXPOSED_COLOR, label="exposed comm (strip)"))
+    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(len(handles), 8), fontsize=8,
+              frameon=False)
     if title:
         ax.set_title(title, fontsize=10, loc="left")
     return ax

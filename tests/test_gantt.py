@@ -12,7 +12,23 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.gantt import BAND, COLORS, MicrobatchLabels, bands, compute_blocks, coverage, paint, plot_gantt
+from analysis.gantt import (
+    BAND,
+    COLORS,
+    EXPOSED_COLOR,
+    EXPOSED_SHARE,
+    MicrobatchLabels,
+    _lane_index,
+    bands,
+    compute_blocks,
+    coverage,
+    exposed_blocks,
+    paint,
+    paint_kinds,
+    plot_gantt,
+)
+from sim.output import summary as summary_module
+from sim.output.summary import exposed_intervals
 from sim.output.trace import TRACE_COLUMNS
 
 
@@ -68,7 +84,8 @@ def test_bands_paint_the_middle_of_each_lane():
 
 def _trace(rows):
     frame = pd.DataFrame(rows, columns=["rank", "stage", "stream", "kind", "microbatch", "start_s", "end_s"])
-    frame = frame.assign(task=range(len(frame)), name=frame["kind"], layer=0, bytes=0, flops=0.0)
+    frame = frame.assign(task=range(len(frame)), name=frame["kind"], layer=0, bytes=0, flops=0.0,
+                         op=np.where(frame["stream"] == "compute", "", "all_reduce"))
     return frame[list(TRACE_COLUMNS)].astype(TRACE_COLUMNS)
 
 
@@ -148,3 +165,47 @@ def test_figure_height_is_capped_for_deep_pipelines():
     assert figure_size(lanes(10)) == (16.0, pytest.approx(0.32 * 10 + 1.4))
     assert figure_size(lanes(128))[1] == pytest.approx(MAX_HEIGHT)
     assert figure_size(lanes(400))[1] == pytest.approx(0.16 * 400 + 1.4)  # lanes never thinner than 0.16 inch
+
+
+def test_marked_bands_blend_the_exposed_colour_into_the_bottom_of_the_band():
+    lane_colors = np.array([[[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]]])  # one blue lane, two columns
+    image = bands(lane_colors, 10, marks=np.array([[0.0, 1.0]]))  # column 1 fully exposed
+    red = tuple(int(round(255 * c)) for c in matplotlib.colors.to_rgb(EXPOSED_COLOR))
+    painted = [r for r in range(10) if tuple(image[r, 0, :3]) != (255, 255, 255)]
+    assert painted == list(range(1, 9))  # the band: rows 1..8
+    # EXPOSED_SHARE 0.3 of 8 rows: the bottom rows 7 and 8 (centres 7.5 and 8.5 of 10) of column 1 are red
+    strip = [r for r in painted if tuple(image[r, 1, :3]) == red]
+    assert EXPOSED_SHARE == 0.3 and strip == [7, 8]
+    assert all(tuple(image[r, 0, :3]) == (0, 0, 255) for r in painted)  # column 0 not exposed: blue all the way
+
+
+def test_exposed_blocks_are_the_comm_outside_its_ranks_compute():
+    rows = _trace([(0, 0, "compute", "forward", 0, 0.0, 1.0), (0, 0, "compute", "backward", 0, 2.0, 3.0),
+                   (0, 0, "dp", "dp", -1, 0.5, 2.5),  # hidden 0.5-1 and 2-2.5, exposed 1-2
+                   (1, 0, "dp", "dp", -1, 0.0, 3.0)])  # rank 1 computes nothing: all exposed
+    lanes, lane_of = _lane_index(rows)
+    lane, start, end = exposed_blocks(rows, lane_of)
+    got = sorted(zip(lane.tolist(), start.tolist(), end.tolist(), strict=True))
+    dp0, dp1 = lanes.index((0, 0, "dp")), lanes.index((0, 1, "dp"))
+    assert got == sorted([(dp0, 1.0, 2.0), (dp1, 0.0, 3.0)])
+
+
+def test_fsdp_gathers_and_reduce_scatters_get_their_own_colours():
+    rows = _trace([(0, 0, "dp", "dp", -1, 0.0, 1.0), (0, 0, "dp", "dp", -1, 1.0, 2.0),
+                   (0, 0, "pp", "pp", 0, 2.0, 3.0)])
+    rows["op"] = ["all_gather", "reduce_scatter", "send"]
+    assert list(paint_kinds(rows)) == ["dp all-gather", "dp reduce-scatter", "pp"]
+    assert len({COLORS[k] for k in paint_kinds(rows)}) == 3
+
+
+def test_exposed_intervals_sum_to_the_summarys_exposed_time():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        a = rng.uniform(0, 10, 30)
+        b = a + rng.uniform(0, 1, 30)
+        c = rng.uniform(0, 10, 20)
+        d = c + rng.uniform(0, 1.5, 20)
+        start, end = exposed_intervals(a, b, c, d)
+        assert np.all(end > start) and np.all(start[1:] >= end[:-1])  # disjoint, sorted
+        assert float(np.sum(end - start)) == pytest.approx(
+            summary_module._exposed(pd.DataFrame({"start_s": a, "end_s": b}), summary_module._merge(c, d)), abs=1e-12)

@@ -199,6 +199,26 @@ def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -
     return total - float(np.sum(hidden))
 
 
+def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_starts: np.ndarray,
+                      compute_ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where one rank's communication runs while its compute stream is idle (the rule the summary's
+    ``exposed_comm_s`` sums, as intervals for a chart): the union of the comm intervals minus the union of the
+    compute intervals, as sorted disjoint (starts, ends). Their total length is ``_exposed`` of the same rows."""
+    a_s, a_e = _merge(np.asarray(comm_starts, float), np.asarray(comm_ends, float))
+    b_s, b_e = _merge(np.asarray(compute_starts, float), np.asarray(compute_ends, float))
+    # the gaps between compute intervals, then each comm interval cut by the gaps that overlap it
+    g_s = np.concatenate([[-np.inf], b_e])
+    g_e = np.concatenate([b_s, [np.inf]])
+    first = np.searchsorted(g_e, a_s, side="right")
+    last = np.searchsorted(g_s, a_e, side="left")
+    count = np.maximum(last - first, 0)
+    which = np.repeat(np.arange(len(a_s)), count)
+    gap = np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count, count) + np.repeat(first, count)
+    starts, ends = np.maximum(a_s[which], g_s[gap]), np.minimum(a_e[which], g_e[gap])
+    keep = ends > starts
+    return starts[keep], ends[keep]
+
+
 # -------------------------------------------------------------------------------------------------- summary
 
 

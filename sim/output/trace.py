@@ -20,14 +20,16 @@ from sim.workload.ir import STREAMS, TaskGraph
 TRACE_COLUMNS: dict[str, str] = {
     "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",
     "microbatch": "int32", "layer": "int32", "start_s": "float64", "end_s": "float64", "bytes": "int64",
-    "flops": "float64",
+    "flops": "float64", "op": "object",
 }
+# ``op``: a communication task's collective (all_reduce | all_gather | reduce_scatter | all_to_all | send), "" for
+# compute: the charts tell an FSDP all-gather from its reduce-scatter by it, though both are kind ``dp``.
 
 
 def to_frame(graph: TaskGraph, start: list[float], end: list[float]) -> pd.DataFrame:
     tasks = graph.tasks
     n = len(tasks)
-    fields = ("rank", "stage", "stream", "kind", "name", "microbatch", "layer", "nbytes", "flops")
+    fields = ("rank", "stage", "stream", "kind", "name", "microbatch", "layer", "nbytes", "flops", "op")
     # One C-level pass over the tasks, then typed arrays: letting pandas infer 10^5-row lists of objects costs
     # more than building the tasks did.
     values = dict(zip(fields, zip(*map(attrgetter(*fields), tasks), strict=True), strict=True)) if n \
@@ -50,7 +52,7 @@ def to_frame(graph: TaskGraph, start: list[float], end: list[float]) -> pd.DataF
         "microbatch": column("microbatch", "int32"), "layer": column("layer", "int32"),
         "start_s": np.asarray(start, dtype="float64"), "end_s": np.asarray(end, dtype="float64"),
         "bytes": np.rint(np.fromiter(values["nbytes"], "float64", n)).astype("int64"),
-        "flops": column("flops", "float64"),
+        "flops": column("flops", "float64"), "op": names("op"),
     }, copy=False)
     return frame.astype(TRACE_COLUMNS)
 
@@ -66,7 +68,10 @@ def write_trace(trace: pd.DataFrame, path: Path) -> None:
 
 
 def read_trace(path: Path) -> pd.DataFrame:
-    frame = pd.read_csv(path) if path.suffix == ".csv" else pd.read_parquet(path)
+    # keep_default_na=False: a compute task's empty ``op`` (and a name such as "NA") stays a string, not NaN
+    frame = pd.read_csv(path, keep_default_na=False) if path.suffix == ".csv" else pd.read_parquet(path)
+    if "op" not in frame:  # a trace written before the column existed
+        frame["op"] = ""
     return frame.astype(TRACE_COLUMNS)
 
 
