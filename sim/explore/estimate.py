@@ -77,6 +77,8 @@ class Estimator:
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
+        self._stage_times: dict[Any, tuple[list[StageTimes], Scenario]] = {}
+        self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
@@ -488,7 +490,11 @@ class Estimator:
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
-        stages = self._stages(plan)
+        # stage times: shared by the layouts that differ only in a ZeRO stage that gathers nothing per unit
+        stages_key = (_shape_key(sc, _STAGES_FREE), plan.zero_stage if plan.gathers_units else None)
+        if stages_key not in self._stage_times:
+            self._stage_times[stages_key] = (self._stages(plan), sc)  # sc keeps the objects the key names alive
+        stages = self._stage_times[stages_key][0]
         pipeline, ends = self._pipeline(plan, stages)
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
         # The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
@@ -502,8 +508,11 @@ class Estimator:
             start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
-        stat_reduce = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, 0))
         shape_key = _shape_key(sc)
+        if shape_key not in self._stat_reduce:  # its group and bytes are the same for every micro-batch size
+            self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
+                                                                    step.grad_stats_group(plan, 0))
+        stat_reduce = self._stat_reduce[shape_key]
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
             exposed, opt = self._tail(plan, s, st, end, stat_reduce, shape_key)
             if end + delay + exposed + opt > step_s:
@@ -544,15 +553,18 @@ class _TailShape:
 # Fields of a layout that change what a stage computes per micro-batch but not its parameters, gradients,
 # groups or optimizer: layouts differing only in these share a tail shape.
 _SHAPE_FREE = {"parallel": ("sequence_parallel",), "training": ("micro_batch", "recompute")}
+# The ZeRO stage changes a stage's per-micro-batch times only where weights are gathered per unit
+# (Estimator._sharded_unit_overhead): otherwise layouts differing only in it share their stage times.
+_STAGES_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": ()}
 
 
-def _shape_key(sc: Scenario) -> tuple[Any, ...]:
-    """A scenario without the ``_SHAPE_FREE`` fields, cheaply: values of the parallel and training fields, the
+def _shape_key(sc: Scenario, free: dict[str, tuple[str, ...]] = _SHAPE_FREE) -> tuple[Any, ...]:
+    """A scenario without the ``free`` fields, cheaply: values of the parallel and training fields, the
     schedule and names, and the identity of every other part (search candidates share those objects with their
     base: sim.explore.search.candidate copies only ``parallel`` and ``training``)."""
-    return tuple(tuple(_token(v) for k, v in getattr(sc, part).__dict__.items() if k not in _SHAPE_FREE[part])
+    return tuple(tuple(_token(v) for k, v in getattr(sc, part).__dict__.items() if k not in free[part])
                  for part in ("parallel", "training")) \
-        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in _SHAPE_FREE)
+        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in ("parallel", "training"))
 
 
 def _token(value: Any) -> Any:
