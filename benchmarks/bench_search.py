@@ -50,8 +50,9 @@ def screen_rate(name: str, file: str, repeat: int) -> None:
           f"(runs {', '.join(f'{s:.3f}' for s in timed.runs)}; CPU {timed.cpu:.3f} s = {len(space) / timed.cpu:,.0f} "
           f"per CPU second); process peak RSS {mib(timed.peak_rss)}")
     print(f"[screen] {name}: baseline, building and rule-checking the layouts alone: {floor.seconds:.3f} s = "
-          f"{len(space) / floor.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in floor.runs)}); "
-          f"the screen takes {timed.seconds / floor.seconds:.1f}x that")
+          f"{len(space) / floor.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in floor.runs)}; "
+          f"CPU {floor.cpu:.3f} s = {len(space) / floor.cpu:,.0f} per CPU second); the screen takes "
+          f"{timed.seconds / floor.seconds:.1f}x that ({timed.cpu / floor.cpu:.1f}x in CPU time)")
 
 
 def confirm(top: int, jobs: int, repeat: int) -> None:
