@@ -4,6 +4,7 @@ the same; and the screen reports its progress."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,9 @@ import pytest
 
 from sim.explore import search
 from sim.explore.estimate import Estimator
+from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
+from sim.parallel.chunks import chunk_location, model_chunk, upstream
+from sim.parallel.schedules import SCHEDULES
 from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +60,72 @@ def test_the_screen_reports_its_progress_and_ends_at_the_total() -> None:
     search.screen(base, space, on_progress=lambda done, total: seen.append((done, total)))
     every = search.SCREEN_PROGRESS_EVERY
     assert seen == [(n, len(space)) for n in range(every, len(space), every)] + [(len(space), len(space))]
+
+
+def _sweep_replay(chunks: int, passes: list[list[Pass]], stages: list[StageTimes],
+                  c: float) -> tuple[float, list[float]]:
+    """The stage-level replay as it was before it was compiled into units: sweep the stages, each issuing its
+    next unit once its inputs are done, until none can (the reference the compiled replay must equal)."""
+    p = len(passes)
+    done: dict[tuple[str, int, int], float] = {}
+    position, free, last_b = [0] * p, [0.0] * p, [0.0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, order in enumerate(passes):
+            times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
+                     "W": stages[s].weight / chunks}
+            while position[s] < len(order):
+                end = position[s]
+                while order[end][4]:
+                    end += 1
+                unit = order[position[s]:end + 1]
+                inside = {key for _, key, _, _, _ in unit}
+                needs = [(dep, crosses) for _, _, dep, crosses, _ in unit if dep is not None and dep not in inside]
+                if any(dep not in done for dep, _ in needs):
+                    break
+                ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in needs])
+                free[s] = ready + sum(times[phase] for phase, _, _, _, _ in unit)
+                if {"F", "B"} <= {phase for phase, _, _, _, _ in unit}:
+                    free[s] -= stages[s].pair_overlap / chunks
+                for phase, key, _, _, _ in unit:
+                    done[key] = free[s]
+                    if phase == "B":
+                        last_b[s] = free[s]
+                position[s] = end + 1
+                progress = True
+    return max(free), last_b
+
+
+def _resolved(orders: list, layout: str, last: int | None) -> list[list[Pass]]:
+    p = len(orders)
+    v = 1 + max(action.chunk for order in orders for action in order)
+    last = p * v - 1 if last is None else last
+    out = []
+    for s, order in enumerate(orders):
+        passes = []
+        for action in order:
+            g = model_chunk(layout, p, s, action.chunk)
+            dep = upstream(action.phase, g, action.microbatch, last)
+            crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
+            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses, action.with_next))
+        out.append(passes)
+    return out
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), [
+    ("zb-h1", 4, 6, 1), ("zb-h2", 8, 12, 1), ("zb-v", 4, 6, 2), ("interleaved", 4, 8, 3), ("1f1b", 8, 3, 1),
+    ("dualpipe", 4, 8, 2), ("dualpipev", 4, 8, 2),
+])
+def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m: int, v: int) -> None:
+    schedule = SCHEDULES[name]
+    orders = schedule.actions(p, m, v)
+    last = p - 1 if schedule.layout == "dual" else None
+    chunks, units = pass_dependencies(orders, schedule.layout, last)
+    rng = random.Random(f"{name}{p}{m}")
+    for _ in range(5):  # uneven stages with awkward floats, an F&B pair overlap, and a p2p time
+        stages = [StageTimes(rng.uniform(0.1, 1.0), rng.uniform(0.2, 2.0), rng.uniform(0.0, 0.7), 0.01, 3,
+                             rng.uniform(0.0, 0.05)) for _ in range(p)]
+        c = rng.uniform(0.0, 0.1)
+        assert stage_level_replay(chunks, units, stages, c) == _sweep_replay(
+            chunks, _resolved(orders, schedule.layout, last), stages, c)
