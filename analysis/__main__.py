@@ -7,6 +7,9 @@
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
   gemm-report [-o FILE.md]        predicted vs measured GEMM times on H100 and B200 (default profiles)
+  compare-profile TRACE.json RUN_DIR [--rank R] [--steps N,..] [-o FILE.md] [--chart FILE.png]
+                                  a torch.profiler (Kineto) trace of the real step against a simulated one: per
+                                  kernel class (GEMM, attention, other compute, NCCL collectives, memcpy, idle)
   search-report [--scenario S] [--top N] [-o FILE.md]   sim search on a scenario (default the bundled GPT-3 175B):
                                   the best layouts and what sets each
   validate [--folder DIR] [--out DIR] [--mechanisms] [--moe-folder DIR]  run the validation set; write
@@ -50,6 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     net.add_argument("-o", "--output", help="also write the markdown table here")
     gemm = commands.add_parser("gemm-report", help="predicted vs measured GEMM times (default profiles)")
     gemm.add_argument("-o", "--output", help="also write the markdown table here")
+    profile = commands.add_parser("compare-profile", help="a torch.profiler trace against a simulated step, "
+                                  "per kernel class, on one rank")
+    profile.add_argument("trace", help="Chrome trace JSON (.json or .json.gz) written by torch.profiler")
+    profile.add_argument("run_dir", help="a sim run output directory")
+    profile.add_argument("--rank", type=int, help="simulated rank (default: the trace's distributedInfo rank, else 0)")
+    profile.add_argument("--device", type=int, help="the trace's GPU (pid) to read (default: the lowest)")
+    profile.add_argument("--steps", help="ProfilerStep numbers to average, e.g. 5,6 (default: all)")
+    profile.add_argument("-o", "--output", help="also write the markdown table here")
+    profile.add_argument("--chart", help="also draw measured vs simulated bars here (PNG/SVG/PDF)")
     search = commands.add_parser("search-report", help="the best layouts of GPT-3 175B on 1024 A100 (docs/scale.md)")
     search.add_argument("--scenario", default="scenarios/gpt3-175b_a100-1024.yaml")
     search.add_argument("--set", dest="overrides", action="append", default=[])
@@ -72,6 +84,26 @@ def main(argv: list[str] | None = None) -> int:
             if args.output:
                 Path(args.output).write_text(markdown)
                 print(f"wrote {args.output}")
+            return 0
+        if args.command == "compare-profile":
+            from analysis import profile_compare
+
+            steps = None
+            if args.steps:
+                try:
+                    steps = [int(step) for step in args.steps.split(",")]
+                except ValueError:
+                    raise SimError(f"--steps: {args.steps!r} is not a list of step numbers, e.g. 5,6") from None
+            table = profile_compare.compare(args.trace, args.run_dir, args.rank, args.device, steps)
+            markdown = profile_compare.to_markdown(table, f"measured ({Path(args.trace).name}) vs simulated "
+                                                   f"({args.run_dir}), seconds per step on one rank")
+            print(markdown)
+            for path in filter(None, (args.output, args.chart)):
+                if path == args.output:
+                    Path(path).write_text(markdown)
+                else:
+                    profile_compare.write_chart(table, path)
+                print(f"wrote {path}")
             return 0
         if args.command == "search-report":
             from analysis import search_report

@@ -497,22 +497,40 @@ class Plan:
             return self.stage_layers(stage)
         return sum(min(t.recompute_num_layers, self.chunk_sizes[g]) for g in self.stage_chunks[stage])
 
+    @cached_property
+    def recompute_modules(self) -> frozenset[str]:
+        """The submodules selective recomputation replays in the backward (``training.recompute_modules``;
+        Megatron-Core's default ``core_attn``, Korthikanti's selective recompute); empty without it."""
+        t = self.scenario.training
+        if t.recompute != "selective":
+            return frozenset()
+        return frozenset(t.recompute_modules if t.recompute_modules is not None else ("core_attn",))
+
     def activation_bytes(self, recompute: Recompute | None = None, moe: bool = False) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
-        2022 Table 2) under ``recompute`` (default: the scenario's mode); ``moe``: a MoE layer, whose MLP part is
-        the router and the ``routed_tokens`` its local experts compute."""
+        2022 Table 2) under ``recompute`` (default: the scenario's mode, with its ``recompute_modules``);
+        ``moe``: a MoE layer, whose MLP part is the router and the ``routed_tokens`` its local experts compute."""
         t = self.scenario.training
         mode = recompute or t.recompute
+        modules = self.recompute_modules if mode == t.recompute else None
         if moe:
             return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
                                               self.sequence_parallel, mode, t.flash_attention,
-                                              moe=True, routed_tokens=self.routed_tokens, etp=self.etp)
+                                              moe=True, routed_tokens=self.routed_tokens, etp=self.etp,
+                                              modules=modules)
         kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          mode, t.flash_attention)
+                                          mode, t.flash_attention, modules=modules)
         if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
             kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.seq_len, self.tp,
                                              self.elem_bytes)
         return kept
+
+    def _selective_bytes(self, modules: frozenset[str], moe: bool = False) -> float:
+        """A layer's kept activations with only ``modules`` recomputed (selective recomputation)."""
+        t = self.scenario.training
+        return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
+                                          "selective", t.flash_attention, moe=moe, routed_tokens=self.routed_tokens,
+                                          etp=self.etp, modules=modules)
 
     @cached_property
     def _kept_bytes(self) -> tuple[float, float]:
@@ -532,10 +550,18 @@ class Plan:
 
     @cached_property
     def rebuild_bytes(self) -> float:
-        """Activations of the one layer full recomputation is rebuilding during its backward (0 without; the
-        larger of a dense and a MoE layer's in a MoE model)."""
+        """Activations of the one layer recomputation is rebuilding during its backward (0 without; the larger
+        of a dense and a MoE layer's in a MoE model): the whole layer's under full recomputation, what its
+        ``recompute_modules`` dropped under selective recomputation (they are live again until its backward
+        is done)."""
         t = self.scenario.training
         rebuilds = t.recompute == "full" and t.recompute_num_layers != 0
+        if t.recompute == "selective":  # beyond Korthikanti's attention core, which his peak leaves out
+            core, modules = self.recompute_modules & {"core_attn"}, self.recompute_modules
+            dense = self._selective_bytes(core) - self._selective_bytes(modules) if not all(self.moe_layers) else 0.0
+            moe = (self._selective_bytes(core, moe=True) - self._selective_bytes(modules, moe=True)
+                   if self.is_moe else 0.0)
+            return max(dense, moe)
         if rebuilds and self.is_moe:
             return max(self._kept_moe_bytes[1], self._kept_bytes[1] if not all(self.moe_layers) else 0.0)
         return self._kept_bytes[1] if rebuilds else 0.0

@@ -68,13 +68,17 @@ def build_topology(plan: Plan) -> topology.Topology:
 def _build_topology(plan: Plan) -> topology.Topology:
     scenario = plan.scenario
     c = scenario.cluster
-    intra, inter = c.intra_node, c.inter_node
+    intra, inter, nvls, all_to_all = c.intra_node, c.inter_node, c.nvls, c.all_to_all
     if isinstance(scenario.costs, CalibratedCostsSpec) and plan.profile is not None:
-        intra, inter = plan.profile.link("intra_node", intra), plan.profile.link("inter_node", inter)
+        measured = plan.profile
+        # A measured all-to-all tier stands on the ring's NVLink when the cluster names none (its default).
+        all_to_all = measured.link("all_to_all", all_to_all or intra) if measured.all_to_all else all_to_all
+        nvls = measured.link("nvls", nvls) if nvls is not None else None
+        intra, inter = measured.link("intra_node", intra), measured.link("inter_node", inter)
     try:
         return topology.build(c.nodes, c.gpus_per_node, intra, inter, nics_per_node=c.nics_per_node,
-                              nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=c.nvls,
-                              link_factors=scenario.variation.links, all_to_all=c.all_to_all)
+                              nvlink_domain=c.nvlink_domain, fabric=c.fabric, pcie=c.pcie, nvls=nvls,
+                              link_factors=scenario.variation.links, all_to_all=all_to_all)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 

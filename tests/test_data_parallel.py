@@ -199,3 +199,32 @@ def test_deepspeed_block_sets_the_stage_and_bucket():
 def test_rules(sections, message):
     with pytest.raises(ConfigError, match=message):
         comm_bound(**sections)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_overlap_comm_false_puts_reductions_on_the_compute_stream(stage):
+    """DeepSpeed reduces on its own stream only with overlap_comm (stage_1_and_2.py reduce_ipg_grads, stage3.py);
+    false (the default at stages 1-2, zero/config.py) issues each reduce-scatter on the compute stream: no compute
+    runs while a reduction does, so the step is at least the compute plus every reduction, and slower than with
+    overlap_comm true (at stage 3 on this comm-bound case, where the weight gathers queue behind the reductions on
+    the one NCCL stream anyway, no faster). The estimate composes the same rule."""
+    from sim.explore.estimate import estimate
+
+    assert comm_bound(zero_optimization={"stage": 2}).parallel.overlap_grad_reduce is False  # DeepSpeed's default
+    assert comm_bound(zero_optimization={"stage": 3}).parallel.overlap_grad_reduce is True
+    training = {"global_batch": 32, "micro_batch": 1, "seq_len": 512}
+    serial = comm_bound(training=training, zero_optimization={"stage": stage, "overlap_comm": False})
+    overlapped = comm_bound(training=training, zero_optimization={"stage": stage, "overlap_comm": True})
+    result = runner.run(serial)
+    trace = result.trace[result.trace["rank"] == 0]
+    reduces = trace[trace["name"] == "grad_reduce_scatter"]
+    compute = trace[trace["stream"] == "compute"]
+    assert len(reduces) > 0
+    for r in reduces.itertuples():
+        overlap = compute[(compute["start_s"] < r.end_s - 1e-12) & (compute["end_s"] > r.start_s + 1e-12)]
+        assert overlap.empty
+    busy = compute_busy(result.trace) + float((reduces["end_s"] - reduces["start_s"]).sum())
+    assert result.summary.step_time_s >= busy * (1 - 1e-9)
+    faster = runner.run(overlapped).summary.step_time_s
+    assert result.summary.step_time_s > faster if stage == 2 else result.summary.step_time_s >= faster
+    assert estimate(serial).step_time_s == pytest.approx(result.summary.step_time_s, rel=0.1)

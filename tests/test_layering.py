@@ -29,7 +29,7 @@ ORDER: tuple[tuple[str, ...], ...] = (
     ("network",),
     ("costs",),
     ("calibrate",),
-    ("spec",),
+    ("spec", "interop"),
     ("plan",),
     ("workload",),
     ("engine",),

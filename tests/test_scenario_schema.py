@@ -46,6 +46,9 @@ def test_every_bundled_scenario_the_loader_accepts_validates(path: Path, validat
     try:
         load_scenario(path)
     except ConfigError as error:  # scenarios waiting for a knob this branch lacks: the schema refuses them too
+        if "not modelled" in str(error):  # a knob the schema has, whose mechanism a rule refuses (moe.a2a_overlap)
+            assert errors == [], errors
+            return
         assert "unknown key" in str(error), str(error)
         assert any("Additional properties" in e for e in errors), errors
         return

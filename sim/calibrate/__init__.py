@@ -8,5 +8,6 @@ fitted from the collectives), which ``costs: {model: calibrated, profile: DIR/pr
 
 torch is imported only inside these modules' functions (the ``calibrate`` extra), never by the simulator.
 Modules: ``compute`` (GEMMs, device copy), ``comm`` (torch.distributed collectives), ``numerics`` (fp16/bf16
-error and range), ``run`` (orchestration, fitting, files).
+error and range), ``run`` (orchestration, fitting, files); ``nccl_tests`` fits the link tiers from a user's own
+nccl-tests outputs instead (``sim calibrate --from-nccl-tests LOG...``, no torch).
 """

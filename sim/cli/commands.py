@@ -1,4 +1,4 @@
-"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate``.
+"""Command line: ``sim run | check | plot | sweep | search | validate | schema | calibrate | import``.
 
 In: argv. Out: files under the run directory (``summary.json``, ``trace.parquet``/``.csv``,
 ``scenario.resolved.yaml``, ``trace.json`` with ``--chrome``, plus what output plugins write, e.g. the Gantt
@@ -187,6 +187,12 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
 
     from sim.explore import search
 
+    if args.emit:  # search only what the framework can run, unless --only says otherwise for that knob
+        given = {spec.split("=", 1)[0].strip() for spec in args.only}
+        limits = EMIT_LIMITS[args.emit]
+        args.only = list(args.only) + [f"{knob}={values}" for knob, values in limits.items() if knob not in given]
+        console.print(f"--emit {args.emit}: searching " + ", ".join(f"{k}={v}" for k, v in limits.items()
+                                                                     if k not in given), markup=False)
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=console, transient=True) as bar:
@@ -216,10 +222,81 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
                       "yes" if v["sequence_parallel"] else "no", f"{row['step_time_s']:.4g}", f"{estimate:.4g}",
                       f"{row['mfu']:.1%}", f"{row['peak_memory_bytes'] / 2**30:.0f}")
     console.print(table)
+    if args.emit:
+        _emit_layouts(args, console, simulated[simulated["status"] == "ok"].head(args.show), out)
     if not args.no_plot:
         for write in _plugins(SEARCH_PLUGINS):
             write(out, screened, simulated)
     console.print(f"wrote {out}/: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
+
+
+IMPORT_FRAMEWORKS = ("megatron", "nemo", "deepspeed", "torchtitan")
+EMIT_FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+# The layouts each framework can launch (sim.interop.emit refuses the rest): Megatron-LM's distributed optimizer is
+# ZeRO-1 and its schedules 1F1B and interleaved 1F1B; TorchTitan shards with FSDP2 (ZeRO-2/3) or replicates (DDP);
+# a DeepSpeed run under the HF Trainer is data-parallel only, with HF gradient checkpointing (full) or none.
+EMIT_LIMITS = {"megatron": {"zero": "0,1", "schedule": "1f1b,interleaved"},
+               "torchtitan": {"zero": "0,2,3", "schedule": "1f1b,gpipe,interleaved,zb-v"},
+               "deepspeed": {"tp": "1", "pp": "1", "recompute": "none,full"}}
+
+
+def _emit_layouts(args: argparse.Namespace, console: Console, rows: Any, out: Path) -> None:
+    """``sim search --emit FRAMEWORK``: each shown layout's launch configuration under ``out/emit/``, the best
+    one's printed; a layout the framework cannot run is named with the knob it lacks."""
+    from sim.explore import search
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    base = load_scenario(args.scenario, args.set)
+    folder = out / "emit"
+    folder.mkdir(parents=True, exist_ok=True)
+    written: list[str] = []
+    refused: list[str] = []
+    for rank, (_, row) in enumerate(rows.iterrows(), start=1):
+        layout = search.layout_of(row.rename({key: name for name, key in search.LAYOUT_KEYS.items()}))
+        name = f"{rank:02d}_tp{layout.tp}_pp{layout.pp}_dp{layout.dp}_v{layout.vpp}_mb{layout.micro_batch}"
+        try:
+            emitted = emit(search.candidate(base, layout), args.emit)
+        except ConfigError as error:
+            refused.append(f"{name}: {error}")
+            continue
+        (folder / f"{name}{emitted.suffix}").write_text(emitted.text)
+        if not written:
+            console.print(f"best layout as {args.emit} ({name}{emitted.suffix}; run with: {emitted.launch}):",
+                          markup=False, highlight=False)
+            console.print(emitted.text, markup=False, highlight=False)
+        written.append(f"{name}{emitted.suffix}")
+    console.print(f"wrote {folder}/: {', '.join(written) or 'nothing'}", markup=False, highlight=False)
+    for line in refused:
+        console.print(f"not expressible in {args.emit}: {line}", markup=False, highlight=False)
+
+
+def cmd_import(args: argparse.Namespace, console: Console) -> int:
+    """``sim import FRAMEWORK INPUT...``: a scenario from a launch configuration, with the report of every flag."""
+    import importlib
+    from collections import Counter
+
+    import yaml
+
+    from sim.cli.tables import import_table
+    from sim.interop.draft import STATUSES, Options
+
+    options = Options(gpu=args.gpu, nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpus=args.gpus,
+                      model=args.model, name=args.name)
+    if not args.inputs:
+        raise ConfigError(f"import {args.framework}: give the configuration (a file, or the arguments)")
+    module = importlib.import_module(f"sim.interop.{args.framework}")
+    draft = getattr(module, f"import_{args.framework}")(list(args.inputs), options)
+    console.print(import_table(draft.rows, f"sim import {args.framework}: what became of each setting"))
+    counts = Counter(row.status for row in draft.rows)
+    console.print(", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status]))
+    scenario = draft.scenario()  # validated before anything is written
+    out = Path(args.output)
+    header = (f"# Imported by `sim import {args.framework}` from {' '.join(args.inputs)[:200]}\n"
+              "# (the command prints what became of every setting); check it with `sim check`.\n")
+    out.write_text(header + yaml.safe_dump(draft.data, sort_keys=False))
+    console.print(f"wrote {out}: {scenario.name}, {scenario.cluster.num_gpus} GPUs", markup=False, highlight=False)
     return 0
 
 
@@ -284,10 +361,29 @@ def parser() -> argparse.ArgumentParser:
     search_cmd.add_argument("--show", type=int, default=10, help="rows of the printed table")
     search_cmd.add_argument("-o", "--output", default="runs/search", help="output directory (default runs/search)")
     search_cmd.add_argument("--no-plot", action="store_true", help="skip the memory / step-time plot")
+    search_cmd.add_argument("--emit", choices=EMIT_FRAMEWORKS, help="also write each shown layout's launch "
+                            "configuration (Megatron-LM script, TorchTitan TOML, DeepSpeed JSON) under OUTPUT/emit/")
     search_cmd.add_argument("--only", action="append", default=[], metavar="KNOB=v1,v2",
                             help="search only these values of a knob, e.g. zero=0,1 or tp=4..8 (repeatable)")
     executor_args(search_cmd)
     search_cmd.set_defaults(handler=cmd_search)
+
+    imp = commands.add_parser("import", allow_abbrev=False, help="a scenario from a launch configuration: Megatron-LM "
+                              "arguments or script, NeMo YAML, DeepSpeed JSON (+ HF Trainer arguments), TorchTitan "
+                              "TOML; prints what became of every setting")
+    imp.add_argument("framework", choices=IMPORT_FRAMEWORKS)
+    imp.add_argument("inputs", nargs="*", metavar="FILE-or-ARGS",
+                     help="the configuration file; Megatron: a launch script or the arguments themselves; DeepSpeed: "
+                     "ds_config.json then the HF Trainer's arguments (--per_device_train_batch_size 4 ...)")
+    imp.add_argument("-o", "--output", required=True, help="scenario YAML to write")
+    imp.add_argument("--gpu", help="GPU preset (H100-SXM, A100-80GB-SXM, ...): the configurations do not say")
+    imp.add_argument("--gpus", type=int, help="GPUs in all (default: what the configuration says, if anything)")
+    imp.add_argument("--nodes", type=int, help="nodes (x --gpus-per-node, default the GPU's node preset)")
+    imp.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    imp.add_argument("--model", help="model preset or Hugging Face config.json: the shape the configuration does "
+                     "not give (the vocabulary, or all of it)")
+    imp.add_argument("--name", help="scenario name (default FRAMEWORK-import)")
+    imp.set_defaults(handler=cmd_import)
 
     val = commands.add_parser("validate", help="run the validation set: predicted vs published iteration time and MFU")
     val.add_argument("folder", nargs="?", help="scenarios + published.csv (default scenarios/validation)")
@@ -313,6 +409,20 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--tp", type=int, default=1)
     cal.add_argument("--micro-batch", type=int, default=1)
     cal.add_argument("--seq-len", type=int, default=4096)
+    cal.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", help="fit the link tiers of a profile from "
+                     "your own nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                     "alltoall_perf, sendrecv_perf stdout) instead of measuring: one host -> NVLink tiers, several "
+                     "-> the NIC tier; written into -o DIR/profile.json (merged when it exists)")
+    cal.add_argument("--base", metavar="PROFILE", help="with --from-nccl-tests: the profile to merge into "
+                     "(default: -o DIR/profile.json if it exists, else the shipped profile of the logs' GPU)")
+    cal.add_argument("--node", metavar="PRESET", help="with --from-nccl-tests: the node preset giving line rates, "
+                     "NICs and the NVLink domain (default: the logs' GPU's, e.g. dgx-h100 for H100)")
+    cal.add_argument("--nvls", action="store_true", help="with --from-nccl-tests: the one-host all-reduce runs "
+                     "used NVLink SHARP (NCCL's default on NVSwitch H100 / H200): fit the nvls tier")
+    cal.add_argument("--tier", choices=("intra_node", "inter_node", "nvls", "all_to_all"),
+                     help="with --from-nccl-tests: the tier every log describes (default: from the hosts)")
+    cal.add_argument("--in-place", action="store_true", help="with --from-nccl-tests: fit the in-place columns "
+                     "(default: out-of-place)")
     cal.set_defaults(handler=cmd_calibrate)
     return top
 
@@ -367,6 +477,8 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
+    if args.from_nccl_tests:
+        return cmd_import_nccl_tests(args, console)
     from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
     from sim.model.transformer import MODEL_PRESETS
     from sim.spec.degrees import degrees
@@ -406,11 +518,49 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_import_nccl_tests(args: argparse.Namespace, console: Console) -> int:
+    """``sim calibrate --from-nccl-tests LOG...``: the logs' link tiers fitted into DIR/profile.json."""
+    from rich.table import Table
+
+    from sim.calibrate.nccl_tests import base_profile, import_logs, node_for, parse
+    from sim.costs import profile as profiles
+
+    output = Path(args.output)
+    logs = [parse(path) for path in args.from_nccl_tests]
+    node = node_for(logs, args.node)
+    existing = output / "profile.json"
+    base = (profiles.load(args.base) if args.base else profiles.load(existing) if existing.exists()
+            else base_profile(logs, args.node))
+    result = import_logs(logs, base, node, nvls=args.nvls, tier=args.tier,
+                         placement="in-place" if args.in_place else "out-of-place")
+    table = Table(title="link tiers fitted from nccl-tests", header_style="bold")
+    for column in ("tier", "runs", "ranks", "hosts", "busbw max", "plateau busbw", "base latency", "alpha"):
+        table.add_column(column, justify="left" if column in ("tier", "runs") else "right")
+    for tier in result.tiers:
+        table.add_row(tier.tier, ", ".join(tier.ops), ",".join(map(str, tier.n)), str(tier.hosts),
+                      f"{tier.measured_busbw / 1e9:,.2f} GB/s",
+                      f"{tier.plateau_busbw / 1e9:,.2f} GB/s" + ("" if tier.plateau_fitted else " (kept)"),
+                      f"{tier.fit.base_latency * 1e6:.2f} us" + ("" if tier.latency_fitted else " (kept)"),
+                      f"{tier.fit.latency * 1e6:.2f} us")
+    console.print(table)
+    for note in result.skipped:
+        console.print(f"skipped {note}")
+    output.mkdir(parents=True, exist_ok=True)
+    existing.write_text(result.profile.model_dump_json(indent=1) + "\n")
+    console.print(f"wrote {existing} (costs: {{model: calibrated, profile: {existing}}})")
+    return 0
+
+
 def main(argv: list[str] | None = None, background: bool | None = None) -> int:
     """Run one command; its exit code. ``background``: draw ``sim run``'s charts in a forked process
     (``sim.cli.background``); by default only when this is the process's own command line (``argv`` None), so a
     caller's process (a test, a notebook) is never forked."""
-    args = parser().parse_args(argv)
+    top = parser()
+    args, extra = top.parse_known_args(argv)
+    if extra:  # only ``sim import`` takes a framework's own flags (Megatron's, the HF Trainer's) as its inputs
+        if args.command != "import":
+            top.parse_args(argv)  # argparse's own error for an unknown flag (exit 2)
+        args.inputs = list(args.inputs) + extra
     args.background = argv is None if background is None else background
     from rich.console import Console
 

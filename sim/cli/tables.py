@@ -18,6 +18,7 @@ from sim.units import format_count
 from sim.workload.footprint import PARTS
 
 if TYPE_CHECKING:  # a type only: ``sim check`` prints its table without importing pandas
+    from sim.interop.draft import Row
     from sim.output.summary import Summary
 
 
@@ -132,4 +133,16 @@ def memory_table(scenario: Scenario, rows: list[dict[str, float]]) -> Table:
         total = f"{row['total'] / 2**30:.1f}" + ("" if row["fits"] else " (does not fit)")
         table.add_row(str(row["stage"]), str(row["rank"]), *(f"{row[c] / 2**30:.1f}" for c in columns), total,
                       *([f"{row['host'] / 2**30:.1f}"] if host else []))
+    return table
+
+
+def import_table(rows: list[Row], title: str) -> Table:
+    """``sim import``'s report: one row per flag or key of the input, grouped by what became of it (mapped,
+    a framework default written out, unmapped, unknown, ignored), in input order within a group."""
+    order = {"mapped": 0, "default": 1, "unmapped": 2, "unknown": 3, "ignored": 4}
+    table = Table(Column("status"), Column("flag / key", overflow="fold"), Column("value", overflow="fold",
+                  max_width=24), Column("scenario field", overflow="fold"), Column("note", overflow="fold"),
+                  title=title, header_style="bold")
+    for row in sorted(rows, key=lambda r: order[r.status]):
+        table.add_row(row.status, row.source, row.value, row.target, row.note)
     return table

@@ -4,8 +4,9 @@ In: a profile file (JSON, written by ``sim calibrate`` or by ``scripts/fit_defau
 preset name for the shipped default profiles. Out: a frozen ``Profile``: per dtype, the achieved GEMM FLOP/s
 as a curve over the GEMM's FLOPs (``gemm_rate``: knots interpolated linearly in log2-log2 space, clamped at
 both ends); the achieved device-copy bandwidth; the end-to-end factor on every kernel's time (one per GPU type,
-fitted on named rows; 1 for a measured profile); and optional link tiers (``intra_node`` / ``inter_node``
-fields of ``sim.hardware.LinkSpec``: latencies, plateau efficiency, efficiency curve, line rate).
+fitted on named rows; 1 for a measured profile); and optional link tiers (``intra_node`` / ``inter_node`` /
+``nvls`` / ``all_to_all`` fields of ``sim.hardware.LinkSpec``: latencies, plateau efficiency, efficiency curve,
+line rate).
 ``ProfileError`` (a ``ValueError``) says in one line what a profile lacks.
 
 Why FLOPs as the shape axis: on OpenXLA's H100 table a GEMM's efficiency is set mostly by its size (for m, n,
@@ -61,6 +62,8 @@ class Profile(FrozenSpec):
     end_to_end_source: str = Field(default="", description="the rows the factor was fitted on")
     intra_node: dict[str, Any] | None = None
     inter_node: dict[str, Any] | None = None
+    nvls: dict[str, Any] | None = Field(default=None, description="NVLink SHARP all-reduce (nccl-tests import)")
+    all_to_all: dict[str, Any] | None = Field(default=None, description="NVLink under NCCL's all-to-all")
     source: str = ""
 
     def gemm_rate(self, dtype: str, flops: float) -> float:
@@ -70,7 +73,8 @@ class Profile(FrozenSpec):
         return interpolate_log2(self.gemm[dtype].rate, flops, log_y=True)
 
     def link(self, tier: str, base: LinkSpec) -> LinkSpec:
-        """``base`` with the fields this profile measured for ``tier`` (intra_node / inter_node) replaced."""
+        """``base`` with the fields this profile measured for ``tier`` (intra_node / inter_node / nvls /
+        all_to_all) replaced."""
         fields = getattr(self, tier)
         return base if not fields else LinkSpec.model_validate({**base.model_dump(), **fields})
 

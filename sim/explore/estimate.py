@@ -87,7 +87,7 @@ class Estimator:
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
         shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention)
+                 t.causal_attention, plan.recompute_modules)
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -107,8 +107,7 @@ class Estimator:
             bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
-        if plan.scenario.training.recompute == "selective":
-            bwd_layer += self._price(plan, "selective", "forward")
+        bwd_layer += self._selective_dense(plan, tp_comm)
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
@@ -120,17 +119,18 @@ class Estimator:
         stages = []
         for s in range(plan.pp):
             layers = plan.stage_layers(s)
+            share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
                 n = plan.stage_moe_layers(s)
-                fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / layers for d, e in zip(dense, moe,
+                fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
             recomputed = plan.recomputed_layers(s)
-            layer_bwd = bwd_layer + fwd_layer * recomputed / layers
+            layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
-                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / layers
+                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / share_of
                 layer_bwd += share * (frozen[0] - bwd_layer)
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
@@ -145,6 +145,15 @@ class Estimator:
             overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
             stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
         return stages
+
+    def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
+        """Seconds selective recomputation adds to a dense layer's backward (the emitter's
+        ``_selective_recompute``): the replayed attention-side ops, the pre-MLP norm, and with module ``mlp`` the
+        MLP module with its TP collectives."""
+        if not plan.recompute_modules:
+            return 0.0
+        mlp = self._price(plan, "recompute_mlp", "forward") + (tp_comm if "mlp" in plan.recompute_modules else 0.0)
+        return self._price(plan, "recompute_attention", "forward") + mlp
 
     def _frozen_layer(self, plan: Plan, bwd: ComputePhase, tp_comm: float,
                       split: bool) -> tuple[float, float] | None:
@@ -162,11 +171,13 @@ class Estimator:
         """Seconds of one piece of a MoE layer's MLP part (sim.workload.step.moe_blocks), cached by shape."""
         t = plan.scenario.training
         shape = ("moe", plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, plan.etp, plan.local_experts,
-                 plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache, plan.microbatches)
+                 plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache, plan.microbatches,
+                 plan.recompute_modules)
         key = (name, phase, shape)
         if key not in self._compute:
             if shape not in self._moe_blocks:
-                self._moe_blocks[shape] = step.moe_blocks(plan)
+                self._moe_blocks[shape] = step.moe_blocks(plan) | {
+                    f"recompute_{block}": work for block, work in step.moe_recompute(plan).items()}
             work = self._moe_blocks[shape][name]
             self._compute[key] = self.costs.compute_time(work, phase) if work.ops else 0.0
         return self._compute[key]
@@ -197,14 +208,20 @@ class Estimator:
         attention_f = self._price(plan, "attention", "forward") + tp_comm
         attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
                        else self._price(plan, "attention", bwd) + tp_comm)
-        if plan.scenario.training.recompute == "selective":
-            attention_b += self._price(plan, "selective", "forward")
-        forward = (attention_f + price(plan, "moe_router", "forward")
-                   + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
-                   + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
+        attention_b += self._price(plan, "recompute_attention", "forward")
+        moe_forward = (price(plan, "moe_router", "forward")
+                       + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
+                       + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
+        forward = attention_f + moe_forward
+        # Selective recomputation (the emitter's _selective_recompute and _moe_backward): module moe runs the MoE
+        # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert.
+        shared_again = price(plan, "recompute_moe_shared", "forward")
+        recompute = moe_forward if "moe" in plan.recompute_modules else (
+            price(plan, "recompute_moe_router", "forward") + price(plan, "recompute_moe_experts", "forward")
+            + (shared_again + shared_tp if shared_again > 0 else 0.0))
         backward = (price(plan, "moe_combine", bwd) + dispatch + price(plan, "moe_experts", bwd)
                     + max(combine, price(plan, "moe_shared", bwd) + shared_tp) + price(plan, "moe_router", bwd)
-                    + attention_b)
+                    + attention_b + recompute)
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
@@ -361,6 +378,10 @@ class Estimator:
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
                     - st.backward
                 exposed = max(exposed, first_backward + plan.microbatches * shape.per_microbatch - backward_end)
+            if plan.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+                # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                exposed = plan.microbatches * shape.per_microbatch
         if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += shape.copies
         return exposed, shape.optimizer
@@ -595,6 +616,8 @@ def _work(pieces: step.Blocks, what: str) -> Work:
         return pieces.block[what]
     if what.endswith("_column"):
         return pieces.column[what.removesuffix("_column")]
+    if what.startswith("recompute_"):
+        return pieces.recompute[what.removeprefix("recompute_")]
     return {"selective": pieces.selective, "embedding": pieces.embedding, "head": pieces.head}[what]
 
 

@@ -113,6 +113,7 @@ def activation_bytes_per_layer(
     moe: bool = False,
     routed_tokens: float = 0.0,
     etp: int = 1,
+    modules: frozenset[str] | None = None,
 ) -> float:
     """Bytes one transformer layer keeps for the backward of one micro-batch (16-bit activations, 1-byte
     dropout masks), per TP rank.
@@ -126,14 +127,26 @@ def activation_bytes_per_layer(
     sharded by tp like a dense MLP's. Its input is the dense MLP's (already counted).
     Multi-head latent attention keeps its latents whole on every TP rank (the q and kv down projections' outputs
     and their norms' outputs, gathered under sequence parallelism) and Q, K (d_nope + d_rope), V and the
-    projection input (d_v) per head, sharded by tp."""
+    projection input (d_v) per head, sharded by tp.
+
+    ``modules``: under selective recomputation, the submodules recomputed in the backward (Megatron-Core
+    --recompute-modules; default ``{"core_attn"}``, Korthikanti's selective recompute), whose activations are
+    not kept: ``core_attn`` the attention scores (without flash attention); ``layernorm`` the two norms' outputs,
+    i.e. the QKV and MLP inputs (2sbh each; output-discarding checkpoint, transformer_layer.py); ``mla_up_proj``
+    MLA's Q, K and V (the up projections' outputs after RoPE; multi_latent_attention.py); ``mlp`` a dense
+    layer's fc1 and activation outputs; ``moe_act`` the routed experts' activation output (routed tokens x
+    moe_ffn / etp, experts.py CheckpointWithoutOutput); ``shared_experts`` the shared expert's fc1 and
+    activation outputs; ``moe`` everything of the MoE layer past its input (moe_layer.py: the layer runs under
+    tensor_parallel.checkpoint, which keeps only its input)."""
     s, b, h = seq_len, micro_batch, spec.hidden_size
     sbh = s * b * h
     if recompute == "full":
         return 2.0 * sbh  # only the layer input is kept (Korthikanti Table 2, last row)
+    if modules is None:
+        modules = frozenset({"core_attn"}) if recompute == "selective" else frozenset()
     # Kept whole on every TP rank unless sequence parallel shards them: two norm inputs (4sbh), QKV and MLP
-    # inputs (2sbh each), two dropout masks (sbh each).
-    replicated = 10.0 * sbh
+    # inputs (2sbh each), two dropout masks (sbh each). The QKV and MLP inputs are the norms' outputs.
+    replicated = (6.0 if "layernorm" in modules else 10.0) * sbh
     # Sharded by TP: Q and K (2sbq + 2sb*kv), V (2sb*kv), projection input (2sbq; q = heads x head_dim = h
     # unless kv_channels), MLP activations.
     latents = 0.0
@@ -141,6 +154,8 @@ def activation_bytes_per_layer(
         heads, v = spec.num_attention_heads, spec.v_head_dim or 0
         qk = (spec.qk_head_dim or 0) + (spec.qk_pos_emb_head_dim or 0)
         attention_acts = 2 * heads * qk + 2 * heads * qk + 2 * heads * v + 2 * heads * v
+        if "mla_up_proj" in modules:  # Q, K, V recomputed from the latents; the projection input stays
+            attention_acts = 2 * heads * v
         latents = 2.0 * s * b * (2 * (spec.q_lora_rank or 0) + (spec.kv_lora_rank or 0) * 2
                                  + (spec.qk_pos_emb_head_dim or 0))
     else:
@@ -148,17 +163,19 @@ def activation_bytes_per_layer(
     acts_per_width = 6 if spec.gated_mlp else 4  # fc1 output (x2 gate and up) and activation output
     routed = 0.0
     if moe:
-        mlp_acts = acts_per_width * (spec.moe_shared_expert_intermediate_size or 0)
+        shared_dropped = "shared_experts" in modules or "moe" in modules
+        mlp_acts = 0 if shared_dropped else acts_per_width * (spec.moe_shared_expert_intermediate_size or 0)
         rank_tokens = s * b / tp if sequence_parallel else s * b
         experts, topk = spec.num_moe_experts or 0, spec.moe_router_topk
-        routed = (2.0 * rank_tokens * experts + 2.0 * routed_tokens * h
-                  + routed_tokens * acts_per_width * spec.moe_ffn / etp + 2.0 * rank_tokens * topk * h)
+        expert_width = (acts_per_width - (2 if "moe_act" in modules else 0)) * spec.moe_ffn / etp
+        routed = 0.0 if "moe" in modules else (2.0 * rank_tokens * experts + 2.0 * routed_tokens * h
+                                                + routed_tokens * expert_width + 2.0 * rank_tokens * topk * h)
     else:
-        mlp_acts = acts_per_width * spec.ffn
+        mlp_acts = 0 if "mlp" in modules else acts_per_width * spec.ffn
     sharded = s * b * (attention_acts + mlp_acts)
     if flash_attention:
         scores = 4.0 * b * spec.num_attention_heads * s  # fp32 log-sum-exp per row instead of s x s scores
-    elif recompute == "selective":
+    elif "core_attn" in modules:
         scores = 0.0  # the attention core is recomputed (Korthikanti Sec. 5)
     else:
         scores = 5.0 * spec.num_attention_heads * s * s * b  # softmax out (2), dropout mask (1), dropout out (2)

@@ -49,6 +49,19 @@ class Op:
 
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
 ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+# What each of Megatron-Core's --recompute-modules replays in the backward, by op name (transformer_config.py
+# recompute_modules; transformer_layer.py, multi_latent_attention.py, moe/experts.py, moe/shared_experts.py).
+# ``moe`` (the whole MoE layer under tensor_parallel.checkpoint, moe_layer.py) replays every op of the MoE part and
+# its dispatch and combine: the emitters run its forward again rather than a list of ops.
+RECOMPUTE_OPS: dict[str, frozenset[str]] = {
+    "core_attn": ATTENTION_CORE,
+    "layernorm": frozenset({"input_norm", "post_attention_norm"}),  # input_layernorm, pre_mlp_layernorm
+    "mla_up_proj": frozenset({"q_proj", "q_up_proj", "kv_up_proj", "rotary_embedding"}),  # and RoPE
+    "mlp": frozenset({"mlp_up", "mlp_activation", "mlp_down"}),  # the dense MLP module (its norm is outside)
+    "moe_act": frozenset({"experts_activation"}),
+    "shared_experts": frozenset({"shared_expert_up", "shared_expert_activation", "shared_expert_down"}),
+    "moe": frozenset(),
+}
 # The column-parallel GEMM of each block (Megatron's ColumnParallelLinear): the one whose input gradient is
 # all-reduced (reduce-scattered with SP) across the TP group in the backward.
 # MLA's column-parallel GEMMs are its up projections (q_proj without a q latent); a MoE layer's shared expert's up

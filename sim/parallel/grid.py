@@ -113,13 +113,20 @@ def lockstep_groups(group: tuple[int, ...], lockstep: int) -> tuple[tuple[int, .
 # Cached: the search's screen asks for these per stage of thousands of layouts (pure functions of five ints).
 @lru_cache(maxsize=4096)
 def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                last: int | None = None) -> tuple[int, ...]:
+                last: int | None = None, embedding_slot: bool = False, loss_slot: bool = False) -> tuple[int, ...]:
     """Layers of each model chunk, in model order. Even by default; ``first``/``last`` give the first and last
     pipeline stage other counts (vpp = 1) and split the rest evenly over the other stages, as Megatron-LM's
     --decoder-first/last-pipeline-num-layers do (Qi et al. 2024 give the embedding and head stages one layer
-    fewer). The scenario rules guarantee the split is whole."""
+    fewer). ``embedding_slot`` / ``loss_slot``: the embedding / the loss count as one layer each in an even split
+    of layers + slots over the pp x vpp chunks, and the first / last chunk builds one transformer layer fewer
+    (Megatron-Core transformer_block.py get_num_layers_to_build, --account-for-embedding/loss-in-pipeline-split).
+    The scenario rules guarantee the split is whole."""
     if first is None and last is None:
-        return (layers // (pp * vpp),) * (pp * vpp)
+        per = (layers + embedding_slot + loss_slot) // (pp * vpp)
+        sizes = [per] * (pp * vpp)
+        sizes[0] -= embedding_slot
+        sizes[-1] -= loss_slot
+        return tuple(sizes)
     if pp == 1:
         return (layers,)
     given = (first is not None) + (last is not None)

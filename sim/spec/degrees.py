@@ -44,6 +44,13 @@ class Degrees:
         return max(self.chunk_sizes, default=0)
 
 
+def pipeline_slots(scenario: Scenario) -> int:
+    """Layer slots the embedding and the loss take in the pipeline split (0-2: Megatron-Core's
+    --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split)."""
+    p = scenario.parallel
+    return int(p.account_for_embedding_in_pipeline_split) + int(p.account_for_loss_in_pipeline_split)
+
+
 def degrees(scenario: Scenario) -> Degrees:
     """The degrees of a scenario whose fields passed validation (the rules then check they are consistent)."""
     p, t = scenario.parallel, scenario.training
@@ -59,7 +66,8 @@ def degrees(scenario: Scenario) -> Degrees:
         zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
         # More pipeline slots than layers is refused by the rules; no chunk list is built for it (a fuzzed pp of 1e12
         # would otherwise allocate one entry per slot before the rule could say so).
-        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers)
-        if p.pp * p.vpp <= scenario.model.num_layers else (),
+        chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers,
+                                p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
+        if p.pp * p.vpp <= scenario.model.num_layers + pipeline_slots(scenario) else (),
         ep=p.ep, etp=etp, edp=max(1, p.tp * dp // (p.ep * etp)),
     )

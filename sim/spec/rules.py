@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from sim.costs import profile
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import degrees
+from sim.spec.degrees import degrees, pipeline_slots
 from sim.spec.method import check_method
 from sim.spec.variation import check_variation
 
@@ -29,9 +29,19 @@ def check_rules(s: Scenario) -> None:
     if p.tp * p.pp * d.dp != gpus:
         raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * d.dp} but the cluster has {gpus} GPUs")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
+    slots = pipeline_slots(s)
+    if uneven and slots:
+        field = ("account_for_embedding_in_pipeline_split" if p.account_for_embedding_in_pipeline_split
+                 else "account_for_loss_in_pipeline_split")
+        raise ValueError(f"parallel.{field}: not with first_stage_layers/last_stage_layers (Megatron-Core refuses "
+                         "the two together)")
     if uneven:
         _check_uneven_stages(s)
-    elif m.num_layers % (p.pp * p.vpp):
+    elif slots and (m.num_layers + slots) % (p.pp * p.vpp):
+        what = "pp" if p.vpp == 1 else "pp*vpp"
+        raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers + {slots} = "
+                         f"{m.num_layers + slots} (the embedding/loss take a layer slot each)")
+    elif not slots and m.num_layers % (p.pp * p.vpp):
         what = "pp" if p.vpp == 1 else "pp*vpp"
         raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
     if m.num_attention_heads % p.tp:
@@ -64,6 +74,7 @@ def check_rules(s: Scenario) -> None:
         if t.recompute_num_layers > d.layers_per_chunk:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
                              f"{d.layers_per_chunk} layers of a model chunk")
+    _check_recompute_modules(s)
     if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
     if p.sequence_parallel and d.seq_len % p.tp:
@@ -135,6 +146,29 @@ def _check_uneven_stages(s: Scenario) -> None:
     if rest < others or (others and rest % others) or (not others and rest):
         raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
                          f"model.num_layers = {layers} evenly")
+
+
+def _check_recompute_modules(s: Scenario) -> None:
+    """``training.recompute_modules``: Megatron-Core's rules (transformer_config.py __post_init__): mla_up_proj needs
+    multi-head latent attention; and, where Megatron would silently do nothing, a module the model does not have is
+    refused instead (moe, moe_act, shared_experts on a model without one). As in Megatron, the list is read only
+    under selective recomputation (none and full ignore it, so a search over recompute modes keeps one base)."""
+    t, m = s.training, s.model
+    if t.recompute_modules is None:
+        return
+    for module in t.recompute_modules:
+        if module == "mla_up_proj" and not m.multi_latent_attention:
+            raise ValueError("training.recompute_modules: mla_up_proj needs multi-head latent attention "
+                             "(model.multi_latent_attention)")
+        if module in ("moe", "moe_act") and not m.is_moe:
+            raise ValueError(f"training.recompute_modules: {module} needs a MoE model (model.num_moe_experts is "
+                             "not set)")
+        if module == "shared_experts" and not m.moe_shared_expert_intermediate_size:
+            raise ValueError("training.recompute_modules: shared_experts needs a shared expert "
+                             "(model.moe_shared_expert_intermediate_size is not set)")
+        if module == "mlp" and m.is_moe and all(m.moe_layers):
+            raise ValueError("training.recompute_modules: mlp recomputes dense MLPs and every layer is a MoE "
+                             "layer (use moe or moe_act)")
 
 
 def _check_experts(s: Scenario) -> None:

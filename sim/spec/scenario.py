@@ -37,6 +37,9 @@ MiB = 2**20
 MAX_FILE_BYTES = 256 * 1024
 MAX_DEPTH = 32  # nesting of mappings/lists; the deepest bundled scenario nests 4 levels
 MAX_NAME_CHARS = 200  # names are printed in titles and file headers
+# Megatron-Core's --recompute-modules choices that this simulator prices (transformer_config.py; the gated-delta-net
+# and hyper-connection ones concern layers it does not model).
+RecomputeModule = Literal["core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"]
 
 
 class TrainingSpec(FrozenSpec):
@@ -49,6 +52,14 @@ class TrainingSpec(FrozenSpec):
     recompute_num_layers: int | None = Field(default=None, ge=0, description=(
         "with full recompute: layers of each model chunk recomputed, the first ones (Megatron-LM's "
         "--recompute-method block); the rest keep their activations. Default: all"))
+    recompute_modules: list[RecomputeModule] | None = Field(default=None, description=(
+        "with recompute: selective: the submodules whose activations are dropped in the forward and recomputed "
+        "in the backward (Megatron-Core --recompute-modules, transformer_config.py recompute_modules). "
+        "core_attn: the attention core (Korthikanti et al. 2022 Sec. 5); layernorm: the input and pre-MLP norms' "
+        "outputs; mla_up_proj: MLA's up projections and RoPE (Q, K, V); mlp: a dense layer's MLP; moe_act: the "
+        "routed experts' activation output; shared_experts: the shared expert MLP; moe: the whole MoE layer "
+        "(router, dispatch, experts, combine: its all-to-alls run again). Default: [core_attn], Megatron's; read "
+        "only with recompute: selective, as Megatron"))
     flash_attention: bool = False
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
@@ -106,6 +117,13 @@ class ParallelSpec(FrozenSpec):
                                            "when it differs (Megatron's --decoder-first-pipeline-num-layers)")
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
+    account_for_embedding_in_pipeline_split: bool = Field(default=False, description=(
+        "the input embedding takes one layer's slot in the pipeline split: layers + 1 (+ 1 with the loss) slots "
+        "split evenly over pp x vpp model chunks, the first chunk building one transformer layer fewer "
+        "(Megatron-Core --account-for-embedding-in-pipeline-split, transformer_block.py get_num_layers_to_build)"))
+    account_for_loss_in_pipeline_split: bool = Field(default=False, description=(
+        "the LM head and loss take one layer's slot: the last model chunk builds one transformer layer fewer "
+        "(--account-for-loss-in-pipeline-split)"))
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     ep: int = Field(default=1, ge=1, description=(
         "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "
@@ -128,6 +146,8 @@ class ParallelSpec(FrozenSpec):
         "DDP / ZeRO-1: true: a gradient bucket is reduced as soon as its gradients are final in the last "
         "micro-batch's backward (PyTorch DDP; Megatron-LM --overlap-grad-reduce; NeMo overlap_grad_sync); false: "
         "one reduction per model chunk after the whole backward (Megatron-LM's default: bucket_size None). "
+        "ZeRO-2/3: false runs each reduce-scatter on the compute stream, so the backward waits for it (DeepSpeed "
+        "overlap_comm false, the default at stages 1-2; a zero_optimization block sets it). "
         "docs/mechanisms/distributed_optimizer.md"))
     overlap_param_gather: bool = Field(default=False, description=(
         "ZeRO-1/2 (Megatron's distributed optimizer): the updated weights are all-gathered per gradient bucket "
@@ -322,6 +342,13 @@ class Scenario(FrozenSpec):
         parallel = dict(data.get("parallel") or {})
         if "stage" in block:
             parallel["zero"] = block["stage"]
+        # overlap_comm: whether gradient reductions run on their own stream (under the backward) or on the compute
+        # stream (stage_1_and_2.py reduce_ipg_grads / stage3.py: ``self.reduction_stream`` only with overlap_comm).
+        # DeepSpeed's default is true at stage 3 and false at stages 1-2 (zero/config.py overlap_comm_valid).
+        overlap = block.get("overlap_comm", block.get("stage", 0) == 3)
+        if not isinstance(overlap, bool):
+            raise ValueError(f"zero_optimization.overlap_comm: expected true or false (got {overlap!r})")
+        parallel.setdefault("overlap_grad_reduce", overlap)
         if "reduce_bucket_size" in block:  # DeepSpeed counts elements; 2 bytes each in mixed precision
             parallel["dp_bucket_size"] = float(block["reduce_bucket_size"]) * 2
         data["parallel"] = parallel

@@ -48,6 +48,7 @@ from sim.workload.step import (
     frozen_layer_blocks,
     make_costs,
     moe_blocks,
+    moe_recompute,
     overlaps_backward,
     tp_ops,
 )
@@ -69,7 +70,8 @@ class _StageEmitter:
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         work = blocks(plan)
-        self.block_work, self.column_work, self.selective_work = work.block, work.column, work.selective
+        self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
+        self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
         self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
@@ -102,6 +104,7 @@ class _StageEmitter:
         self.moe_layers = plan.moe_layers
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
             self.moe_work = moe_blocks(plan)
+            self.moe_recompute = moe_recompute(plan)
             self.has_shared = bool(self.moe_work["moe_shared"].ops)
             self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
                              for ex in dispatch_exchanges(plan)]
@@ -349,22 +352,28 @@ class _StageEmitter:
         grads = combine
         for exchange in self.dispatch:
             grads = self._moe_task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange)
+        if self.moe_recompute["moe_experts"].ops:  # moe_act: the activation output, rebuilt from fc1's
+            grads = self._moe_task("compute", "recompute", "moe_experts", mb, layer, grads,
+                                   work=self.moe_recompute["moe_experts"])
         experts = self._moe_task("compute", "backward", "moe_experts", mb, layer, grads, work=w["moe_experts"],
                                  phase=phase)
         returned = experts
         for exchange in self.combine:
             returned = self._moe_task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange)
         if self.has_shared:
+            if self.moe_recompute["moe_shared"].ops:  # shared_experts: its forward again, collectives included
+                self._shared_expert("recompute", mb, layer, combine, "forward", self.moe_recompute["moe_shared"])
             self._shared_expert("backward", mb, layer, combine, phase)
         last = len(self.g.tasks) - 1
         return self._moe_task("compute", "backward", "moe_router", mb, layer, last,
                               [returned] if returned != last else [], work=w["moe_router"], phase=phase)
 
-    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase) -> None:
+    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase,
+                       work: Work | None = None) -> None:
         """The shared expert on the compute stream after ``source`` (its input, or its output gradient), with
         sequence parallelism's all-gather before and reduce-scatter after over the TP group (Megatron-Core
-        SharedExpertMLP is a TP MLP)."""
-        work = self.moe_work["moe_shared"]
+        SharedExpertMLP is a TP MLP); ``work``: other work than its whole MLP (its recomputation)."""
+        work = work or self.moe_work["moe_shared"]
         if self.tp > 1:
             gather = self._moe_task("tp", "tp", "", mb, layer, None, [source],
                                     exchange=("all_gather", self.tp_bytes, self.tp_group, 1.0))
@@ -485,8 +494,8 @@ class _StageEmitter:
                     else:
                         after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
-                if block == "attention" and recompute == "selective":
-                    after = self._compute("recompute", "attention_core", mb, layer, self.selective_work, after)
+                if recompute == "selective":
+                    after = self._selective_recompute(block, moe, mb, layer, after)
                 if block == "mlp" and moe:
                     after = self._moe_backward(mb, layer, after, phase)
                 else:
@@ -497,6 +506,28 @@ class _StageEmitter:
                                        self.flags.get(t.id)) for t in self.g.tasks[first:]]
             self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
         return after
+
+    def _selective_recompute(self, block: str, moe: bool, mb: int, layer: int, after: int | None) -> int | None:
+        """What selective recomputation replays before ``block``'s backward (``training.recompute_modules``,
+        Megatron-Core): before attention's, the attention core, input norm and MLA up projections
+        (``step.Blocks.recompute``); before a dense MLP's, the pre-MLP norm and, with module ``mlp``, the MLP
+        module with its sequence-parallel all-gather and reduce-scatter (tensor_parallel.checkpoint reruns
+        the module's forward, collectives included); before a MoE layer's, with module ``moe``, its whole forward,
+        dispatch and combine included (moe_layer.py checkpoints custom_forward), else its pre-MLP norm. A MoE
+        layer's ``moe_act`` and ``shared_experts`` replay inside its backward (``_moe_backward``)."""
+        if block == "attention":
+            work = self.recompute_work["attention"]
+            name = "attention_core" if self.modules == {"core_attn"} else "attention_recompute"
+            return self._compute("recompute", name, mb, layer, work, after)
+        if moe:
+            if "moe" in self.modules:
+                return self._moe_forward("recompute", mb, layer, after)
+            return self._compute("recompute", "moe_router", mb, layer, self.moe_recompute["moe_router"], after)
+        if "mlp" not in self.modules:
+            return self._compute("recompute", "mlp", mb, layer, self.recompute_work["mlp"], after)
+        after = self._tp(self.tp_before, mb, layer, after)
+        after = self._compute("recompute", "mlp", mb, layer, self.recompute_work["mlp"], after)
+        return self._tp(self.tp_after, mb, layer, after)
 
     def weight_grad(self, mb: int, chunk: int) -> None:
         """The weight-gradient pass (W) of zero-bubble schedules: GEMMs only, no communication."""

@@ -20,7 +20,9 @@ backward prefetch is about issue order, and it is what this module replays:
   Without ``parallel.overlap_grad_reduce`` (Megatron-LM's default) each model chunk's gradients are one bucket,
   reduced after the whole backward.
 - ZeRO-2 (+ gradients): bucketed reduce-scatter during every micro-batch's backward (the full gradient is
-  never kept), then the sharded step and the weight all-gather.
+  never kept), then the sharded step and the weight all-gather. Without ``parallel.overlap_grad_reduce``
+  (DeepSpeed's overlap_comm false) each ZeRO-2/3 reduce-scatter runs on the compute stream: the next compute
+  task waits for it.
 - ZeRO-3 / FSDP FULL_SHARD (+ weights): per unit of ``fsdp.unit_layers`` layers, an all-gather of the unit's
   weights before its forward and again before its backward, freed after; a reduce-scatter of its gradients
   after its backward. With prefetch (FSDP's BACKWARD_PRE, and the CPU running ahead in the forward) the next
@@ -240,6 +242,11 @@ class DataParallelEmitter:
             task = self.st._add(REPLICA_STREAM, "dp", "grad_all_reduce", mb, layer, task, op="all_reduce",
                                 nbytes=nbytes / len(self.shard_group), group=self.replica_group)
             self.reduce_tasks.append(task)
+        if not self.plan.scenario.parallel.overlap_grad_reduce:
+            # DeepSpeed with overlap_comm false: the reduction is issued on the current (compute) stream
+            # (stage_1_and_2.py reduce_ipg_grads, stage3.py __reduce_and_partition_ipg_grads), so the next
+            # backward kernel waits for it.
+            self.st.pending_deps.append(task)
 
     # ------------------------------------------------------------------------------------------ end of step
     def finish(self) -> None:

@@ -69,7 +69,7 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
         activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
                                              for chunk in plan.stage_chunks[stage])
-    if plan.recomputed_layers(stage) > 0:
+    if plan.recomputed_layers(stage) > 0 or plan.recompute_modules:
         activations += plan.rebuild_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit

@@ -24,9 +24,10 @@ from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
 from sim.hardware import GpuSpec
 from sim.model.ops import (
-    ATTENTION_CORE,
     COLUMN_PARALLEL,
+    RECOMPUTE_OPS,
     Fp8Casts,
+    Op,
     embedding_forward_ops,
     head_forward_ops,
     layer_forward_ops,
@@ -50,9 +51,16 @@ class Blocks:
 
     block: dict[str, Work]  # attention, mlp: the whole block (half a layer each)
     column: dict[str, Work]  # the column-parallel GEMMs of each block (QKV, MLP up)
-    selective: Work  # the attention core that selective recomputation replays
+    # What selective recomputation replays before each block's backward (``replayed``): attention core, input
+    # norm, MLA's up projections before attention's; the pre-MLP norm and (module ``mlp``) the MLP before the MLP's
+    recompute: dict[str, Work]
     embedding: Work
     head: Work
+
+    @property
+    def selective(self) -> Work:
+        """The forward work selective recomputation replays before the attention block's backward."""
+        return self.recompute["attention"]
 
 
 def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
@@ -114,10 +122,25 @@ def blocks(plan: Plan) -> Blocks:
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
-        selective=Work(tuple(op for op in ops["attention"] if op.name in ATTENTION_CORE), 0.0),
+        recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
     )
+
+
+def replayed(ops: tuple[Op, ...], modules: frozenset[str]) -> tuple[Op, ...]:
+    """The ops of ``ops`` that selective recomputation of ``modules`` runs again, in forward order
+    (``sim.model.ops.RECOMPUTE_OPS``)."""
+    names = frozenset().union(*(RECOMPUTE_OPS[module] for module in modules))
+    return tuple(op for op in ops if op.name in names)
+
+
+def moe_recompute(plan: Plan) -> dict[str, Work]:
+    """Per MoE block (``MOE_BLOCKS``), the forward ops selective recomputation replays before its backward: the
+    pre-MLP norm (``layernorm``) in the router's, the activation (``moe_act``) in the experts', the shared expert
+    (``shared_experts``). Module ``moe`` reruns the whole MoE forward instead (the emitters' ``_moe_forward``)."""
+    modules = frozenset() if "moe" in plan.recompute_modules else plan.recompute_modules
+    return {name: Work(replayed(work.ops, modules), 0.0) for name, work in moe_blocks(plan).items()}
 
 
 def moe_blocks(plan: Plan) -> dict[str, Work]:

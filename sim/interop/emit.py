@@ -1,0 +1,216 @@
+"""A scenario's layout as a framework's launch configuration (``sim search --emit``): the other way from import.
+
+In: a validated ``Scenario`` (a layout ``sim search`` found) and a framework name. Out: ``Emitted``: the
+configuration file's text (a Megatron-LM launch script, a TorchTitan TOML, a DeepSpeed JSON), its file suffix, and
+the launch command; or a ``ConfigError`` naming the knob the framework has no setting for (Megatron-LM here has no
+ZeRO-2/3, TorchTitan no ZeRO-1, a DeepSpeed/HF Trainer run no tensor or pipeline parallelism, none of them the
+zero-bubble or DualPipe orders). Importing what this writes (sim.interop) gives back the same layout: the degrees,
+micro-batch, global batch, ZeRO stage, recompute, sequence parallelism, schedule and overlaps (tests/test_import.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from sim.errors import ConfigError
+from sim.spec.degrees import degrees
+from sim.spec.scenario import Scenario
+
+FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
+TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
+                      "llama3-405b": ("llama3", "405B")}
+TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}
+
+
+@dataclass(frozen=True)
+class Emitted:
+    text: str  # the configuration file
+    suffix: str  # .sh, .toml, .json
+    launch: str  # the command that runs it (a placeholder training script where the framework needs the user's)
+
+
+def emit(scenario: Scenario, framework: str) -> Emitted:
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"--emit: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[framework](scenario)
+
+
+def _refuse(framework: str, knob: str, why: str) -> ConfigError:
+    return ConfigError(f"{knob}: {why} ({framework} has no setting for it)")
+
+
+def _precision(s: Scenario) -> list[str]:
+    dtype = s.training.dtype
+    if dtype == "fp8":
+        return ["--bf16", "--fp8-format", "hybrid"]
+    return {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [], "tf32": []}[dtype]
+
+
+def _megatron(s: Scenario) -> Emitted:
+    d, p, t, m = degrees(s), s.parallel, s.training, s.model
+    if d.zero_stage >= 2 or s.fsdp is not None:
+        raise _refuse("Megatron-LM", "parallel.zero", f"ZeRO-{d.zero_stage}/FSDP is not Megatron's distributed "
+                      "optimizer (ZeRO-1)")
+    if s.schedule not in ("1f1b", "interleaved"):
+        raise _refuse("Megatron-LM", "schedule", f"{s.schedule} is not Megatron-LM's 1F1B or interleaved 1F1B")
+    flags: list[str] = [
+        "--tensor-model-parallel-size", str(p.tp), "--pipeline-model-parallel-size", str(p.pp)]
+    if p.vpp > 1:
+        flags += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
+        if not p.overlap_p2p_comm:
+            flags += ["--no-overlap-p2p-communication"]
+    if p.sequence_parallel:
+        flags.append("--sequence-parallel")
+    if p.ep > 1:
+        flags += ["--expert-model-parallel-size", str(p.ep)]
+    if m.num_moe_experts and p.etp is not None and p.etp != p.tp:
+        flags += ["--expert-tensor-parallel-size", str(p.etp)]
+    if d.zero_stage == 1:
+        flags.append("--use-distributed-optimizer")
+    if p.overlap_grad_reduce:
+        flags.append("--overlap-grad-reduce")
+    if p.overlap_param_gather:
+        flags.append("--overlap-param-gather")
+        if not p.align_param_gather:
+            flags.append("--no-align-param-gather")
+    if p.tp_comm_overlap:
+        flags.append("--tp-comm-overlap")
+    flags += ["--micro-batch-size", str(t.micro_batch), "--global-batch-size", str(d.global_batch),
+              "--seq-length", str(d.seq_len)]
+    if t.recompute == "selective":
+        flags += ["--recompute-granularity", "selective"]
+    elif t.recompute == "full":
+        flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                  str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
+    flags += _precision(s)
+    if t.dtype == "bf16" and t.grad_dtype == "bf16":
+        flags.append("--grad-reduce-in-bf16")
+    flags += ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size",
+              str(m.ffn), "--num-attention-heads", str(m.num_attention_heads)]
+    if m.kv_heads != m.num_attention_heads:
+        flags += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
+    if m.kv_channels is not None:
+        flags += ["--kv-channels", str(m.kv_channels)]
+    if m.mlp in ("swiglu", "squared_relu"):
+        flags.append("--swiglu" if m.mlp == "swiglu" else "--squared-relu")
+    if m.norm == "rmsnorm":
+        flags += ["--normalization", "RMSNorm"]
+    if m.position_embedding == "rope":
+        flags += ["--position-embedding-type", "rope"]
+    if not m.tied_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    if not m.bias:
+        flags.append("--disable-bias-linear")
+    flags += ["--max-position-embeddings", str(m.max_seq_len), "--vocab-size", str(m.vocab_size)]
+    if m.num_moe_experts:
+        flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
+                  "--moe-token-dispatcher-type", s.moe.token_dispatcher]
+    if not t.flash_attention:
+        flags += ["--attention-backend", "unfused"]
+    if t.clip_grad != 1.0:
+        flags += ["--clip-grad", f"{t.clip_grad:g}"]
+    lines = [f"    {flag}" + (f" {value}" if not value.startswith("--") else "")
+             for flag, value in _pairs(flags)]
+    launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} pretrain_gpt.py")
+    text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + launch + " \\\n" + \
+        " \\\n".join(line for line in lines) + "\n"
+    return Emitted(text, ".sh", launch + " ...")
+
+
+def _pairs(flags: list[str]) -> list[tuple[str, str]]:
+    """Flags with their values: ('--tp', '8'), ('--sequence-parallel', '--')."""
+    pairs, index = [], 0
+    while index < len(flags):
+        flag = flags[index]
+        value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else "--"
+        pairs.append((flag, value))
+        index += 1 if value == "--" else 2
+    return pairs
+
+
+def _torchtitan(s: Scenario) -> Emitted:
+    d, p, t = degrees(s), s.parallel, s.training
+    zero = d.zero_stage
+    hybrid = s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD"
+    if zero == 1:
+        raise _refuse("TorchTitan", "parallel.zero", "ZeRO-1 (sharded optimizer states only) is not FSDP2")
+    if s.schedule not in TORCHTITAN_SCHEDULES and p.pp > 1:
+        raise _refuse("TorchTitan", "schedule", f"{s.schedule} is not one of TorchTitan's pipeline schedules here")
+    if p.tp > 1 and not p.sequence_parallel:
+        raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
+                      "norms (TorchTitan's TP plan always uses SequenceParallel)")
+    if zero >= 2 and hybrid:
+        per_node = s.cluster.gpus_per_node // p.tp
+        replicate, shard = d.dp // per_node, per_node
+    elif zero >= 2:
+        replicate, shard = 1, d.dp
+    else:
+        replicate, shard = d.dp, 1
+    name, flavor = TORCHTITAN_FLAVORS.get(s.model.name, ("llama3", s.model.name))
+    lines = [f"# {s.name}: written by `sim search --emit torchtitan`",
+             "[model]", f'name = "{name}"', f'flavor = "{flavor}"']
+    if s.model.name not in TORCHTITAN_FLAVORS:
+        lines.append("# not a TorchTitan llama3 flavor: `sim import torchtitan` needs --model")
+    if t.dtype == "fp8":
+        lines.append('converters = ["float8"]')
+    lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
+              f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
+              f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"', "",
+              "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
+              f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {p.tp}",
+              f"pipeline_parallel_degree = {p.pp}", f"expert_parallel_degree = {p.ep}"]
+    if zero == 2:
+        lines.append('fsdp_reshard_after_forward = "never"')
+    if p.tp_comm_overlap:
+        lines.append("enable_async_tensor_parallel = true")
+    if p.pp > 1:
+        lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[s.schedule]}"',
+                  f"pipeline_parallel_microbatch_size = {t.micro_batch}"]
+        if p.vpp > 1:
+            lines.append(f"pipeline_parallel_layers_per_stage = {d.layers_per_chunk}")
+    recompute = t.recompute
+    lines += ["", "[activation_checkpoint]", f'mode = "{recompute}"']
+    if recompute == "selective":
+        lines.append('selective_ac_option = "op"')
+    if t.fused_kernels:
+        lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
+    launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} -m torchtitan.train "
+              "--job.config_file JOB.toml")
+    return Emitted("\n".join(lines) + "\n", ".toml", launch)
+
+
+def _deepspeed(s: Scenario) -> Emitted:
+    d, p, t = degrees(s), s.parallel, s.training
+    if p.tp > 1 or p.pp > 1:
+        raise _refuse("a DeepSpeed ZeRO run under the HF Trainer", "parallel.tp" if p.tp > 1 else "parallel.pp",
+                      f"tp {p.tp} x pp {p.pp}: ZeRO data parallelism only")
+    if t.recompute == "selective":
+        raise _refuse("the HF Trainer", "training.recompute", "selective recompute")
+    if s.fsdp is not None:
+        raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
+    accumulation = d.microbatches
+    config: dict[str, object] = {
+        "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
+        "gradient_accumulation_steps": accumulation, "gradient_clipping": t.clip_grad,
+        "bf16": {"enabled": t.dtype in ("bf16", "fp8")}, "fp16": {"enabled": t.dtype == "fp16"},
+        "zero_optimization": {"stage": d.zero_stage, "overlap_comm": p.overlap_grad_reduce,
+                              "offload_optimizer": {"device": "cpu" if s.offload.optimizer else "none"},
+                              "offload_param": {"device": "cpu" if s.offload.params else "none"}}}
+    zero_block = config["zero_optimization"]
+    assert isinstance(zero_block, dict)
+    if s.deepspeed is not None:
+        zero_block.update(s.deepspeed.model_dump())
+    else:
+        zero_block["reduce_bucket_size"] = p.dp_bucket_size / 2  # elements of 2 bytes (the scenario's reading)
+    trainer = [f"--per_device_train_batch_size {t.micro_batch}", f"--gradient_accumulation_steps {accumulation}",
+               f"--max_seq_length {d.seq_len}"]
+    if t.recompute == "full":
+        trainer.append("--gradient_checkpointing")
+    if t.dtype in ("bf16", "fp8"):
+        trainer.append("--bf16")
+    elif t.dtype == "fp16":
+        trainer.append("--fp16")
+    launch = (f"deepspeed --num_gpus {s.cluster.gpus_per_node} --num_nodes {s.cluster.nodes} train.py "
+              f"--deepspeed ds_config.json --model_name_or_path {s.model.name} " + " ".join(trainer))
+    return Emitted(json.dumps(config, indent=2) + "\n", ".json", launch)

@@ -1,0 +1,429 @@
+"""``sim import``: launch configurations from the frameworks' own public examples -> scenarios (issue 26).
+
+Each input is copied unchanged into tests/data/ecosystem/ (sources in tests/data/README.md). The tests assert every
+mapped field of the imported scenario, that ``sim check``'s validation accepts it, the report's statuses, and the
+refusals (one line naming the flag).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sim.cli.commands import main
+from sim.errors import ConfigError
+from sim.interop.draft import Draft, Options
+from sim.interop.megatron import import_megatron, script_tokens
+
+from conftest import ROOT
+
+DATA = ROOT / "tests" / "data" / "ecosystem"
+
+
+def _status(draft: Draft, source: str) -> str:
+    return next(row.status for row in draft.rows if row.source == source)
+
+
+def test_megatron_llama3_8b_fp8_script() -> None:
+    """examples/llama/train_llama3_8b_h100_fp8.sh: 8 GPUs (torchrun), FP8 hybrid, distributed optimizer with both
+    overlaps, GQA 8 groups, SwiGLU 14336, RMSNorm, RoPE, untied, no biases, vocabulary 128256."""
+    draft = import_megatron([str(DATA / "megatron_train_llama3_8b_h100_fp8.sh")], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.cluster.gpu.name, s.cluster.nodes, s.cluster.gpus_per_node) == ("H100-SXM", 1, 8)
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.parallel.zero) == (1, 1, 1, 1)
+    assert s.parallel.overlap_grad_reduce and s.parallel.overlap_param_gather and s.parallel.align_param_gather
+    assert not s.parallel.sequence_parallel  # --sequence-parallel with tp 1: Megatron-LM turns it off
+    assert (s.training.dtype, s.training.grad_dtype) == ("fp8", "bf16")
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (1, 128, 8192)
+    assert s.training.flash_attention and s.training.clip_grad == 1.0 and s.training.recompute == "none"
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads, m.ffn_hidden_size) == \
+        (32, 4096, 32, 8, 14336)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("swiglu", "rmsnorm", "rope", False,
+                                                                               False)
+    assert (m.vocab_size, m.max_seq_len) == (128256, 8192)
+    assert _status(draft, "--sequence-parallel") == "ignored"
+    assert _status(draft, "--lr") == "ignored"
+    assert _status(draft, "--fp8-param-gather") == "ignored"
+    assert _status(draft, "--align-param-gather") == "default"
+
+
+def test_megatron_gpt3_175b_script_pads_nothing_and_takes_nodes() -> None:
+    """examples/gpt3/train_gpt3_175b_distributed.sh on 128 nodes: tp 8 x pp 16, fp16, the 1536 batch; the script's
+    NUM_NODES=1 is overridden by --nodes; Megatron's defaults (GELU, LayerNorm, learned positions, tied, biases,
+    overlap_grad_reduce off) are written out; the vocabulary comes from the preset (51200, a multiple of 128 x 8)."""
+    draft = import_megatron([str(DATA / "megatron_train_gpt3_175b_distributed.sh")],
+                            Options(gpu="A100-80GB-SXM", nodes=128, model="gpt3-175b"))
+    s = draft.scenario()
+    assert s.cluster.num_gpus == 1024
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.zero, s.parallel.overlap_grad_reduce) == (8, 16, 0, False)
+    assert (s.training.dtype, s.training.micro_batch, s.training.global_batch, s.training.seq_len) == \
+        ("fp16", 1, 1536, 2048)
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size) == \
+        (96, 12288, 96, 4 * 12288, 51200)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("gelu", "layernorm", "learned", True,
+                                                                               True)
+    assert draft.data["model"] == "gpt3-175b"  # the flags describe the preset exactly
+    assert _status(draft, "--step-batch-size-schedule") == "ignored"
+    assert _status(draft, "--overlap-grad-reduce") == "default"
+
+
+def test_megatron_mixtral_script() -> None:
+    """examples/mixtral/train_mixtral_8x7b_distributed.sh on 8 nodes: pp 4, ep 8, 8 experts top-2, alltoall."""
+    draft = import_megatron([str(DATA / "megatron_train_mixtral_8x7b_distributed.sh")],
+                            Options(gpu="H100-SXM", nodes=8, model="mixtral-8x7b"))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.ep, s.parallel.zero) == (1, 4, 8, 1)
+    assert (s.model.num_moe_experts, s.model.moe_router_topk, s.moe.token_dispatcher) == (8, 2, "alltoall")
+    assert (s.training.dtype, s.training.global_batch, s.training.seq_len) == ("bf16", 256, 4096)
+    assert draft.data["model"] == "mixtral-8x7b"
+
+
+def test_megatron_arguments_and_vocabulary_padding() -> None:
+    """Arguments given directly: interleaving from layers per virtual stage, selective recompute, GQA, and the
+    vocabulary padded as Megatron-LM pads it (50257 -> a multiple of 128 x tp 4 = 50688)."""
+    args = ("--tensor-model-parallel-size 4 --pipeline-model-parallel-size 2 --num-layers-per-virtual-pipeline-stage 2 "
+            "--sequence-parallel --num-layers 24 --hidden-size 2048 --num-attention-heads 16 --group-query-attention "
+            "--num-query-groups 4 --seq-length 2048 --max-position-embeddings 2048 --micro-batch-size 2 "
+            "--global-batch-size 64 --vocab-size 50257 --bf16 --recompute-granularity selective "
+            "--use-distributed-optimizer --some-new-flag 3").split()
+    draft = import_megatron(args, Options(gpu="H100-SXM", gpus=16))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.schedule) == (4, 2, 6, "interleaved")
+    assert s.parallel.sequence_parallel and s.parallel.overlap_p2p_comm
+    assert (s.training.recompute, s.training.micro_batch, s.training.global_batch) == ("selective", 2, 64)
+    assert (s.model.num_kv_heads, s.model.vocab_size, s.model.ffn_hidden_size, s.model.mlp) == (4, 50688, 8192,
+                                                                                              "gelu")
+    assert _status(draft, "--some-new-flag") == "unknown"
+
+
+@pytest.mark.parametrize("args, message", [
+    ("--fp16 --bf16", "--fp16: cannot be combined with --bf16"),
+    ("--num-layers-per-virtual-pipeline-stage 2 --num-virtual-stages-per-pipeline-rank 2",
+     "--num-layers-per-virtual-pipeline-stage: cannot be combined with --num-virtual-stages-per-pipeline-rank"),
+    ("--overlap-param-gather --overlap-grad-reduce", "--overlap-param-gather: needs --use-distributed-optimizer"),
+    ("--use-distributed-optimizer --overlap-param-gather", "--overlap-param-gather: needs --overlap-grad-reduce"),
+    ("--recompute-granularity selective --recompute-method block", "--recompute-method: not with"),
+    ("--tensor-model-parallel-size 3",
+     "tp*pp = 3 does not divide the cluster's 8 GPUs (set by --tensor-model-parallel-size)"),
+    ("--global-batch-size 7", "(set by --global-batch-size)"),
+])
+def test_megatron_contradictions_are_one_line(args: str, message: str) -> None:
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+    flags = (base.replace("--bf16 ", "") if "--bf16" in args else base) + args
+    with pytest.raises(ConfigError) as error:
+        import_megatron(flags.split(), Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_script_variables_and_quoted_array_entries() -> None:
+    """The launch scripts' bash: ${NAME:-default}, $NAME, and "--flag value" quoted in an array."""
+    tokens = script_tokens('TP=${TP:-4}\nA=(\n "--fp8-format hybrid"\n --tensor-model-parallel-size $TP # c\n)\n')
+    assert tokens == ["A=(", "--fp8-format", "hybrid", "--tensor-model-parallel-size", "4", ")"]
+
+
+def test_cli_import_writes_a_scenario_sim_check_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "llama.yaml"
+    code = main(["import", "megatron", str(DATA / "megatron_train_llama3_8b_h100_fp8.sh"), "--gpu", "H100-SXM",
+                 "-o", str(out)])
+    assert code == 0
+    assert yaml.safe_load(out.read_text())["parallel"]["zero"] == 1
+    assert main(["check", str(out)]) == 0
+    # A framework's flags straight on the command line, and a refusal's exit code.
+    assert main(["import", "megatron", "--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b", "-o", str(out),
+                 "--tensor-model-parallel-size", "2", "--bf16"]) == 0
+    assert yaml.safe_load(out.read_text())["parallel"]["tp"] == 2
+    assert main(["import", "megatron", "--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b", "-o", str(out),
+                 "--fp16", "--bf16"]) == 2
+
+
+def test_only_the_cli_imports_interop() -> None:
+    """The importers are the command line's: no other layer of sim imports sim.interop (issue 26's rule)."""
+    offenders = [str(path.relative_to(ROOT)) for path in (ROOT / "sim").rglob("*.py")
+                 if "sim.interop" in path.read_text() and path.parts[-2] not in ("cli", "interop")]
+    assert offenders == []
+
+
+def test_nemo_gpt3_175b_recipe() -> None:
+    """NeMo-Framework-Launcher conf/training/gpt3/175b.yaml (NeMo 1.x): 128 nodes x 8, tp 4 x pp 8 x 6 virtual
+    stages, sequence parallel, the mcore distributed optimizer with both overlaps and 220 MB buckets, bf16;
+    ffn_hidden_size is the interpolation ${multiply:4, ${.hidden_size}}; GPT-2's BPE vocabulary padded."""
+    from sim.interop.nemo import import_nemo
+
+    draft = import_nemo([str(DATA / "nemo_gpt3_175b.yaml")], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.cluster.nodes, s.cluster.gpus_per_node) == (128, 8)
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.schedule) == (4, 8, 6, "interleaved")
+    assert s.parallel.sequence_parallel and s.parallel.overlap_p2p_comm and s.parallel.zero == 1
+    assert s.parallel.overlap_grad_reduce and s.parallel.overlap_param_gather and s.parallel.align_param_gather
+    assert s.parallel.dp_bucket_size == 220 * 2**20 and s.parallel.grad_bucket_view
+    assert (s.training.dtype, s.training.micro_batch, s.training.global_batch, s.training.seq_len) == \
+        ("bf16", 1, 2048, 2048)
+    m = s.model
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.ffn_hidden_size, m.vocab_size) == \
+        (96, 12288, 96, 49152, 50688)
+    assert (m.mlp, m.norm, m.position_embedding, m.tied_embeddings, m.bias) == ("gelu", "layernorm", "learned", True,
+                                                                               True)
+
+
+def test_nemo_llama2_recipes() -> None:
+    """conf/training/llama/llama2_7b.yaml (16 nodes, tp 1, mcore_distributed_optim) and llama2_70b.yaml (tp 4 x pp 4
+    x 5 virtual stages, TP communication overlap): the Llama shape from the keys, the vocabulary from --model,
+    padded by NeMo's make_vocab_size_divisible_by x tp (32000 -> 32256 at tp 4)."""
+    from sim.interop.nemo import import_nemo
+
+    draft = import_nemo([str(DATA / "nemo_llama2_7b.yaml")], Options(gpu="H100-SXM", model="llama2-7b"))
+    s = draft.scenario()
+    assert s.cluster.num_gpus == 128 and (s.parallel.tp, s.parallel.pp, s.parallel.zero) == (1, 1, 1)
+    assert s.parallel.align_param_gather  # Megatron-Core's optimizer: every bucket's gather at the step start
+    assert (s.training.global_batch, s.training.seq_len, s.training.flash_attention) == (2048, 4096, True)
+    assert draft.data["model"] == "llama2-7b"
+    draft = import_nemo([str(DATA / "nemo_llama2_70b.yaml")], Options(gpu="H100-SXM", model="llama2-70b"))
+    s = draft.scenario()
+    assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.parallel.tp_comm_overlap) == (4, 4, 5, True)
+    assert (s.model.num_kv_heads, s.model.ffn_hidden_size, s.model.vocab_size) == (8, 28672, 32256)
+    assert _status(draft, "model.optim.lr") == "ignored"
+
+
+def test_nemo2_layout_and_contradiction(tmp_path: Path) -> None:
+    """A NeMo 2.0 config as NeMo-Run writes it: trainer.strategy, its ddp block, plugins.precision, model.config,
+    data; and a precision the simulator does not model named by its key."""
+    from sim.interop.nemo import import_nemo
+
+    config = {"trainer": {"num_nodes": 2, "devices": 8, "strategy": {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "sequence_parallel": True,
+        "ddp": {"overlap_grad_reduce": True, "overlap_param_gather": True, "use_distributed_optimizer": True}},
+        "plugins": {"precision": "bf16-mixed"}},
+        "model": {"config": {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336,
+                             "num_attention_heads": 32, "num_query_groups": 8, "gated_linear_unit": True,
+                             "normalization": "RMSNorm", "position_embedding_type": "rope",
+                             "share_embeddings_and_output_weights": False, "add_bias_linear": False}},
+        "data": {"seq_length": 8192, "micro_batch_size": 1, "global_batch_size": 128}}
+    path = tmp_path / "nemo2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    s = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b")).scenario()
+    assert (s.cluster.num_gpus, s.parallel.tp, s.parallel.pp, s.parallel.zero) == (16, 2, 2, 1)
+    assert s.parallel.overlap_param_gather and s.parallel.sequence_parallel
+    assert (s.training.dtype, s.training.seq_len, s.training.global_batch) == ("bf16", 8192, 128)
+    assert (s.model.mlp, s.model.num_kv_heads, s.model.vocab_size) == ("swiglu", 8, 128256)
+    config["trainer"]["plugins"]["precision"] = "fp8-mixed"
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):
+        import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
+
+
+def test_deepspeed_hf_zero3_with_auto_values() -> None:
+    """The HF DeepSpeed guide's ZeRO-3 config (CPU offload, every size "auto") with the Trainer's arguments: the
+    micro-batch, accumulation and global batch from them (4 x 2 x 8 GPUs = 64), bf16 from --bf16 (the file has only
+    an fp16 section, "auto" -> off), clipping from max_grad_norm's default 1.0, and the hidden-size values of
+    transformers' trainer_config_finalize for Llama-2 7B (h = 4096): 4096^2, 0.9 x 4096^2, 10 x 4096."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    trainer = "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 --bf16 --gradient_checkpointing " \
+              "--max_seq_length 4096 --learning_rate 2e-5"
+    draft = import_deepspeed([str(DATA / "deepspeed_hf_zero3.json"), *trainer.split()],
+                             Options(gpu="H100-SXM", gpus=8, model="llama2-7b"))
+    s = draft.scenario()
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (4, 64, 4096)
+    assert (s.training.dtype, s.training.clip_grad, s.training.recompute) == ("bf16", 1.0, "full")
+    assert s.parallel.zero == 3 and s.parallel.overlap_grad_reduce and s.offload.optimizer and s.offload.params
+    assert s.deepspeed is not None
+    assert s.deepspeed.reduce_bucket_size == 4096**2
+    assert s.deepspeed.stage3_prefetch_bucket_size == int(0.9 * 4096**2)
+    assert s.deepspeed.stage3_param_persistence_threshold == 40960
+    assert s.deepspeed.stage3_max_live_parameters == 1e9
+    assert s.parallel.dp_bucket_size == 2 * 4096**2  # elements x 2 bytes
+    assert (s.training.flash_attention, s.training.fused_kernels) == (True, False)
+    assert _status(draft, "zero_optimization.stage3_gather_16bit_weights_on_model_save") == "ignored"
+    assert _status(draft, "--learning_rate") == "ignored"
+
+
+def test_deepspeed_numbers_the_batch_rule_and_refusals(tmp_path: Path) -> None:
+    """DeepSpeed's batch rule (train_batch_size = micro x accumulation x world size) gives the world size when
+    no GPU count is given, and a config that breaks it is refused naming train_batch_size; NVMe offload, FSDP
+    beside DeepSpeed and an "auto" without the model are each one line."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    path = tmp_path / "ds_config.json"
+    config = {"train_batch_size": 256, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 8,
+              "bf16": {"enabled": True}, "gradient_clipping": 1.0, "zero_optimization": {"stage": 2}}
+    path.write_text(json.dumps(config))
+    s = import_deepspeed([str(path)], Options(gpu="A100-80GB-SXM", model="llama2-7b")).scenario()
+    assert (s.cluster.num_gpus, s.training.global_batch, s.training.microbatches or 8) == (16, 256, 8)
+    assert s.parallel.zero == 2 and not s.parallel.overlap_grad_reduce  # overlap_comm's default at stage 2
+    with pytest.raises(ConfigError, match=r"^train_batch_size: 256 != .* x 32 GPUs = 512"):
+        import_deepspeed([str(path)], Options(gpu="A100-80GB-SXM", gpus=32, model="llama2-7b"))
+    with pytest.raises(ConfigError, match=r"^--fsdp: the HF Trainer runs DeepSpeed"):
+        import_deepspeed([str(path), "--fsdp", "full_shard auto_wrap"], Options(gpu="H100-SXM", model="llama2-7b"))
+    with pytest.raises(ConfigError, match=r"^--model: a DeepSpeed config has no model"):
+        import_deepspeed([str(path)], Options(gpu="H100-SXM"))
+    with pytest.raises(ConfigError, match=r"^zero_optimization.offload_optimizer.device: 'nvme' offload is not"):
+        import_deepspeed([str(DATA / "deepspeed_hf_zero3_nvme.json")], Options(gpu="H100-SXM", gpus=8,
+                                                                              model="llama2-7b"))
+
+
+def test_torchtitan_llama3_tomls() -> None:
+    """TorchTitan's llama3 train_configs on 64 H100: 8B is FSDP over all 64 (dp_shard -1), local batch 1,
+    selective op-level SAC; 70B is TP 8 (with sequence-parallel norms) x FSDP 8, local batch 8, full AC; 405B adds
+    async TP, Float8 linears and torch.compile."""
+    from sim.interop.torchtitan import import_torchtitan
+
+    s = import_torchtitan([str(DATA / "torchtitan_llama3_8b.toml")], Options(gpu="H100-SXM", gpus=64)).scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.pp, s.parallel.dp) == ("llama3-8b", 1, 1, 64)
+    assert s.fsdp is not None and s.fsdp.sharding == "FULL_SHARD"
+    assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (1, 64, 8192)
+    assert (s.training.dtype, s.training.grad_dtype, s.training.recompute, s.training.clip_grad) == \
+        ("bf16", "fp32", "selective", 1.0)
+    assert (s.training.fused_kernels, s.training.flash_attention) == (False, True)
+    s = import_torchtitan([str(DATA / "torchtitan_llama3_70b.toml")], Options(gpu="H100-SXM", gpus=64)).scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.dp, s.parallel.sequence_parallel) == ("llama3-70b", 8, 8, True)
+    assert (s.training.micro_batch, s.training.global_batch, s.training.recompute) == (8, 64, "full")
+    draft = import_torchtitan([str(DATA / "torchtitan_llama3_405b.toml")], Options(gpu="H100-SXM", gpus=64))
+    s = draft.scenario()
+    assert (s.model.name, s.parallel.tp, s.parallel.tp_comm_overlap, s.training.dtype) == ("llama3-405b", 8, True,
+                                                                                            "fp8")
+    assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
+    assert not s.training.fp8_weight_cache
+    assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
+
+
+def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
+    from sim.interop.torchtitan import import_torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n'
+                    'global_batch_size = 64\n[parallelism]\ndata_parallel_replicate_degree = 2\n'
+                    'data_parallel_shard_degree = 8\n')
+    s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16)).scenario()
+    assert s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD" and s.parallel.dp == 16
+    assert (s.training.global_batch, s.training.micro_batch) == (64, 2)  # 2 accumulation steps
+    path.write_text('[model]\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 8\n'
+                    'data_parallel_shard_degree = 1\n')
+    s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert s.fsdp is None and s.parallel.zero == 0 and s.parallel.dp == 8
+    with pytest.raises(ConfigError, match=r"^parallelism.data_parallel_shard_degree: dp_replicate 8 x dp_shard 1"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16))
+    path.write_text('[model]\nflavor = "debugmodel"\n')
+    with pytest.raises(ConfigError, match=r"^model.flavor: llama3 debugmodel is not a preset"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
+
+
+def _layout(s: Any) -> tuple[Any, ...]:
+    from sim.spec.degrees import degrees
+
+    d = degrees(s)
+    return (d.num_gpus, d.tp, d.pp, d.dp, d.vpp, d.micro_batch, d.global_batch, d.seq_len, d.zero_stage, d.ep,
+            s.training.recompute, s.parallel.sequence_parallel, s.schedule, s.training.dtype)
+
+
+@pytest.mark.parametrize("framework, base, model", [
+    ("megatron", "tiny.yaml", None),
+    ("megatron", "llama2-7b_h100-8_dp.yaml", None),
+    ("torchtitan", "llama2-7b_h100-8_dp.yaml", "llama2-7b"),
+    ("deepspeed", "llama2-7b_h100-8_dp.yaml", "llama2-7b"),
+])
+def test_emitted_configurations_import_to_the_same_layout(framework: str, base: str, model: str | None,
+                                                          tmp_path: Path) -> None:
+    """Round trip: every layout `sim search --emit` may write for the framework (its EMIT_LIMITS), emitted and
+    imported again, gives the same degrees, micro-batch, global batch, ZeRO stage, recompute, sequence
+    parallelism, schedule and dtype (the Megatron shape flags carry the model, so none is passed there)."""
+    from sim.cli.commands import EMIT_LIMITS
+    from sim.explore import search
+    from sim.interop.deepspeed import import_deepspeed
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    overrides = ["cluster.nodes=2", "parallel.dp=16"] if "llama2" in base else []
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    only = search.parse_only([f"{knob}={values}" for knob, values in EMIT_LIMITS[framework].items()])
+    checked = 0
+    for layout in search.layouts(scenario, only, max_micro_batch=2):
+        try:
+            candidate = search.candidate(scenario, layout)
+        except ValueError:
+            continue
+        try:
+            emitted = emit(candidate, framework)
+        except ConfigError:  # a layout the framework cannot run (sim search lists it as not expressible)
+            continue
+        path = tmp_path / f"config{emitted.suffix}"
+        path.write_text(emitted.text)
+        options = Options(gpu=candidate.cluster.gpu.name, model=model,
+                          gpus=candidate.cluster.num_gpus if framework != "megatron" else None)
+        if framework == "megatron":
+            back = import_megatron([str(path)], options)
+        elif framework == "torchtitan":
+            back = import_torchtitan([str(path)], options)
+        else:
+            back = import_deepspeed([str(path), *emitted.launch.split()[6:]], options)
+        assert _layout(back.scenario()) == _layout(candidate), (layout, emitted.text)
+        checked += 1
+    assert checked >= 4
+
+
+def test_cli_search_emit_writes_importable_flags(tmp_path: Path) -> None:
+    """`sim search --emit megatron` on tiny: only Megatron-runnable layouts are searched (ZeRO 0/1, 1F1B or
+    interleaved), each shown layout's script is written, and importing the best one gives its layout back."""
+    out = tmp_path / "search"
+    assert main(["search", str(ROOT / "scenarios" / "tiny.yaml"), "--top", "6", "--show", "2", "--no-plot",
+                 "--emit", "megatron", "-o", str(out)]) == 0
+    scripts = sorted((out / "emit").glob("*.sh"))
+    assert len(scripts) == 2
+    s = import_megatron([str(scripts[0])], Options(gpu="A100-80GB-SXM")).scenario()
+    assert s.parallel.zero in (0, 1) and s.schedule in ("1f1b", "interleaved") and s.cluster.num_gpus == 4
+    assert s.model.num_layers == 4 and s.model.hidden_size == 1024
+
+
+@pytest.mark.parametrize("framework, inputs, options", [
+    ("megatron", ["megatron_train_gpt3_175b_distributed.sh"], ["--gpu", "A100-80GB-SXM", "--nodes", "128",
+                                                               "--model", "gpt3-175b"]),
+    ("nemo", ["nemo_llama2_70b.yaml"], ["--gpu", "H100-SXM", "--model", "llama2-70b"]),
+    ("deepspeed", ["deepspeed_hf_zero3.json"], ["--gpu", "H100-SXM", "--gpus", "8", "--model", "llama3-8b",
+                                                "--per_device_train_batch_size", "2", "--bf16"]),
+    ("torchtitan", ["torchtitan_llama3_70b.toml"], ["--gpu", "H100-SXM", "--gpus", "64"]),
+])
+def test_each_framework_imports_to_a_scenario_sim_check_accepts(framework: str, inputs: list[str],
+                                                                options: list[str], tmp_path: Path) -> None:
+    """Issue 26's must-show 1: each framework's public example, through the command line, to a file `sim check`
+    accepts (exit 0)."""
+    out = tmp_path / f"{framework}.yaml"
+    assert main(["import", framework, *[str(DATA / name) for name in inputs], *options, "-o", str(out)]) == 0
+    assert main(["check", str(out)]) == 0
+
+
+def test_gpu_name_prefix_and_context_parallel_listed() -> None:
+    """--gpu takes a preset or an unambiguous start of one; --context-parallel-size above 1 is listed as unmapped
+    while the scenario has no parallel.cp (its ranks then count as data-parallel ranks)."""
+    from sim.spec.scenario import ParallelSpec
+
+    args = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1024 --bf16 " \
+           "--context-parallel-size 2 --global-batch-size 16".split()
+    draft = import_megatron(args, Options(gpu="h100", gpus=8))
+    s = draft.scenario()
+    assert s.cluster.gpu.name == "H100-SXM"
+    if "cp" not in ParallelSpec.model_fields:
+        assert _status(draft, "--context-parallel-size") == "unmapped" and s.parallel.dp is None
+    with pytest.raises(ConfigError, match=r"^--gpu: unknown GPU preset 'a100'"):
+        import_megatron(args, Options(gpu="a100", gpus=8))
+
+
+def test_model_from_a_hugging_face_config(tmp_path: Path) -> None:
+    """--model config.json: the shape from the HF importer (Mistral-NeMo-12B: head_dim 128 with hidden 5120), and
+    the DeepSpeed "auto" buckets from its hidden size (5120^2)."""
+    from sim.interop.deepspeed import import_deepspeed
+
+    config = str(ROOT / "tests" / "data" / "hf_configs" / "Mistral-Nemo-Base-2407" / "config.json")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto",
+                                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))
+    s = import_deepspeed([str(path), "--bf16"], Options(gpu="H100-SXM", gpus=8, model=config)).scenario()
+    assert (s.model.hidden_size, s.model.kv_channels, s.model.num_layers) == (5120, 128, 40)
+    assert s.deepspeed is not None and s.deepspeed.reduce_bucket_size == 5120**2
+    assert (s.training.micro_batch, s.training.global_batch) == (8, 64)  # TrainingArguments' default 8 per GPU

@@ -1,0 +1,140 @@
+"""``python -m analysis compare-profile``: a torch.profiler (Kineto) trace against a simulated step
+(analysis.profile_compare). The trace is tests/data/kineto/two_steps.pt.trace.json (its README states its form)."""
+
+import gzip
+
+import pandas as pd
+import pytest
+
+from analysis.__main__ import main as analysis_main
+from analysis.profile_compare import (
+    ATTENTION,
+    GEMM,
+    OTHER,
+    compare,
+    kernel_class,
+    measured_steps,
+    simulated_step,
+    union_seconds,
+)
+from sim.cli.commands import main
+from sim.costs.models import phase_scale
+from sim.errors import ConfigError
+from sim.model.ops import ATTENTION_CORE
+from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload.step import blocks, make_costs
+
+from conftest import DATA, SCENARIOS
+
+TRACE = DATA / "kineto" / "two_steps.pt.trace.json"
+US = 1e-6
+
+
+@pytest.mark.parametrize(("name", "collective", "expected"), [
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel"
+     "__5x_cublas", "", GEMM),
+    ("ampere_bf16_s16816gemm_bf16_128x256_ldg8_f2f_stages_64x3_tn", "", GEMM),
+    ("nvjet_tst_256x128_64x4_1x2_h_bz_coopA_NTT", "", GEMM),
+    ("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_tn_align8>(Params)", "", GEMM),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4> >(Flash_fwd_params)", "",
+     ATTENTION),
+    ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<...>::Params)", "", ATTENTION),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1", "", ATTENTION),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<c10::BFloat16> >", "", OTHER),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL all_reduce"),
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclWorkElem)", "", "NCCL all_gather"),  # NCCL before 2.19
+    ("ncclDevKernel_ReduceScatter_Sum_f32_RING_SIMPLE", "", "NCCL reduce_scatter"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "", "NCCL send"),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", "all_to_all", "NCCL all_to_all"),
+])
+def test_kernel_names_fall_in_their_class(name, collective, expected):
+    assert kernel_class(name, collective) == expected
+
+
+def test_the_trace_sums_per_category_and_step():
+    """Step 5: memcpy 100, GEMM 2000 + 1250, flash 1000, add 250 + layer norm 300 (launched in step 5, running past
+    its end), all-reduce 3000, send/recv 500 us; busy = 100 + (1500..8500) + 300 = 7400 of 10000 us.
+    Step 6: GEMM 1800, flash backward 2200, memset 10, all-gather 700, all-to-all 900 (Kineto's collective name on
+    a SendRecv kernel), layer norm 200; busy 5810 us."""
+    five, six = measured_steps(TRACE)
+    assert (five.step, six.step, five.seconds, six.seconds) == (5, 6, pytest.approx(0.01), pytest.approx(0.01))
+    assert five.categories == pytest.approx({"memcpy": 100 * US, GEMM: 3250 * US, ATTENTION: 1000 * US,
+                                             OTHER: 550 * US, "NCCL all_reduce": 3000 * US, "NCCL send": 500 * US})
+    assert six.categories == pytest.approx({GEMM: 1800 * US, ATTENTION: 2200 * US, "memcpy": 10 * US,
+                                            "NCCL all_gather": 700 * US, "NCCL all_to_all": 900 * US, OTHER: 200 * US})
+    assert (five.busy, six.busy) == (pytest.approx(7400 * US), pytest.approx(5810 * US))
+
+
+def test_union_of_intervals():
+    assert union_seconds([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4
+    assert union_seconds([]) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    assert main(["run", str(SCENARIOS / "tiny.yaml"), "-o", str(out), "--no-plot"]) == 0
+    return out
+
+
+def test_the_simulated_rank_splits_its_tasks_by_the_priced_kernels(tiny_run):
+    """Every second of rank 0's tasks lands in one category: compute = the compute tasks, each collective = its
+    tasks, idle = step - busy; the forward MLP blocks split as the cost model prices their kernels."""
+    step, categories, busy = simulated_step(tiny_run, rank=0)
+    trace = pd.read_parquet(tiny_run / "trace.parquet")
+    mine = trace[trace["rank"] == 0].assign(duration=lambda t: t["end_s"] - t["start_s"])
+    compute = mine[mine["stream"] == "compute"]
+    assert sum(categories[c] for c in (GEMM, ATTENTION, OTHER)) == pytest.approx(compute["duration"].sum())
+    for op, part in mine[mine["stream"] != "compute"].groupby("op"):
+        assert categories[f"NCCL {op}"] == pytest.approx(part["duration"].sum())
+    assert 0 < busy <= step
+    plan = resolve(load_scenario(tiny_run / "scenario.resolved.yaml"))
+    costs, attention = make_costs(plan), blocks(plan).block["attention"]
+    core = sum(phase_scale(op, "forward") * costs.kernel_time(op) for op in attention.ops if op.name in ATTENTION_CORE)
+    total = sum(phase_scale(op, "forward") * costs.kernel_time(op) for op in attention.ops)
+    forward = compute[(compute["name"] == "attention") & (compute["kind"] == "forward")]["duration"].sum()
+    backward = compute[(compute["name"] == "attention") & (compute["kind"] == "backward")]["duration"].sum()
+    core_b = sum(phase_scale(op, "backward") * costs.kernel_time(op) for op in attention.ops
+                 if op.name in ATTENTION_CORE)
+    total_b = sum(phase_scale(op, "backward") * costs.kernel_time(op) for op in attention.ops)
+    assert categories[ATTENTION] == pytest.approx(forward * core / total + backward * core_b / total_b)
+
+
+def test_the_table_holds_measured_against_simulated(tiny_run, tmp_path, capsys):
+    table = compare(TRACE, tiny_run).set_index("category")
+    step, categories, busy = simulated_step(tiny_run, 0)
+    assert table.loc["step", "measured_s"] == pytest.approx(0.01) and table.loc["step", "simulated_s"] == step
+    assert table.loc[GEMM, "measured_s"] == pytest.approx((3250 + 1800) / 2 * US)
+    assert table.loc["idle", "measured_s"] == pytest.approx((2600 + 4190) / 2 * US)
+    assert table.loc["idle", "simulated_s"] == pytest.approx(step - busy)
+    assert table.loc["NCCL all_to_all", "simulated_s"] == 0 and table.loc["NCCL send", "simulated_s"] > 0  # tiny's pp
+    row = table.loc[GEMM]
+    assert row["difference_s"] == pytest.approx(row["simulated_s"] - row["measured_s"])
+    assert row["error"] == pytest.approx(row["simulated_s"] / row["measured_s"] - 1)
+    only_six = compare(TRACE, tiny_run, steps=[6]).set_index("category")
+    assert only_six.loc[ATTENTION, "measured_s"] == pytest.approx(2200 * US)
+    packed = tmp_path / "trace.json.gz"
+    packed.write_bytes(gzip.compress(TRACE.read_bytes()))
+    markdown, chart = tmp_path / "table.md", tmp_path / "chart.png"
+    assert analysis_main(["compare-profile", str(packed), str(tiny_run), "-o", str(markdown),
+                          "--chart", str(chart)]) == 0
+    printed = capsys.readouterr().out
+    assert "| GEMM | 0.002525 |" in printed and markdown.read_text() in printed and chart.stat().st_size > 0
+
+
+def test_bad_inputs_are_one_line(tiny_run, tmp_path, capsys):
+    empty = tmp_path / "cpu_only.json"
+    empty.write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", '
+                     '"pid": 1, "tid": 1, "ts": 0, "dur": 10}]}')
+    with pytest.raises(ConfigError, match="no GPU activity"):
+        compare(empty, tiny_run)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"traceEvents": [')
+    assert analysis_main(["compare-profile", str(broken), str(tiny_run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "broken.json" in err and "not a Chrome trace JSON" in err
+    with pytest.raises(ConfigError, match="no ProfilerStep#9"):
+        compare(TRACE, tiny_run, steps=[9])
+    with pytest.raises(ConfigError, match="not a sim run output"):
+        compare(TRACE, tmp_path)
