@@ -19,9 +19,11 @@ import argparse
 import datetime
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,10 +81,11 @@ def run_logged(name: str, argv: list[str]) -> None:
 
 def run_all_ranks(timeout: float) -> None:
     """The 16,384-GPU scenario with every rank on the contention network, stopped at ``timeout`` seconds."""
+    out = tempfile.mkdtemp(prefix="all-ranks-")
     argv = [sys.executable, "-m", "sim", "run", LLAMA, "--set", "ranks=all", "--set", "network.model=contention",
-            "--no-plot", "-o", str(LOGS / ".all-ranks-run")]
+            "--no-plot", "-o", out]
     print(f"running all-ranks (limit {timeout:.0f} s)", file=sys.stderr, flush=True)
-    header = _header(argv)
+    header = _header(argv[:-1] + ["DIR"])
     began = time.perf_counter()
     child = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finished = True
@@ -107,6 +110,7 @@ def run_all_ranks(timeout: float) -> None:
     else:
         line = (f"[frontier] all-ranks: not finished, stopped after {wall:.1f} s wall, CPU {cpu:.1f} s, "
                 f"peak RSS {rss / 2**30:.2f} GiB")
+    shutil.rmtree(out, ignore_errors=True)
     (LOGS / "all-ranks.log").write_text(header + line + "\n")
 
 
