@@ -12,8 +12,7 @@ import pytest
 
 from sim.explore import search
 from sim.explore.estimate import Estimator
-from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
-from sim.parallel.chunks import chunk_location, model_chunk, upstream
+from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, resolve_passes, stage_level_replay
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.scenario import load_scenario
 
@@ -97,22 +96,6 @@ def _sweep_replay(chunks: int, passes: list[list[Pass]], stages: list[StageTimes
     return max(free), last_b
 
 
-def _resolved(orders: list, layout: str, last: int | None) -> list[list[Pass]]:
-    p = len(orders)
-    v = 1 + max(action.chunk for order in orders for action in order)
-    last = p * v - 1 if last is None else last
-    out = []
-    for s, order in enumerate(orders):
-        passes = []
-        for action in order:
-            g = model_chunk(layout, p, s, action.chunk)
-            dep = upstream(action.phase, g, action.microbatch, last)
-            crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
-            passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses, action.with_next))
-        out.append(passes)
-    return out
-
-
 @pytest.mark.parametrize(("name", "p", "m", "v"), [
     ("zb-h1", 4, 6, 1), ("zb-h2", 8, 12, 1), ("zb-v", 4, 6, 2), ("interleaved", 4, 8, 3), ("1f1b", 8, 3, 1),
     ("dualpipe", 4, 8, 2), ("dualpipev", 4, 8, 2),
@@ -128,4 +111,4 @@ def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m:
                              rng.uniform(0.0, 0.05)) for _ in range(p)]
         c = rng.uniform(0.0, 0.1)
         assert stage_level_replay(chunks, units, stages, c) == _sweep_replay(
-            chunks, _resolved(orders, schedule.layout, last), stages, c)
+            chunks, resolve_passes(orders, schedule.layout, last), stages, c)

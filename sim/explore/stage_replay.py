@@ -51,10 +51,16 @@ def pass_dependencies(orders: list[list[Action]], layout: Layout,
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and the issued
     units (``Unit``) in an order where each comes after the units it waits for (the order in which the
     replay's stage-by-stage sweep first finds them ready; any such order gives the same times, since a unit's
-    times depend only on its stage's previous unit and its inputs). Each pass is (phase, (phase, model chunk,
-    micro-batch), the pass it needs (``parallel.chunks.upstream``), whether that pass ran on another stage,
-    whether it is issued as one unit with the next, ``Action.with_next``). ``last``: the last model chunk
-    (default p x chunks per stage - 1; DualPipe's two copies of p chunks end at p-1)."""
+    times depend only on its stage's previous unit and its inputs), from the passes ``resolve_passes`` gives.
+    ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's two copies of p chunks end at
+    p-1)."""
+    v = 1 + max(action.chunk for order in orders for action in order)
+    return v, _units(resolve_passes(orders, layout, last))
+
+
+def resolve_passes(orders: list[list[Action]], layout: Layout, last: int | None = None) -> list[list[Pass]]:
+    """Each stage's passes in its order: (phase, (phase, model chunk, micro-batch), the pass it needs
+    (``parallel.chunks.upstream``), whether that pass ran on another stage, ``Action.with_next``)."""
     p = len(orders)
     v = 1 + max(action.chunk for order in orders for action in order)
     last = p * v - 1 if last is None else last
@@ -67,7 +73,7 @@ def pass_dependencies(orders: list[list[Action]], layout: Layout,
             crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
             passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses, action.with_next))
         resolved.append(passes)
-    return v, _units(resolved)
+    return resolved
 
 
 def _units(passes: list[list[Pass]]) -> list[Unit]:
