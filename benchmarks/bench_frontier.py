@@ -5,6 +5,8 @@
 2. The same with ``ranks: all`` on the contention network (every rank simulated, TP groups folded), as a
    whole ``sim run --no-plot`` process: wall time and peak RSS.
 3. ``scenarios/gpt-1t_h100-98304.yaml`` (98,304 H100) in the default mode, as in 1.
+4. ``scenarios/llama3.1-405b_h100-16384_cp16-128k.yaml`` (the 128K variant with context parallelism 16, issue 24)
+   in the default mode, as in 1.
 Every time is printed with the peak RSS of the process that spent it.
 Run: python benchmarks/bench_frontier.py [--repeat 3] [--skip-all-ranks]
 """
@@ -22,6 +24,7 @@ from sim.spec.scenario import load_scenario
 
 LLAMA = ROOT / "scenarios" / "llama3.1-405b_h100-16384.yaml"
 FRONTIER = ROOT / "scenarios" / "gpt-1t_h100-98304.yaml"
+LLAMA_128K = ROOT / "scenarios" / "llama3.1-405b_h100-16384_cp16-128k.yaml"
 
 
 def default_mode(path: Path, repeat: int, out: str) -> None:
@@ -52,6 +55,7 @@ def main() -> None:
                   f"peak RSS {mib(rss)}; summary {len(summary):,} bytes")
         default_mode(LLAMA, args.repeat, out)
         default_mode(FRONTIER, args.repeat, out)
+        default_mode(LLAMA_128K, args.repeat, out)
 
 
 if __name__ == "__main__":

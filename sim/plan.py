@@ -23,7 +23,7 @@ from functools import cached_property
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
-from sim.model.memory import Recompute, activation_bytes_per_layer, model_state_bytes, rank_params
+from sim.model.memory import Recompute, activation_bytes_per_layer, loss_bytes, model_state_bytes, rank_params
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
@@ -32,13 +32,16 @@ from sim.model.peft import (
     layer_frozen_bytes,
     layer_trainable_params,
 )
-from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params
+from sim.model.peft import model_flops_per_step as peft_model_flops
+from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.context import CpCommType
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
+from sim.spec.sequence import LengthStats, length_stats
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,10 +94,20 @@ class Plan:
         return self.scenario.parallel.sequence_parallel
 
     @cached_property
+    def cp(self) -> int:
+        """Context-parallel degree: the ranks each sequence is split over (``parallel.cp``)."""
+        return self.degrees.cp
+
+    @cached_property
+    def cp_comm_type(self) -> CpCommType:
+        """How a CP rank's attention sees the others' K and V (``parallel.cp_comm_type``; sim.parallel.context)."""
+        return self.scenario.parallel.cp_comm_type
+
+    @cached_property
     def grid(self) -> RankGrid:
         if self.is_moe:
-            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp)
-        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node)
+            return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, self.ep, self.etp, self.cp)
+        return RankGrid(self.tp, self.pp, self.dp, self.scenario.cluster.gpus_per_node, cp=self.cp)
 
     # ------------------------------------------------------------------------------------------------ batch
     @cached_property
@@ -104,6 +117,12 @@ class Plan:
     @cached_property
     def seq_len(self) -> int:
         return self.degrees.seq_len
+
+    @cached_property
+    def local_seq_len(self) -> int:
+        """Tokens of each sequence one rank holds: seq_len / cp (the rules make it whole). Every kernel but the
+        attention core, every activation and every TP, PP and MoE message is sized by it."""
+        return self.seq_len // self.cp
 
     @cached_property
     def microbatches(self) -> int:
@@ -329,9 +348,9 @@ class Plan:
 
     @cached_property
     def dispatch_tokens(self) -> float:
-        """Tokens one rank routes per micro-batch and MoE layer: b*s/tp (sequence parallelism, which the rules
-        require with tp > 1)."""
-        tokens = self.micro_batch * self.seq_len
+        """Tokens one rank routes per micro-batch and MoE layer: b*s/(cp*tp) (sequence parallelism, which the rules
+        require with tp > 1; a CP rank holds s/cp tokens)."""
+        tokens = self.micro_batch * self.local_seq_len
         return tokens / self.tp if self.sequence_parallel else float(tokens)
 
     @cached_property
@@ -470,7 +489,7 @@ class Plan:
     @cached_property
     def tp_bytes(self) -> float:
         """Bytes of one Megatron TP collective: the b x s x h activations of a block (Narayanan et al. SC21)."""
-        return float(self.micro_batch * self.seq_len * self.model.hidden_size * self.elem_bytes)
+        return float(self.micro_batch * self.local_seq_len * self.model.hidden_size * self.elem_bytes)
 
     @cached_property
     def p2p_bytes(self) -> float:
@@ -506,6 +525,74 @@ class Plan:
             return frozenset()
         return frozenset(t.recompute_modules if t.recompute_modules is not None else ("core_attn",))
 
+    # ------------------------------------------------------------------------------- documents in a row
+    @cached_property
+    def lengths(self) -> LengthStats | None:
+        """Moments of the documents' lengths (``training.sequence``, sim.spec.sequence); None in the default case
+        (one seq_len document per row), where nothing below changes."""
+        seq = self.scenario.training.sequence
+        return None if seq.default else length_stats(seq, self.seq_len)
+
+    @cached_property
+    def documents_per_row(self) -> float:
+        """Documents in one seq_len row: seq_len / E[s] packed, one padded."""
+        packed = self.lengths is not None and self.scenario.training.sequence.packing
+        return self.seq_len / self.lengths.mean if packed and self.lengths is not None else 1.0
+
+    @cached_property
+    def attention_work(self) -> tuple[float, float] | None:
+        """(share of a row's full-matrix flash-attention FLOPs its documents need, the share of those a causal
+        kernel executes). A row's documents, each attended alone by flash attention's varlen kernel, need
+        n E[s^2] / seq_len^2 of the row's seq_len^2 (packed: n = seq_len / E[s]; padded: n = 1, transformers
+        unpadding FlashAttention-2's input); each executes its own causal share. None (the row's full matrix and
+        its causal share, as sim.model.ops prices it) without flash attention or in the default case."""
+        if self.lengths is None or not self.scenario.training.flash_attention:
+            return None
+        return self.documents_per_row * self.lengths.mean_square / self.seq_len**2, self.lengths.causal_share
+
+    @cached_property
+    def model_tokens_per_step(self) -> float:
+        """Document tokens one step trains on (tokens/s counts these): global_batch x seq_len, less the padding
+        (global_batch x E[s]) when documents are padded."""
+        rows = self.global_batch * self.seq_len
+        if self.lengths is None or self.scenario.training.sequence.packing:
+            return float(rows)
+        return self.global_batch * self.lengths.mean
+
+    @cached_property
+    def model_flops_per_step(self) -> float:
+        """MFU's numerator: the model FLOPs of the step's documents (sim.model.transformer.model_flops_per_step,
+        or sim.model.peft's under a fine-tuning method). A sequence's FLOPs are a s + c s^2 (linear layers and
+        logits per token, attention per token pair, Korthikanti et al. eq. 7's form), so the documents' FLOPs are
+        rows x documents per row x (a E[s] + c E[s^2]): padding tokens and the attention between packed
+        documents are not model FLOPs."""
+        def flops(rows: int, seq_len: int) -> float:
+            if self.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
+                return peft_model_flops(self.model, self.peft, rows, seq_len)
+            return model_flops_per_step(self.model, rows, seq_len)
+
+        if self.lengths is None:
+            return flops(self.global_batch, self.seq_len)
+        one, two = flops(1, 1), flops(1, 2)
+        quadratic = (two - 2 * one) / 2
+        linear = one - quadratic
+        per_document = linear * self.lengths.mean + quadratic * self.lengths.mean_square
+        return self.global_batch * self.documents_per_row * per_document
+
+    def offloads(self, layer: int) -> bool:
+        """Whether ``layer``'s activations go to the host between its forward and backward (activation offload,
+        ``training.cpu_offloading_num_layers``: the first N layers of each model chunk, as Transformer Engine's
+        CPU offload context counts the layers of the TransformerBlock it wraps)."""
+        offloaded = self.scenario.training.cpu_offloading_num_layers
+        if not offloaded:
+            return False
+        starts = self.chunk_starts
+        return layer - starts[bisect.bisect_right(starts, layer) - 1] < offloaded
+
+    def offloaded_layers(self, stage: int) -> int:
+        """Layers of a stage whose activations are offloaded (over its chunks)."""
+        return sum(self.offloads(layer) for g in self.stage_chunks[stage] for layer in self.chunk_layers(g))
+
     def activation_bytes(self, recompute: Recompute | None = None, moe: bool = False) -> float:
         """Bytes one transformer layer keeps for its backward per micro-batch and TP rank (Korthikanti et al.
         2022 Table 2) under ``recompute`` (default: the scenario's mode, with its ``recompute_modules``);
@@ -514,14 +601,14 @@ class Plan:
         mode = recompute or t.recompute
         modules = self.recompute_modules if mode == t.recompute else None
         if moe:
-            return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp,
+            return activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
                                               self.sequence_parallel, mode, t.flash_attention,
                                               moe=True, routed_tokens=self.routed_tokens, etp=self.etp,
                                               modules=modules)
-        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          mode, t.flash_attention, modules=modules)
+        kept = activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
+                                          self.sequence_parallel, mode, t.flash_attention, modules=modules)
         if self.peft.adapters and mode != "full":  # LoRA's A outputs (and dropped inputs), sim.model.peft
-            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.seq_len, self.tp,
+            kept += adapter_activation_bytes(self.model, self.peft, self.micro_batch * self.local_seq_len, self.tp,
                                              self.elem_bytes)
         return kept
 
@@ -566,6 +653,17 @@ class Plan:
             return max(self._kept_moe_bytes[1], self._kept_bytes[1] if not all(self.moe_layers) else 0.0)
         return self._kept_bytes[1] if rebuilds else 0.0
 
+    def transient_bytes(self, stage: int) -> float:
+        """Activations beside the stash that live for part of a stage's backward, the larger of two that never
+        overlap: the layer full recomputation is rebuilding (``rebuild_bytes``) and, on a stage that runs the LM
+        head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
+        head's backward ends before the first layer is rebuilt)."""
+        rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 or self.recompute_modules else 0.0
+        mode = self.scenario.training.cross_entropy
+        if mode == "fused" or not self.holds_head(stage):
+            return rebuilding
+        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.local_seq_len, self.tp, mode))
+
     # --------------------------------------------------------------------------------------- ZeRO and FSDP
     @cached_property
     def zero_stage(self) -> int:
@@ -581,8 +679,9 @@ class Plan:
 
     @cached_property
     def data_parallel(self) -> bool:
-        """Whether there is a data-parallel group to reduce over (dp > 1)."""
-        return self.dp > 1
+        """Whether there is a data-parallel group to reduce gradients over (dp x cp > 1: CP ranks hold the same
+        weights and reduce their gradients with the DP ranks, ``grid.dp_group``)."""
+        return self.dp * self.cp > 1
 
     @cached_property
     def gathers_units(self) -> bool:

@@ -37,7 +37,7 @@ def test_an_engine_loads_neither_the_builder_nor_pydantic(module):
 
 def test_stream_and_kind_names_are_the_strings_the_trace_holds():
     assert [str(s) for s in STREAMS] == ["compute", "tp", "pp", "dp", "dp_replica", "offload", "host", "ep",
-                                          "expert_dp"]
+                                          "expert_dp", "cp"]
     assert COMPUTE_KINDS == ("forward", "backward", "weight", "recompute") and COMM_KINDS == ("tp", "pp", "dp")
     assert Stream.DP_REPLICA == "dp_replica" and hash(Kind.OPTIMIZER) == hash("optimizer")
     frame = runner.run(load_scenario(SCENARIOS / "tiny.yaml")).trace

@@ -46,8 +46,14 @@ def test_every_task_starts_after_its_dependencies_end(run):
 def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     layered = run.trace[(run.trace["layer"] >= 0) & run.trace["kind"].isin(["forward", "backward"])]
     counts = layered.groupby(["rank", "kind", "microbatch", "layer", "name"]).size()
-    assert set(counts[counts.index.get_level_values("kind") == "forward"]) == {1}
-    m = resolve(run.scenario).microbatches
+    # Context parallelism: the attention block is attention (norm, QKV), its core (one task per ring step under
+    # p2p, else one) and attention_out (output projection, residual).
+    plan = resolve(run.scenario)
+    cores = 0 if plan.cp == 1 else plan.cp if plan.cp_comm_type == "p2p" else 1
+    forward = counts[counts.index.get_level_values("kind") == "forward"]
+    core = forward.index.get_level_values("name") == "attention_core"
+    assert set(forward[~core]) == {1} and set(forward[core]) <= {cores}
+    m = plan.microbatches
     # With TP, a fused backward block is two tasks: the input gradient, then the column-parallel GEMM's weight
     # gradient that Megatron runs beside the asynchronous input-gradient reduction.
     sc = run.scenario
@@ -63,7 +69,9 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
         # DualPipe: a rank holds one stage of each of the two model copies and each micro-batch runs through one
         # copy (half enter from each end), so each of the rank's layers sees m/2 micro-batches.
         passes = m // 2 if sc.schedule == "dualpipe" else m
-        assert len(rows) == passes * ((per_stage - moe) * 2 * attention + moe * (attention + moe_blocks))
+        cp_tasks = cores + 1 if cores else 0  # the core's tasks and attention_out
+        assert len(rows) == passes * ((per_stage - moe) * (2 * attention + cp_tasks)
+                                      + moe * (attention + cp_tasks + moe_blocks))
 
 
 def test_durations_are_finite_and_non_negative(run):

@@ -91,7 +91,7 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
         ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
         ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),
         ("bubble fraction", f"{summary.bubble_fraction:.2%}"),
-        ("exposed comm " + " / ".join(kinds := [k for k in ("tp", "pp", "dp", "ep") if k in exposed]),
+        ("exposed comm " + " / ".join(kinds := [k for k in ("tp", "pp", "dp", "ep", "cp") if k in exposed]),
          " / ".join(f"{exposed[k] * 1e3:.1f}" for k in kinds) + " ms"),
         ("peak memory per GPU", f"{_gib(peak.max)} of {_gib(summary.hbm_capacity_bytes)}"
                                 + ("" if summary.fits_in_memory else "  [does not fit]")),

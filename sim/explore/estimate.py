@@ -33,10 +33,10 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import layer_params, model_flops_per_step
+from sim.model.transformer import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
+from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
@@ -87,7 +87,7 @@ class Estimator:
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
         shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention, plan.recompute_modules)
+                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type)
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -108,6 +108,8 @@ class Estimator:
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
         bwd_layer += self._selective_dense(plan, tp_comm)
+        cp_f, cp_b = self._cp_exposed(plan, bwd)
+        fwd_layer, bwd_layer = fwd_layer + cp_f, bwd_layer + cp_b
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
@@ -135,6 +137,11 @@ class Estimator:
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
+            offloaded = plan.offloaded_layers(s)
+            if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
+                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
+                b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
                 if holds:
                     f += self._price(plan, piece, "forward")
@@ -170,9 +177,9 @@ class Estimator:
     def _moe_price(self, plan: Plan, name: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a MoE layer's MLP part (sim.workload.step.moe_blocks), cached by shape."""
         t = plan.scenario.training
-        shape = ("moe", plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, plan.etp, plan.local_experts,
-                 plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache, plan.microbatches,
-                 plan.recompute_modules)
+        shape = ("moe", plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel, plan.etp,
+                 plan.local_experts, plan.routed_tokens, plan.dtype, t.fp8_cast_kernels, t.fp8_weight_cache,
+                 plan.microbatches, plan.recompute_modules)
         key = (name, phase, shape)
         if key not in self._compute:
             if shape not in self._moe_blocks:
@@ -209,6 +216,8 @@ class Estimator:
         attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
                        else self._price(plan, "attention", bwd) + tp_comm)
         attention_b += self._price(plan, "recompute_attention", "forward")
+        cp_f, cp_b = self._cp_exposed(plan, bwd)
+        attention_f, attention_b = attention_f + cp_f, attention_b + cp_b
         moe_forward = (price(plan, "moe_router", "forward")
                        + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
                        + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
@@ -231,6 +240,27 @@ class Estimator:
                 + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
                 + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
         return forward, backward, weight, pair
+
+    def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
+        """(forward, backward) seconds one layer's context parallelism adds to its attention block's flash kernel,
+        as the workload emits it (``_StageEmitter._cp_core``): the ring's makespan (sim.parallel.context.
+        ring_makespan: a send is exposed where it outlasts its step; the steps with TE's output corrections) less
+        the flash kernel, or the all-gather / all-to-all collectives, which nothing overlaps. (0, 0) without CP."""
+        ca = step.context_attention(plan)
+        if ca is None:
+            return 0.0, 0.0
+        group = plan.grid.cp_group(0)
+        out = []
+        for moves, phase in ((ca.forward, "forward"), (ca.backward, bwd)):
+            if plan.cp_comm_type != "p2p":
+                out.append(sum(network_models.transfer_time(self.net, m.op, m.nbytes, group) for m in moves))
+                continue
+            blocks = [self.costs.compute_time(work, phase) for work in ca.steps]  # type: ignore[arg-type]
+            sends = [self.net.p2p_time(m.nbytes, group[0], group[1]) for m in moves]
+            flash = Work(tuple(op for work in ca.steps for op in work.ops if op.name == "flash_attention"), 0.0)
+            core = self.costs.compute_time(flash, phase)  # type: ignore[arg-type]  # priced in the attention block
+            out.append(ring_makespan(blocks, sends, backward=phase != "forward") - core)
+        return out[0], out[1]
 
     def _p2p(self, plan: Plan) -> float:
         """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
@@ -539,9 +569,7 @@ class Estimator:
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-        if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-            flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
         tflops = flops / gpus / step_s / 1e12
         # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
         uneven = len(set(plan.chunk_sizes)) > 1

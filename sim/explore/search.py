@@ -14,10 +14,11 @@ divide the heads and the FFN; pp over the divisors of the layer count; dp the re
 count divides the global batch; every schedule (interleaved with each vpp that divides the layers per stage);
 ZeRO 0-3 (2 and 3 with pp = 1, as DeepSpeed allows); recompute none / selective / full; sequence parallel on
 or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of the expert count with
-ep*etp dividing tp*dp (Megatron-Core's MoE parallel folding). Validity uses the scenario rules of
-sim.spec.scenario, so a layout the search keeps is one ``sim run`` accepts. ``parse_only`` narrows the space to
-what a framework offers (``--only zero=0``: Megatron-LM before its distributed optimizer; ``--only
-schedule=1f1b,interleaved``: no zero-bubble schedules).
+ep*etp dividing tp*dp (Megatron-Core's MoE parallel folding; tp*cp*dp with context parallelism); cp with each
+cp_comm_type where each rank keeps at least ``CP_MIN_LOCAL_TOKENS`` tokens (``context_degrees``). Validity uses
+the scenario rules of sim.spec.scenario, so a layout the search keeps is one ``sim run`` accepts. ``parse_only``
+narrows the space to what a framework offers (``--only zero=0``: Megatron-LM before its distributed optimizer;
+``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ from sim.spec.scenario import Scenario, check_rules, load_scenario
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
                "recompute": "training.recompute", "sequence_parallel": "parallel.sequence_parallel",
-               "ep": "parallel.ep", "etp": "parallel.etp"}
+               "ep": "parallel.ep", "etp": "parallel.etp", "cp": "parallel.cp", "cp_comm_type": "parallel.cp_comm_type"}
 LAYOUT_FIELDS = tuple(LAYOUT_KEYS)
 RECOMPUTE_MODES = ("none", "selective", "full")
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+# Context parallelism is searched where each rank keeps at least this many tokens of a sequence: NVIDIA's NeMo
+# recipes switch it on from 8K sequences with cp 2 (Llama 3 8B/70B at 8K: 4,096 tokens per rank), and shorter
+# chunks leave ring attention's blocks too short to hide their sends. ``--only cp=...`` overrides it.
+CP_MIN_LOCAL_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class Layout:
     sequence_parallel: bool
     ep: int = 1  # expert parallel (MoE models; 1 for dense ones)
     etp: int = 1  # expert tensor parallel (MoE models; 1 for dense ones)
+    cp: int = 1  # context parallel
+    cp_comm_type: str = "p2p"
 
     def point(self) -> dict[str, Any]:
         """The layout as sweep overrides (dotted scenario keys)."""
@@ -89,7 +97,8 @@ def parse_only(specs: list[str]) -> Only:
 # memory and the step in ways the screen's closed forms do not price beyond a stage-level replay.
 SEARCHED_SCHEDULES = tuple(name for name in SCHEDULES if not name.startswith("dualpipe"))
 _CHOICES: dict[str, tuple[Any, ...]] = {"schedule": SEARCHED_SCHEDULES, "recompute": RECOMPUTE_MODES,
-                                        "zero": (0, 1, 2, 3), "sequence_parallel": (True, False)}
+                                        "zero": (0, 1, 2, 3), "sequence_parallel": (True, False),
+                                        "cp_comm_type": CP_COMM_TYPES}
 
 
 def _checked(knob: str, value: Any) -> Any:
@@ -116,6 +125,20 @@ def expert_degrees(base: Scenario, tp: int, dp: int) -> list[tuple[int, int]]:
             for ep in _divisors(model.num_moe_experts) if (tp * dp) % (ep * etp) == 0]
 
 
+def context_degrees(base: Scenario, ranks: int, only: Only | None = None) -> list[tuple[int, str]]:
+    """(cp, cp_comm_type) over ``ranks`` GPUs left by tp x pp: cp 1, and each divisor of ``ranks`` that splits the
+    sequence into 2 x cp chunks and leaves every rank ``CP_MIN_LOCAL_TOKENS`` tokens (any divisor ``--only cp``
+    names), with each communication type (the rules refuse a2a where tp x cp does not divide the heads)."""
+    seq_len = degrees(base).seq_len
+    allowed = only.get("cp") if only else None
+    out = [(1, "p2p")]
+    for cp in _divisors(ranks)[1:]:
+        if seq_len % (2 * cp) or (seq_len // cp < CP_MIN_LOCAL_TOKENS if allowed is None else cp not in allowed):
+            continue
+        out += [(cp, comm) for comm in CP_COMM_TYPES]
+    return out
+
+
 def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
     implied = degrees(base)
@@ -123,10 +146,9 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
             continue
-        for pp in _divisors(model.num_layers):
-            if gpus % (tp * pp):
-                continue
-            dp = gpus // (tp * pp)
+        for pp, (cp, comm) in ((p, c) for p in _divisors(model.num_layers) if gpus % (tp * p) == 0
+                               for c in context_degrees(base, gpus // (tp * p), only)):
+            dp = gpus // (tp * pp * cp)
             if global_batch % dp:
                 continue
             for mb in _divisors(global_batch // dp):
@@ -137,10 +159,10 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                         else [2] if schedule == "zb-v" else [1]
                     for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                           (False, True) if tp > 1 else (False,),
-                                                                          expert_degrees(base, tp, dp)):
+                                                                          expert_degrees(base, tp, cp * dp)):
                         if zero >= 2 and pp > 1:
                             continue
-                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp, ep, etp)
+                        layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp, ep, etp, cp, comm)
                         if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
                             yield layout
 
@@ -149,7 +171,8 @@ def candidate(base: Scenario, layout: Layout) -> Scenario:
     """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails."""
     parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
                                                 "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
-                                                "ep": layout.ep, "etp": layout.etp})
+                                                "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
+                                                "cp_comm_type": layout.cp_comm_type})
     training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
                                                 "global_batch": degrees(base).global_batch, "microbatches": None})
     scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,

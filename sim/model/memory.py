@@ -185,6 +185,30 @@ def activation_bytes_per_layer(
     return per_rank_replicated + (sharded + scores) / tp + latents + routed
 
 
+CrossEntropy = Literal["fused", "megatron", "hf"]
+# The loss head's logits, in bytes per logit element (tokens x vocab / tp on a TP rank): (held from the head's
+# forward to its backward, the peak while the loss and its gradient run). The bf16 logits GEMM output is 2 bytes.
+# - fused: nothing held beyond the kernel (the accounting of earlier versions of this simulator).
+# - megatron: VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py) casts the bf16 logits to
+#   fp32 (``calculate_logits_max``: ``vocab_parallel_logits.float()``), turns them in place into exp_logits and
+#   saves those for the backward (4 held); forward peak bf16 + fp32 = 6; the backward makes the softmax gradient
+#   in place and casts it to bf16 for the output layer's backward (4 + 2 = 6).
+# - hf: Hugging Face transformers with the Trainer's bf16 autocast: the loss (ForCausalLMLoss in
+#   transformers/loss/loss_utils.py, ``logits = logits.float()``; remote-code models such as Qwen-7B's
+#   modeling_qwen.py slice ``lm_logits[..., :-1, :].contiguous()`` and torch.autocast runs log_softmax/nll_loss in
+#   fp32, "CUDA Ops that can autocast to float32") keeps the fp32 log_softmax output for the backward (4 held).
+#   The peak is the backward of log_softmax: nll_loss's dense fp32 gradient, the saved output and the input
+#   gradient it writes, 3 x 4 = 12 (the forward's bf16 logits + fp32 copy + log_softmax output is 10, or 12 with
+#   Qwen's bf16 shifted copy).
+LOSS_BYTES: dict[str, tuple[float, float]] = {"fused": (0.0, 0.0), "megatron": (4.0, 6.0), "hf": (4.0, 12.0)}
+
+
+def loss_bytes(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, mode: CrossEntropy) -> float:
+    """Peak bytes the loss head's logits take on a TP rank of the head stage for one micro-batch under
+    ``mode`` (``LOSS_BYTES``): tokens x vocab / tp elements."""
+    return micro_batch * seq_len * spec.vocab_size / tp * LOSS_BYTES[mode][1]
+
+
 def peak_usage(parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[str, float]:
     """Peak of the sum of several kinds of allocations, each given as (alloc times, free times, bytes), and
     each kind's bytes at that moment. At equal times allocations come before frees (the conservative order)."""

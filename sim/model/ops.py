@@ -192,11 +192,17 @@ def attention_forward_ops(
     fused_kernels: bool = True,
     fp8_casts: Fp8Casts | None = None,
     causal: bool = False,
+    fused_norm_rope: bool | None = None,
+    kv_seq_len: int | None = None,
+    executed: float | None = None,
 ) -> tuple[Op, ...]:
     """Forward kernels of one layer's attention block on one TP rank (``layer_forward_ops``'s ``attention``):
     input norm, QKV projection (MLA: its down and up projections), the attention core, output projection,
-    dropout + residual. Arguments as ``layer_forward_ops``."""
+    dropout + residual. Arguments as ``layer_forward_ops``; under context parallelism (sim.parallel.context)
+    ``seq_len`` is the rank's s/cp tokens, ``kv_seq_len`` the keys each query sees (all s; default ``seq_len``)
+    and ``executed`` the share of the flash kernel's full-matrix FLOPs it runs (default: ``causal_fraction``)."""
     b, s, h = micro_batch, seq_len, spec.hidden_size
+    kv_s = kv_seq_len or s
     tokens = b * s
     heads = spec.num_attention_heads / tp
     kv_local = spec.kv_dim / tp
@@ -211,13 +217,14 @@ def attention_forward_ops(
 
     # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
     # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as the eight kernels above.
-    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
+    fused_norm = fused_kernels if fused_norm_rope is None else fused_norm_rope
+    norm = _eager_norm if not fused_norm and spec.norm == "rmsnorm" else _elementwise
     attention: list[Op] = [norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1)]
     if spec.multi_latent_attention:
         attention += _mla_projections(spec, tokens, replicated_tokens, tp, elem_bytes, norm)
     else:
         attention.append(_linear("qkv_proj", tokens, q_local + 2 * kv_local, h, elem_bytes))
-    if not fused_kernels and spec.position_embedding == "rope":
+    if not fused_norm and spec.position_embedding == "rope":
         attention.append(_eager_rope(tokens * (q_local + kv_local)))
     if flash_attention:
         # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
@@ -225,11 +232,11 @@ def attention_forward_ops(
         if spec.multi_latent_attention:  # q and k of d_nope + d_rope, v and o of d_v per head
             flash_flops = 2.0 * b * heads * s * s * (qk_dim + v_dim)
             flash_bytes = float(elem_bytes * tokens * heads * (2 * qk_dim + 2 * v_dim))
-        else:
-            flash_flops = 2.0 * 2 * b * heads * s * s * spec.head_dim
-            flash_bytes = float(elem_bytes * tokens * (2 * q_local + 2 * kv_local))
-        executed = _executed_share(spec, s, causal)
-        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=executed))
+        else:  # q and o of the rank's tokens, k and v of the keys they see
+            flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
+            flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
+        share = _executed_share(spec, s, causal) if executed is None else executed
+        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=share))
     else:
         score_elems = b * heads * s * s
         attention += [
@@ -275,6 +282,7 @@ def dense_mlp_forward_ops(
     fused_kernels: bool = True,
     fp8_casts: Fp8Casts | None = None,
     causal: bool = False,
+    fused_norm_rope: bool | None = None,
 ) -> tuple[Op, ...]:
     """Forward kernels of one dense layer's MLP block on one TP rank (``layer_forward_ops``'s ``mlp``):
     post-attention norm, up projection (gate and up under SwiGLU), activation, down projection, dropout +
@@ -284,7 +292,8 @@ def dense_mlp_forward_ops(
     ffn_local = spec.ffn / tp
     replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
-    norm = _eager_norm if not fused_kernels and spec.norm == "rmsnorm" else _elementwise
+    fused_norm = fused_kernels if fused_norm_rope is None else fused_norm_rope
+    norm = _eager_norm if not fused_norm and spec.norm == "rmsnorm" else _elementwise
     up_width = (2 if spec.gated_mlp else 1) * ffn_local
     mlp = (
         norm("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
@@ -308,6 +317,7 @@ def layer_forward_ops(
     fused_kernels: bool = True,
     fp8_casts: Fp8Casts | None = None,
     causal: bool = False,
+    fused_norm_rope: bool | None = None,
 ) -> dict[str, tuple[Op, ...]]:
     """Forward kernels of one layer on one TP rank, as two blocks (``attention``, ``mlp``) separated by the
     Megatron tensor-parallel collectives. Norm/dropout/residual work is divided by tp only with sequence
@@ -316,10 +326,11 @@ def layer_forward_ops(
     kernels of a PyTorch eager Llama (``EAGER_RMSNORM_BYTES``, ``EAGER_ROPE_BYTES`` above). ``fp8_casts``:
     FP8 training's cast/transpose kernels around each linear GEMM (``fp8_cast_ops``); None: none. ``causal``: flash
     attention skips the score tiles above the diagonal (``causal_fraction``); the unfused path computes the full
-    s x s matrix and masks it, as Megatron-LM's fused masked softmax does. A MoE layer's MLP is
-    ``moe_forward_ops``."""
+    s x s matrix and masks it, as Megatron-LM's fused masked softmax does. ``fused_norm_rope``: the RMSNorm and
+    rotary kernels fused (one read, one write) or eager whatever ``fused_kernels`` says (None: as it says), for
+    eager modelling code calling flash-attn's fused kernels. A MoE layer's MLP is ``moe_forward_ops``."""
     args = (spec, micro_batch, seq_len, tp, sequence_parallel, elem_bytes, flash_attention, fused_kernels,
-            fp8_casts, causal)
+            fp8_casts, causal, fused_norm_rope)
     return {"attention": attention_forward_ops(*args), "mlp": dense_mlp_forward_ops(*args)}
 
 
@@ -460,15 +471,21 @@ def embedding_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, elem_
     return (_elementwise("embedding_lookup", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),)
 
 
-def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int) -> tuple[Op, ...]:
+def head_forward_ops(spec: ModelSpec, micro_batch: int, seq_len: int, tp: int, elem_bytes: int,
+                     cross_entropy: str = "fused") -> tuple[Op, ...]:
     """Final norm, vocab-parallel logits GEMM and cross-entropy (fp32 logits) on one TP rank. The logits GEMM is
     not a Transformer Engine module (Megatron-LM's output_layer is tensor_parallel.ColumnParallelLinear,
     gpt_model.py) and runs outside the decoder's fp8_autocast (transformer_block.py), so it stays bf16 under
-    FP8 training (``te_linear`` false)."""
+    FP8 training (``te_linear`` false). ``cross_entropy`` "hf" (``training.cross_entropy``): Hugging Face's loss
+    first materialises the logits in fp32 (read 16-bit, write fp32; in the backward the gradient is cast back and
+    copied into the unshifted shape, the weightless op's 2x), then log_softmax and nll_loss as the fused kernel."""
     tokens = micro_batch * seq_len
     vocab_local = spec.vocab_size / tp
+    logits = tokens * vocab_local
+    upcast = (_elementwise("logits_upcast", logits, 2, reads=1, writes=2),) if cross_entropy == "hf" else ()
     return (
         _elementwise("final_norm", tokens * spec.hidden_size, elem_bytes, reads=1, writes=1),
         _gemm("logits", tokens, vocab_local, spec.hidden_size, elem_bytes),
+        *upcast,
         _elementwise("cross_entropy", tokens * vocab_local, 4, reads=2, writes=1),
     )

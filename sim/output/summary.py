@@ -26,12 +26,11 @@ import numpy as np
 import pandas as pd
 import pydantic
 
-from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import active_params, logits_forward_flops, model_flops_per_step, total_params
+from sim.model.transformer import active_params, logits_forward_flops, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
-from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, MOE_COMM_KINDS, Kind, Stream
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, Kind, Stream
 
 # summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
 # keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
@@ -108,7 +107,7 @@ class Summary:
     hfu: float
     bubble_fraction: float
     bubble_rate_stagewise: float
-    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp) -> seconds, worst rank
+    exposed_comm_s: dict[str, float]  # kind (tp, pp, dp; ep: MoE; cp: cp > 1) -> seconds, worst rank
     peak_memory_bytes: PeakMemory
     memory_breakdown_bytes: dict[str, dict[str, float]]  # rank -> part (weights, activations, ..., total) -> bytes
     host_memory_bytes: float  # CPU offload, per rank
@@ -242,6 +241,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     busy_compute: list[float] = []
     # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
     comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
     exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
@@ -258,9 +258,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     scenario = plan.scenario
     gpus = plan.num_gpus
     peak = scenario.cluster.gpu.peak(plan.dtype)
-    model_flops = model_flops_per_step(plan.model, plan.global_batch, plan.seq_len)
-    if plan.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-        model_flops = peft_model_flops(plan.model, plan.peft, plan.global_batch, plan.seq_len)
+    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
     if scenario.costs.model == "fixed":
         # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
         # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
@@ -272,7 +270,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
-    tokens = plan.global_batch * plan.seq_len
+    tokens = plan.model_tokens_per_step  # document tokens: padding does not count
     return Summary(
         scenario=scenario.name,
         seed=scenario.seed,

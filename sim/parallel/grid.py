@@ -1,12 +1,14 @@
-"""Rank grid of a tp x dp x pp layout.
+"""Rank grid of a tp x cp x dp x pp layout.
 
-In: tp, pp, dp and GPUs per node. Out: a ``RankGrid`` mapping global ranks to (tp, dp, pp) coordinates and
-back, the process group of any rank along each dimension, and the node that holds a rank; ``chunk_sizes``,
+In: tp, pp, dp, cp and GPUs per node. Out: a ``RankGrid`` mapping global ranks to (tp, dp, pp, cp) coordinates
+and back, the process group of any rank along each dimension, and the node that holds a rank; ``chunk_sizes``,
 the layers of each of the pp*vpp model chunks (even, or with other counts on the first and last stage).
 
-Placement follows Megatron-LM's default order with tensor parallelism fastest, then data, then pipeline:
-``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``. With tp equal to the GPUs of a node, a TP group is one
-node (NVLink) and DP/PP groups span nodes (InfiniBand).
+Placement follows Megatron-LM's default order "tp-cp-ep-dp-pp" (megatron/core/parallel_state.py,
+RankGenerator) with tensor parallelism fastest, then context, then data, then pipeline:
+``rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))``. With tp equal to the GPUs of a node, a TP
+group is one node (NVLink) and CP/DP/PP groups span nodes (InfiniBand). Without context parallelism (cp = 1)
+this is ``tp_rank + tp * (dp_rank + dp * pp_rank)``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Coord:
     tp: int
     dp: int
     pp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -28,26 +31,28 @@ class RankGrid:
     pp: int
     dp: int
     gpus_per_node: int
-    ep: int = 1  # expert parallel (MoE): folded over a stage's tp x dp ranks, after etp
+    ep: int = 1  # expert parallel (MoE): folded over a stage's tp x cp x dp ranks, after etp
     etp: int = 1  # expert tensor parallel, fastest
+    cp: int = 1  # context parallel: between tp and dp (Megatron's "tp-cp-ep-dp-pp")
 
     @property
     def edp(self) -> int:
-        """Expert data parallel: the ranks of a stage holding the same experts, tp*dp / (ep*etp)."""
-        return self.tp * self.dp // (self.ep * self.etp)
+        """Expert data parallel: the ranks of a stage holding the same experts, tp*cp*dp / (ep*etp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
-    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
+    def rank(self, tp_rank: int, dp_rank: int, pp_rank: int, cp_rank: int = 0) -> int:
+        return tp_rank + self.tp * (cp_rank + self.cp * (dp_rank + self.dp * pp_rank))
 
     def coord(self, rank: int) -> Coord:
         tp_rank = rank % self.tp
-        dp_rank = (rank // self.tp) % self.dp
-        pp_rank = rank // (self.tp * self.dp)
-        return Coord(tp_rank, dp_rank, pp_rank)
+        cp_rank = (rank // self.tp) % self.cp
+        dp_rank = (rank // (self.tp * self.cp)) % self.dp
+        pp_rank = rank // (self.tp * self.cp * self.dp)
+        return Coord(tp_rank, dp_rank, pp_rank, cp_rank)
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -59,20 +64,32 @@ class RankGrid:
         return tuple(range(first, first + self.tp))
 
     def dp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks that reduce ``rank``'s gradients and shard its ZeRO/FSDP states: the data-parallel group with
+        the context-parallel ranks in it (dp x cp; Megatron-Core's get_data_parallel_group(
+        with_context_parallel=True), which DDP and the distributed optimizer use; TorchTitan's dp_shard_cp mesh):
+        CP ranks hold the same weights and each computes gradients on its part of the sequence. cp and dp are
+        adjacent (tp-cp-dp), so the group is one stride-tp progression. The plain dp group when cp = 1."""
         c = self.coord(rank)
         first = self.rank(c.tp, 0, c.pp)
-        return tuple(range(first, first + self.tp * self.dp, self.tp))
+        return tuple(range(first, first + self.tp * self.cp * self.dp, self.tp))
+
+    def cp_group(self, rank: int) -> tuple[int, ...]:
+        """The ranks sharing ``rank``'s sequences (its ring under cp_comm_type p2p, in ring order)."""
+        c = self.coord(rank)
+        first = self.rank(c.tp, c.dp, c.pp)
+        return tuple(range(first, first + self.tp * self.cp, self.tp))
 
     def pp_group(self, rank: int) -> tuple[int, ...]:
         c = self.coord(rank)
-        first = self.rank(c.tp, c.dp, 0)
-        return tuple(range(first, first + self.tp * self.dp * self.pp, self.tp * self.dp))
+        first = self.rank(c.tp, c.dp, 0, c.cp)
+        stride = self.tp * self.cp * self.dp
+        return tuple(range(first, first + stride * self.pp, stride))
 
     # MoE parallel folding (Megatron-Core parallel_state.py, expert RankGenerator with order "tp-ep-dp-pp"): the
-    # tp*dp ranks of a pipeline stage (contiguous: tp and dp are the fastest dimensions) are re-indexed as
+    # tp*cp*dp ranks of a pipeline stage (contiguous: tp, cp and dp are the fastest dimensions) are re-indexed as
     # local = etp_rank + etp * (ep_rank + ep * edp_rank).
     def _expert_group(self, rank: int, stride: int, size: int) -> tuple[int, ...]:
-        block = self.tp * self.dp
+        block = self.tp * self.cp * self.dp
         base = rank - rank % block
         local = rank % block
         first = base + local % stride + (local // (stride * size)) * stride * size

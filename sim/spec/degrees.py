@@ -1,10 +1,11 @@
 """The degrees and batch a scenario's knobs imply, computed once for the rules and the plan.
 
 In: a ``Scenario``'s fields (schema only: the scenario carries no derived properties). Out: ``Degrees``, a frozen
-record of the data-parallel degree (``parallel.dp`` or the GPUs left by tp x pp), the micro-batches per
+record of the data-parallel degree (``parallel.dp`` or the GPUs left by tp x cp x pp), the micro-batches per
 pipeline and the global batch (each from the other), the sequence length (default: the model's), the ZeRO
 stage (``parallel.zero`` or FSDP's sharding strategy), the layers of the largest model chunk, and the expert
-degrees of a MoE model (ep, etp, and edp = tp*dp/(ep*etp): Megatron-Core's MoE parallel folding). The cross-field
+degrees of a MoE model (ep, etp, and edp = tp*cp*dp/(ep*etp): Megatron-Core's MoE parallel folding, experts
+folded over the tp x cp x dp ranks of a stage), and the context-parallel degree cp. The cross-field
 rules (sim.spec.rules) check them; the plan (sim.plan) exposes them to everything below the configuration
 layer. Modelled on TorchTitan's ``ParallelDims``: degrees decided once, in one place.
 """
@@ -36,7 +37,8 @@ class Degrees:
     # MoE parallel folding (Megatron-Core): a stage's tp x dp ranks re-split as etp x ep x edp for the experts.
     ep: int = 1
     etp: int = 1
-    edp: int = 1  # expert data parallel: tp*dp / (ep*etp), the ranks holding the same experts
+    edp: int = 1  # expert data parallel: tp*cp*dp / (ep*etp), the ranks holding the same experts
+    cp: int = 1  # context parallel: each sequence split over cp ranks (Megatron --context-parallel-size)
 
     @property
     def layers_per_chunk(self) -> int:
@@ -55,7 +57,7 @@ def degrees(scenario: Scenario) -> Degrees:
     """The degrees of a scenario whose fields passed validation (the rules then check they are consistent)."""
     p, t = scenario.parallel, scenario.training
     gpus = scenario.cluster.num_gpus
-    dp = p.dp or max(1, gpus // (p.tp * p.pp))  # 0 would divide by zero before the rules name tp*pp
+    dp = p.dp or max(1, gpus // (p.tp * p.cp * p.pp))  # 0 would divide by zero before the rules name tp*pp
     microbatches = t.microbatches or (t.global_batch or 0) // (dp * t.micro_batch)
     fsdp = scenario.fsdp
     etp = p.etp or p.tp
@@ -69,5 +71,5 @@ def degrees(scenario: Scenario) -> Degrees:
         chunk_sizes=chunk_sizes(scenario.model.num_layers, p.pp, p.vpp, p.first_stage_layers, p.last_stage_layers,
                                 p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split)
         if p.pp * p.vpp <= scenario.model.num_layers + pipeline_slots(scenario) else (),
-        ep=p.ep, etp=etp, edp=max(1, p.tp * dp // (p.ep * etp)),
+        ep=p.ep, etp=etp, edp=max(1, p.tp * p.cp * dp // (p.ep * etp)), cp=p.cp,
     )

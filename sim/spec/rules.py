@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sim.costs import profile
+from sim.parallel.context import check_context
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees, pipeline_slots
 from sim.spec.method import check_method
+from sim.spec.sequence import check_sequence
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
@@ -24,10 +26,11 @@ def check_rules(s: Scenario) -> None:
     p, m = s.parallel, s.model
     d = degrees(s)
     gpus = d.num_gpus
-    if p.dp is None and gpus % (p.tp * p.pp):
-        raise ValueError(f"parallel: tp*pp = {p.tp * p.pp} does not divide the cluster's {gpus} GPUs")
-    if p.tp * p.pp * d.dp != gpus:
-        raise ValueError(f"parallel: tp*pp*dp = {p.tp * p.pp * d.dp} but the cluster has {gpus} GPUs")
+    split, name = p.tp * p.cp * p.pp, "tp*pp" if p.cp == 1 else "tp*cp*pp"
+    if p.dp is None and gpus % split:
+        raise ValueError(f"parallel: {name} = {split} does not divide the cluster's {gpus} GPUs")
+    if split * d.dp != gpus:
+        raise ValueError(f"parallel: {name}*dp = {split * d.dp} but the cluster has {gpus} GPUs")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     slots = pipeline_slots(s)
     if uneven and slots:
@@ -75,6 +78,15 @@ def check_rules(s: Scenario) -> None:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
                              f"{d.layers_per_chunk} layers of a model chunk")
     _check_recompute_modules(s)
+    if t.cpu_offloading_num_layers:
+        # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
+        # "CPU offloading does not work when activation recomputation is enabled".
+        if t.recompute != "none":
+            raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
+                             f"{t.recompute}), as Megatron-Core refuses both together")
+        if t.cpu_offloading_num_layers >= min(d.chunk_sizes):
+            raise ValueError(f"training.cpu_offloading_num_layers: {t.cpu_offloading_num_layers} must be below the "
+                             f"{min(d.chunk_sizes)} layers of a model chunk (the last layer's backward starts at once)")
     if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
     if p.sequence_parallel and d.seq_len % p.tp:
@@ -96,8 +108,13 @@ def check_rules(s: Scenario) -> None:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
     check_method(s)
+    check_sequence(s.training.sequence, d.seq_len)
     _check_sm_contention(s)
     _check_experts(s)
+    m, t = s.model, s.training
+    check_context(p.cp, p.cp_comm_type, d.seq_len, p.tp, p.sequence_parallel, m.num_attention_heads, m.kv_heads,
+                  flash_attention=t.flash_attention, sliding_window=m.window_size is not None,
+                  latent_attention=m.multi_latent_attention)
     check_variation(s)
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, d.microbatches, p.vpp)
     if reason:
@@ -189,9 +206,10 @@ def _check_experts(s: Scenario) -> None:
         raise ValueError(f"parallel.ep: {p.ep} does not divide model.num_moe_experts = {experts}")
     if m.moe_ffn % d.etp:
         raise ValueError(f"parallel.etp: {d.etp} does not divide the expert FFN size {m.moe_ffn}")
-    if (d.tp * d.dp) % (d.ep * d.etp):
-        raise ValueError(f"parallel.ep: ep*etp = {d.ep * d.etp} does not divide tp*dp = {d.tp * d.dp} (the ranks of a "
-                         f"pipeline stage the experts are folded over)")
+    if (d.tp * d.cp * d.dp) % (d.ep * d.etp):
+        folded = "tp*dp" if d.cp == 1 else "tp*cp*dp"
+        raise ValueError(f"parallel.ep: ep*etp = {d.ep * d.etp} does not divide {folded} = {d.tp * d.cp * d.dp} (the "
+                         f"ranks of a pipeline stage the experts are folded over)")
     if p.tp > 1 and not p.sequence_parallel:
         raise ValueError(f"parallel.sequence_parallel: a MoE model with tp = {p.tp} needs sequence parallelism "
                          "(Megatron-Core requires it with expert layers)")

@@ -25,6 +25,7 @@ from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec
 from sim.spec.rules import check_rules
+from sim.spec.sequence import SequenceSpec
 from sim.spec.variation import VariationSpec
 from sim.units import Bytes, BytesPerSecond, Count, Seconds, parse_seconds
 
@@ -83,6 +84,11 @@ class TrainingSpec(FrozenSpec):
         "(TE modules called without is_first_microbatch, e.g. under DeepSpeed or FSDP)"))
     fused_kernels: bool = Field(default=True, description="Megatron-LM's fused norm/activation/dropout-add kernels; "
                                 "false: the unfused element-wise kernels of PyTorch eager mode (no torch.compile)")
+    fused_norm_rope: bool | None = Field(default=None, description=(
+        "RMSNorm and rotary embedding as fused kernels (true) or eager PyTorch (false) whatever fused_kernels says; "
+        "default: as fused_kernels. Eager modelling code that calls flash-attn's fused kernels when installed "
+        "(Qwen-7B's modeling_qwen.py: flash_attn.ops.rms_norm and apply_rotary_emb_func) sets fused_kernels false "
+        "and this true"))
     cuda_graphs: bool = Field(default=False, description=(
         "the layers' kernels replay from CUDA graphs, so the CPU launches none of them one by one (no "
         "costs.launch_overhead). Off by default in Megatron-LM (--enable-cuda-graph / --external-cuda-graph), "
@@ -95,6 +101,20 @@ class TrainingSpec(FrozenSpec):
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))
+    cross_entropy: Literal["fused", "megatron", "hf"] = Field(default="fused", description=(
+        "how the loss head holds its logits (sim.model.memory.LOSS_BYTES; docs/mechanisms/loss_head.md). fused: "
+        "not held beyond the kernel (the accounting of earlier versions; chunked fused linear-cross-entropy "
+        "kernels); megatron: vocab-parallel cross entropy, an fp32 copy of the bf16 logits kept for the backward "
+        "(megatron/core/tensor_parallel/cross_entropy.py); hf: Hugging Face transformers under the Trainer's "
+        "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
+    cpu_offloading_num_layers: int = Field(default=0, ge=0, description=(
+        "activation offload (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's "
+        "get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
+        "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
+        "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
+    sequence: SequenceSpec = Field(default_factory=SequenceSpec, description=(
+        "supervised fine-tuning inputs: document lengths and packing (sim.spec.sequence; "
+        "docs/mechanisms/sequence_packing.md)"))
     # Fine-tuning (sim.spec.method, sim.model.peft; docs/mechanisms/peft.md).
     method: Literal["full", "lora", "qlora", "frozen"] = Field(default="full", description=(
         "full: every parameter trains; lora: the base model is frozen and low-rank adapters train (training.lora); "
@@ -110,7 +130,7 @@ class TrainingSpec(FrozenSpec):
 class ParallelSpec(FrozenSpec):
     tp: int = Field(default=1, ge=1)
     pp: int = Field(default=1, ge=1)
-    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*pp)")
+    dp: int | None = Field(default=None, ge=1, description="default: GPUs / (tp*cp*pp)")
     vpp: int = Field(default=1, ge=1, description="model chunks per pipeline stage (interleaved schedule)")
     sequence_parallel: bool = False
     first_stage_layers: int | None = Field(default=None, ge=1, description="layers of the first pipeline stage, "
@@ -131,6 +151,14 @@ class ParallelSpec(FrozenSpec):
     etp: int | None = Field(default=None, ge=1, description=(
         "expert tensor parallelism (--expert-tensor-parallel-size): each expert's FFN split over etp ranks; "
         "default tp, as Megatron-Core (expert_tensor_parallel_size None -> tensor_model_parallel_size)"))
+    cp: int = Field(default=1, ge=1, description=(
+        "context parallelism (Megatron-LM --context-parallel-size, TorchTitan context_parallel_degree): each "
+        "sequence split over cp ranks in 2*cp load-balanced chunks; dp = GPUs / (tp*cp*pp); docs/mechanisms/"
+        "context_parallel.md"))
+    cp_comm_type: Literal["p2p", "all_gather", "a2a"] = Field(default="p2p", description=(
+        "how attention sees the other ranks' keys and values (Megatron-LM --cp-comm-type): p2p, Transformer "
+        "Engine's ring attention; all_gather, an all-gather of K and V before attention (Llama 3); a2a, "
+        "DeepSpeed Ulysses' all-to-all of q, k, v (heads scattered) and of the output"))
     # PyTorch DDP's default bucket_cap_mb = 25.
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "

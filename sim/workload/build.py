@@ -39,10 +39,22 @@ from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.data_parallel import DataParallelEmitter
-from sim.workload.ir import EP_STREAM, EXPERT_DP_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Task, TaskGraph
+from sim.workload.ir import (
+    CP_STREAM,
+    EP_STREAM,
+    EXPERT_DP_STREAM,
+    NCCL_STREAM,
+    OFFLOAD_STREAM,
+    REPLICA_STREAM,
+    Task,
+    TaskGraph,
+)
 from sim.workload.step import (
+    activation_copy_seconds,
+    attention_parts,
     blocks,
     combine_exchanges,
+    context_attention,
     dispatch_exchanges,
     expert_group,
     frozen_layer_blocks,
@@ -61,7 +73,7 @@ class _StageEmitter:
                  sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
         grid, scenario = plan.grid, plan.scenario
         here = grid.coord(rank)
-        self.stage_rank = [grid.rank(here.tp, here.dp, stage) for stage in range(plan.pp)]
+        self.stage_rank = [grid.rank(here.tp, here.dp, stage, here.cp) for stage in range(plan.pp)]
         self.g, self.plan, self.costs, self.rank, self.sends = graph, plan, costs, rank, sends
         self.stage = here.pp
         self.p, self.v = plan.pp, plan.vpp
@@ -101,7 +113,15 @@ class _StageEmitter:
         self.unit_sends: list[tuple[str, int, int, int]] = []
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
+        # Activation offload (training.cpu_offloading_num_layers): the copy the next layer's forward waits for.
+        self.offload = scenario.training.cpu_offloading_num_layers > 0
+        self.pending_offload: int | None = None
         self.moe_layers = plan.moe_layers
+        self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
+        if self.cp_attention is not None:
+            self.cp_group = grid.cp_group(rank)
+            self.cp_next = self.cp_group[(self.cp_group.index(rank) + 1) % len(self.cp_group)]
+            self.cp_parts: dict[int, tuple[Work, Work]] = {}  # id(attention block) -> (before, after the core)
         if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
             self.moe_work = moe_blocks(plan)
             self.moe_recompute = moe_recompute(plan)
@@ -168,6 +188,8 @@ class _StageEmitter:
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
+        if block == "attention" and self.cp_attention is not None:
+            return self._cp_block(kind, mb, layer, after, phase)
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
@@ -200,6 +222,83 @@ class _StageEmitter:
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
         return wgrad
+
+    # ------------------------------------------------------------------------------------ context parallel
+    def _cp_block(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
+        """The attention block under context parallelism: the part before the flash kernel (norm, QKV: task
+        ``attention``), the attention core with its CP exchanges (``_cp_core``: ``attention_core``), the part after
+        it (output projection, residual: ``attention_out``); backward in reverse, the QKV
+        projection's backward keeping Megatron's asynchronous input-gradient reduction under its weight gradient
+        (as ``_overlapped_backward``)."""
+        whole = self.block_work["attention"]  # the trained or the frozen layer's
+        if id(whole) not in self.cp_parts:  # kept: _price caches by identity
+            self.cp_parts[id(whole)] = attention_parts(whole)
+        pre, post = self.cp_parts[id(whole)]
+        if self.tp_before:
+            after = self._tp(self.tp_before, mb, layer, after)
+        if phase == "forward":
+            after = self._compute(kind, "attention", mb, layer, pre, after, phase)
+            after = self._cp_core(kind, mb, layer, after, phase)
+            after = self._compute(kind, "attention_out", mb, layer, post, after, phase)
+            return self._tp(self.tp_after, mb, layer, after)
+        after = self._compute("backward", "attention_out", mb, layer, post, after, phase)
+        after = self._cp_core("backward", mb, layer, after, phase)
+        column = self.column_work["attention"]
+        if not overlaps_backward(self.plan, self._price(column, "weight_grad")[0]):
+            after = self._compute("backward", "attention", mb, layer, pre, after, phase)
+            return self._tp(self.tp_after, mb, layer, after)
+        total, weight = self._price(pre, "backward"), self._price(column, "weight_grad")
+        gathered = None
+        if self.tp_before:  # SP: the stored sharded input gathered again beside the input-gradient GEMMs
+            prior = self.blocking_tp
+            gathered = self._flagged(self._tp(self.tp_before, mb, layer, after), True, False, ())
+            self.blocking_tp = prior  # it gates nothing but the weight gradient
+        ring_end = after
+        dgrad = self._compute("backward", "attention", mb, layer, pre, after,
+                              cost=(total[0] - weight[0], total[1] - weight[1]))
+        if gathered is not None:
+            self._flagged(dgrad, False, True, (dgrad - ring_end,))  # type: ignore[operator]
+        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True, False, (), consumed=True)
+        extra = [gathered] if gathered is not None else []
+        wgrad = self.g.add(self.rank, self.stage, "compute", "backward", "attention", mb, layer, extra,
+                           weight[0] * self.jitter(), "", 0.0, weight[1])
+        self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
+        self.blocking_tp = reduce  # the next block consumes the reduced input gradient
+        return wgrad
+
+    def _cp_core(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
+        """The attention core and its CP exchanges (stream ``cp``; sim.parallel.context.exchanges): all_gather and
+        a2a, the collectives before the core, the core, the collectives after it; p2p, Transformer Engine's ring
+        (AttnFuncWithCPAndKVP2P): at step k the send of what step k+1 needs leaves (forward: after send k-1;
+        backward: also after step k-1's compute, whose dKV it carries) while step k computes on what arrived, and
+        step k waits for send k-1. Returns the task the rest of the block waits for (the backward ring's last
+        send: dK, dV back home)."""
+        ca = self.cp_attention
+        assert ca is not None
+        backward = kind == "backward"
+        moves = ca.backward if backward else ca.forward
+        if self.plan.cp_comm_type != "p2p":
+            last = after
+            for move in (m for m in moves if m.where == "before"):
+                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
+                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
+            last = self._moe_task("compute", kind, "attention_core", mb, layer, last, work=ca.steps[0], phase=phase)
+            for move in (m for m in moves if m.where == "after"):
+                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
+                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
+            return last
+        start, block, send = after, after, None
+        block_k: int | None = None
+        for k, step in enumerate(ca.steps):
+            block_k = self._moe_task("compute", kind, "attention_core", mb, layer, None,
+                                     [send] if send is not None else [], work=step, phase=phase)
+            if k < len(moves):
+                gate = start if k == 0 else block if backward else None  # K, V ready; backward: step k-1's dKV
+                also = [gate] if gate is not None else []
+                send = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, None, also,
+                                      exchange=("send", moves[k].nbytes, (self.rank, self.cp_next), 1.0))
+            block = block_k
+        return send if backward and send is not None else block
 
     def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
                  consumed: bool = False) -> int | None:
@@ -442,6 +541,38 @@ class _StageEmitter:
         return stream == "tp" and self.tp_blocks
 
     def _layer(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's forward or backward with, under activation offload (``Plan.offloads``), its PCIe copies on
+        the offload stream, as Transformer Engine's CPU offload handler orders them (transformer_engine/pytorch/
+        cpu_offload.py, AsyncDoubleBufferGroupOffloadHandler): a layer's activations are copied to the host after
+        its forward, and the compute after the next layer's forward waits for that copy; in the backward a layer's
+        activations are copied back from the start of the next layer's backward (its successor in the forward),
+        and its own backward waits for them. Returns the layer's last compute or TP task."""
+        if not self.offload:
+            return self._layer_tasks(direction, mb, layer, after)
+        plan = self.plan
+        if direction == "forward":
+            after = self._layer_tasks(direction, mb, layer, after)
+            if self.pending_offload is not None:
+                self.pending_deps.append(self.pending_offload)
+                self.pending_offload = None
+            if plan.offloads(layer):
+                self.pending_offload = self._add(OFFLOAD_STREAM, "offload", "activation_offload", mb, layer, after,
+                                                 duration=activation_copy_seconds(plan, layer),
+                                                 nbytes=plan.stash_bytes(layer))
+            return after
+        below = layer - 1  # offloaded layers are never a chunk's last, so ``below`` is in this layer's chunk
+        if below < 0 or not plan.offloads(below):
+            return self._layer_tasks(direction, mb, layer, after)
+        first = len(self.g.tasks)
+        tail = self._layer_tasks(direction, mb, layer, after)
+        # The reload starts with this layer's backward: after the task before it, or with its first task.
+        reload = self._add(OFFLOAD_STREAM, "offload", "activation_reload", mb, below, after,
+                           () if after is not None else (first,), duration=activation_copy_seconds(plan, below),
+                           nbytes=plan.stash_bytes(below))
+        self.pending_deps.append(reload)
+        return tail
+
+    def _layer_tasks(self, direction: str, mb: int, layer: int, after: int | None) -> int | None:
         """One layer's forward or backward (with recomputation), returning its last task. Every layer of a
         stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
@@ -575,7 +706,8 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     p, m, v = plan.pp, plan.microbatches, plan.vpp
     orders: list[list[Action]] = plan.schedule.actions(p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
-    replicas = [(t, d) for d in range(grid.dp) for t in tp_ranks] if scenario.ranks == "all" else [(0, 0)]
+    replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
+                if scenario.ranks == "all" else [(0, 0, 0)])
     variation = scenario.variation
     priced: dict[tuple[str | None, float], CostModel] = {(None, 1.0): costs}
 
@@ -589,10 +721,10 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
             priced[key] = base if scale == 1.0 else ScaledCosts(base, scale)
         return priced[key]
 
-    for tp_rank, dp_rank in replicas:  # one pipeline: its p stages, linked by sends
+    for tp_rank, dp_rank, cp_rank in replicas:  # one pipeline: its p stages, linked by sends
         sends: dict[tuple[str, int, int], int] = {}
-        emitters = [_StageEmitter(graph, plan, costs_for(grid.rank(tp_rank, dp_rank, stage)),
-                                  grid.rank(tp_rank, dp_rank, stage), sends, stamp) for stage in range(p)]
+        ranks = [grid.rank(tp_rank, dp_rank, stage, cp_rank) for stage in range(p)]
+        emitters = [_StageEmitter(graph, plan, costs_for(rank), rank, sends, stamp) for rank in ranks]
         for emitter, actions in zip(emitters, orders, strict=True):
             run = {"F": emitter.forward, "B": emitter.backward, "W": emitter.weight_grad}
             for action in actions:

@@ -1,8 +1,9 @@
 """The memory footprint of a step: the bound before simulating (what ``sim check`` prints) and a trace's timeline.
 
 Both read the same rules: the resident states and buffers of a stage (``states_and_buffers``), the bytes each
-layer stashes and the layer being rebuilt (``Plan.stash_bytes``, ``Plan.rebuild_bytes``), FSDP units
-(``Plan.unit_layers``) and the allocator's overheads (``sim.model.memory.with_allocator``).
+layer stashes and the layer being rebuilt or the loss head's logits (``Plan.stash_bytes``,
+``Plan.transient_bytes``), activation offload's buffers and host copies, FSDP units (``Plan.unit_layers``) and
+the allocator's overheads (``sim.model.memory.with_allocator``).
 
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
 gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes
@@ -45,8 +46,8 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
         states = ModelStates(states.weights + plan.stage_frozen_bytes(stage) / shards, states.gradients,
                              states.optimizer)
     states, host = placed(states, offload.optimizer, offload.params)
-    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp, plan.flat_params, params * plan.grad_bytes_per_param,
-                                parallel.dp_bucket_size, parallel.grad_bucket_view,
+    buffers = comm_buffer_bytes(plan.zero_stage, plan.dp * plan.cp, plan.flat_params,
+                                params * plan.grad_bytes_per_param, parallel.dp_bucket_size, parallel.grad_bucket_view,
                                 main_grad_buffer=plan.main_grad_buffer)
     if plan.is_moe:  # routed experts: sharded over ep x etp, ZeRO over the expert-data-parallel group
         experts, expert_host = placed(model_state_bytes(plan.stage_expert_params(stage), plan.dtype,
@@ -59,6 +60,24 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
             "comm_buffers": buffers}, host
 
 
+def offloaded_host_bytes(plan: Plan, stage: int) -> float:
+    """Host memory activation offload takes on a rank of ``stage``: the offloaded layers' stash of every chunk the
+    schedule keeps in flight (the same count the bound's GPU activations use)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = sum(plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer))
+    return plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage) * offloaded if offloaded else 0.0
+
+
+def offload_buffer_bytes(plan: Plan, stage: int) -> float:
+    """GPU memory activation offload keeps for good: Transformer Engine's AsyncDoubleBufferGroupOffloadHandler
+    copies each offloaded layer's saved tensors into one of two GPU buffers (``tensor_id_to_tensor_buf_double_bufs``,
+    by layer parity, allocated once and reused) and copies that buffer to the host, so min(N, 2) layers' stash
+    stays on the GPU (transformer_engine/pytorch/cpu_offload.py, TE 1.x)."""
+    first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    return min(len(offloaded), 2) * max(offloaded) if offloaded else 0.0
+
+
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
@@ -69,8 +88,18 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
         activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
                                              for chunk in plan.stage_chunks[stage])
-    if plan.recomputed_layers(stage) > 0 or plan.recompute_modules:
-        activations += plan.rebuild_bytes
+    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    if offloaded:
+        # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
+        # Transformer Engine's ping-pong copy buffers (``offload_buffer_bytes``) and, in the backward, the layer
+        # being copied back beside the kept layers whose backward has not yet freed them: it starts with the next
+        # layer's backward (and, at equal times, beside the layer before that), which the kept stash covers when
+        # a chunk keeps three layers or more.
+        kept_layers = len(first_chunk) - len(offloaded)
+        activations -= chunks_in_flight * sum(offloaded)
+        activations += offload_buffer_bytes(plan, stage) + max(0, 3 - kept_layers) * max(offloaded)
+        host += offloaded_host_bytes(plan, stage)
+    activations += plan.transient_bytes(stage)
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
     unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
@@ -146,15 +175,33 @@ def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, floa
         stash = ends.loc[(rank, "forward")]
         free = ends.loc[(rank, "backward")].to_numpy()
         sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
-        parts = {"activations": (stash.to_numpy(), free, sizes)}
+        parts = {"activations": _offloaded(rows, stash, free, sizes)}
         if spans is not None:
             parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.rebuild_bytes
+        dynamic["activations"] += plan.transient_bytes(int(stage)) + offload_buffer_bytes(plan, int(stage))
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
+        host += offloaded_host_bytes(plan, int(stage))
         result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
+
+
+def _offloaded(rows: pd.DataFrame, stash: pd.Series, free: np.ndarray,
+               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The activations' (alloc, free, bytes) with activation offload: an offloaded layer's stash is freed when
+    its copy to the host ends and allocated again when its copy back starts, until its backward ends."""
+    offload = rows[rows["name"] == "activation_offload"]
+    if offload.empty:
+        return stash.to_numpy(), free, sizes
+    reload = rows[rows["name"] == "activation_reload"]
+    at = stash.index  # (microbatch, layer), in the order of ``free`` and ``sizes``
+    gone = offload.set_index(["microbatch", "layer"])["end_s"].reindex(at).to_numpy()
+    back = reload.set_index(["microbatch", "layer"])["start_s"].reindex(at).to_numpy()
+    moved = ~np.isnan(gone) & ~np.isnan(back)
+    starts = np.concatenate([stash.to_numpy(), back[moved]])
+    ends = np.concatenate([np.where(moved, gone, free), free[moved]])
+    return starts, ends, np.concatenate([sizes, sizes[moved]])
 
 
 def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,

@@ -31,6 +31,7 @@ class Stream(StrEnum):
     HOST = "host"  # the CPU's optimizer step under ZeRO-Offload
     EP = "ep"  # a MoE layer's token dispatch and combine (expert-parallel process groups)
     EXPERT_DP = "expert_dp"  # expert gradients and weights over the expert-data-parallel group
+    CP = "cp"  # context parallelism's attention exchanges (ring KV sends, KV all-gather, Ulysses all-to-all)
 
 
 class Kind(StrEnum):
@@ -46,15 +47,18 @@ class Kind(StrEnum):
     DP = "dp"
     OFFLOAD = "offload"
     EP = "ep"  # token dispatch / combine of a MoE layer
+    CP = "cp"  # context-parallel attention exchanges
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)
 NCCL_STREAM, REPLICA_STREAM = Stream.DP, Stream.DP_REPLICA
 OFFLOAD_STREAM, HOST_STREAM = Stream.OFFLOAD, Stream.HOST
 EP_STREAM, EXPERT_DP_STREAM = Stream.EP, Stream.EXPERT_DP
+CP_STREAM = Stream.CP
 COMPUTE_KINDS: tuple[Kind, ...] = (Kind.FORWARD, Kind.BACKWARD, Kind.WEIGHT, Kind.RECOMPUTE)  # the model's passes
 COMM_KINDS: tuple[Kind, ...] = (Kind.TP, Kind.PP, Kind.DP)  # the summary's exposed communication, per kind
 MOE_COMM_KINDS: tuple[Kind, ...] = (Kind.EP,)  # reported beside them for a MoE model
+CP_COMM_KINDS: tuple[Kind, ...] = (Kind.CP,)  # reported beside them with context parallelism (cp > 1)
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
@@ -28,6 +28,7 @@ from sim.model.ops import (
     RECOMPUTE_OPS,
     Fp8Casts,
     Op,
+    attention_forward_ops,
     embedding_forward_ops,
     head_forward_ops,
     layer_forward_ops,
@@ -36,6 +37,7 @@ from sim.model.ops import (
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
+from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
@@ -111,20 +113,29 @@ def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] |
 
 
 def blocks(plan: Plan) -> Blocks:
-    """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split."""
+    """The work of a layer's blocks, the embedding and the head under ``plan``'s shapes and TP split; under
+    context parallelism every kernel runs on the rank's s/cp tokens and the attention core on them against all s
+    keys (``cp_attention_ops``)."""
     t = plan.scenario.training
-    b, s, elem = plan.micro_batch, plan.seq_len, plan.elem_bytes
+    b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
     ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels, fp8_casts(plan), t.causal_attention)
+                            t.fused_kernels, fp8_casts(plan), t.causal_attention, t.fused_norm_rope)
+    if plan.cp > 1:
+        ops["attention"] = cp_attention_ops(plan)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
+        share, causal = plan.attention_work
+        ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
+                           if op.name == "flash_attention" else op for op in block_ops)
+               for name, block_ops in ops.items()}
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
-        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem), 0.0),
+        head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
     )
 
 
@@ -143,11 +154,62 @@ def moe_recompute(plan: Plan) -> dict[str, Work]:
     return {name: Work(replayed(work.ops, modules), 0.0) for name, work in moe_blocks(plan).items()}
 
 
+def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
+    """A layer's attention block on one CP rank: its s/cp queries against all s keys, the flash kernel executing
+    the blocks ``sim.parallel.context.executed_share`` counts (the causal tile rule per chunk)."""
+    t = plan.scenario.training
+    share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, t.causal_attention)
+    return attention_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
+                                 plan.elem_bytes, t.flash_attention, t.fused_kernels, fp8_casts(plan),
+                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share,
+                                 fused_norm_rope=t.fused_norm_rope)
+
+
+@dataclass(frozen=True)
+class ContextAttention:
+    """A layer's attention core under context parallelism (``steps``: one Work per ring step under p2p, each the
+    step's flash kernel and its output correction, ``sim.parallel.context.correction_rows``; the whole core
+    otherwise) and the exchanges of each pass (sim.parallel.context.exchanges). The rest of the block runs
+    around it (``attention_parts``)."""
+
+    steps: tuple[Work, ...]
+    forward: tuple[CpExchange, ...]
+    backward: tuple[CpExchange, ...]
+
+
+def attention_parts(work: Work) -> tuple[Work, Work]:
+    """An attention block's work before its flash kernel (norm, QKV projection: K and V exist after it; with the
+    block's layer share for fixed costs) and after it (output projection, dropout + residual)."""
+    core = next(i for i, op in enumerate(work.ops) if op.name == "flash_attention")
+    return Work(work.ops[:core], work.layer_share), Work(work.ops[core + 1:], 0.0)
+
+
+def context_attention(plan: Plan) -> ContextAttention | None:
+    """The CP attention core of ``plan`` (None without context parallelism)."""
+    if plan.cp == 1:
+        return None
+    flash = next(op for op in blocks(plan).block["attention"].ops if op.name == "flash_attention")
+    m = plan.model
+    q_width, kv_width = m.q_dim / plan.tp, m.kv_dim / plan.tp
+    if plan.cp_comm_type == "p2p":  # step k runs step_shares[k] of the full matrix, 1/cp of Megatron's count
+        cp, causal = plan.cp, plan.scenario.training.causal_attention
+        shares = step_shares(plan.seq_len, cp, causal)
+        out_bytes = plan.micro_batch * plan.local_seq_len * q_width * plan.elem_bytes
+        steps = tuple(Work((replace(flash, flops=flash.flops / cp, bytes=flash.bytes / cp, executed=share * cp),
+                            Op("cp_out_correction", 0.0, (2 if k == 0 else 3) * out_bytes * rows, False)), 0.0)
+                      for k, (share, rows) in enumerate(zip(shares, correction_rows(cp, causal), strict=True)))
+    else:
+        steps = (Work((flash,), 0.0),)
+    b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
+    return ContextAttention(steps, *(exchanges(plan.cp_comm_type, plan.cp, direction, b, s, q_width, kv_width, elem)
+                                     for direction in ("forward", "backward")))
+
+
 def moe_blocks(plan: Plan) -> dict[str, Work]:
     """The work of a MoE layer's MLP part on one rank (``MOE_BLOCKS``): the router, the shared expert (sharded by
     tp), the grouped GEMMs of the local experts over ``plan.routed_tokens`` token-expert pairs (the most loaded
     rank's), the combine. The expert GEMMs stand for the half layer the dense MLP is under fixed costs."""
-    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel,
+    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
                           plan.elem_bytes, plan.etp, plan.local_experts, plan.routed_tokens, fp8_casts(plan))
     return {name: Work(ops[name], 0.5 if name == "moe_experts" else 0.0) for name in MOE_BLOCKS}
 
@@ -504,7 +566,7 @@ def copy_gradient_reduce(plan: Plan, rank: int) -> tuple[float, tuple[int, ...]]
         return None
     grid = plan.grid
     here = grid.coord(rank)
-    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp)
+    partner = grid.rank(here.tp, here.dp, plan.pp - 1 - here.pp, here.cp)
     return optimizer_params(plan, here.pp) * plan.grad_bytes_per_param, tuple(sorted((rank, partner)))
 
 
@@ -538,14 +600,21 @@ def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
     grid = plan.grid
     if plan.optimizer_shards > 1:
         return tuple(range(grid.world_size))
-    dp = grid.coord(rank).dp
-    return tuple(sorted(grid.rank(t, dp, p) for p in range(plan.pp) for t in range(plan.tp)))
+    here = grid.coord(rank)
+    return tuple(sorted(grid.rank(t, here.dp, p, here.cp) for p in range(plan.pp) for t in range(plan.tp)))
 
 
 def pcie_seconds(plan: Plan, nbytes: float) -> float:
     """A host <-> GPU copy over the node's PCIe link: latency + bytes / effective rate."""
     pcie = plan.scenario.cluster.pcie
     return p2p_time(nbytes, pcie.latency, pcie.effective_bandwidth)
+
+
+def activation_copy_seconds(plan: Plan, layer: int) -> float:
+    """Activation offload: one PCIe copy of ``layer``'s activations of one micro-batch (to the host after its
+    forward, back before its backward; Transformer Engine's CPU offload handler copies every saved tensor of the
+    layer, which is what the layer stashes)."""
+    return pcie_seconds(plan, plan.stash_bytes(layer))
 
 
 def host_adam_seconds(plan: Plan, params: float) -> float:
