@@ -49,6 +49,19 @@ class Check:
     model_params: float = 0.0  # the base model's parameters
 
     @property
+    def notes(self) -> list[str]:
+        """What the scenario left to a default that changes the numbers a lot: ``training.seq_len``."""
+        from sim.spec.degrees import DEFAULT_SEQ_LEN, degrees
+
+        if self.scenario.training.seq_len is not None:
+            return []
+        model, seq_len = self.scenario.model, degrees(self.scenario).seq_len
+        why = (f"the default, {DEFAULT_SEQ_LEN}" if seq_len == DEFAULT_SEQ_LEN
+               else f"the model's max_seq_len, shorter than the default {DEFAULT_SEQ_LEN}")
+        return [f"note: training.seq_len not set: {seq_len} tokens ({why}; {model.name} allows up to "
+                f"{model.max_seq_len}); set it to what the run trains at"]
+
+    @property
     def fits_in_memory(self) -> bool:
         """Whether every stage's estimated peak fits in its GPU's HBM."""
         return all(bool(row["fits"]) for row in self.memory_plan)

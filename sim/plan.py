@@ -691,6 +691,21 @@ class Plan:
         return self.zero_stage >= 3 or (fsdp is not None and fsdp.sharding == "SHARD_GRAD_OP")
 
     @cached_property
+    def pipelined_fsdp(self) -> bool:
+        """FSDP with pipeline parallelism (pp > 1), as TorchTitan runs FSDP2 under torch.distributed.pipelining:
+        with PP, ``reshard_after_forward`` defaults to False (torchtitan/distributed/fsdp.py
+        get_fsdp_reshard_after_forward_policy: "do not reshard after forward to avoid per-microbatch
+        all-gathers"), and the pipeline stage runs every backward with ``set_reshard_after_backward(False)`` and
+        ``set_requires_gradient_sync(False)``, calling each unit's ``post_backward`` (its gradient reduce-scatter)
+        once after the last micro-batch's backward (torch/distributed/pipelining/stage.py
+        _backward_maybe_with_nosync). So each unit's weights are all-gathered once per step, in its first
+        micro-batch's forward, and stay unsharded until the step's last backward; its gradients accumulate
+        unsharded and are reduce-scattered once. Llama 3's FSDP (Llama 3 paper Sec. 3.3.2: model shards are not
+        resharded after the forward) has the same once-per-step gather. NO_SHARD (DDP) is unaffected."""
+        fsdp = self.scenario.fsdp
+        return fsdp is not None and self.pp > 1 and fsdp.zero_stage >= 2
+
+    @cached_property
     def flat_params(self) -> bool:
         """Whether gradients live in flat per-unit parameters (ZeRO-3 and every FSDP strategy): they are reduced
         per unit, and the gathered/unreduced buffers are counted apart, so there are no DDP-style buckets."""

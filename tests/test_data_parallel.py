@@ -184,7 +184,8 @@ def test_deepspeed_block_sets_the_stage_and_bucket():
 
 
 @pytest.mark.parametrize("sections, message", [
-    (dict(parallel={"tp": 1, "pp": 2, "dp": 8, "zero": 3}), "parallel.zero: ZeRO-3/FSDP is not combined with pipeline"),
+    (dict(parallel={"tp": 1, "pp": 2, "dp": 8, "zero": 3}),
+     "parallel.zero: ZeRO-3 with pp = 2: DeepSpeed's pipeline engine refuses"),
     (dict(parallel={"tp": 1, "pp": 1, "dp": 16, "zero": 1}, fsdp={"sharding": "FULL_SHARD"}),
      "fsdp.sharding: FULL_SHARD is ZeRO-3 but parallel.zero = 1"),
     (dict(fsdp={"unit_layers": 3}), "fsdp.unit_layers: 3 does not divide model.num_layers = 8"),

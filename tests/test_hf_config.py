@@ -21,7 +21,7 @@ def load(repo: str) -> dict:
 @pytest.mark.parametrize("repo, preset", [
     ("Mixtral-8x7B-v0.1", "mixtral-8x7b"), ("Mixtral-8x22B-v0.1", "mixtral-8x22b"),
     ("Qwen3-30B-A3B", "qwen3-30b-a3b"), ("Qwen3-235B-A22B", "qwen3-235b-a22b"),
-    ("DeepSeek-V3", "deepseek-v3"), ("gpt-oss-120b", "gpt-oss-120b"),
+    ("DeepSeek-V3", "deepseek-v3"), ("gpt-oss-120b", "gpt-oss-120b"), ("Llama-3.1-8B", "llama3.1-8b-128k"),
 ])
 def test_published_configs_give_the_presets(repo, preset):
     fields = read_hf_config(str(CONFIGS / repo / "config.json"), CONFIGS)

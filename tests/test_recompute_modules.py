@@ -49,9 +49,10 @@ def test_the_pp32_layout_puts_two_layers_on_the_end_stages() -> None:
 
 @pytest.mark.parametrize("overrides, message", [
     ({"parallel.account_for_loss_in_pipeline_split": "false"},
-     "parallel.pp*vpp: 96 does not divide model.num_layers + 1 = 95"),
+     "parallel.account_for_embedding_in_pipeline_split: model.num_layers + 1 = 95 does not split evenly over "
+     "pp*vpp = 96 model chunks"),
     ({"parallel.vpp": 1, "parallel.first_stage_layers": 2, "parallel.dp": 4},
-     "parallel.account_for_embedding_in_pipeline_split: not with first_stage_layers/last_stage_layers"),
+     "parallel.first_stage_layers: not with parallel.account_for_embedding/loss_in_pipeline_split"),
     ({"training.recompute_modules": "[mla_up_proj]"},
      "training.recompute_modules: mla_up_proj needs multi-head latent attention"),
     ({"training.recompute_modules": "[mlp]"}, "training.recompute_modules: mlp recomputes dense MLPs"),

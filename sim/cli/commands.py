@@ -132,6 +132,8 @@ def cmd_check(args: argparse.Namespace, console: Console) -> int:
         share = checked.trainable_params / checked.model_params
         console.print(f"{scenario.training.method}: trainable parameters {checked.trainable_params:,.0f} of "
                       f"{checked.model_params:,.0f} ({share:.2%})")
+    for note in checked.notes:
+        console.print(note, markup=False, highlight=False)
     console.print(f"ok: {scenario.name}: {implied.num_gpus} GPUs, {implied.microbatches} micro-batches per step")
     return 0
 

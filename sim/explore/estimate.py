@@ -280,7 +280,7 @@ class Estimator:
 
     def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
         """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
-        if not plan.gathers_units or not plan.data_parallel:
+        if not plan.gathers_units or not plan.data_parallel or plan.pipelined_fsdp:  # FSDP + PP: _unit_gather_delay
             return 0.0, 0.0
         group = plan.shard_group(0)
         if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
@@ -396,13 +396,15 @@ class Estimator:
                 when[-1] = at
             if shape.after_backward:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
                 when[-2] = backward_end
+            for c in shape.unit_chunks:  # FSDP + PP: chunk c's last backward ends c*p chunk-passes before the stage's
+                when[-10 - c] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
             free_at = 0.0
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
                 free_at = max(free_at, when[layer]) + seconds
             exposed = max(0.0, free_at - backward_end)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
-            if plan.zero_stage >= 2 and plan.microbatches > 1:
+            if plan.zero_stage >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
@@ -427,6 +429,7 @@ class Estimator:
         zero = plan.zero_stage
         grad_elem = plan.grad_bytes_per_param
         chunks: list[tuple[int, tuple[int, ...]]] = []
+        unit_chunks: list[int] = []
         buckets: list[tuple[int, float]] = []
         embedding = after_backward = experts = False
         per_microbatch = 0.0
@@ -444,7 +447,13 @@ class Estimator:
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
                 embedding = True
                 ready.append((-1, sizes[-1]))
-            if per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
+            if plan.pipelined_fsdp:  # FSDP + PP: every unit of a chunk, once, after the chunk's last backward
+                sent = []
+                for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
+                    unit_chunks.append(c)
+                    sent += [(-10 - c, unit.grad_params * grad_elem)
+                             for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
+            elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 sent = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
@@ -482,7 +491,7 @@ class Estimator:
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
                              self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
-        shape = _TailShape(chunks, embedding, after_backward, buckets, per_microbatch, experts,
+        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts,
                            self.net.collective_time("all_reduce", *copies) if copies is not None else None, optimizer)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
@@ -538,6 +547,24 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
+    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
+        """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
+        micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
+        (``DataParallelEmitter.before_layer``): all at the step start, queued on the group's one stream, and a unit
+        computes once its gather is done (the later chunks' gathers are done long before they are reached)."""
+        if not (plan.pipelined_fsdp and plan.data_parallel):
+            return 0.0
+        group = plan.shard_group(0)
+        units = step.chunk_units(plan, plan.stage_chunks[stage][0])
+        unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
+        gathered, free, busy = 0.0, start, 0.0
+        for unit in units:
+            gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
+                                            group)
+            free = max(free, gathered) + unit_forward
+            busy += unit_forward
+        return max(0.0, free - start - busy)
+
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
@@ -555,7 +582,8 @@ class Estimator:
         hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
         start = delay = 0.0
         for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            delay = max(delay, self._param_gather_delay(plan, s, st, start),
+                        self._unit_gather_delay(plan, s, st, start))
             start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
@@ -592,6 +620,7 @@ class _TailShape:
     chunks: list[tuple[int, tuple[int, ...]]]  # (local chunk, its layers last first), the last chunk first
     embedding: bool  # the input embedding's gradients join the stage's first layer's
     after_backward: bool  # one bucket per chunk after the whole backward (key -2)
+    unit_chunks: list[int]  # FSDP + PP: the local chunks whose units reduce after the chunk's last backward (-10 - c)
     buckets: list[tuple[int, float]]  # (the layer whose gradients close it, its collective's seconds), in order
     per_microbatch: float  # the buckets' seconds, summed in order
     experts: bool  # expert gradients reduce on their own stream (Estimator._expert_tail)

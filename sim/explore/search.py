@@ -9,16 +9,17 @@ the step (every stage must run its micro-batches' work one after another: m x th
 any executor, resumably; ``prune`` drops those whose lower bound cannot beat the best simulated step so far.
 ``run_search`` does all of it: ``DIR/screen.parquet`` (every layout), ``DIR/results.csv|parquet`` (simulated).
 
-The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divisors of a node's GPUs that
-divide the heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose
-count divides the global batch; every schedule (interleaved with each vpp that divides the layers per stage);
-ZeRO 0-3 (2 and 3 with pp = 1, as DeepSpeed allows); recompute none / selective / full; sequence parallel on
-or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of the expert count with
-ep*etp dividing tp*dp (Megatron-Core's MoE parallel folding; tp*cp*dp with context parallelism); cp with each
-cp_comm_type where each rank keeps at least ``CP_MIN_LOCAL_TOKENS`` tokens (``context_degrees``). Validity uses
-the scenario rules of sim.spec.scenario, so a layout the search keeps is one ``sim run`` accepts. ``parse_only``
-narrows the space to what a framework offers (``--only zero=0``: Megatron-LM before its distributed optimizer;
-``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
+The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divisors of a node's GPUs that divide the
+heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose count divides the
+global batch; every schedule (interleaved with each vpp that divides the layers per stage); ZeRO 0-3 (with pp > 1,
+stages 2 and 3 are PyTorch FSDP's SHARD_GRAD_OP and FULL_SHARD as TorchTitan runs them under a pipeline,
+``Plan.pipelined_fsdp``: DeepSpeed refuses ZeRO-2/3 with its pipeline engine); recompute none / selective / full;
+sequence parallel on or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of
+the expert count with ep*etp dividing tp*dp (Megatron-Core's MoE parallel folding; tp*cp*dp with context
+parallelism); cp with each cp_comm_type where each rank keeps at least ``CP_MIN_LOCAL_TOKENS`` tokens
+(``context_degrees``). Validity uses the scenario rules of sim.spec.scenario, so a layout the search keeps is one
+``sim run`` accepts. ``parse_only`` narrows the space to what a framework offers (``--only zero=0``: Megatron-LM
+before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-bubble schedules).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.parallel.schedules import SCHEDULES
 from sim.spec.degrees import degrees
-from sim.spec.scenario import Scenario, check_rules, load_scenario
+from sim.spec.scenario import FsdpSpec, Scenario, check_rules, load_scenario
 
 LAYOUT_KEYS = {"tp": "parallel.tp", "pp": "parallel.pp", "dp": "parallel.dp", "vpp": "parallel.vpp",
                "micro_batch": "training.micro_batch", "schedule": "schedule", "zero": "parallel.zero",
@@ -69,9 +70,16 @@ class Layout:
     cp: int = 1  # context parallel
     cp_comm_type: str = "p2p"
 
+    @property
+    def fsdp_sharding(self) -> str | None:
+        """With a pipeline, ZeRO-2/3 is FSDP (SHARD_GRAD_OP / FULL_SHARD; DeepSpeed's pipeline engine refuses them);
+        None where ``parallel.zero`` alone says it."""
+        return {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}.get(self.zero) if self.pp > 1 else None
+
     def point(self) -> dict[str, Any]:
-        """The layout as sweep overrides (dotted scenario keys)."""
-        return {LAYOUT_KEYS[name]: value for name, value in asdict(self).items()}
+        """The layout as sweep overrides (dotted scenario keys), with ``fsdp.sharding`` for FSDP + PP."""
+        point = {LAYOUT_KEYS[name]: value for name, value in asdict(self).items()}
+        return point | ({"fsdp.sharding": self.fsdp_sharding} if self.fsdp_sharding else {})
 
 
 Only = Mapping[str, frozenset[Any]]  # knob -> the values the search may use
@@ -160,7 +168,7 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                     for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                           (False, True) if tp > 1 else (False,),
                                                                           expert_degrees(base, tp, cp * dp)):
-                        if zero >= 2 and pp > 1:
+                        if zero >= 2 and pp > 1 and cp * dp == 1:  # FSDP over one rank: nothing to shard (ZeRO-0's)
                             continue
                         layout = Layout(tp, pp, dp, vpp, mb, schedule, zero, rc, sp, ep, etp, cp, comm)
                         if not only or all(getattr(layout, knob) in values for knob, values in only.items()):
@@ -175,8 +183,9 @@ def candidate(base: Scenario, layout: Layout) -> Scenario:
                                                 "cp_comm_type": layout.cp_comm_type})
     training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
                                                 "global_batch": degrees(base).global_batch, "microbatches": None})
+    fsdp = FsdpSpec.model_validate({"sharding": layout.fsdp_sharding}) if layout.fsdp_sharding else None
     scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
-                                       "fsdp": None})
+                                       "fsdp": fsdp})
     check_rules(scenario)
     return scenario
 

@@ -493,6 +493,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        # Llama 3.1 (meta-llama/Llama-3.1-{8B,70B,405B} config.json): Llama 3's shapes with max_position_embeddings
+        # 131072 through rope_scaling (rope_type llama3, factor 8, original_max_position_embeddings 8192), which
+        # changes no cost. "-8k": the pre-training context (Dubey et al. 2024 Sec. 3.4.1); "-128k": the
+        # long-context stage's (Sec. 3.4.2).
+        *(_llama(f"llama3.1-{size}-{ctx}k", layers, hidden, heads, 8, ffn, 128256, ctx * 1024)
+          for size, layers, hidden, heads, ffn in (("8b", 32, 4096, 32, 14336), ("70b", 80, 8192, 64, 28672),
+                                                   ("405b", 126, 16384, 128, 53248))
+          for ctx in (8, 128)),
         *MOE_PRESETS,
     )
 }

@@ -129,15 +129,15 @@ def lockstep_groups(group: tuple[int, ...], lockstep: int) -> tuple[tuple[int, .
 
 # Cached: the search's screen asks for these per stage of thousands of layouts (pure functions of five ints).
 @lru_cache(maxsize=4096)
-def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
-                last: int | None = None, embedding_slot: bool = False, loss_slot: bool = False) -> tuple[int, ...]:
-    """Layers of each model chunk, in model order. Even by default; ``first``/``last`` give the first and last
-    pipeline stage other counts (vpp = 1) and split the rest evenly over the other stages, as Megatron-LM's
+def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None, last: int | None = None,
+                embedding_slot: bool = False, loss_slot: bool = False) -> tuple[int, ...]:
+    """Layers of each model chunk, in model order (chunk g = a * pp + b: virtual stage a of pipeline stage b).
+    Even by default. ``first``/``last`` give the first and last pipeline stage other counts and split the rest
+    evenly over the other stages, each stage's layers split evenly over its vpp chunks, as Megatron-LM's
     --decoder-first/last-pipeline-num-layers do (Qi et al. 2024 give the embedding and head stages one layer
-    fewer). ``embedding_slot`` / ``loss_slot``: the embedding / the loss count as one layer each in an even split
-    of layers + slots over the pp x vpp chunks, and the first / last chunk builds one transformer layer fewer
-    (Megatron-Core transformer_block.py get_num_layers_to_build, --account-for-embedding/loss-in-pipeline-split).
-    The scenario rules guarantee the split is whole."""
+    fewer). ``embedding_slot``/``loss_slot``: the embedding / the loss counts as one layer in an even split
+    (Megatron-Core's account_for_embedding/loss_in_pipeline_split), so the first / last chunk holds one
+    transformer layer fewer, none when chunks hold one. The scenario rules guarantee the split is whole."""
     if first is None and last is None:
         per = (layers + embedding_slot + loss_slot) // (pp * vpp)
         sizes = [per] * (pp * vpp)
@@ -149,4 +149,5 @@ def chunk_sizes(layers: int, pp: int, vpp: int = 1, first: int | None = None,
     given = (first is not None) + (last is not None)
     rest = layers - (first or 0) - (last or 0)
     per = rest // (pp - given) if pp - given else 0
-    return (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
+    stages = (first if first is not None else per,) + (per,) * (pp - 2) + (last if last is not None else per,)
+    return tuple(stages[b] // vpp for _ in range(vpp) for b in range(pp))

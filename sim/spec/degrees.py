@@ -2,10 +2,10 @@
 
 In: a ``Scenario``'s fields (schema only: the scenario carries no derived properties). Out: ``Degrees``, a frozen
 record of the data-parallel degree (``parallel.dp`` or the GPUs left by tp x cp x pp), the micro-batches per
-pipeline and the global batch (each from the other), the sequence length (default: the model's), the ZeRO
-stage (``parallel.zero`` or FSDP's sharding strategy), the layers of the largest model chunk, and the expert
-degrees of a MoE model (ep, etp, and edp = tp*cp*dp/(ep*etp): Megatron-Core's MoE parallel folding, experts
-folded over the tp x cp x dp ranks of a stage), and the context-parallel degree cp. The cross-field
+pipeline and the global batch (each from the other), the sequence length (default: ``DEFAULT_SEQ_LEN``, at most the
+model's maximum), the ZeRO stage (``parallel.zero`` or FSDP's sharding strategy), the layers of the largest model
+chunk, and the expert degrees of a MoE model (ep, etp, and edp = tp*cp*dp/(ep*etp): Megatron-Core's MoE parallel
+folding, experts folded over the tp x cp x dp ranks of a stage), and the context-parallel degree cp. The cross-field
 rules (sim.spec.rules) check them; the plan (sim.plan) exposes them to everything below the configuration
 layer. Modelled on TorchTitan's ``ParallelDims``: degrees decided once, in one place.
 """
@@ -19,6 +19,19 @@ from sim.parallel.grid import chunk_sizes
 
 if TYPE_CHECKING:
     from sim.spec.scenario import Scenario
+
+
+# training.seq_len when a scenario leaves it out. Megatron-LM has no default (--seq-length is required) and a
+# model's max_position_embeddings is its longest context, not what it trains at (131,072 for Llama 3.1, whose
+# pre-training ran at 8,192: Dubey et al. 2024 Sec. 3.4.1), so the default is a stated length, capped at the
+# model's maximum: 8,192, Llama 3's pre-training length and the longest of the presets whose max_seq_len is their
+# pre-training length (GPT-3 2,048, Llama 2 4,096, Llama 3 8,192 keep theirs). ``sim check`` notes it.
+DEFAULT_SEQ_LEN = 8192
+
+
+def default_seq_len(max_seq_len: int) -> int:
+    """The sequence length a scenario without ``training.seq_len`` trains at (see DEFAULT_SEQ_LEN)."""
+    return min(DEFAULT_SEQ_LEN, max_seq_len)
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,7 @@ def degrees(scenario: Scenario) -> Degrees:
     return Degrees(
         num_gpus=gpus, tp=p.tp, pp=p.pp, dp=dp, vpp=p.vpp, micro_batch=t.micro_batch, microbatches=microbatches,
         global_batch=t.global_batch or microbatches * dp * t.micro_batch,
-        seq_len=t.seq_len or scenario.model.max_seq_len,
+        seq_len=t.seq_len or default_seq_len(scenario.model.max_seq_len),
         zero_stage=fsdp.zero_stage if fsdp is not None else p.zero,
         # More pipeline slots than layers is refused by the rules; no chunk list is built for it (a fuzzed pp of 1e12
         # would otherwise allocate one entry per slot before the rule could say so).

@@ -33,18 +33,11 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel: {name}*dp = {split * d.dp} but the cluster has {gpus} GPUs")
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     slots = pipeline_slots(s)
-    if uneven and slots:
-        field = ("account_for_embedding_in_pipeline_split" if p.account_for_embedding_in_pipeline_split
-                 else "account_for_loss_in_pipeline_split")
-        raise ValueError(f"parallel.{field}: not with first_stage_layers/last_stage_layers (Megatron-Core refuses "
-                         "the two together)")
     if uneven:
         _check_uneven_stages(s)
-    elif slots and (m.num_layers + slots) % (p.pp * p.vpp):
-        what = "pp" if p.vpp == 1 else "pp*vpp"
-        raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers + {slots} = "
-                         f"{m.num_layers + slots} (the embedding/loss take a layer slot each)")
-    elif not slots and m.num_layers % (p.pp * p.vpp):
+    elif slots:
+        _check_split_slots(s, slots)
+    elif m.num_layers % (p.pp * p.vpp):
         what = "pp" if p.vpp == 1 else "pp*vpp"
         raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
     if m.num_attention_heads % p.tp:
@@ -95,9 +88,14 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
-    if (d.zero_stage >= 2 or s.fsdp is not None) and p.pp > 1:
-        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage}/FSDP is not combined with pipeline parallelism "
-                         f"(pp = {p.pp}); use ZeRO-1 or pp = 1")
+    if d.zero_stage >= 2 and s.fsdp is None and p.pp > 1:
+        # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < ZeroStageEnum.gradients ("ZeRO-2 and
+        # ZeRO-3 are incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py).
+        raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage} with pp = {p.pp}: DeepSpeed's pipeline engine refuses "
+                         "ZeRO-2/3 with pipelines; use an fsdp section (FSDP2 + pipelining) or ZeRO-1")
+    if s.fsdp is not None and p.pp > 1 and any(size % s.fsdp.unit_layers for size in d.chunk_sizes):
+        raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide the layers of every model chunk "
+                         f"({sorted(set(d.chunk_sizes))}); an FSDP unit lives on one pipeline stage")
     if d.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
         raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{d.zero_stage}/FSDP use 1f1b or gpipe")
     if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
@@ -155,14 +153,47 @@ def _check_uneven_stages(s: Scenario) -> None:
     p, layers = s.parallel, s.model.num_layers
     given_fields = [name for name in ("first_stage_layers", "last_stage_layers") if getattr(p, name) is not None]
     field = "parallel." + "/".join(given_fields)
-    if p.pp < 2 or p.vpp != 1:
-        raise ValueError(f"{field}: needs pp >= 2 and vpp = 1 (pp = {p.pp}, vpp = {p.vpp})")
+    if p.pp < 2:
+        raise ValueError(f"{field}: needs pp >= 2 (pp = {p.pp})")
+    if p.account_for_embedding_in_pipeline_split or p.account_for_loss_in_pipeline_split:
+        raise ValueError(f"{field}: not with parallel.account_for_embedding/loss_in_pipeline_split (Megatron-Core "
+                         "refuses both at once)")
     given = (p.first_stage_layers is not None) + (p.last_stage_layers is not None)
     rest = layers - (p.first_stage_layers or 0) - (p.last_stage_layers or 0)
     others = p.pp - given
     if rest < others or (others and rest % others) or (not others and rest):
         raise ValueError(f"{field}: the other {others} stage(s) cannot split the remaining {rest} of "
                          f"model.num_layers = {layers} evenly")
+    # With interleaving, each stage's layers split evenly over its vpp chunks (Megatron-Core transformer_config.py:
+    # the first, the last and each middle stage's layers must be divisible by the virtual pipeline degree).
+    _check_chunk_order(s, field)
+    middle = rest // others if others else None
+    for name, count in (("parallel.first_stage_layers", p.first_stage_layers),
+                        ("parallel.last_stage_layers", p.last_stage_layers), (field, middle)):
+        if count is not None and count % p.vpp:
+            raise ValueError(f"{name}: a stage of {count} layers does not split over vpp = {p.vpp} model chunks "
+                             "(Megatron-Core requires each stage's layers divisible by vpp)")
+
+
+def _check_chunk_order(s: Scenario, field: str) -> None:
+    """Uneven chunks are laid out in Megatron's interleaved order (chunk a * pp + b on stage b): not in the V or
+    DualPipe layouts."""
+    if s.parallel.vpp > 1 and SCHEDULES[s.schedule].layout != "interleaved":
+        raise ValueError(f"{field}: uneven model chunks need the interleaved layout (schedule {s.schedule} places "
+                         "its chunks otherwise)")
+
+
+def _check_split_slots(s: Scenario, slots: int) -> None:
+    """Megatron-Core's account_for_embedding/loss_in_pipeline_split: num_layers plus the slots the embedding and
+    the loss take must split evenly over pp, and each stage's share over vpp (transformer_config.py)."""
+    p, layers = s.parallel, s.model.num_layers
+    if p.pp < 2:
+        raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: needs pp >= 2 (pp = {p.pp})")
+    _check_chunk_order(s, "parallel.account_for_embedding_in_pipeline_split")
+    total = layers + slots
+    if total % (p.pp * p.vpp):
+        raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: model.num_layers + {slots} = {total} "
+                         f"does not split evenly over pp*vpp = {p.pp * p.vpp} model chunks")
 
 
 def _check_recompute_modules(s: Scenario) -> None:

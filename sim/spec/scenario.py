@@ -47,7 +47,9 @@ class TrainingSpec(FrozenSpec):
     global_batch: int | None = Field(default=None, ge=1, description="sequences per optimizer step")
     microbatches: int | None = Field(default=None, ge=1, description="m per pipeline; global_batch / (dp*micro_batch)")
     micro_batch: int = Field(default=1, ge=1)
-    seq_len: int | None = Field(default=None, ge=1, description="default: the model's max_seq_len")
+    seq_len: int | None = Field(default=None, ge=1, description=(
+        "tokens per sequence. Default: 8192 or the model's max_seq_len if shorter (sim.spec.degrees.DEFAULT_SEQ_LEN; "
+        "never silently a long-context model's maximum), noted by sim check"))
     dtype: Literal["fp32", "tf32", "fp16", "bf16", "fp8"] = "bf16"
     recompute: Literal["none", "selective", "full"] = "none"
     recompute_num_layers: int | None = Field(default=None, ge=0, description=(
@@ -138,12 +140,11 @@ class ParallelSpec(FrozenSpec):
     last_stage_layers: int | None = Field(default=None, ge=1, description="layers of the last pipeline stage "
                                           "(--decoder-last-pipeline-num-layers); the rest split evenly")
     account_for_embedding_in_pipeline_split: bool = Field(default=False, description=(
-        "the input embedding takes one layer's slot in the pipeline split: layers + 1 (+ 1 with the loss) slots "
-        "split evenly over pp x vpp model chunks, the first chunk building one transformer layer fewer "
-        "(Megatron-Core --account-for-embedding-in-pipeline-split, transformer_block.py get_num_layers_to_build)"))
+        "Megatron-Core's flag of that name: the input embedding counts as one layer when the layers are split "
+        "evenly over the pp*vpp model chunks, so the first chunk holds one transformer layer fewer (none if "
+        "chunks hold one: the embedding alone, as in Llama 3's pipeline)"))
     account_for_loss_in_pipeline_split: bool = Field(default=False, description=(
-        "the LM head and loss take one layer's slot: the last model chunk builds one transformer layer fewer "
-        "(--account-for-loss-in-pipeline-split)"))
+        "the same for the output layer and loss: the last model chunk holds one transformer layer fewer"))
     zero: int = Field(default=0, ge=0, le=3, description="ZeRO stage: 1 optimizer, 2 + gradients, 3 + weights")
     ep: int = Field(default=1, ge=1, description=(
         "expert parallelism (Megatron-Core --expert-model-parallel-size): a MoE layer's routed experts split over "

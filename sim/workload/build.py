@@ -485,6 +485,7 @@ class _StageEmitter:
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
         g, last = self._global_chunk(chunk), self.p * self.v - 1
+        self.dp.before_chunk(mb, g)  # FSDP + PP's gathers: not the pass's first task, which waits for its input
         first_task = len(self.g.tasks)
         after: int | None = None
         if g == 0:
@@ -519,6 +520,7 @@ class _StageEmitter:
             if not self.splits_backward:
                 self.grad_ready[-1] = after  # type: ignore[assignment]
             self.dp.after_layer_backward(mb, 0, after)  # type: ignore[arg-type]  # the embedding's grads too
+        self.dp.after_chunk_backward(mb, g, after)  # type: ignore[arg-type]
         self.tail = after
         self._wait_upstream(first_task, "B", g, mb)
         if g > 0:
@@ -577,7 +579,7 @@ class _StageEmitter:
         stage emits the same chain of tasks (durations, collectives, streams) unless ZeRO-3 / FSDP gathers,
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
-        stampable = not self.pending_deps and self.dp_inert and self.fixed_durations
+        stampable = not self.pending_deps and (self.dp_inert or self.dp.inert(mb, direction)) and self.fixed_durations
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
         chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")

@@ -34,6 +34,10 @@ backward prefetch is about issue order, and it is what this module replays:
   SHARD_GRAD_OP keeps the forward's gather until the unit's backward (and, its weights sharded at rest, has no
   weight all-gather after the step). HYBRID_SHARD shards inside a node and
   adds an all-reduce of each reduced shard across nodes, on its own process group's stream.
+- FSDP with pp > 1 (``Plan.pipelined_fsdp``: TorchTitan's FSDP2 under torch.distributed.pipelining): a unit's
+  weights are all-gathered once per step, in its first micro-batch's forward, and kept; its gradients accumulate
+  unsharded, and every unit of a model chunk is reduce-scattered once, after the chunk's last micro-batch's
+  backward (the pipeline stage's manual ``post_backward``).
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
@@ -69,6 +73,11 @@ class DataParallelEmitter:
         self.weight_bytes_per_param = plan.weight_bytes_per_param
         self.unit_layers = plan.unit_layers
         self.sharded_units = plan.gathers_units
+        self.per_step = plan.pipelined_fsdp  # gathers in micro-batch 0's forward, reduces after the last backward
+        # FSDP + PP: the units of each of this stage's chunks (step.chunk_units), and by first layer
+        self.chunk_units = {g: step.chunk_units(plan, g) for g in plan.stage_chunks[stage.stage]} \
+            if self.per_step else {}
+        self.chunk_gathers: dict[int, int] = {}  # first layer of a unit -> its all-gather, until its forward waits
         self.prefetch = plan.prefetch
         self.unit_ends: list[int] = []  # last compute task of each unit computed, in order (for prefetch)
         self.gathered: dict[tuple[int, int], int] = {}  # SHARD_GRAD_OP: (mb, unit) gathered in forward
@@ -107,6 +116,13 @@ class DataParallelEmitter:
         unit = layer // self.unit_layers
         first_of_unit = layer % self.unit_layers == (0 if phase == "forward" else self.unit_layers - 1)
         if not first_of_unit:
+            return
+        if self.per_step:
+            # FSDP + PP: gathered once, for micro-batch 0's forward; the compute stream orders the rest. Nothing is
+            # freed before the step's end and FSDP2 has no rate limiter, so the CPU, running ahead of the GPU,
+            # issues every gather early: they wait only for each other on the group's stream (lag 0).
+            if phase == "forward" and mb == 0:
+                self.st.pending_deps.append(self.chunk_gathers.pop(layer))
             return
         if phase != "forward" and self.zero < 3:  # SHARD_GRAD_OP kept the forward's gather
             self.st.pending_deps.append(self.gathered[(mb, unit)])
@@ -195,20 +211,39 @@ class DataParallelEmitter:
         self.param_gathers.append(task)
         return task
 
-    def _gather(self, mb: int, unit: int, backward: bool, lag: int) -> int:
-        """A unit's weight all-gather, waiting for the unit computed ``lag`` units ago to be freed."""
-        waits = [self.unit_ends[-lag]] if len(self.unit_ends) >= lag else []
+    def before_chunk(self, mb: int, chunk: int) -> None:
+        """FSDP + PP: before micro-batch 0's forward of a model chunk (and before the pass waits for its input),
+        the all-gathers of all its units; each unit's first forward waits for its own (``before_layer``), a chunk
+        holding only the embedding or the head for its one."""
+        if not (self.per_step and self.multi and mb == 0):
+            return
+        for unit in self.chunk_units[chunk]:
+            self.chunk_gathers[unit.layer] = self._gather(mb, unit.layer // self.unit_layers if unit.layer >= 0
+                                                          else -1, False, 0, unit.weight_params)
+        if not self.plan.chunk_layers(chunk):
+            self.st.pending_deps.append(self.chunk_gathers.pop(-1))
+
+    def _gather(self, mb: int, unit: int, backward: bool, lag: int, params: float | None = None) -> int:
+        """A unit's weight all-gather, waiting for the unit computed ``lag`` units ago (0: none); ``params``:
+        an all-gather of that many (FSDP + PP's ``step.chunk_units``) instead of ``step.gather_calls``."""
+        waits = [self.unit_ends[-lag]] if lag and len(self.unit_ends) >= lag else []
         if self.offload.params:  # the unit's weight shard comes from host memory first
             shard = step.unit_weight_params(self.plan, unit) * self.weight_bytes_per_param / len(self.shard_group)
             waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers, also=waits))
         name = "param_gather_bwd" if backward else "param_gather_fwd"
         task = -1
         # One all-gather per unit (FSDP), or DeepSpeed's per-module calls back to back on the group's stream.
-        for params in step.gather_calls(self.plan, unit):
-            task = self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers, None, waits, op="all_gather",
-                                nbytes=params * self.weight_bytes_per_param, group=self.shard_group)
+        for call in step.gather_calls(self.plan, unit) if params is None else (params,):
+            task = self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers if unit >= 0 else -1,
+                                None, waits, op="all_gather", nbytes=call * self.weight_bytes_per_param,
+                                group=self.shard_group)
             waits = []
         return task
+
+    def inert(self, mb: int, phase: str) -> bool:
+        """Whether this micro-batch's pass of a layer adds no data-parallel task or dependency (so the stage
+        emitter may stamp a recorded layer chain): FSDP + PP touches only micro-batch 0's forward."""
+        return self.per_step and not (phase == "forward" and mb == 0)
 
     def unit_compute_done(self, layer: int, phase: str, last_task: int) -> None:
         """Record the end of a unit's compute (the last layer of a unit in this phase's order)."""
@@ -218,6 +253,8 @@ class DataParallelEmitter:
     def after_layer_backward(self, mb: int, layer: int, last_task: int) -> None:
         """Reduce-scatter gradients as they are produced: per unit (ZeRO-3 / FSDP) or per bucket (ZeRO-2)."""
         if not self.multi or self.zero < 2:
+            return
+        if self.per_step:  # after_chunk_backward
             return
         if self.sharded_units:
             if self.zero >= 3:
@@ -233,6 +270,15 @@ class DataParallelEmitter:
         if step.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0
+
+    def after_chunk_backward(self, mb: int, chunk: int, last_task: int) -> None:
+        """FSDP + PP: after the last micro-batch's backward of a model chunk (its embedding's too), every unit of
+        the chunk is reduce-scattered, in forward order (the pipeline stage's ``post_backward`` over its FSDP
+        states, torch/distributed/pipelining/stage.py)."""
+        if not (self.per_step and self.multi) or mb != self.plan.microbatches - 1:
+            return
+        for unit in self.chunk_units[chunk]:
+            self._reduce(mb, unit.layer, last_task, unit.grad_params * self.grad_bytes_per_param)
 
     def _reduce(self, mb: int, layer: int, after: int, nbytes: float) -> None:
         task = self.st._add(NCCL_STREAM, "dp", "grad_reduce_scatter", mb, layer, after, op="reduce_scatter",

@@ -82,12 +82,11 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
     model, elem = plan.model, plan.elem_bytes
     resident, host = states_and_buffers(plan, stage)
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
-    # A stage's chunks have one size (uneven stages have one chunk), so its first chunk's stash stands for each.
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
-    activations = chunks_in_flight * sum(plan.stash_bytes(layer) for layer in first_chunk)
-    if plan.is_moe:  # dense and MoE layers may mix unevenly over the chunks: the largest chunk's stash
-        activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
-                                             for chunk in plan.stage_chunks[stage])
+    # The largest chunk's stash stands for each chunk in flight (a stage's chunks differ with uneven stages
+    # under interleaving, the embedding's or the loss's chunk one layer short, or dense and MoE layers mixed).
+    activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
+                                         for chunk in plan.stage_chunks[stage])
     offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
     if offloaded:
         # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
@@ -128,6 +127,10 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
         if plan.peft.active and plan.zero_stage >= 3:
             gathered = max(gathered, 2 * last_unit + layer_units)
         unreduced = 2 * unit_grads
+        if plan.pipelined_fsdp:
+            # FSDP + PP: the stage's units stay gathered from micro-batch 0's forward to the last backward, and
+            # their gradients accumulate unsharded until the step's reduce-scatters (Plan.pipelined_fsdp).
+            gathered, unreduced = stage_weights, stage_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
         unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
     parts = resident | {"activations": float(activations), "gathered_weights": gathered,
@@ -218,13 +221,21 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
 
     unit_layers = plan.unit_layers
     gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
+    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    if plan.pipelined_fsdp:
+        # FSDP + PP: a unit's gathered weights live until its post_backward reshards them as its reduce-scatter is
+        # issued; its unsharded gradients from the rank's first backward until that reduce-scatter ends.
+        resharded = reduces.set_index("layer")["start_s"].reindex(gathers["layer"]).to_numpy()
+        first_backward = rows[rows["kind"] == "backward"]["start_s"].min()
+        return {"gathered_weights": (gathers["start_s"].to_numpy(), resharded, gathers["bytes"].to_numpy(float)),
+                "unreduced_gradients": (np.full(len(reduces), first_backward), reduces["end_s"].to_numpy(),
+                                        reduces["bytes"].to_numpy(float))}
     unit = gathers["layer"] // unit_layers
     keep_to_backward = plan.zero_stage < 3
     phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
                       index=gathers.index)
     gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
-    reduces = rows[rows["name"] == "grad_reduce_scatter"]
     backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if plan.zero_stage == 2 and not plan.flat_params:

@@ -311,6 +311,41 @@ def unit_weight_params(plan: Plan, unit: int) -> float:
     return params
 
 
+@dataclass(frozen=True)
+class ChunkUnit:
+    """An FSDP unit as FSDP + PP places it (``Plan.pipelined_fsdp``): its first layer (-1: a chunk holding only
+    the embedding or the head), and the parameters per TP rank its all-gather carries (compute-dtype
+    equivalents, ``unit_weight_params``) and its reduce-scatter carries (``unit_grad_params``)."""
+
+    layer: int
+    weight_params: float
+    grad_params: float
+
+
+def chunk_units(plan: Plan, chunk: int) -> list[ChunkUnit]:
+    """The FSDP units of model ``chunk`` in forward order: ``plan.unit_layers`` of its layers each, the embedding
+    in the first unit of chunk 0 and the head in the last unit of the last chunk (their own unit where that
+    chunk holds no transformer layer: Megatron-Core's account_for_embedding/loss_in_pipeline_split with one layer
+    per chunk, as Llama 3's pipeline). Unlike ``unit_params``, the embedding and head go where their chunk is."""
+    model, tp = plan.model, plan.tp
+    embedding = embedding_params(model) / tp if chunk == 0 else 0.0
+    head = head_params(model) / tp if chunk == plan.chunks - 1 else 0.0
+    layers = plan.chunk_layers(chunk)
+    if not layers:
+        return [ChunkUnit(-1, embedding + head, embedding * plan.embedding_trains + head * plan.head_trains)]
+    units = []
+    for first in layers[::plan.unit_layers]:
+        unit = first // plan.unit_layers
+        weights, grads = unit_weight_params(plan, unit), unit_grad_params(plan, unit)
+        if first == 0 and chunk != 0:  # the embedding is on chunk 0, which holds no layer
+            weights, grads = weights - embedding_params(model) / tp, grads - embedding_params(model) / tp \
+                * plan.embedding_trains
+        if first + plan.unit_layers == model.num_layers and chunk != plan.chunks - 1:  # the head: the last chunk
+            weights, grads = weights - head_params(model) / tp, grads - head_params(model) / tp * plan.head_trains
+        units.append(ChunkUnit(first, weights, grads))
+    return units
+
+
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
     order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
