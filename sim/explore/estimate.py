@@ -40,7 +40,7 @@ from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
-from sim.spec.scenario import Scenario
+from sim.spec.scenario import FsdpSpec, Scenario
 from sim.workload import step
 from sim.workload.footprint import stage_memory
 
@@ -646,11 +646,14 @@ def _shape_key(sc: Scenario, free: dict[str, tuple[str, ...]] = _SHAPE_FREE) -> 
 
 
 def _token(value: Any) -> Any:
-    """A field's value as a key: itself for a plain value, a tuple for a list, else the object's identity."""
+    """A field's value as a key: itself for a plain value, a tuple for a list, the fields of an ``FsdpSpec``
+    (sim.explore.search.candidate builds one per FSDP layout), else the object's identity."""
     if value is None or isinstance(value, (str, int, float)):
         return value
     if isinstance(value, list):
         return tuple(_token(v) for v in value)
+    if isinstance(value, FsdpSpec):
+        return ("fsdp", *(_token(v) for v in value.__dict__.values()))
     return id(value)
 
 
