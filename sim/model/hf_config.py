@@ -230,10 +230,17 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+def find_hf_config(path_text: str, base_dir: Path) -> Path | None:
+    """Where a scenario's ``config.json`` path points: itself if absolute, else relative to ``base_dir`` (the
+    scenario file's directory), else relative to the working directory (a ``--set`` value typed at the shell);
+    None when no such file exists. The Dask executor resolves paths with this before shipping points."""
     path = Path(path_text)
     candidates = [path] if path.is_absolute() else [base_dir / path, path]
-    found = next((p for p in candidates if p.is_file()), None)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+    found = find_hf_config(path_text, base_dir)
     if found is None:
         raise ValueError(f"Hugging Face config {path_text!r} not found")
     try:
