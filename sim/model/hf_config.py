@@ -219,6 +219,11 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
         tied_embeddings=bool(TIE_DEFAULT.get(architecture or "", False) if tie is None else tie),
         bias=bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
     )
+    if architecture == "Qwen2ForCausalLM" and not fields["bias"]:
+        # transformers' Qwen2Attention: q_proj, k_proj and v_proj are built with bias=True whatever the config
+        # says (it has no attention_bias key), o_proj and the MLP without: 28 x (3584 + 2 x 512) parameters of
+        # Qwen2.5-7B's 7,615,616,512.
+        fields["add_qkv_bias"] = True
     if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         fields["qk_layernorm"] = True  # Qwen3Attention's q_norm and k_norm (RMSNorm over head_dim)
     if architecture not in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
