@@ -433,7 +433,7 @@ class Plan:
         """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
         training; LoRA's adapters; none in a frozen layer)."""
         if not self.peft.active:
-            return layer_params(self.model).per_tp_rank(self.tp)
+            return self._dense_layer_params
         return layer_trainable_params(self.model, self.peft, layer, self.tp)
 
     def layer_weight_bytes(self, layer: int) -> float:

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from sim import runner
-from sim.output.trace import STREAM_TIDS, chrome_trace
+from sim.output.trace import EXPOSED_THREAD, EXPOSED_TID, STREAM_TIDS, chrome_trace
 from sim.spec.scenario import load_scenario
 
 from conftest import SCENARIOS
@@ -50,10 +50,10 @@ def test_metadata_names_every_process_and_thread_used(chrome):
     assert processes[0] == "rank 0"
     # each thread is named after its stream, and the tid is that stream's index
     for (_pid, tid), name in threads.items():
-        assert STREAM_TIDS[name] == tid
+        assert {**STREAM_TIDS, EXPOSED_THREAD: EXPOSED_TID}[name] == tid
     sorted_threads = {(e["pid"], e["tid"]) for e in events if e["ph"] == "M" and e["name"] == "thread_sort_index"}
     assert sorted_threads == set(threads)
-    assert len([e for e in events if e["ph"] == "X"]) == len(result.trace)
+    assert len([e for e in events if e["ph"] == "X" and e["cat"] != "exposed"]) == len(result.trace)
 
 
 def test_flows_pair_up_and_bind_inside_their_slices(chrome):
@@ -97,3 +97,27 @@ def test_same_scenario_and_seed_give_identical_chrome_bytes():
         result = runner.run(load_scenario(SCENARIOS / "pipeline-4x8.yaml"))
         texts.append(json.dumps(chrome_trace(result.trace, None, result.graph), default=int))
     assert texts[0] == texts[1]
+
+
+def test_exposed_slices_sum_to_the_summarys_exposed_communication(chrome):
+    """The exposed-communication thread: per kind, the worst rank's slices add up to summary.exposed_comm_s, and
+    each slice lies inside a transfer of its kind on its rank and outside every compute task of that rank."""
+    result, doc = chrome
+    exposed = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "exposed"]
+    assert bool(exposed) == any(v > 0 for v in result.summary.exposed_comm_s.values())
+    assert all(e["tid"] == EXPOSED_TID for e in exposed)
+    per_rank: dict[tuple[str, int], float] = {}
+    for e in exposed:
+        key = (e["args"]["kind"], e["pid"])
+        per_rank[key] = per_rank.get(key, 0.0) + e["dur"] / 1e6
+    for kind, seconds in result.summary.exposed_comm_s.items():
+        worst = max((v for (k, _), v in per_rank.items() if k == kind), default=0.0)
+        assert worst == pytest.approx(seconds, rel=1e-9, abs=1e-12), kind
+    trace = result.trace
+    for e in exposed[:200]:
+        a, b = e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6
+        rows = trace[trace["rank"] == e["pid"]]
+        compute = rows[rows["stream"] == "compute"]
+        assert not ((compute["start_s"] < b - 1e-12) & (compute["end_s"] > a + 1e-12)).any()
+        comm = rows[rows["kind"] == e["args"]["kind"]]
+        assert ((comm["start_s"] <= a + 1e-12) & (comm["end_s"] >= a)).any()

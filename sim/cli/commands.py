@@ -246,12 +246,14 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         console.print(f"--emit {args.emit}: searching " + ", ".join(f"{k}={v}" for k, v in limits.items()
                                                                      if k not in given), markup=False)
     out, only = Path(args.output), search.parse_only(args.only)
-    columns = [TextColumn("simulating the best layouts"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with stop_on_sigterm(), Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("search", total=None)
+        screening = bar.add_task("screening layouts", total=None)
+        task = bar.add_task("simulating the best layouts", total=None)
         found = search.run_search(Path(args.scenario), args.set, out, args.top, args.jobs, args.executor,
                                   args.scheduler, not args.no_bound, lambda row: bar.advance(task), only,
-                                  args.dask_timeout, _limits(args), _dashboard(args, console))
+                                  args.dask_timeout, _limits(args), _dashboard(args, console),
+                                  lambda done, total: bar.update(screening, completed=done, total=total))
     screened, simulated = found.screened, found.simulated
     counts = screened["status"].str.split(":").str[0].value_counts().to_dict()
     console.print(f"screened {len(screened):,} layouts in {found.screen_s:.1f} s "

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.costs.models import ComputePhase, CostModel, Work
-from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, stage_level_replay
+from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
 from sim.model.transformer import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
@@ -40,7 +40,7 @@ from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
-from sim.spec.scenario import Scenario
+from sim.spec.scenario import FsdpSpec, Scenario
 from sim.workload import step
 from sim.workload.footprint import stage_memory
 
@@ -75,7 +75,11 @@ class Estimator:
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
-        self._orders: dict[tuple[str, int, int], tuple[int, list[list[Pass]]]] = {}
+        self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
+        self._replays: dict[Any, tuple[float, list[float]]] = {}
+        self._stage_times: dict[Any, tuple[list[StageTimes], Scenario]] = {}
+        self._stat_reduce: dict[Any, float] = {}
+        self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
@@ -356,84 +360,122 @@ class Estimator:
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
                                                       plan.chunks - 1)
-            return stage_level_replay(*self._orders[key], stages, c)
+            # layouts that differ only where the stages' times do not (ZeRO 0 and 1) replay the same order
+            replayed = (key, tuple(stages), c)
+            if replayed not in self._replays:
+                self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
+            total, ends = self._replays[replayed]
+            return total, list(ends)
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
             ends.append(total - behind)
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float,
-              stat_reduce: float) -> tuple[float, float]:
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float, stat_reduce: float,
+              shape_key: tuple[Any, ...]) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage;
-        ``stat_reduce``: one gradient statistic's all-reduce (the same group shape on every stage)."""
+        ``stat_reduce``: one gradient statistic's all-reduce (the same group shape on every stage). What does not
+        depend on the stage's times (``_tail_shape``) is worked out once per ``shape_key`` (``_shape_key``) and
+        stage."""
+        shape = self._tail_shape(plan, stage, stat_reduce, shape_key)
+        exposed = 0.0
+        if plan.data_parallel:
+            # when each layer's gradients become final: the last local chunk's backward ends first, each layer
+            # one layer_backward after the one before it
+            interleaved = plan.scenario.schedule == "interleaved"
+            when: dict[int, float] = {}
+            at = backward_end - st.backward
+            for c, layers in shape.chunks:
+                if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
+                    at = backward_end - st.backward / plan.vpp * (1 + c * plan.pp)
+                for layer in layers:
+                    at += st.layer_backward
+                    when[layer] = at
+            if shape.embedding:  # the embedding's gradients, with the stage's first layer's
+                when[-1] = at
+            if shape.after_backward:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
+                when[-2] = backward_end
+            for c in shape.unit_chunks:  # FSDP + PP: chunk c's last backward ends c*p chunk-passes before the stage's
+                when[-10 - c] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
+            free_at = 0.0
+            for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
+                free_at = max(free_at, when[layer]) + seconds
+            exposed = max(0.0, free_at - backward_end)
+            if shape.experts:  # expert gradients: their own buckets and stream, over edp
+                exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
+            if plan.zero_stage >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
+                # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
+                # from the first backward on. When that is longer than the backward passes, it sets the end.
+                first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
+                    - st.backward
+                exposed = max(exposed, first_backward + plan.microbatches * shape.per_microbatch - backward_end)
+            if plan.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+                # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                exposed = plan.microbatches * shape.per_microbatch
+        if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
+            exposed += shape.copies
+        return exposed, shape.optimizer
+
+    def _tail_shape(self, plan: Plan, stage: int, stat_reduce: float, shape_key: tuple[Any, ...]) -> _TailShape:
+        """The part of a stage's tail its times do not change: the order its gradients become final, its gradient
+        buckets (or units) with each one's collective time, and its optimizer step. Layouts that differ only in
+        micro-batch size, recomputation or sequence parallelism share it (``_shape_key``)."""
+        key = (shape_key, stage)
+        found = self._tail_shapes.get(key)
+        if found is not None:
+            return found[0]
         zero = plan.zero_stage
         grad_elem = plan.grad_bytes_per_param
-        exposed = 0.0
+        chunks: list[tuple[int, tuple[int, ...]]] = []
+        unit_chunks: list[int] = []
+        buckets: list[tuple[int, float]] = []
+        embedding = after_backward = experts = False
+        per_microbatch = 0.0
         if plan.data_parallel:
             op = "all_reduce" if zero == 0 else "reduce_scatter"
             # per unit where the emitters reduce per unit (ZeRO-3, FSDP's sharded strategies), else DDP buckets
             per_unit = plan.gathers_units
             group = plan.shard_group(0) if per_unit else plan.grid.dp_group(0)
-            interleaved = plan.scenario.schedule == "interleaved"
-            ready = []  # (layer, its gradient bytes, when they become final), in that order
             sizes = step.gradient_bytes(plan, stage)
-            at = backward_end - st.backward
+            ready = []  # (layer, its gradient bytes), in the order they become final
             for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
-                layers = plan.chunk_layers(plan.stage_chunks[stage][c])
-                if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
-                    at = backward_end - st.backward / plan.vpp * (1 + c * plan.pp)
-                for layer in reversed(layers):
-                    at += st.layer_backward
-                    ready.append((layer, sizes[layer], at))
+                layers = tuple(reversed(plan.chunk_layers(plan.stage_chunks[stage][c])))
+                chunks.append((c, layers))
+                ready += [(layer, sizes[layer]) for layer in layers]
             if -1 in sizes:  # the embedding's gradients, with the stage's first layer's
-                ready.append((-1, sizes[-1], ready[-1][2]))
-            when = {layer: at for layer, _, at in ready}
+                embedding = True
+                ready.append((-1, sizes[-1]))
             if plan.pipelined_fsdp:  # FSDP + PP: every unit of a chunk, once, after the chunk's last backward
-                buckets = []
+                sent = []
                 for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
-                    key = -10 - c  # chunk c's last backward ends c*p chunk-passes before the stage's
-                    when[key] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
-                    buckets += [(key, unit.grad_params * grad_elem)
-                                for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
+                    unit_chunks.append(c)
+                    sent += [(-10 - c, unit.grad_params * grad_elem)
+                             for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
             elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
-                buckets = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
+                sent = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
                 units: dict[int, float] = {}
-                for layer, _, _ in ready:
+                for layer, _ in ready:
                     unit = max(layer, 0) // plan.unit_layers
                     units[unit] = step.unit_grad_params(plan, unit) * grad_elem
-                closing = {max(layer, 0) // plan.unit_layers: layer for layer, _, _ in ready}
-                buckets = [(closing[unit], nbytes) for unit, nbytes in units.items()]
+                closing = {max(layer, 0) // plan.unit_layers: layer for layer, _ in ready}
+                sent = [(closing[unit], nbytes) for unit, nbytes in units.items()]
             elif plan.scenario.parallel.overlap_grad_reduce or zero >= 2:
-                buckets = step.fill_buckets(plan, [(layer, nbytes) for layer, nbytes, _ in ready])
+                sent = step.fill_buckets(plan, ready)
             else:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
-                when[-2] = backward_end
-                buckets = [(-2, nbytes) for _, nbytes in step.chunk_gradient_bytes(plan, stage)]
-            free_at = per_microbatch = 0.0
-            for layer, nbytes in buckets:  # on one stream, each as soon as its gradients are final
+                after_backward = True
+                sent = [(-2, nbytes) for _, nbytes in step.chunk_gradient_bytes(plan, stage)]
+            for layer, nbytes in sent:
                 seconds = self._dp_collective(plan, op, nbytes, group)
                 if per_unit and plan.hybrid:
                     replicas = plan.replica_group(0)
                     seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
-                free_at = max(free_at, when[layer]) + seconds
+                buckets.append((layer, seconds))
                 per_microbatch += seconds
-            exposed = max(0.0, free_at - backward_end)
-            if step.expert_reduces(plan):  # expert gradients: their own buckets and stream, over edp
-                exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
-            if zero >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
-                # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
-                # from the first backward on. When that is longer than the backward passes, it sets the end.
-                first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
-                    - st.backward
-                exposed = max(exposed, first_backward + plan.microbatches * per_microbatch - backward_end)
-            if zero >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
-                # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
-                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
-                exposed = plan.microbatches * per_microbatch
+            experts = step.expert_reduces(plan)
         copies = step.copy_gradient_reduce(plan, plan.grid.stage_representative(stage))
-        if copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
-            exposed += self.net.collective_time("all_reduce", *copies)
         shard = step.optimizer_params(plan, stage)
         if plan.scenario.offload.optimizer:
             optimizer = step.host_adam_seconds(plan, shard) \
@@ -443,13 +485,16 @@ class Estimator:
         for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
-        experts = step.expert_weight_gather_bytes(plan, stage)
-        if gather and not experts:
+        expert_gather = step.expert_weight_gather_bytes(plan, stage)
+        if gather and not expert_gather:
             optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
-        elif experts:  # the dense and the expert weights are gathered on two streams at once
+        elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
-                             self.net.collective_time("all_gather", experts, plan.expert_dp_group(0)))
-        return exposed, optimizer
+                             self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
+        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts,
+                           self.net.collective_time("all_reduce", *copies) if copies is not None else None, optimizer)
+        self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
+        return shape
 
     def _expert_tail(self, plan: Plan, stage: int, when: dict[int, float], backward_end: float) -> float:
         """Exposed time of a MoE stage's expert-gradient reduction after its last backward: buckets over the
@@ -523,7 +568,11 @@ class Estimator:
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario) -> Estimate:
         plan = resolve(sc)
-        stages = self._stages(plan)
+        # stage times: shared by the layouts that differ only in a ZeRO stage that gathers nothing per unit
+        stages_key = (_shape_key(sc, _STAGES_FREE), plan.zero_stage if plan.gathers_units else None)
+        if stages_key not in self._stage_times:
+            self._stage_times[stages_key] = (self._stages(plan), sc)  # sc keeps the objects the key names alive
+        stages = self._stage_times[stages_key][0]
         pipeline, ends = self._pipeline(plan, stages)
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
         # The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
@@ -538,9 +587,13 @@ class Estimator:
             start += st.forward / plan.local_chunks + hop
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
-        stat_reduce = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, 0))
+        shape_key = _shape_key(sc)
+        if shape_key not in self._stat_reduce:  # its group and bytes are the same for every micro-batch size
+            self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
+                                                                    step.grad_stats_group(plan, 0))
+        stat_reduce = self._stat_reduce[shape_key]
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
-            exposed, opt = self._tail(plan, s, st, end, stat_reduce)
+            exposed, opt = self._tail(plan, s, st, end, stat_reduce, shape_key)
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
@@ -557,6 +610,51 @@ class Estimator:
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
+
+
+@dataclass(frozen=True)
+class _TailShape:
+    """What a stage's data-parallel tail and optimizer step are, apart from when its backward runs
+    (``Estimator._tail_shape``)."""
+
+    chunks: list[tuple[int, tuple[int, ...]]]  # (local chunk, its layers last first), the last chunk first
+    embedding: bool  # the input embedding's gradients join the stage's first layer's
+    after_backward: bool  # one bucket per chunk after the whole backward (key -2)
+    unit_chunks: list[int]  # FSDP + PP: the local chunks whose units reduce after the chunk's last backward (-10 - c)
+    buckets: list[tuple[int, float]]  # (the layer whose gradients close it, its collective's seconds), in order
+    per_microbatch: float  # the buckets' seconds, summed in order
+    experts: bool  # expert gradients reduce on their own stream (Estimator._expert_tail)
+    copies: float | None  # DualPipe's all-reduce of the two model copies' gradients
+    optimizer: float  # optimizer step, gradient checks and the weight all-gather after it
+
+
+# Fields of a layout that change what a stage computes per micro-batch but not its parameters, gradients,
+# groups or optimizer: layouts differing only in these share a tail shape.
+_SHAPE_FREE = {"parallel": ("sequence_parallel",), "training": ("micro_batch", "recompute")}
+# The ZeRO stage changes a stage's per-micro-batch times only where weights are gathered per unit
+# (Estimator._sharded_unit_overhead): otherwise layouts differing only in it share their stage times.
+_STAGES_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": ()}
+
+
+def _shape_key(sc: Scenario, free: dict[str, tuple[str, ...]] = _SHAPE_FREE) -> tuple[Any, ...]:
+    """A scenario without the ``free`` fields, cheaply: values of the parallel and training fields, the
+    schedule and names, and the identity of every other part (search candidates share those objects with their
+    base: sim.explore.search.candidate copies only ``parallel`` and ``training``)."""
+    return tuple(tuple(_token(v) for k, v in getattr(sc, part).__dict__.items() if k not in free[part])
+                 for part in ("parallel", "training")) \
+        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in ("parallel", "training"))
+
+
+def _token(value: Any) -> Any:
+    """A field's value as a key: itself for a plain value, a tuple for a list, the fields of an ``FsdpSpec``
+    (sim.explore.search.candidate builds one per FSDP layout), else the object's identity."""
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    if isinstance(value, list):
+        return tuple(_token(v) for v in value)
+    if isinstance(value, FsdpSpec):
+        return ("fsdp", *(_token(v) for v in value.__dict__.values()))
+    return id(value)
 
 
 def _blocking_sends(plan: Plan, stage: int) -> tuple[int, int]:

@@ -192,12 +192,19 @@ def candidate(base: Scenario, layout: Layout) -> Scenario:
     return scenario
 
 
-def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = None) -> pd.DataFrame:
-    """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound."""
+SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
+
+
+def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = None,
+           on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound.
+    ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
     estimator = estimator or Estimator(base)
     rows = []
-    for layout in space:
-        row: dict[str, Any] = asdict(layout)
+    for index, layout in enumerate(space):
+        if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
+            on_progress(index, len(space))
+        row: dict[str, Any] = dict(vars(layout))  # the fields in order, as asdict gives them (no nested values)
         try:
             scenario = candidate(base, layout)
         except ValueError as error:
@@ -208,7 +215,13 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
                            "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
                            "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches,
                            "hbm_capacity_bytes": base.cluster.gpu.hbm_capacity})
+    if on_progress is not None:
+        on_progress(len(space), len(space))
     table = pd.DataFrame(rows)
+    for column in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches",
+                   "hbm_capacity_bytes"):  # a space of invalid layouts only has none of them
+        if column not in table:
+            table[column] = float("nan")
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
                              col.ne("ok"), kind="stable").reset_index(drop=True)
 
@@ -248,19 +261,21 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
                executor: Executor = "process", scheduler: str | None = None, use_bound: bool = True,
                on_row: Callable[[dict[str, Any]], None] | None = None, only: Only | None = None,
                dask_timeout: float = DASK_TIMEOUT_S, limits: Limits | None = None,
-               on_dashboard: Callable[[str], None] | None = None) -> SearchResult:
+               on_dashboard: Callable[[str], None] | None = None,
+               on_screen: Callable[[int, int], None] | None = None) -> SearchResult:
     """Screen the whole space (or the part ``only`` allows), then simulate the ``top`` layouts in waves of best
     estimates first; with ``use_bound`` a layout whose lower bound cannot beat the best simulated step is
     skipped (``pruned``). ``dask_timeout``: seconds the Dask executor waits to connect to its scheduler; ``limits``:
     each simulated layout's run budget (``sim.workload.size``); ``on_dashboard``: the Dask dashboard's link, when
-    one is wanted (each wave's sweep reports it)."""
+    one is wanted (each wave's sweep reports it); ``on_screen(done, total)``: the screen's progress (``screen``'s
+    ``on_progress``), ``on_row``: each simulated layout's row."""
     began = time.perf_counter()
     base = load_scenario(base_path, overrides)
     space = list(layouts(base, only))
     if not space:
         raise ConfigError(f"--only: no layout of {base.model.name} on {base.cluster.num_gpus} GPUs has "
                           + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
-    screened = screen(base, space)
+    screened = screen(base, space, on_progress=on_screen)
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)

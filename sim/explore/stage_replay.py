@@ -30,17 +30,41 @@ class StageTimes:
 Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool, bool]
 
 
+@dataclass(frozen=True)
+class Unit:
+    """One issued unit of ``stage_level_replay``: a pass, or passes issued together (DualPipe's F&B pairs), with
+    its inputs from outside the unit resolved to result slots. ``needs``: (slot of the pass it waits for, whether
+    that pass ran on another stage); ``slots``: the result slot of each of its passes; ``pair``: an F&B pair
+    (its passes interleave); ``backward``: it holds a B."""
+
+    stage: int
+    phases: tuple[PassKind, ...]
+    index: tuple[int, ...]  # the phases as indices into (F, B, W)
+    needs: tuple[tuple[int, bool], ...]
+    slots: tuple[int, ...]
+    pair: bool
+    backward: bool
+
+
 def pass_dependencies(orders: list[list[Action]], layout: Layout,
-                      last: int | None = None) -> tuple[int, list[list[Pass]]]:
-    """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and per stage
-    each pass's (phase, (phase, model chunk, micro-batch), the pass it needs (``parallel.chunks.upstream``),
-    whether that pass ran on another stage, whether it is issued as one unit with the next, ``Action.with_next``).
-    ``last``: the last model chunk (default p x chunks per stage - 1;
-    DualPipe's two copies of p chunks end at p-1)."""
+                      last: int | None = None) -> tuple[int, list[Unit]]:
+    """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and the issued
+    units (``Unit``) in an order where each comes after the units it waits for (the order in which the
+    replay's stage-by-stage sweep first finds them ready; any such order gives the same times, since a unit's
+    times depend only on its stage's previous unit and its inputs), from the passes ``resolve_passes`` gives.
+    ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's two copies of p chunks end at
+    p-1)."""
+    v = 1 + max(action.chunk for order in orders for action in order)
+    return v, _units(resolve_passes(orders, layout, last))
+
+
+def resolve_passes(orders: list[list[Action]], layout: Layout, last: int | None = None) -> list[list[Pass]]:
+    """Each stage's passes in its order: (phase, (phase, model chunk, micro-batch), the pass it needs
+    (``parallel.chunks.upstream``), whether that pass ran on another stage, ``Action.with_next``)."""
     p = len(orders)
     v = 1 + max(action.chunk for order in orders for action in order)
     last = p * v - 1 if last is None else last
-    resolved = []
+    resolved: list[list[Pass]] = []
     for s, order in enumerate(orders):
         passes = []
         for action in order:
@@ -49,41 +73,67 @@ def pass_dependencies(orders: list[list[Action]], layout: Layout,
             crosses = dep is not None and chunk_location(layout, p, dep[1], action.chunk)[0] != s
             passes.append((action.phase, (action.phase, g, action.microbatch), dep, crosses, action.with_next))
         resolved.append(passes)
-    return v, resolved
+    return resolved
 
 
-def stage_level_replay(chunks: int, passes: list[list[Pass]], stages: list[StageTimes],
-                       c: float) -> tuple[float, list[float]]:
-    """Makespan of a schedule's passes (``pass_dependencies``) with each stage's F, B and W split evenly over
-    its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends."""
-    p = len(passes)
-    done: dict[tuple[str, int, int], float] = {}
-    position, free, last_b = [0] * p, [0.0] * p, [0.0] * p
+def _units(passes: list[list[Pass]]) -> list[Unit]:
+    """The passes grouped into issued units, swept stage by stage as the replay runs them: a stage issues its
+    next unit once every input from outside the unit is done, else the sweep moves to the next stage, until
+    no stage can issue (a deadlocked order stops there, as the replay would)."""
+    slot: dict[tuple[PassKind, int, int], int] = {}
+    units: list[Unit] = []
+    position = [0] * len(passes)
     progress = True
     while progress:
         progress = False
         for s, order in enumerate(passes):
-            times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
-                     "W": stages[s].weight / chunks}
             while position[s] < len(order):
-                # one issued unit: a pass, or passes issued together (DualPipe's F&B pairs), which start once every
-                # input from outside the unit is there and deliver their outputs when the whole unit ends
                 end = position[s]
                 while order[end][4]:
                     end += 1
                 unit = order[position[s]:end + 1]
                 inside = {key for _, key, _, _, _ in unit}
                 needs = [(dep, crosses) for _, _, dep, crosses, _ in unit if dep is not None and dep not in inside]
-                if any(dep not in done for dep, _ in needs):
+                if any(dep not in slot for dep, _ in needs):
                     break
-                ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in needs])
-                free[s] = ready + sum(times[phase] for phase, _, _, _, _ in unit)
-                if {"F", "B"} <= {phase for phase, _, _, _, _ in unit}:  # an F&B pair: its passes interleave
-                    free[s] -= stages[s].pair_overlap / chunks
-                for phase, key, _, _, _ in unit:
-                    done[key] = free[s]
-                    if phase == "B":
-                        last_b[s] = free[s]
+                phases = tuple(phase for phase, _, _, _, _ in unit)
+                for _, key, _, _, _ in unit:
+                    slot[key] = len(slot)
+                units.append(Unit(s, phases, tuple("FBW".index(phase) for phase in phases),
+                                  tuple((slot[dep], crosses) for dep, crosses in needs),
+                                  tuple(slot[key] for _, key, _, _, _ in unit), {"F", "B"} <= set(phases),
+                                  "B" in phases))
                 position[s] = end + 1
                 progress = True
+    return units
+
+
+def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
+                       c: float) -> tuple[float, list[float]]:
+    """Makespan of a schedule's issued units (``pass_dependencies``) with each stage's F, B and W split evenly
+    over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends. Each
+    unit starts once its stage is free and every input from outside it is there (plus ``c`` where that input
+    ran on another stage), and delivers its outputs when the whole unit ends. The same sums as a sweep over
+    the stages: max of the inputs, then the unit's passes added in order."""
+    p = len(stages)
+    times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
+    done = [0.0] * sum(len(unit.slots) for unit in units)
+    free, last_b = [0.0] * p, [0.0] * p
+    for unit in units:
+        s = unit.stage
+        ready = free[s]
+        for dep, crosses in unit.needs:
+            arrives = done[dep] + c if crosses else done[dep]
+            if arrives > ready:
+                ready = arrives
+        if len(unit.index) == 1:
+            free[s] = ready + times[s][unit.index[0]]
+        else:
+            free[s] = ready + sum(times[s][i] for i in unit.index)
+        if unit.pair:  # an F&B pair: its passes interleave
+            free[s] -= stages[s].pair_overlap / chunks
+        for key in unit.slots:
+            done[key] = free[s]
+        if unit.backward:
+            last_b[s] = free[s]
     return max(free), last_b

@@ -84,16 +84,32 @@ class FlowNetwork:
 
     def book_alone(self, loads: tuple[tuple[int, int], ...], nbytes: float, rate: float) -> None:
         """Usage of a flow that ran alone on its links at ``rate`` (the engine times such transfers itself)."""
+        self.book(self.alone_bookings(loads, nbytes, rate))
+
+    def alone_bookings(self, loads: tuple[tuple[int, int], ...], nbytes: float,
+                       rate: float) -> list[tuple[LinkUsage, float, float, bool, float]]:
+        """What ``book_alone`` adds to each link, worked out once for a transfer that repeats: (the link's usage,
+        bytes, busy seconds, whether it saturates the link, load). Creates the links' usage records in the order
+        ``book_alone`` would."""
         seconds = nbytes / rate
+        out = []
         for link, count in loads:
             usage = self.links.get(link)
             if usage is None:
                 usage = self.links[link] = LinkUsage()
-            usage.bytes += nbytes * count
+            out.append((usage, nbytes * count, seconds, rate * count >= self.capacities[link] * (1 - 1e-9),
+                        rate * count))
+        return out
+
+    @staticmethod
+    def book(bookings: list[tuple[LinkUsage, float, float, bool, float]]) -> None:
+        """Add ``alone_bookings`` to their links: the same sums, in the same order, as ``book_alone``."""
+        for usage, nbytes, seconds, saturated, load in bookings:
+            usage.bytes += nbytes
             usage.busy_s += seconds
-            if rate * count >= self.capacities[link] * (1 - 1e-9):
+            if saturated:
                 usage.saturated_s += seconds
-            usage.peak_load = max(usage.peak_load, rate * count)
+            usage.peak_load = max(usage.peak_load, load)
 
     def close(self, now: float) -> None:
         """End every link's last load segment at ``now`` (the end of the run)."""

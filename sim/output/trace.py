@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sim.workload.ir import STREAMS, TaskGraph
+from sim.output.summary import exposed_intervals
+from sim.workload.ir import COMM_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, STREAMS, TaskGraph
 
 TRACE_COLUMNS: dict[str, str] = {
     "task": "int64", "rank": "int32", "stage": "int32", "stream": "object", "kind": "object", "name": "object",
@@ -82,6 +83,10 @@ def read_trace(path: Path) -> pd.DataFrame:
 # source calls brittle, so threads here are numbered: tid = the stream's index in ``Stream`` (the charts' order).
 STREAM_TIDS: dict[str, int] = {str(stream): index for index, stream in enumerate(STREAMS)}
 US = 1e6  # the format's timestamps are microseconds
+# Each rank's exposed communication (its transfers while its compute stream idles: the summary's exposed_comm_s
+# rule, ``exposed_intervals``) on a thread of its own after the streams, one slice per interval and kind.
+EXPOSED_TID = len(STREAMS)
+EXPOSED_THREAD = "exposed comm"
 
 
 def _flow_events(graph: TaskGraph, trace: pd.DataFrame) -> list[dict[str, Any]]:
@@ -117,11 +122,32 @@ def _flow_events(graph: TaskGraph, trace: pd.DataFrame) -> list[dict[str, Any]]:
     return events
 
 
+def _exposed_events(trace: pd.DataFrame) -> list[dict[str, Any]]:
+    """Complete events, cat ``exposed``, on each rank's ``EXPOSED_TID`` thread: per communication kind (tp, pp, dp,
+    ep, cp), the intervals its transfers run while the rank's compute stream is idle."""
+    kinds = [str(kind) for kind in (*COMM_KINDS, *MOE_COMM_KINDS, *CP_COMM_KINDS)]
+    events: list[dict[str, Any]] = []
+    for rank, rows in trace.groupby("rank", sort=True):
+        compute = rows[rows["stream"] == "compute"]
+        comm = rows[(rows["stream"] != "compute") & rows["kind"].isin(kinds)]
+        for kind in kinds:
+            of_kind = comm[comm["kind"] == kind]
+            if of_kind.empty:
+                continue
+            starts, ends = exposed_intervals(of_kind["start_s"].to_numpy(), of_kind["end_s"].to_numpy(),
+                                             compute["start_s"].to_numpy(), compute["end_s"].to_numpy())
+            events.extend({"ph": "X", "pid": int(rank), "tid": EXPOSED_TID, "name": f"exposed {kind}",
+                           "cat": "exposed", "ts": float(a) * US, "dur": float(b - a) * US, "args": {"kind": kind}}
+                          for a, b in zip(starts, ends, strict=True))
+    return events
+
+
 def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None,
                  graph: TaskGraph | None = None) -> dict[str, Any]:
     """Chrome/Perfetto trace events: one process per rank (pid = rank), one thread per stream (tid = the
     stream's index in ``Stream``), each named by ``process_name``/``thread_name`` metadata and ordered by the
-    sort-index metadata; complete (``X``) events in microseconds; with the ``graph`` the trace came from, flow
+    sort-index metadata; complete (``X``) events in microseconds; each rank's exposed communication on an
+    ``exposed comm`` thread (``_exposed_events``); with the ``graph`` the trace came from, flow
     events for the cross-rank dependencies (``_flow_events``); with link segments (contention network), a
     "links" process with one load counter (fraction of capacity) per link."""
     events: list[dict[str, Any]] = []
@@ -135,6 +161,12 @@ def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None,
         tid = STREAM_TIDS[stream]
         events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": stream}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}})
+    exposed = _exposed_events(trace)
+    for rank in sorted({event["pid"] for event in exposed}):
+        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": EXPOSED_TID,
+                       "args": {"name": EXPOSED_THREAD}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": EXPOSED_TID,
+                       "args": {"sort_index": EXPOSED_TID}})
     if link_segments is not None and len(link_segments):
         links_pid = (ranks[-1] if ranks else -1) + 1
         events.append({"ph": "M", "name": "process_name", "pid": links_pid, "tid": 0, "args": {"name": "links"}})
@@ -153,6 +185,7 @@ def chrome_trace(trace: pd.DataFrame, link_segments: pd.DataFrame | None = None,
         label = row.name if row.microbatch < 0 else f"{row.name} mb{row.microbatch}"
         events.append({"ph": "X", "pid": int(row.rank), "tid": STREAM_TIDS[row.stream], "name": label,
                        "cat": row.kind, "ts": row.start_s * US, "dur": (row.end_s - row.start_s) * US, "args": args})
+    events.extend(exposed)
     if graph is not None:
         events.extend(_flow_events(graph, trace))
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -1,0 +1,114 @@
+"""The screen's shared caches (sim.explore.estimate.Estimator: per-shape tails, compiled and memoised stage-level
+replays) change nothing: every layout's estimate is the float a fresh Estimator gives it alone, so the ranking is
+the same; and the screen reports its progress."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.explore import search
+from sim.explore.estimate import Estimator
+from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, resolve_passes, stage_level_replay
+from sim.parallel.schedules import SCHEDULES
+from sim.spec.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ["status", "est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s"]
+
+
+def _alone(base, space: list[search.Layout]) -> pd.DataFrame:
+    """The screen with a new Estimator for every layout: nothing one layout priced is reused for another."""
+    rows = []
+    for layout in space:
+        rows.append(search.screen(base, [layout], Estimator(base)))
+    return pd.concat(rows, ignore_index=True)
+
+
+@pytest.mark.parametrize(("scenario", "stride"), [
+    ("pipeline-4x8.yaml", 9),  # every schedule on 4 stages, zero-bubble orders replayed (m < 2p)
+    ("gpt3-175b_a100-1024.yaml", 61),  # 236 layouts: tp 1-8, pp 1-32, all ZeRO stages and schedules
+    ("llama2-7b_h100-32_spine.yaml", 23),  # the contention network's static shares
+    ("mixtral-8x7b_h100-64.yaml", 401),  # MoE: expert tails, ep x etp
+])
+def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario: str, stride: int) -> None:
+    base = load_scenario(ROOT / "scenarios" / scenario)
+    space = list(search.layouts(base))[::stride]
+    shared = search.screen(base, space)
+    alone = _alone(base, space)
+    key = list(search.LAYOUT_FIELDS)
+    merged = shared.merge(alone, on=key, suffixes=("", "_alone"), validate="one_to_one")
+    assert len(merged) == len(space)
+    assert (merged["status"] == merged["status_alone"]).all()
+    for column in COLUMNS[1:]:  # bit for bit, NaN (invalid layouts) where the other is NaN
+        a, b = merged[column], merged[f"{column}_alone"]
+        assert ((a == b) | (a.isna() & b.isna())).all(), column
+    priced = shared[shared["status"] == "ok"]
+    assert len(priced) > 5
+    ranked = alone[alone["status"] == "ok"].sort_values("est_step_time_s", kind="stable")
+    assert priced[key].to_numpy().tolist() == ranked[key].to_numpy().tolist()
+
+
+def test_the_screen_reports_its_progress_and_ends_at_the_total() -> None:
+    base = load_scenario(ROOT / "scenarios" / "pipeline-4x8.yaml")
+    space = list(search.layouts(base))
+    seen: list[tuple[int, int]] = []
+    search.screen(base, space, on_progress=lambda done, total: seen.append((done, total)))
+    every = search.SCREEN_PROGRESS_EVERY
+    assert seen == [(n, len(space)) for n in range(every, len(space), every)] + [(len(space), len(space))]
+
+
+def _sweep_replay(chunks: int, passes: list[list[Pass]], stages: list[StageTimes],
+                  c: float) -> tuple[float, list[float]]:
+    """The stage-level replay as it was before it was compiled into units: sweep the stages, each issuing its
+    next unit once its inputs are done, until none can (the reference the compiled replay must equal)."""
+    p = len(passes)
+    done: dict[tuple[str, int, int], float] = {}
+    position, free, last_b = [0] * p, [0.0] * p, [0.0] * p
+    progress = True
+    while progress:
+        progress = False
+        for s, order in enumerate(passes):
+            times = {"F": stages[s].forward / chunks, "B": stages[s].backward / chunks,
+                     "W": stages[s].weight / chunks}
+            while position[s] < len(order):
+                end = position[s]
+                while order[end][4]:
+                    end += 1
+                unit = order[position[s]:end + 1]
+                inside = {key for _, key, _, _, _ in unit}
+                needs = [(dep, crosses) for _, _, dep, crosses, _ in unit if dep is not None and dep not in inside]
+                if any(dep not in done for dep, _ in needs):
+                    break
+                ready = max([free[s]] + [done[dep] + (c if crosses else 0.0) for dep, crosses in needs])
+                free[s] = ready + sum(times[phase] for phase, _, _, _, _ in unit)
+                if {"F", "B"} <= {phase for phase, _, _, _, _ in unit}:
+                    free[s] -= stages[s].pair_overlap / chunks
+                for phase, key, _, _, _ in unit:
+                    done[key] = free[s]
+                    if phase == "B":
+                        last_b[s] = free[s]
+                position[s] = end + 1
+                progress = True
+    return max(free), last_b
+
+
+@pytest.mark.parametrize(("name", "p", "m", "v"), [
+    ("zb-h1", 4, 6, 1), ("zb-h2", 8, 12, 1), ("zb-v", 4, 6, 2), ("interleaved", 4, 8, 3), ("1f1b", 8, 3, 1),
+    ("dualpipe", 4, 8, 2), ("dualpipev", 4, 8, 2),
+])
+def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m: int, v: int) -> None:
+    schedule = SCHEDULES[name]
+    orders = schedule.actions(p, m, v)
+    last = p - 1 if schedule.layout == "dual" else None
+    chunks, units = pass_dependencies(orders, schedule.layout, last)
+    rng = random.Random(f"{name}{p}{m}")
+    for _ in range(5):  # uneven stages with awkward floats, an F&B pair overlap, and a p2p time
+        stages = [StageTimes(rng.uniform(0.1, 1.0), rng.uniform(0.2, 2.0), rng.uniform(0.0, 0.7), 0.01, 3,
+                             rng.uniform(0.0, 0.05)) for _ in range(p)]
+        c = rng.uniform(0.0, 0.1)
+        assert stage_level_replay(chunks, units, stages, c) == _sweep_replay(
+            chunks, resolve_passes(orders, schedule.layout, last), stages, c)
