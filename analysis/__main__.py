@@ -94,15 +94,11 @@ def main(argv: list[str] | None = None) -> int:
                     steps = [int(step) for step in args.steps.split(",")]
                 except ValueError:
                     raise SimError(f"--steps: {args.steps!r} is not a list of step numbers, e.g. 5,6") from None
-            table = profile_compare.compare(args.trace, args.run_dir, args.rank, args.device, steps)
-            markdown = profile_compare.to_markdown(table, f"measured ({Path(args.trace).name}) vs simulated "
-                                                   f"({args.run_dir}), seconds per step on one rank")
+            markdown, written = profile_compare.compare_trace(args.trace, args.run_dir, rank=args.rank,
+                                                              device=args.device, steps=steps, table=args.output,
+                                                              chart=args.chart)
             print(markdown)
-            for path in filter(None, (args.output, args.chart)):
-                if path == args.output:
-                    Path(path).write_text(markdown)
-                else:
-                    profile_compare.write_chart(table, path)
+            for path in written:
                 print(f"wrote {path}")
             return 0
         if args.command == "search-report":

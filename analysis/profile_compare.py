@@ -333,3 +333,22 @@ def write_chart(table: pd.DataFrame, path: Path | str) -> None:
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     figure.tight_layout()
     figure.savefig(path)
+
+
+def compare_trace(profile: Path | str, run_dir: Path | str, *, rank: int | None = None, device: int | None = None,
+                  steps: Sequence[int] | None = None, table: Path | str | None = None,
+                  chart: Path | str | None = None) -> tuple[str, list[str]]:
+    """The comparison as a command gives it (``python -m analysis compare-profile``, and ``sim compare-trace``
+    through the ``clustersim.commands`` entry point): (the markdown table, the paths written: ``table``, the
+    markdown; ``chart``, the bars)."""
+    result = compare(profile, run_dir, rank, device, steps)
+    markdown = to_markdown(result, f"measured ({Path(profile).name}) vs simulated ({run_dir}), seconds per step on "
+                                   "one rank")
+    written = []
+    if table:
+        Path(table).write_text(markdown)
+        written.append(str(table))
+    if chart:
+        write_chart(result, chart)
+        written.append(str(chart))
+    return markdown, written

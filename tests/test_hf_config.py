@@ -112,16 +112,32 @@ def test_a_refused_config_through_the_scenario_is_one_line_naming_the_key(tmp_pa
     assert "\n" not in str(error.value)
 
 
-# Model cards: google/gemma-7b "8.54B" parameters (8,537,680,896 in its safetensors index), Mistral NeMo "12B"
-# (mistral.ai/news/mistral-nemo; 12,247,782,400 in the hub's safetensors metadata), Meta-Llama-3-8B 8,030,261,248.
-@pytest.mark.parametrize("repo, params, tolerance", [
-    ("gemma-7b", 8.54e9, 0.005e9),
-    ("Mistral-Nemo-Base-2407", 12.2e9, 0.05e9),
-    ("Meta-Llama-3-8B", 8_030_261_248, 0),
+# Exact parameter counts (issue 26, must-show 2): the hub's safetensors metadata total of each repository (the
+# "Model size" the hub shows, summed over the checkpoint's tensors; bf16 weights, so one element per parameter):
+# google/gemma-7b 8,537,680,896 (model card "8.54B"), mistralai/Mistral-Nemo-Base-2407 12,247,782,400 ("12B"),
+# meta-llama/Meta-Llama-3-8B 8,030,261,248 ("8B"), Qwen/Qwen2.5-7B 7,615,616,512 ("7.61B"; the same count its
+# Instruct fine-tune's metadata gives). Each is also the closed form of its config: e.g. Qwen2.5-7B
+# 2 x 152064 x 3584 (untied) + 28 x (2 x 3584^2 + 2 x 3584 x 512 + 3584 + 2 x 512 (q/k/v biases)
+# + 3 x 3584 x 18944 + 2 x 3584) + 3584.
+@pytest.mark.parametrize("repo, params", [
+    ("gemma-7b", 8_537_680_896),
+    ("Mistral-Nemo-Base-2407", 12_247_782_400),
+    ("Meta-Llama-3-8B", 8_030_261_248),
+    ("Qwen2.5-7B", 7_615_616_512),
 ])
-def test_dense_configs_give_the_model_cards_parameter_counts(repo, params, tolerance):
+def test_dense_configs_give_the_hubs_exact_parameter_counts(repo, params):
     spec = ModelSpec(**read_hf_config(str(CONFIGS / repo / "config.json"), CONFIGS))
-    assert total_params(spec) == pytest.approx(params, abs=tolerance)
+    assert total_params(spec) == params
+
+
+def test_qwen2_has_a_bias_on_qkv_alone():
+    """transformers' Qwen2Attention builds q/k/v_proj with bias=True and o_proj, the MLP without (no config key):
+    Megatron's --add-qkv-bias with --disable-bias-linear; 28 x (3584 + 2 x 512) = 129,024 parameters."""
+    fields = spec_from_hf_config(load("Qwen2.5-7B"), "q")
+    assert (fields["bias"], fields["add_qkv_bias"]) == (False, True)
+    without = ModelSpec(**{**fields, "add_qkv_bias": False})
+    assert total_params(ModelSpec(**fields)) - total_params(without) == 28 * (3584 + 2 * 512)
+    assert "add_qkv_bias" not in spec_from_hf_config(load("Meta-Llama-3-8B"), "l")
 
 
 def test_gemma_is_a_gated_gelu_with_tied_embeddings_by_default():

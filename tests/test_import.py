@@ -427,3 +427,22 @@ def test_model_from_a_hugging_face_config(tmp_path: Path) -> None:
     assert (s.model.hidden_size, s.model.kv_channels, s.model.num_layers) == (5120, 128, 40)
     assert s.deepspeed is not None and s.deepspeed.reduce_bucket_size == 5120**2
     assert (s.training.micro_batch, s.training.global_batch) == (8, 64)  # TrainingArguments' default 8 per GPU
+
+
+def test_a_qkv_only_bias_round_trips_through_megatron_flags(tmp_path: Path) -> None:
+    """Qwen2's bias on QKV alone (HF import: add_qkv_bias) is emitted as --disable-bias-linear --add-qkv-bias, and
+    those flags import back to the same parameter count (28 x (3584 + 2 x 512) more than without)."""
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+    from sim.model.transformer import total_params
+    from sim.spec.scenario import load_scenario
+
+    config = ROOT / "tests" / "data" / "hf_configs" / "Qwen2.5-7B" / "config.json"
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml", [f"model={config}"])
+    emitted = emit(scenario, "megatron")
+    assert "--disable-bias-linear" in emitted.text and "--add-qkv-bias" in emitted.text
+    path = tmp_path / f"config{emitted.suffix}"
+    path.write_text(emitted.text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert (back.model.bias, back.model.add_qkv_bias) == (False, True)
+    assert total_params(back.model) == total_params(scenario.model) == 7_615_616_512

@@ -233,3 +233,16 @@ def test_the_runner_takes_a_profiles_nvls_and_all_to_all_tiers(tmp_path):
     assert topology.nvls.bandwidth == node.nvls.bandwidth
     assert topology.all_to_all_link.efficiency == 0.6 and topology.all_to_all_link.base_latency == 1e-5
     assert topology.intra_node.efficiency == node.intra_node.efficiency
+
+
+def test_the_issues_spelling_import_nccl_tests_is_the_same_command(tmp_path, capsys):
+    """``sim calibrate import-nccl-tests LOG...`` (issue 26's spelling) writes the profile --from-nccl-tests does;
+    any other word there is one line naming what is expected."""
+    flag, word = tmp_path / "flag", tmp_path / "word"
+    assert main(["calibrate", "--from-nccl-tests", str(HGX), "--node", "dgx-h100", "-o", str(flag)]) == 0
+    assert main(["calibrate", "import-nccl-tests", str(HGX), "--node", "dgx-h100", "-o", str(word)]) == 0
+    assert (word / "profile.json").read_text() == (flag / "profile.json").read_text()
+    capsys.readouterr()
+    assert main(["calibrate", "import-nccl", str(HGX), "-o", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip().startswith(
+        "error: calibrate: 'import-nccl " + str(HGX) + "': expected import-nccl-tests LOG...")

@@ -157,3 +157,56 @@ def test_the_simulated_rank_is_the_traces_own_by_default(tiny_run, tmp_path):
     assert table.loc[OTHER, "simulated_s"] == pytest.approx(two[OTHER])
     assert compare(ranked, tiny_run, rank=0).set_index("category").loc[OTHER, "simulated_s"] == pytest.approx(
         zero[OTHER])
+
+
+@pytest.fixture
+def compare_trace_plugin(tmp_path, monkeypatch):
+    """The ``clustersim.commands`` entry points pyproject.toml declares, visible to importlib.metadata: the
+    installed (editable) metadata's own when it has them, else a distribution written here from pyproject.toml
+    (an install older than the entry point; ``pip install -e .`` refreshes it)."""
+    from importlib.metadata import entry_points
+
+    from conftest import ROOT
+
+    section = (ROOT / "pyproject.toml").read_text().split('[project.entry-points."clustersim.commands"]\n')[1]
+    declared = dict(line.replace('"', "").split(" = ") for line in section.split("\n\n")[0].splitlines())
+    assert declared == {"compare-trace": "analysis.profile_compare:compare_trace"}
+    if "compare-trace" not in entry_points(group="clustersim.commands").names:
+        info = tmp_path / "site" / "clustersim_commands-0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clustersim-commands\nVersion: 0\n")
+        (info / "entry_points.txt").write_text("[clustersim.commands]\n" + "".join(
+            f"{name} = {target}\n" for name, target in declared.items()))
+        monkeypatch.syspath_prepend(str(info.parent))
+    return declared
+
+
+def test_sim_compare_trace_runs_the_scenario_and_prints_the_per_class_table(compare_trace_plugin, tmp_path, capsys):
+    """Issue 26, must-show 4: ``sim compare-trace PROFILER.json SCENARIO`` (sim dispatching to analysis through the
+    clustersim.commands entry point) runs the scenario into -o and prints the same table as compare() on that run."""
+    run, markdown, chart = tmp_path / "run", tmp_path / "table.md", tmp_path / "chart.png"
+    assert main(["compare-trace", str(TRACE), str(SCENARIOS / "tiny.yaml"), "-o", str(run), "--table", str(markdown),
+                 "--chart", str(chart), "--steps", "5,6"]) == 0
+    printed = capsys.readouterr().out
+    assert (run / "summary.json").is_file() and (run / "trace.parquet").is_file()
+    table = compare(TRACE, run).set_index("category")
+    assert table.loc[GEMM, "measured_s"] == pytest.approx((3250 + 1800) / 2 * US)
+    for category in (GEMM, ATTENTION, OTHER, "NCCL all_reduce", "NCCL send", "idle", "step"):
+        row = table.loc[category]
+        assert f"| {category} | {row['measured_s']:.6f} | {row['simulated_s']:.6f} |" in printed
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + len(table) and rows == [line for line in printed.splitlines() if line.startswith("|")]
+    assert chart.stat().st_size > 0 and f"wrote {chart}" in printed
+
+
+def test_sim_compare_trace_without_analysis_is_one_line_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **_: importlib.metadata.EntryPoints(()))
+    run = tmp_path / "run"
+    assert main(["compare-trace", str(TRACE), str(SCENARIOS / "tiny.yaml"), "-o", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: compare-trace: needs clustersim's analysis package, which registers the "
+                   "'clustersim.commands' entry point 'compare-trace' (pip install clustersim, or pip install -e . "
+                   "in a checkout)")
+    assert not run.exists()

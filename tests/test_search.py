@@ -156,3 +156,43 @@ def test_with_the_distributed_optimizer_the_175b_search_prefers_tp_4_and_deep_in
     assert tuple(first[list(layout)]) == (4, 8, 32, 12, 1, "interleaved", True)
     wider = fits[fits["tp"] == 8].iloc[0]
     assert simulated_step(base, first) < simulated_step(base, wider)
+
+
+@pytest.mark.slow
+def test_a_dask_sweep_whose_workers_start_elsewhere_reads_the_scenarios_relative_files(tmp_path: Path,
+                                                                                          monkeypatch) -> None:
+    """Issue 26, must-show 5: a scenario naming its HF config.json and its costs.profile relative to itself, and a
+    grid value naming a config.json relative to the working directory, run on Dask workers whose working directory
+    is another one (as a remote worker's would be): the table equals the in-process executor's, every point ok."""
+    import os
+
+    import yaml
+    from dask.distributed import Client, LocalCluster
+
+    data = ROOT / "tests" / "data" / "hf_configs"
+    scenario_dir = tmp_path / "scenarios" / "Meta-Llama-3-8B"  # the folder names the model (no _name_or_path)
+    scenario_dir.mkdir(parents=True)
+    (scenario_dir / "config.json").write_text((data / "Meta-Llama-3-8B" / "config.json").read_text())
+    (scenario_dir / "a100.json").write_text((ROOT / "sim" / "data" / "profiles" / "A100.json").read_text())
+    (tmp_path / "Mistral-Nemo-Base-2407").mkdir()
+    (tmp_path / "Mistral-Nemo-Base-2407" / "config.json").write_text(
+        (data / "Mistral-Nemo-Base-2407" / "config.json").read_text())
+    scenario = yaml.safe_load(TINY.read_text()) | {
+        "model": {"hf_config": "config.json", "num_layers": 2, "max_seq_len": 1024},
+        "costs": {"model": "calibrated", "profile": "a100.json"}}
+    (scenario_dir / "tiny.yaml").write_text(yaml.safe_dump(scenario))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    spec = sweep.SweepSpec(Path("scenarios/Meta-Llama-3-8B/tiny.yaml"),
+                           {"model.hf_config": ["config.json", "Mistral-Nemo-Base-2407/config.json"],
+                            "training.microbatches": [2, 4]}, overrides=["costs.profile=a100.json"])
+    local = sweep.run_sweep(spec, Path("process"), jobs=1)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.run(os.chdir, str(elsewhere))
+        assert set(client.run(os.getcwd).values()) == {str(elsewhere)}
+        remote = sweep.run_sweep(spec, Path("dask"), executor="dask", scheduler=cluster.scheduler_address)
+    assert (local["status"] == "ok").all() and len(local) == 4, local["status"].tolist()
+    pd.testing.assert_frame_equal(local, remote)
+    assert local["model.hf_config"].tolist()[::2] == ["config.json", "Mistral-Nemo-Base-2407/config.json"]

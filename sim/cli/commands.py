@@ -36,6 +36,9 @@ PLOT_PLUGINS = "clustersim.plot"
 SWEEP_PLUGINS = "clustersim.sweep_outputs"
 SEARCH_PLUGINS = "clustersim.search_outputs"
 VALIDATE_PLUGINS = "clustersim.validate_outputs"
+# Commands another installed package provides (sim never imports analysis): each entry point's name is the sim
+# command it implements; analysis registers ``compare-trace`` (pyproject.toml).
+COMMAND_PLUGINS = "clustersim.commands"
 
 
 def _plugins(group: str) -> list[Callable[..., Any]]:
@@ -118,6 +121,46 @@ def _run(args: argparse.Namespace, console: Console, charts: Any) -> int:
         if args.fail_on_oom:
             raise OutOfMemory(problem)
         console.print(f"warning: out of memory: {problem}", style="yellow")
+    return 0
+
+
+def _command_plugin(name: str) -> Callable[..., Any]:
+    """The ``clustersim.commands`` entry point named ``name``, or a one-line ConfigError saying what provides it."""
+    from importlib.metadata import entry_points
+
+    found = [entry for entry in entry_points(group=COMMAND_PLUGINS) if entry.name == name]
+    if not found:
+        raise ConfigError(f"{name}: needs clustersim's analysis package, which registers the {COMMAND_PLUGINS!r} "
+                          f"entry point {name!r} (pip install clustersim, or pip install -e . in a checkout)")
+    try:
+        function: Callable[..., Any] = found[0].load()
+    except ImportError as error:
+        raise ConfigError(f"{name}: its {COMMAND_PLUGINS} entry point {found[0].value!r} does not load: "
+                          f"{error}") from None
+    return function
+
+
+def cmd_compare_trace(args: argparse.Namespace, console: Console) -> int:
+    """``sim compare-trace PROFILER.json SCENARIO``: run the scenario into ``-o`` (as ``sim run --no-plot``), then
+    hold the torch.profiler trace against its simulated step per kernel class (the ``compare-trace`` command
+    plugin, analysis.profile_compare.compare_trace), printing the table and writing ``--table`` / ``--chart``."""
+    compare = _command_plugin("compare-trace")  # first: without analysis nothing is run
+    steps = None
+    if args.steps:
+        try:
+            steps = [int(step) for step in args.steps.split(",")]
+        except ValueError:
+            raise ConfigError(f"--steps: {args.steps!r} is not a list of step numbers, e.g. 5,6") from None
+    if not Path(args.profiler).is_file():
+        raise ConfigError(f"compare-trace: profiler trace {args.profiler!r} not found")
+    run_args = argparse.Namespace(**vars(args), format="parquet", chrome=False, link_timeline=False, no_plot=True,
+                                  fail_on_oom=False)
+    _run(run_args, console, None)
+    markdown, written = compare(args.profiler, args.output, rank=args.rank, device=args.device, steps=steps,
+                                table=args.table, chart=args.chart)
+    console.print(markdown, markup=False, highlight=False, soft_wrap=True)
+    for path in written:
+        console.print(f"wrote {path}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -438,6 +481,21 @@ def parser() -> argparse.ArgumentParser:
                      help="override a field of every scenario, e.g. costs.end_to_end_factor=1 (repeatable)")
     val.add_argument("-o", "--output", help="write validation.csv here")
     val.set_defaults(handler=cmd_validate)
+    trace_cmd = commands.add_parser("compare-trace", help="run a scenario and hold a torch.profiler trace of the real "
+                                    "step against it, per step and kernel class (needs clustersim's analysis)")
+    trace_cmd.add_argument("profiler", help="Chrome trace JSON (.json or .json.gz) written by torch.profiler")
+    scenario_args(trace_cmd)
+    trace_cmd.add_argument("-o", "--output", default="runs/compare-trace", help="run directory (default "
+                           "runs/compare-trace)")
+    trace_cmd.add_argument("--rank", type=int, help="simulated rank (default: the trace's distributedInfo rank, "
+                           "else 0)")
+    trace_cmd.add_argument("--device", type=int, help="the trace's GPU (pid) to read (default: the lowest)")
+    trace_cmd.add_argument("--steps", help="ProfilerStep numbers to average, e.g. 5,6 (default: all)")
+    trace_cmd.add_argument("--table", metavar="FILE", help="also write the markdown table here")
+    trace_cmd.add_argument("--chart", metavar="FILE", help="also draw measured vs simulated bars here (PNG/SVG/PDF)")
+    limit_args(trace_cmd)
+    trace_cmd.set_defaults(handler=cmd_compare_trace)
+
     schema = commands.add_parser("schema", help="print a JSON Schema: of scenario files (default; for editors, "
                                  "e.g. sim schema > scenario.schema.json) or of summary.json")
     schema.add_argument("what", nargs="?", choices=("scenario", "summary"), default="scenario")
@@ -455,6 +513,8 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--tp", type=int, default=1)
     cal.add_argument("--micro-batch", type=int, default=1)
     cal.add_argument("--seq-len", type=int, default=4096)
+    cal.add_argument("action", nargs="*", metavar="import-nccl-tests LOG", help="the same as --from-nccl-tests "
+                     "LOG... (sim calibrate import-nccl-tests LOG...)")
     cal.add_argument("--from-nccl-tests", nargs="+", metavar="LOG", help="fit the link tiers of a profile from "
                      "your own nccl-tests outputs (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
                      "alltoall_perf, sendrecv_perf stdout) instead of measuring: one host -> NVLink tiers, several "
@@ -523,6 +583,11 @@ def cmd_validate(args: argparse.Namespace, console: Console) -> int:
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
+    if args.action:  # sim calibrate import-nccl-tests LOG... (issue 26's spelling)
+        if args.action[0] != "import-nccl-tests" or len(args.action) < 2:
+            raise ConfigError(f"calibrate: {' '.join(args.action)!r}: expected import-nccl-tests LOG... (or no "
+                              "argument, to measure this machine)")
+        args.from_nccl_tests = [*args.action[1:], *(args.from_nccl_tests or [])]
     if args.from_nccl_tests:
         return cmd_import_nccl_tests(args, console)
     from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device

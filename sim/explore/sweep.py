@@ -35,7 +35,14 @@ from sim.errors import ConfigError, SimError
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
 from sim.output.atomic import write_atomically, write_text_atomically
 from sim.spec.degrees import degrees
-from sim.spec.scenario import apply_overrides, parse_yaml, read_text, scenario_from_dict
+from sim.spec.scenario import (
+    absolute_override,
+    absolute_paths,
+    apply_overrides,
+    parse_yaml,
+    read_text,
+    scenario_from_dict,
+)
 from sim.workload.size import Limits
 
 METRICS = (
@@ -156,15 +163,16 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], point: dict[str, Any],
-              keys: list[str], limits: Limits | None = None) -> dict[str, Any]:
+              keys: list[str], limits: Limits | None = None, files: dict[str, Any] | None = None) -> dict[str, Any]:
     """One point -> one row with the resolved value of every swept key. Never raises for a bad point: the
-    reason goes into ``status`` (a point over ``limits``, the run budget, is ``error: <field>: ...``)."""
+    reason goes into ``status`` (a point over ``limits``, the run budget, is ``error: <field>: ...``). ``files``:
+    the point's file values made absolute (``shipped``), run in their place; the row shows the point as given."""
     row: dict[str, Any] = dict(point)
     try:
         raw = apply_overrides(copy.deepcopy(base_data), overrides)
         if "training.microbatches" in point and "training.global_batch" not in point:
             raw.setdefault("training", {})["global_batch"] = None
-        raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in point.items()])
+        raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in (point | (files or {})).items()])
         scenario = scenario_from_dict(raw, base_dir=base_dir)
         summary = runner.run(scenario, limits=limits).summary
     except ConfigError as error:
@@ -189,6 +197,27 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
         "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": degrees(scenario).global_batch,
     }
     return row
+
+
+def shipped(spec: SweepSpec, points: list[dict[str, Any]]) -> tuple[tuple[dict[str, Any], str],
+                                                                    list[str], list[dict[str, Any]]]:
+    """What is sent to the workers: (the base scenario, its absolute directory), the overrides, and each point's
+    file values, with every file path a scenario can name (``model``'s config.json, ``costs.profile``) made
+    absolute here, before shipping (sim.spec.scenario.absolute_paths: the scenario's directory, or the working
+    directory for a ``--set`` config.json), so a Dask worker started in another directory reads the same files and
+    the table equals the process executor's (issue 26). A path in the base scenario and in ``--set`` resolves as
+    ``sim run`` resolves it."""
+    base_dir = spec.base.parent.absolute()
+    overrides = [absolute_override(item, base_dir) for item in spec.overrides]
+    files = []
+    for point in points:
+        moved = {}
+        for key, value in point.items():
+            item = absolute_override(f"{key}={_encode(value)}", base_dir)
+            if item != f"{key}={_encode(value)}":
+                moved[key] = parse_yaml(item.split("=", 1)[1], key)
+        files.append(moved)
+    return (absolute_paths(spec.base_data, base_dir), str(base_dir)), overrides, files
 
 
 def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
@@ -272,8 +301,9 @@ def run_sweep(spec: SweepSpec, out: Path, jobs: int = 1, on_start: Callable[[int
             if on_row:
                 on_row(row)
 
-        base = (spec.base_data, str(spec.base.parent))
-        jobs_list = [((index, point), (*base, spec.overrides, point, spec.keys, limits)) for index, point in todo]
+        base, overrides, files = shipped(spec, [point for _, point in todo])
+        jobs_list = [((index, point), (*base, overrides, point, spec.keys, limits, point_files))
+                     for (index, point), point_files in zip(todo, files, strict=True)]
         # closing: an interrupt in record() stops the executor's workers at once, not when the generator is freed
         with contextlib.closing(run_all(run_point, jobs_list, jobs, executor, scheduler, dask_timeout,
                                           on_dashboard)) as rows:

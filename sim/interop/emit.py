@@ -102,6 +102,8 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--untie-embeddings-and-output-weights")
     if not m.bias:
         flags.append("--disable-bias-linear")
+        if m.add_qkv_bias:
+            flags.append("--add-qkv-bias")  # Megatron-LM arguments.py: a bias on QKV alone (Qwen2)
     flags += ["--max-position-embeddings", str(m.max_seq_len), "--vocab-size", str(m.vocab_size)]
     if m.num_moe_experts:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),

@@ -28,7 +28,7 @@ BOOL_FLAGS = frozenset({
     "overlap_grad_reduce", "overlap_param_gather", "bf16", "fp16", "untie_embeddings_and_output_weights",
     "disable_bias_linear", "use_flash_attn", "grad_reduce_in_bf16", "no_overlap_p2p_communication",
     "no_align_param_gather", "tp_comm_overlap", "enable_cuda_graph", "external_cuda_graph", "fp8_param_gather",
-    "qk_layernorm", "moe_grouped_gemm", "use_mcore_models", "mock_data", "apply_layernorm_1p",
+    "qk_layernorm", "add_qkv_bias", "moe_grouped_gemm", "use_mcore_models", "mock_data", "apply_layernorm_1p",
     "cross_entropy_loss_fusion", "manual_gc", "calculate_per_token_loss", "no_masked_softmax_fusion",
     "no_create_attention_mask_in_dataloader", "no_mmap_bin_files", "log_throughput", "profile", "no_load_optim",
     "no_load_rng", "no_position_embedding", "moe_pad_expert_input_to_capacity", "use_legacy_models",
@@ -449,6 +449,8 @@ def _model(draft: Draft, args: Args, options: Options, tp: int, gpus: int) -> No
         shape("bias", "add_bias_linear", True, True, "Megatron-LM's default add_bias_linear")
     if args.flag("qk_layernorm"):
         shape("qk_layernorm", "qk_layernorm", True)
+    if args.flag("add_qkv_bias"):
+        shape("add_qkv_bias", "add_qkv_bias", True)
     seq = args.int("seq_length")
     if args.has("max_position_embeddings"):
         shape("max_seq_len", "max_position_embeddings", args.int("max_position_embeddings"))

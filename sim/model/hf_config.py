@@ -219,6 +219,11 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
         tied_embeddings=bool(TIE_DEFAULT.get(architecture or "", False) if tie is None else tie),
         bias=bool(config.get("attention_bias", False) or config.get("mlp_bias", False)),
     )
+    if architecture == "Qwen2ForCausalLM" and not fields["bias"]:
+        # transformers' Qwen2Attention: q_proj, k_proj and v_proj are built with bias=True whatever the config
+        # says (it has no attention_bias key), o_proj and the MLP without: 28 x (3584 + 2 x 512) parameters of
+        # Qwen2.5-7B's 7,615,616,512.
+        fields["add_qkv_bias"] = True
     if architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         fields["qk_layernorm"] = True  # Qwen3Attention's q_norm and k_norm (RMSNorm over head_dim)
     if architecture not in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
@@ -230,10 +235,17 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> dict[str, Any]:
     return fields
 
 
-def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+def find_hf_config(path_text: str, base_dir: Path) -> Path | None:
+    """Where a scenario's ``config.json`` path points: itself if absolute, else relative to ``base_dir`` (the
+    scenario file's directory), else relative to the working directory (a ``--set`` value typed at the shell);
+    None when no such file exists. The Dask executor resolves paths with this before shipping points."""
     path = Path(path_text)
     candidates = [path] if path.is_absolute() else [base_dir / path, path]
-    found = next((p for p in candidates if p.is_file()), None)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def read_hf_config(path_text: str, base_dir: Path) -> dict[str, Any]:
+    found = find_hf_config(path_text, base_dir)
     if found is None:
         raise ValueError(f"Hugging Face config {path_text!r} not found")
     try:

@@ -40,6 +40,9 @@ class ModelSpec(FrozenSpec):
     bias: bool = Field(default=True, description=(
         "biases on the linear layers (Megatron's add_bias_linear): QKV, output projection, MLP; on a MoE layer "
         "also every expert's two projections and the router (GPT-OSS)"))
+    add_qkv_bias: bool = Field(default=False, description=(
+        "a bias on the QKV projection alone (Megatron-Core's add_qkv_bias; Qwen2's q/k/v_proj, whose o_proj and MLP "
+        "have none); implied by bias"))
     kv_channels: int | None = Field(default=None, ge=1, description=(
         "head dimension where it is not hidden_size / num_attention_heads (HF head_dim; Qwen3, GPT-OSS)"))
     qk_layernorm: bool = Field(default=False, description="a norm of head_dim on each query and key head (Qwen3)")
@@ -99,7 +102,7 @@ class ModelSpec(FrozenSpec):
             for key in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
                 if getattr(self, key) is None:
                     raise ValueError(f"{key} is required with multi_latent_attention")
-            if self.bias:
+            if self.bias or self.add_qkv_bias:
                 raise ValueError("bias with multi_latent_attention is not modelled (DeepSeek's MLA has none)")
         return self
 
@@ -220,7 +223,7 @@ def _attention_params(spec: ModelSpec) -> tuple[int, int]:
         replicated = q_replicated + h * (kv_lora + rope) + _norm_of(spec, kv_lora) + _norm_params(spec)
         return sharded, replicated
     q, kv = spec.q_dim, spec.kv_dim
-    sharded = h * (q + 2 * kv) + q * h + ((q + 2 * kv) if spec.bias else 0)
+    sharded = h * (q + 2 * kv) + q * h + ((q + 2 * kv) if spec.bias or spec.add_qkv_bias else 0)
     sharded += heads if spec.softmax_type == "learnable" else 0
     replicated = (h if spec.bias else 0) + _norm_params(spec)
     replicated += 2 * _norm_of(spec, spec.head_dim) if spec.qk_layernorm else 0
@@ -306,7 +309,8 @@ def layer_modules(spec: ModelSpec, tp: int = 1, moe: bool = False) -> tuple[Laye
     else:
         q = spec.q_dim
         attention.append(LayerModule("qkv", "attention",
-                                     (h * (q + 2 * kv) / tp,) + (((q + 2 * kv) / tp,) if bias else ())))
+                                     (h * (q + 2 * kv) / tp,)
+                                     + (((q + 2 * kv) / tp,) if bias or spec.add_qkv_bias else ())))
         if spec.qk_layernorm:
             attention += [LayerModule("q_norm", "attention", norm_of(spec.head_dim)),
                           LayerModule("k_norm", "attention", norm_of(spec.head_dim))]

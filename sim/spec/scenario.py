@@ -12,6 +12,7 @@ scenario file), ``model: {preset: llama2-7b, num_layers: 4}`` (preset with overr
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from sim.errors import ConfigError
 from sim.hardware import FrozenSpec, parameter_dtype
+from sim.model.hf_config import find_hf_config
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
@@ -525,6 +527,46 @@ def scenario_from_dict(data: dict[str, Any], base_dir: Path | str = ".") -> Scen
         return Scenario.model_validate(data, context={"base_dir": str(base_dir)})
     except ValidationError as error:
         raise ConfigError(_format_error(error)) from None
+
+
+def absolute_paths(data: dict[str, Any], base_dir: Path | str) -> dict[str, Any]:
+    """A copy of a raw scenario mapping (or a fragment of one) whose file fields are absolute paths, resolved as
+    validation resolves them: ``model`` (a ``config.json`` path or ``{hf_config: path, ...}``, found by
+    ``find_hf_config``: the scenario's directory, then the working directory; left as written when neither has
+    it, so the error stays the same) and ``costs.profile`` (against ``base_dir``, as ``_model_shorthand`` does).
+    For a run elsewhere: a Dask worker started in another directory reads the same files (issue 26)."""
+    base = Path(base_dir)
+    data = dict(data)
+    model = data.get("model")
+    if isinstance(model, str) and model.endswith(".json"):
+        found = find_hf_config(model, base)
+        if found is not None:
+            data["model"] = str(found.absolute())
+    elif isinstance(model, dict) and isinstance(model.get("hf_config"), str):
+        found = find_hf_config(model["hf_config"], base)
+        if found is not None:
+            data["model"] = {**model, "hf_config": str(found.absolute())}
+    costs = data.get("costs")
+    if isinstance(costs, dict) and isinstance(costs.get("profile"), str):
+        data["costs"] = {**costs, "profile": str((base / costs["profile"]).absolute())}
+    return data
+
+
+def absolute_override(item: str, base_dir: Path | str) -> str:
+    """A ``--set a.b=value`` override with a file value made absolute (``absolute_paths``); any other override,
+    or one that does not parse (its error is the run's to report), as given."""
+    try:
+        fragment = apply_overrides({}, [item])
+    except ConfigError:
+        return item
+    resolved = absolute_paths(fragment, base_dir)
+    if resolved == fragment:
+        return item
+    key = item.split("=", 1)[0].strip()
+    value: Any = resolved
+    for part in key.split("."):
+        value = value[part]
+    return f"{key}={json.dumps(value)}"  # JSON is YAML: reads back as the same value
 
 
 def load_scenario(path: Path | str, overrides: list[str] | None = None) -> Scenario:
