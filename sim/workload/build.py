@@ -38,9 +38,9 @@ from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
+from sim.workload.cp_emit import ContextEmitter
 from sim.workload.data_parallel import DataParallelEmitter
 from sim.workload.ir import (
-    CP_STREAM,
     EP_STREAM,
     EXPERT_DP_STREAM,
     NCCL_STREAM,
@@ -49,25 +49,24 @@ from sim.workload.ir import (
     Task,
     TaskGraph,
 )
+from sim.workload.moe_emit import MoeLayerEmitter
 from sim.workload.step import (
     activation_copy_seconds,
-    attention_parts,
     blocks,
-    combine_exchanges,
     context_attention,
-    dispatch_exchanges,
-    expert_group,
     frozen_layer_blocks,
     make_costs,
-    moe_blocks,
-    moe_recompute,
     overlaps_backward,
     tp_ops,
 )
 
 
 class _StageEmitter:
-    """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks)."""
+    """Emits the tasks of one simulated rank (one pipeline stage, all of its model chunks); a MoE layer's MLP part
+    through ``moe`` (sim.workload.moe_emit), the attention block under context parallelism through ``cp``
+    (sim.workload.cp_emit), data-parallel communication through ``dp`` (sim.workload.data_parallel)."""
+
+    moe: MoeLayerEmitter  # set for a MoE model
 
     def __init__(self, graph: TaskGraph, plan: Plan, costs: CostModel, rank: int,
                  sends: dict[tuple[str, int, int], int], stamp: bool = True) -> None:
@@ -118,18 +117,9 @@ class _StageEmitter:
         self.pending_offload: int | None = None
         self.moe_layers = plan.moe_layers
         self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
-        if self.cp_attention is not None:
-            self.cp_group = grid.cp_group(rank)
-            self.cp_next = self.cp_group[(self.cp_group.index(rank) + 1) % len(self.cp_group)]
-            self.cp_parts: dict[int, tuple[Work, Work]] = {}  # id(attention block) -> (before, after the core)
-        if plan.is_moe:  # a MoE layer's MLP part (sim.workload.step: moe_blocks, dispatch/combine exchanges)
-            self.moe_work = moe_blocks(plan)
-            self.moe_recompute = moe_recompute(plan)
-            self.has_shared = bool(self.moe_work["moe_shared"].ops)
-            self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
-                             for ex in dispatch_exchanges(plan)]
-            self.combine = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
-                            for ex in combine_exchanges(plan)]
+        self.cp = ContextEmitter(self) if self.cp_attention is not None else None
+        if plan.is_moe:  # a MoE layer's MLP part (only MoE layers reach it)
+            self.moe = MoeLayerEmitter(self)
 
     # ------------------------------------------------------------------------------------------ helpers
     def _global_chunk(self, chunk: int) -> int:
@@ -188,8 +178,8 @@ class _StageEmitter:
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
-        if block == "attention" and self.cp_attention is not None:
-            return self._cp_block(kind, mb, layer, after, phase)
+        if block == "attention" and self.cp is not None:
+            return self.cp.block(kind, mb, layer, after, phase)
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
@@ -222,83 +212,6 @@ class _StageEmitter:
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
         return wgrad
-
-    # ------------------------------------------------------------------------------------ context parallel
-    def _cp_block(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
-        """The attention block under context parallelism: the part before the flash kernel (norm, QKV: task
-        ``attention``), the attention core with its CP exchanges (``_cp_core``: ``attention_core``), the part after
-        it (output projection, residual: ``attention_out``); backward in reverse, the QKV
-        projection's backward keeping Megatron's asynchronous input-gradient reduction under its weight gradient
-        (as ``_overlapped_backward``)."""
-        whole = self.block_work["attention"]  # the trained or the frozen layer's
-        if id(whole) not in self.cp_parts:  # kept: _price caches by identity
-            self.cp_parts[id(whole)] = attention_parts(whole)
-        pre, post = self.cp_parts[id(whole)]
-        if self.tp_before:
-            after = self._tp(self.tp_before, mb, layer, after)
-        if phase == "forward":
-            after = self._compute(kind, "attention", mb, layer, pre, after, phase)
-            after = self._cp_core(kind, mb, layer, after, phase)
-            after = self._compute(kind, "attention_out", mb, layer, post, after, phase)
-            return self._tp(self.tp_after, mb, layer, after)
-        after = self._compute("backward", "attention_out", mb, layer, post, after, phase)
-        after = self._cp_core("backward", mb, layer, after, phase)
-        column = self.column_work["attention"]
-        if not overlaps_backward(self.plan, self._price(column, "weight_grad")[0]):
-            after = self._compute("backward", "attention", mb, layer, pre, after, phase)
-            return self._tp(self.tp_after, mb, layer, after)
-        total, weight = self._price(pre, "backward"), self._price(column, "weight_grad")
-        gathered = None
-        if self.tp_before:  # SP: the stored sharded input gathered again beside the input-gradient GEMMs
-            prior = self.blocking_tp
-            gathered = self._flagged(self._tp(self.tp_before, mb, layer, after), True, False, ())
-            self.blocking_tp = prior  # it gates nothing but the weight gradient
-        ring_end = after
-        dgrad = self._compute("backward", "attention", mb, layer, pre, after,
-                              cost=(total[0] - weight[0], total[1] - weight[1]))
-        if gathered is not None:
-            self._flagged(dgrad, False, True, (dgrad - ring_end,))  # type: ignore[operator]
-        reduce = self._flagged(self._tp(self.tp_after, mb, layer, dgrad), True, False, (), consumed=True)
-        extra = [gathered] if gathered is not None else []
-        wgrad = self.g.add(self.rank, self.stage, "compute", "backward", "attention", mb, layer, extra,
-                           weight[0] * self.jitter(), "", 0.0, weight[1])
-        self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
-        self.blocking_tp = reduce  # the next block consumes the reduced input gradient
-        return wgrad
-
-    def _cp_core(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
-        """The attention core and its CP exchanges (stream ``cp``; sim.parallel.context.exchanges): all_gather and
-        a2a, the collectives before the core, the core, the collectives after it; p2p, Transformer Engine's ring
-        (AttnFuncWithCPAndKVP2P): at step k the send of what step k+1 needs leaves (forward: after send k-1;
-        backward: also after step k-1's compute, whose dKV it carries) while step k computes on what arrived, and
-        step k waits for send k-1. Returns the task the rest of the block waits for (the backward ring's last
-        send: dK, dV back home)."""
-        ca = self.cp_attention
-        assert ca is not None
-        backward = kind == "backward"
-        moves = ca.backward if backward else ca.forward
-        if self.plan.cp_comm_type != "p2p":
-            last = after
-            for move in (m for m in moves if m.where == "before"):
-                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
-                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
-            last = self._moe_task("compute", kind, "attention_core", mb, layer, last, work=ca.steps[0], phase=phase)
-            for move in (m for m in moves if m.where == "after"):
-                last = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, last,
-                                      exchange=(move.op, move.nbytes, self.cp_group, 1.0))
-            return last
-        start, block, send = after, after, None
-        block_k: int | None = None
-        for k, step in enumerate(ca.steps):
-            block_k = self._moe_task("compute", kind, "attention_core", mb, layer, None,
-                                     [send] if send is not None else [], work=step, phase=phase)
-            if k < len(moves):
-                gate = start if k == 0 else block if backward else None  # K, V ready; backward: step k-1's dKV
-                also = [gate] if gate is not None else []
-                send = self._moe_task(CP_STREAM, "cp", "cp", mb, layer, None, also,
-                                      exchange=("send", moves[k].nbytes, (self.rank, self.cp_next), 1.0))
-            block = block_k
-        return send if backward and send is not None else block
 
     def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
                  consumed: bool = False) -> int | None:
@@ -401,13 +314,14 @@ class _StageEmitter:
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
             self.blocking_tp = task
 
-    # ---------------------------------------------------------------------------------- mixture of experts
-    def _moe_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
-                  also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
-                  exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
-        """One task of a MoE layer's MLP part: after ``prev`` (the task emitted just before it, None: no edge to
-        it) and the tasks in ``also``; compute priced from ``work`` in ``phase``, or an ``exchange`` (op, bytes,
-        group, all-to-all skew). Flagged for stamping with exactly these edges (see ``_layer``)."""
+    # ---------------------------------------------------------------------------------- tasks with exact edges
+    def _exact_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
+                    also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
+                    exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
+        """One task of a MoE layer's MLP part or a CP attention core (sim.workload.moe_emit, cp_emit): after
+        ``prev`` (the task emitted just before it, None: no edge to it) and the tasks in ``also``; compute priced
+        from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew). Flagged for stamping
+        with exactly these edges (see ``_layer``)."""
         assert prev is None or prev == len(self.g.tasks) - 1
         if exchange is not None:
             op, nbytes, group, skew = exchange
@@ -419,68 +333,6 @@ class _StageEmitter:
             task = self._add(stream, kind, name, mb, layer, prev, also, duration=duration * self.jitter(), flops=flops)
         self._flagged(task, prev is not None, True, tuple(task - dep for dep in also))
         return task
-
-    def _moe_forward(self, kind: str, mb: int, layer: int, after: int | None) -> int:
-        """A MoE layer's MLP part, forward (or its recomputation): router -> dispatch (stream ``ep``) beside the
-        shared expert -> routed experts -> combine (``ep``) -> unpermute and residual. Megatron-Core's MoELayer
-        (moe_layer.py): the experts wait for the dispatched tokens; the shared expert needs only the router's
-        input (its overlap with the dispatch: --moe-shared-expert-overlap)."""
-        w = self.moe_work
-        router = self._moe_task("compute", kind, "moe_router", mb, layer, after, work=w["moe_router"])
-        dispatched = router
-        for exchange in self.dispatch:
-            dispatched = self._moe_task(EP_STREAM, "ep", "dispatch", mb, layer, dispatched, exchange=exchange)
-        waits = [dispatched]
-        if self.has_shared:
-            self._shared_expert(kind, mb, layer, router, "forward")
-        last = len(self.g.tasks) - 1
-        experts = self._moe_task("compute", kind, "moe_experts", mb, layer, last,
-                                 [d for d in waits if d != last], work=w["moe_experts"])
-        combined = experts
-        for exchange in self.combine:
-            combined = self._moe_task(EP_STREAM, "ep", "combine", mb, layer, combined, exchange=exchange)
-        return self._moe_task("compute", kind, "moe_combine", mb, layer, combined, work=w["moe_combine"])
-
-    def _moe_backward(self, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int:
-        """The mirror: combine's backward -> the combine's gradient exchange (the dispatch's collectives) ->
-        experts' backward -> the dispatch's gradient exchange (the combine's collectives) beside the shared
-        expert's backward -> router's backward."""
-        w = self.moe_work
-        combine = self._moe_task("compute", "backward", "moe_combine", mb, layer, after, work=w["moe_combine"],
-                                 phase=phase)
-        grads = combine
-        for exchange in self.dispatch:
-            grads = self._moe_task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange)
-        if self.moe_recompute["moe_experts"].ops:  # moe_act: the activation output, rebuilt from fc1's
-            grads = self._moe_task("compute", "recompute", "moe_experts", mb, layer, grads,
-                                   work=self.moe_recompute["moe_experts"])
-        experts = self._moe_task("compute", "backward", "moe_experts", mb, layer, grads, work=w["moe_experts"],
-                                 phase=phase)
-        returned = experts
-        for exchange in self.combine:
-            returned = self._moe_task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange)
-        if self.has_shared:
-            if self.moe_recompute["moe_shared"].ops:  # shared_experts: its forward again, collectives included
-                self._shared_expert("recompute", mb, layer, combine, "forward", self.moe_recompute["moe_shared"])
-            self._shared_expert("backward", mb, layer, combine, phase)
-        last = len(self.g.tasks) - 1
-        return self._moe_task("compute", "backward", "moe_router", mb, layer, last,
-                              [returned] if returned != last else [], work=w["moe_router"], phase=phase)
-
-    def _shared_expert(self, kind: str, mb: int, layer: int, source: int, phase: ComputePhase,
-                       work: Work | None = None) -> None:
-        """The shared expert on the compute stream after ``source`` (its input, or its output gradient), with
-        sequence parallelism's all-gather before and reduce-scatter after over the TP group (Megatron-Core
-        SharedExpertMLP is a TP MLP); ``work``: other work than its whole MLP (its recomputation)."""
-        work = work or self.moe_work["moe_shared"]
-        if self.tp > 1:
-            gather = self._moe_task("tp", "tp", "", mb, layer, None, [source],
-                                    exchange=("all_gather", self.tp_bytes, self.tp_group, 1.0))
-            shared = self._moe_task("compute", kind, "moe_shared", mb, layer, gather, work=work, phase=phase)
-            self._moe_task("tp", "tp", "", mb, layer, shared,
-                           exchange=("reduce_scatter", self.tp_bytes, self.tp_group, 1.0))
-        else:
-            self._moe_task("compute", kind, "moe_shared", mb, layer, None, work=work, phase=phase)
 
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
@@ -613,7 +465,7 @@ class _StageEmitter:
             self.dp.before_layer(mb, layer, "forward")
             for block in ("attention", "mlp"):
                 if block == "mlp" and moe:
-                    after = self._moe_forward("forward", mb, layer, after)
+                    after = self.moe.forward("forward", mb, layer, after)
                 else:
                     after = self._block("forward", block, mb, layer, after, "forward")
         else:
@@ -623,14 +475,14 @@ class _StageEmitter:
             if recomputes:
                 for block in ("attention", "mlp"):
                     if block == "mlp" and moe:
-                        after = self._moe_forward("recompute", mb, layer, after)
+                        after = self.moe.forward("recompute", mb, layer, after)
                     else:
                         after = self._block("recompute", block, mb, layer, after, "forward")
             for block in ("mlp", "attention"):
                 if recompute == "selective":
                     after = self._selective_recompute(block, moe, mb, layer, after)
                 if block == "mlp" and moe:
-                    after = self._moe_backward(mb, layer, after, phase)
+                    after = self.moe.backward(mb, layer, after, phase)
                 else:
                     after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
@@ -647,15 +499,15 @@ class _StageEmitter:
         module with its sequence-parallel all-gather and reduce-scatter (tensor_parallel.checkpoint reruns
         the module's forward, collectives included); before a MoE layer's, with module ``moe``, its whole forward,
         dispatch and combine included (moe_layer.py checkpoints custom_forward), else its pre-MLP norm. A MoE
-        layer's ``moe_act`` and ``shared_experts`` replay inside its backward (``_moe_backward``)."""
+        layer's ``moe_act`` and ``shared_experts`` replay inside its backward (``MoeLayerEmitter.backward``)."""
         if block == "attention":
             work = self.recompute_work["attention"]
             name = "attention_core" if self.modules == {"core_attn"} else "attention_recompute"
             return self._compute("recompute", name, mb, layer, work, after)
         if moe:
             if "moe" in self.modules:
-                return self._moe_forward("recompute", mb, layer, after)
-            return self._compute("recompute", "moe_router", mb, layer, self.moe_recompute["moe_router"], after)
+                return self.moe.forward("recompute", mb, layer, after)
+            return self._compute("recompute", "moe_router", mb, layer, self.moe.recompute["moe_router"], after)
         if "mlp" not in self.modules:
             return self._compute("recompute", "mlp", mb, layer, self.recompute_work["mlp"], after)
         after = self._tp(self.tp_before, mb, layer, after)
@@ -671,7 +523,7 @@ class _StageEmitter:
         for layer in reversed(self._layers(chunk)):
             if self.moe_layers[layer]:  # the routed and shared experts' and the router's weight gradients
                 for name in ("moe_experts", "moe_shared", "moe_router"):
-                    after = self._compute("weight", name, mb, layer, self.moe_work[name], after, "weight_grad")
+                    after = self._compute("weight", name, mb, layer, self.moe.work[name], after, "weight_grad")
                 after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
                                       "weight_grad")
             else:
