@@ -566,18 +566,40 @@ class Plan:
         logits per token, attention per token pair, Korthikanti et al. eq. 7's form), so the documents' FLOPs are
         rows x documents per row x (a E[s] + c E[s^2]): padding tokens and the attention between packed
         documents are not model FLOPs."""
-        def flops(rows: int, seq_len: int) -> float:
-            if self.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
-                return peft_model_flops(self.model, self.peft, rows, seq_len)
-            return model_flops_per_step(self.model, rows, seq_len)
-
         if self.lengths is None:
-            return flops(self.global_batch, self.seq_len)
-        one, two = flops(1, 1), flops(1, 2)
-        quadratic = (two - 2 * one) / 2
-        linear = one - quadratic
+            return self._sequence_flops(self.global_batch, self.seq_len)
+        linear, quadratic = self._flops_terms
         per_document = linear * self.lengths.mean + quadratic * self.lengths.mean_square
         return self.global_batch * self.documents_per_row * per_document
+
+    @cached_property
+    def causal_model_flops_per_step(self) -> float | None:
+        """``model_flops_per_step`` under the causal convention: each sequence's attention counted over the
+        s (s + 1) / 2 query-key pairs a causal mask keeps (half the s x s matrix plus its diagonal, what a causal
+        flash kernel needs) instead of Megatron's full s^2 (megatron/training/training.py
+        num_floating_point_operations, the convention of ``mfu``); None without causal attention. The summary
+        reports MFU both ways (``mfu_causal``); at long context they differ most."""
+        if not self.scenario.training.causal_attention:
+            return None
+        linear, quadratic = self._flops_terms
+        if self.lengths is None:
+            s = self.seq_len
+            return self.global_batch * (linear * s + quadratic * s * (s + 1) / 2)
+        per_document = linear * self.lengths.mean + quadratic * (self.lengths.mean_square + self.lengths.mean) / 2
+        return self.global_batch * self.documents_per_row * per_document
+
+    def _sequence_flops(self, rows: int, seq_len: int) -> float:
+        """Model FLOPs of ``rows`` sequences of ``seq_len`` tokens (Megatron's count; PEFT's under a method)."""
+        if self.peft.active:  # frozen weights have no weight-gradient GEMM (sim.model.peft)
+            return peft_model_flops(self.model, self.peft, rows, seq_len)
+        return model_flops_per_step(self.model, rows, seq_len)
+
+    @cached_property
+    def _flops_terms(self) -> tuple[float, float]:
+        """(a, c) of one sequence's model FLOPs a s + c s^2, from the counts at s = 1 and s = 2."""
+        one, two = self._sequence_flops(1, 1), self._sequence_flops(1, 2)
+        quadratic = (two - 2 * one) / 2
+        return one - quadratic, quadratic
 
     def offloads(self, layer: int) -> bool:
         """Whether ``layer``'s activations go to the host between its forward and backward (activation offload,

@@ -89,7 +89,9 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
                                                            else f" ({_count(summary.parameters_active)} active)")),
         ("tokens/s", f"{summary.tokens_per_s:,.0f}"),
         ("TFLOP/s per GPU (model)", f"{summary.tflops_per_gpu:.1f}"),
-        ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"),
+        ("MFU / HFU", f"{summary.mfu:.1%} / {summary.hfu:.1%}"
+                      + (f" (causal count: {summary.mfu_causal:.1%})" if summary.mfu_causal is not None
+                         and summary.mfu_causal < 0.99 * summary.mfu else "")),
         ("bubble fraction", f"{summary.bubble_fraction:.2%}"),
         ("exposed comm " + " / ".join(kinds := [k for k in ("tp", "pp", "dp", "ep", "cp") if k in exposed]),
          " / ".join(f"{exposed[k] * 1e3:.1f}" for k in kinds) + " ms"),

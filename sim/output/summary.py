@@ -120,6 +120,7 @@ class Summary:
     parameters_active: int | None  # MoE: parameters a token passes through (active_params); None for a dense model
     tflops_per_gpu: float
     mfu: float
+    mfu_causal: float | None  # MFU with causal attention counted over s(s+1)/2 pairs (Plan.causal_model_flops_per_step)
     hardware_tflops_per_gpu: float
     hfu: float
     bubble_fraction: float
@@ -298,6 +299,9 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
+    causal = plan.causal_model_flops_per_step
+    if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
+        causal -= plan.model_flops_per_step - model_flops
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
     tokens = plan.model_tokens_per_step  # document tokens: padding does not count
@@ -315,6 +319,7 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         parameters_active=active_params(plan.model) if plan.model.is_moe else None,
         tflops_per_gpu=tflops,
         mfu=tflops * 1e12 / peak,
+        mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
         hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
         hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
         bubble_fraction=float(np.mean(bubbles)),
