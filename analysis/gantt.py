@@ -266,7 +266,11 @@ class LaneBlocks:
         marks = np.zeros((self.lanes + self.links, columns))
         if len(self.exposed_lane):
             pixel = (self.hi - self.lo if self.hi > self.lo else 1.0) / columns
-            end = np.maximum(self.exposed_end, self.exposed_start + pixel)
+            # As transfers (``sparse``): a lane's few exposed pieces at least a pixel wide, so a lone exposed send
+            # shows; where there are many (a step's TP collectives) their true share of each column, so a lane
+            # exposed 8% of the time is not painted as if it were exposed throughout.
+            few = np.bincount(self.exposed_lane, minlength=self.lanes)[self.exposed_lane] < 500
+            end = np.where(few, np.maximum(self.exposed_end, self.exposed_start + pixel), self.exposed_end)
             marks[:self.lanes] = np.clip(coverage(self.exposed_lane, np.zeros(len(self.exposed_lane), dtype=np.int64),
                                                   self.exposed_start, end, self.lanes, 1, self.lo, self.hi,
                                                   columns)[0], 0.0, 1.0)
@@ -464,10 +468,12 @@ def plot_gantt(
     handles = [Patch(color=COLORS[k], label=k) for k in COLORS if k in drawn]
     if len(blocks.exposed_lane):
         handles.append(Patch(color=EXPOSED_COLOR, label="exposed comm (strip)"))
-    ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=min(len(handles), 8), fontsize=8,
-              frameon=False)
+    # One row of the legend just above the lanes, the title above it (side by side they overlapped once the
+    # collectives got their own colours).
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), fontsize=8,
+              frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.2)
     if title:
-        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_title(title, fontsize=10, loc="left", pad=18)
     return ax
 
 
@@ -506,7 +512,7 @@ def fit_margins(fig: Figure, lane_labels: list[str]) -> None:
         width_pt = font.get_width_height()[0] / 64  # 26.6 fixed point
     inches_w, inches_h = fig.get_size_inches()
     left = (width_pt + 3.5 + 3.5 + 9) / 72  # label, tick pad and length (rcParams defaults), slack
-    bottom, top, right = 40 / 72, 30 / 72, 20 / 72  # tick labels and "time (s)"; title and legend; last tick
+    bottom, top, right = 40 / 72, 44 / 72, 20 / 72  # tick labels and "time (s)"; title over legend; last tick
     fig.subplots_adjust(left=left / inches_w, right=1 - right / inches_w, bottom=bottom / inches_h,
                         top=1 - top / inches_h)
 
