@@ -637,9 +637,9 @@ class Plan:
     def _selective_bytes(self, modules: frozenset[str], moe: bool = False) -> float:
         """A layer's kept activations with only ``modules`` recomputed (selective recomputation)."""
         t = self.scenario.training
-        return activation_bytes_per_layer(self.model, self.micro_batch, self.seq_len, self.tp, self.sequence_parallel,
-                                          "selective", t.flash_attention, moe=moe, routed_tokens=self.routed_tokens,
-                                          etp=self.etp, modules=modules)
+        return activation_bytes_per_layer(self.model, self.micro_batch, self.local_seq_len, self.tp,
+                                          self.sequence_parallel, "selective", t.flash_attention, moe=moe,
+                                          routed_tokens=self.routed_tokens, etp=self.etp, modules=modules)
 
     @cached_property
     def _kept_bytes(self) -> tuple[float, float]:

@@ -74,7 +74,8 @@ def _planning_rows(plan: Planning) -> list[tuple[str, str]]:
 def summary_title(summary: Summary) -> str:
     """The run's one-line heading: scenario, GPUs, layout, schedule, micro-batches."""
     layout = summary.layout
-    return (f"{summary.scenario}: {summary.num_gpus} GPUs, tp {layout.tp} pp {layout.pp} "
+    extra = (f" cp {layout.cp}" if layout.cp > 1 else "") + (f" ep {layout.ep}" if layout.ep > 1 else "")
+    return (f"{summary.scenario}: {summary.num_gpus} GPUs, tp {layout.tp} pp {layout.pp}{extra} "
             f"dp {layout.dp}, {summary.schedule}, {summary.microbatches} micro-batches")
 
 

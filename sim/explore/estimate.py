@@ -87,7 +87,8 @@ class Estimator:
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
         t = plan.scenario.training
         shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type)
+                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type, plan.attention_work,
+                 plan.peft.method, plan.dtype)
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases

@@ -62,6 +62,8 @@ class Layout:
     pp: int
     dp: int
     sequence_parallel: bool
+    cp: int = 1  # context parallelism (tp x cp x pp x dp = the GPUs)
+    ep: int = 1  # expert parallelism (folded over tp x cp x dp)
 
 
 @dataclass(frozen=True)
@@ -309,7 +311,8 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         scenario=scenario.name,
         seed=scenario.seed,
         num_gpus=gpus,
-        layout=Layout(tp=plan.tp, pp=plan.pp, dp=plan.dp, sequence_parallel=plan.sequence_parallel),
+        layout=Layout(tp=plan.tp, pp=plan.pp, dp=plan.dp, sequence_parallel=plan.sequence_parallel,
+                      cp=plan.cp, ep=plan.ep),
         schedule=scenario.schedule,
         microbatches=plan.microbatches,
         step_time_s=step,

@@ -101,9 +101,11 @@ def check_rules(s: Scenario) -> None:
     if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
         raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
     if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
+        # FSDP shards over the gradient group, dp x cp (context parallelism's ranks reduce gradients too)
         per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
-        if per_node < 1 or d.dp % per_node or d.dp == per_node:
-            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the dp = {d.dp} ranks to span several whole nodes "
+        ranks, what = d.dp * p.cp, f"dp = {d.dp}" if p.cp == 1 else f"dp x cp = {d.dp * p.cp}"
+        if per_node < 1 or ranks % per_node or ranks == per_node:
+            raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the {what} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
     check_method(s)
     check_sequence(s.training.sequence, d.seq_len)

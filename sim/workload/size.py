@@ -145,7 +145,7 @@ def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
 
 def _data_parallel_tasks(plan: Plan) -> int:
     """Per micro-batch, one pipeline's FSDP / ZeRO-3 gathers and reduce-scatters (0 without sharded units)."""
-    if not plan.gathers_units or plan.dp == 1:
+    if not plan.gathers_units or not plan.data_parallel:
         return 0
     units = math.ceil(plan.model.num_layers / plan.unit_layers)
     per_unit = 2 if plan.zero_stage >= 3 else 1  # the backward gathers again, unless SHARD_GRAD_OP kept them
@@ -164,7 +164,7 @@ def estimate_size(plan: Plan) -> RunSize:
     passes = 3 if plan.splits_backward else 2
     per_microbatch += 2 * passes  # the embedding and the LM head
     per_microbatch += 2 * (plan.chunks - 1)  # a send each way across every chunk boundary
-    if plan.zero_stage == 2 and not plan.gathers_units and plan.dp > 1:
+    if plan.zero_stage == 2 and not plan.gathers_units and plan.data_parallel:
         per_microbatch += plan.pp  # ZeRO-2's reduce-scatter buckets (at least one per stage per micro-batch)
     per_microbatch += _data_parallel_tasks(plan)
     per_step = plan.pp * 16 + 2 * layers  # buckets, optimizer, gradient checks, parameter gathers per stage
