@@ -56,7 +56,7 @@ from analysis.gantt_lanes import (  # noqa: F401  (re-exported: the names tests 
     lane_blocks,
     paint_kinds,
 )
-from analysis.gantt_layout import DPI, LABEL_FONT, MAX_HEIGHT, figure_size, margins  # noqa: F401
+from analysis.gantt_layout import DPI, LABEL_FONT, MAX_HEIGHT, chart_size, figure_size, margins  # noqa: F401
 from analysis.gantt_raster import (  # noqa: F401
     BAND,
     COLUMNS,
@@ -176,13 +176,13 @@ def write_gantt(
     extension of ``path``. A PNG is drawn straight into an array (``analysis.gantt_png``); SVG and PDF render a
     bare ``Figure`` with the format's own canvas: no pyplot, no backend."""
     path = Path(path)
-    size = figure_size(trace, ranks, start, end, link_segments)
     if path.suffix.lower() == ".png":
         from analysis.gantt_png import write_png
 
-        write_png(gantt_content(trace, ranks, start, end, link_segments), path, size, title)
+        content = gantt_content(trace, ranks, start, end, link_segments)
+        write_png(content, path, chart_size(len(content.lane_labels)), title)
         return path
-    fig = Figure(figsize=size, dpi=DPI)
+    fig = Figure(figsize=figure_size(trace, ranks, start, end, link_segments), dpi=DPI)
     ax = plot_gantt(trace, fig.subplots(), ranks=ranks, start=start, end=end, title=title,
                     link_segments=link_segments)
     fit_margins(fig, [label.get_text() for label in ax.get_yticklabels()])

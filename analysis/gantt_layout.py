@@ -28,12 +28,16 @@ TITLE_PAD = 18.0  # points between the lanes' top and the title's baseline (the 
 
 def figure_size(trace: pd.DataFrame, ranks: Sequence[int] | None = None, start: float | None = None,
                 end: float | None = None, link_segments: pd.DataFrame | None = None) -> tuple[float, float]:
-    """Inches (width, height) that give each lane of the chart a readable row: 16 wide, 0.32 per lane up to
+    """Inches (width, height) of the chart of ``trace``'s window (``chart_size`` of its lane count)."""
+    frame, _, _ = _window(trace, ranks, start, end)
+    return chart_size(len(_lanes(frame)) + len(_link_names(link_segments)))
+
+
+def chart_size(lanes: int) -> tuple[float, float]:
+    """Inches (width, height) that give each of ``lanes`` a readable row: 16 wide, 0.32 per lane up to
     ``MAX_HEIGHT``, then thinner lanes (not under 0.16 inch, still taller than their 7-point label): a 32-stage
     pipeline's 128 lanes at 0.32 inch made a 2,400 x 6,400-pixel image whose drawing and PNG encoding took
     longer than simulating the step."""
-    frame, _, _ = _window(trace, ranks, start, end)
-    lanes = len(_lanes(frame)) + len(_link_names(link_segments))
     per_lane = max(0.16, min(0.32, (MAX_HEIGHT - 1.4) / max(lanes, 1)))
     return 16.0, max(2.5, per_lane * lanes + 1.4)
 
