@@ -54,8 +54,10 @@ LEGEND_HANDLEHEIGHT, LEGEND_HANDLETEXTPAD, LEGEND_COLUMNSPACING = 0.7, 0.8, 1.2
 PATCH_EDGE = 1.0  # patch.linewidth: a legend patch's edge, in its face colour
 PNG_LEVEL = 1  # zlib level: the chart is flat colour, level 6 saves a fifth of the bytes for 1.6x the time
 BLACK, WHITE = (0, 0, 0), (255, 255, 255)
+# FT_KERNING_UNFITTED: scaled, not grid-fitted, as the text shaping behind FT2Font.set_text applies it (a pair
+# such as "Va" moves by a fraction of a pixel)
 KERNING = getattr(ft2font, "Kerning", None)
-KERNING = KERNING.DEFAULT if KERNING is not None else 0  # FT_KERNING_DEFAULT: scaled and grid-fitted
+KERNING = KERNING.UNFITTED if KERNING is not None else 1
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,8 @@ class Canvas:
     def text_bitmap(self, text: str, size: float) -> TextBitmap:
         """``text`` at ``size`` points as FreeType lays it out for Agg (``RendererAgg.draw_text``: the font at
         the figure's dpi, Matplotlib's hinting flag, antialiased): each glyph at the pen position, which moves by
-        its hinted advance plus the pair's kerning (whole pixels, as hinting leaves them)."""
+        its hinted advance plus the pair's kerning; a glyph is drawn at the pen's whole pixel (FreeType would
+        shift its outline by the kerning's fraction before rasterising it)."""
         key = (text, size)
         cached = self.texts.get(key)
         if cached is not None:
@@ -274,7 +277,9 @@ def render(content: GanttContent, size: tuple[float, float], title: str | None =
     it; micro-batch numbers, x grid, ticks, spines, lane and tick labels, "time (s)", the legend's row above the
     lanes and the title above it)."""
     fig_w, fig_h = size[0] * dpi, size[1] * dpi
-    canvas = Canvas(int(fig_w), int(fig_h), dpi)
+    # whole pixels as Agg's canvas takes them (int of the figure's box, which Matplotlib computes through an
+    # affine transform: 2.68 in x 150 dpi comes out a hair above 402, the plain product a hair below)
+    canvas = Canvas(int(fig_w + 1e-6), int(fig_h + 1e-6), dpi)
     height = canvas.height
     left, right, bottom, top = (m * dpi for m in margins(content.lane_labels))
     # the Axes' box in display coordinates (points up from the bottom), as subplots_adjust places it
