@@ -26,18 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-from matplotlib.axes import Axes
-from matplotlib.collections import PathCollection
-from matplotlib.figure import Figure
-from matplotlib.image import AxesImage
-from matplotlib.patches import Patch
-from matplotlib.path import Path as MplPath
-from matplotlib.textpath import TextPath
-from matplotlib.transforms import IdentityTransform
 
 from analysis.gantt_lanes import (  # noqa: F401  (re-exported: the names tests and other charts import from here)
     COLORS,
@@ -68,60 +60,13 @@ from analysis.gantt_raster import (  # noqa: F401
     paint,
 )
 from sim.output.atomic import write_atomically
-from sim.output.summary import Summary
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-class LaneRaster(AxesImage):
-    """The lanes as an image painted when drawn, at the Axes' size in output pixels, and drawn pixel for pixel:
-    Matplotlib's resampling of a large image (float copies, masked arrays, premultiplied alpha) took longer than
-    painting it. Where the view is not the one plotted (a notebook zoom), or on a canvas that scales images
-    itself (PDF, SVG), it falls back to an ordinary image of ``COLUMNS`` columns."""
+    from sim.output.summary import Summary
 
-    def __init__(self, ax: Axes, blocks: LaneBlocks):
-        rows = blocks.lanes + blocks.links
-        super().__init__(ax, interpolation="nearest", origin="upper",
-                         extent=(blocks.lo, blocks.hi, rows - 0.5, -0.5))
-        self.blocks, self.rows, self.painted = blocks, rows, False
-        self.set_data(np.full((1, 1, 4), 255, dtype=np.uint8))  # painted when first drawn
-
-    def make_image(self, renderer: Any, magnification: float = 1.0,
-                   unsampled: bool = False) -> tuple[Any, float, float, Any]:
-        ax = self.axes
-        plotted = (ax.get_xlim() == (self.blocks.lo, self.blocks.hi)
-                   and ax.get_ylim() == (self.rows - 0.5, -0.5))
-        if unsampled or not plotted:
-            if not self.painted:
-                self.set_data(self.blocks.image(COLUMNS, 12 * self.rows))
-                self.painted = True
-            return super().make_image(renderer, magnification, unsampled)
-        # The Axes' pixels, rounded as Matplotlib rounds an image's (to the nearest output pixel border).
-        x0, y0, x1, y1 = np.asarray(ax.bbox.extents) * magnification
-        x0, x1 = np.floor(x0 + 0.5), np.floor(x1 + 0.5 + 1e-8)
-        y0, y1 = np.ceil(y0 - 0.5 - 1e-8), np.ceil(y1 - 0.5)
-        columns, height = int(x1 - x0), int(y1 - y0)
-        if columns < 1 or height < 1:
-            return None, 0, 0, None
-        # A canvas's draw_image puts the array's first row at the bottom (y0): flip, as origin="upper" does.
-        image = np.ascontiguousarray(self.blocks.image(columns, height)[::-1])
-        return image, x0 / magnification, y0 / magnification, IdentityTransform()
-
-
-class MicrobatchLabels(PathCollection):
-    """The micro-batch numbers, white, centred on their blocks, as one collection of glyph outlines placed like
-    scatter markers (in points, at data positions): a Text artist per label cost ~1 ms to lay out and draw,
-    this a few microseconds. ``labels`` lists (x, lane, text)."""
-
-    def __init__(self, ax: Axes, x: np.ndarray, lane: np.ndarray, texts: list[str], fontsize: float = LABEL_FONT):
-        glyphs: dict[str, MplPath] = {}
-        for text in dict.fromkeys(texts):
-            outline = TextPath((0, 0), text, size=fontsize)
-            box = outline.get_extents()
-            glyphs[text] = MplPath(outline.vertices - ((box.x0 + box.x1) / 2, (box.y0 + box.y1) / 2), outline.codes)
-        # sizes 1: the paths are scaled by sqrt(1) * dpi / 72, i.e. their coordinates are points
-        super().__init__([glyphs[t] for t in texts], sizes=[1.0], offsets=np.column_stack([x, lane]),
-                         offset_transform=ax.transData, facecolors="white", edgecolors="none", linewidths=0)
-        self.set_transform(IdentityTransform())  # as scatter's: offsets in data, outlines in (scaled) pixels
-        self.labels = list(zip(x.tolist(), lane.tolist(), texts, strict=True))
 
 def plot_gantt(
     trace: pd.DataFrame,
@@ -136,6 +81,10 @@ def plot_gantt(
     lanes for ``link_segments``) on ``ax``, or on a new pyplot figure sized by ``figure_size``; return the Axes.
     The lanes are one image (``LaneRaster``), the micro-batch numbers (``MicrobatchLabels``) where a block is
     wide enough (``gantt_content``'s rule)."""
+    from matplotlib.patches import Patch
+
+    from analysis.gantt_axes import LaneRaster, MicrobatchLabels
+
     if ax is None:
         import matplotlib.pyplot as plt  # only here: pyplot (the user's backend) for a figure a notebook shows
 
@@ -182,6 +131,8 @@ def write_gantt(
         content = gantt_content(trace, ranks, start, end, link_segments)
         write_png(content, path, chart_size(len(content.lane_labels)), title)
         return path
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=figure_size(trace, ranks, start, end, link_segments), dpi=DPI)
     ax = plot_gantt(trace, fig.subplots(), ranks=ranks, start=start, end=end, title=title,
                     link_segments=link_segments)
@@ -214,3 +165,13 @@ def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: Summary) -> Pat
         busiest = [link.link for link in summary.busiest_links]
         segments = frame[(frame["src"] + "->" + frame["dst"]).isin(busiest)]
     return write_gantt(trace, Path(run_dir) / "gantt.png", ranks=ranks, title=title, link_segments=segments)
+
+
+def __getattr__(name: str) -> Any:
+    """The Matplotlib artists (``LaneRaster``, ``MicrobatchLabels``), loaded from ``analysis.gantt_axes`` when
+    first asked for (PEP 562), so importing this module for a PNG loads no Axes machinery."""
+    if name in ("LaneRaster", "MicrobatchLabels"):
+        from analysis import gantt_axes
+
+        return getattr(gantt_axes, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,7 +17,7 @@ from test_gantt import _trace
 from analysis.gantt import COLORS, DPI, fit_margins, plot_gantt, write_gantt
 from analysis.gantt_lanes import gantt_content
 from analysis.gantt_layout import chart_size, time_ticks
-from analysis.gantt_png import BLACK, Canvas, encode_png, render
+from analysis.gantt_png import BLACK, Canvas, encode_png, hinting_flag, render
 
 TRACE = [(0, 0, "compute", "forward", 3, 0.0, 4.0), (0, 0, "compute", "backward", 3, 6.0, 7.0),
          (0, 0, "tp", "tp", 3, 2.0, 2.5), (1, 1, "compute", "forward", 3, 4.0, 8.0),
@@ -47,6 +47,10 @@ def test_lines_cover_the_pixels_agg_snaps_them_to():
     canvas.hline(7.2, 10.0, 20.0, 0.3 * 150 / 72, (176, 176, 176), alpha=0.5)
     assert canvas.pixels[7, 10:, 0].tolist() == [round(255 - 79 * 0.3125)] * 10
     assert (canvas.pixels[[6, 8], 10:] == 255).all()
+
+
+def test_the_hinting_flag_is_the_one_agg_renders_text_with():
+    assert hinting_flag() == get_hinting_flag()
 
 
 @pytest.mark.parametrize("text, size", [("stage 3 · rank 384 · compute", 7), ("time (s)", 10),
