@@ -48,7 +48,23 @@ from analysis.gantt_lanes import (  # noqa: F401  (re-exported: the names tests 
     lane_blocks,
     paint_kinds,
 )
-from analysis.gantt_layout import DPI, LABEL_FONT, MAX_HEIGHT, chart_size, figure_size, margins  # noqa: F401
+from analysis.gantt_layout import (  # noqa: F401
+    DPI,
+    GRID_ALPHA,
+    GRID_WIDTH,
+    LABEL_FONT,
+    LANE_FONT,
+    LEGEND_BORDERAXESPAD,
+    LEGEND_COLUMNSPACING,
+    LEGEND_FONT,
+    LEGEND_HANDLELENGTH,
+    MAX_HEIGHT,
+    TITLE_FONT,
+    TITLE_PAD,
+    chart_size,
+    figure_size,
+    margins,
+)
 from analysis.gantt_raster import (  # noqa: F401
     BAND,
     COLUMNS,
@@ -97,18 +113,19 @@ def plot_gantt(
                           autolim=False)
     labels = content.lane_labels
     ax.set_yticks(np.arange(len(labels)))
-    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_yticklabels(labels, fontsize=LANE_FONT)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_xlim(lo, hi)
     ax.set_xlabel("time (s)")
-    ax.grid(axis="x", linewidth=0.3, alpha=0.5)
+    ax.grid(axis="x", linewidth=GRID_WIDTH, alpha=GRID_ALPHA)
     handles = [Patch(color=color, label=label) for label, color in content.legend]
     # One row of the legend just above the lanes, the title above it (side by side they overlapped once the
     # collectives got their own colours).
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), fontsize=8,
-              frameon=False, borderaxespad=0.2, handlelength=1.5, columnspacing=1.2)
+    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(handles), fontsize=LEGEND_FONT,
+              frameon=False, borderaxespad=LEGEND_BORDERAXESPAD, handlelength=LEGEND_HANDLELENGTH,
+              columnspacing=LEGEND_COLUMNSPACING)
     if title:
-        ax.set_title(title, fontsize=10, loc="left", pad=18)
+        ax.set_title(title, fontsize=TITLE_FONT, loc="left", pad=TITLE_PAD)
     return ax
 
 

@@ -24,6 +24,9 @@ TITLE_FONT = 10.0
 LEGEND_FONT = 8.0
 LABEL_FONT = 6.0  # the micro-batch numbers
 TITLE_PAD = 18.0  # points between the lanes' top and the title's baseline (the legend's row is between)
+GRID_WIDTH, GRID_ALPHA = 0.3, 0.5  # the time axis' grid lines: points, opacity
+# the legend's row above the lanes, in units of its font size (Matplotlib's Legend arguments)
+LEGEND_BORDERAXESPAD, LEGEND_HANDLELENGTH, LEGEND_COLUMNSPACING = 0.2, 1.5, 1.2
 
 
 def figure_size(trace: pd.DataFrame, ranks: Sequence[int] | None = None, start: float | None = None,

@@ -7,10 +7,12 @@ default rcParams for line widths, tick lengths and pads, legend spacing), and it
 Why: on the 175B chart (158k tasks) the lanes' raster took a fifth of ``write_run_chart``'s time and the rest was
 fixed cost, Matplotlib's frame around it: a ``Tick`` object per lane label (two lines, two texts each), the text
 layout of every label twice (measured, then drawn), the legend's packing, and Pillow's PNG encoder on an RGBA
-buffer. Here the frame is a few dozen spans of pixels and the texts are FreeType bitmaps placed at positions
-known beforehand (the same ``FT2Font`` calls Agg makes, ``RendererAgg.draw_text``), the micro-batch numbers one
-bitmap per distinct number stamped by array indexing, and the PNG is one zlib stream of rows under PNG's "Up"
-filter (rows within a lane band repeat, so most filtered rows are zeros). Same content and size = same bytes.
+buffer. Here the frame is a few dozen spans of pixels; the texts are FreeType glyph bitmaps in the font, size,
+dpi and hinting Agg draws them with (``RendererAgg.draw_text``), each glyph rendered once per chart and placed
+by its hinted advance and the pair's kerning at positions known beforehand (``FT2Font.set_text`` shapes every
+string anew, ~0.6 ms a call: 60 ms for the 175B chart's texts); the micro-batch numbers are one bitmap per
+distinct number stamped by array indexing; and the PNG is one zlib stream of rows under PNG's "Up" filter (rows
+within a lane band repeat, so most filtered rows are zeros). Same content and size = same bytes.
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ from matplotlib.font_manager import FontProperties, findfont, get_font
 from analysis.gantt_lanes import GanttContent
 from analysis.gantt_layout import (
     DPI,
+    GRID_ALPHA,
+    GRID_WIDTH,
     LABEL_FONT,
     LANE_FONT,
+    LEGEND_BORDERAXESPAD,
+    LEGEND_COLUMNSPACING,
     LEGEND_FONT,
+    LEGEND_HANDLELENGTH,
     TICK_FONT,
     TITLE_FONT,
     TITLE_PAD,
@@ -45,11 +52,11 @@ from sim.output.atomic import write_atomically
 SPINE_WIDTH = 0.8  # axes.linewidth
 TICK_LENGTH, TICK_WIDTH, TICK_PAD = 3.5, 0.8, 3.5  # xtick/ytick.major.size, .width, .pad
 LABEL_PAD = 4.0  # axes.labelpad: "time (s)" under the tick labels
-GRID_WIDTH, GRID_ALPHA, GRID_COLOR = 0.3, 0.5, "#b0b0b0"  # plot_gantt's ax.grid(linewidth=0.3, alpha=0.5)
-# the legend (plot_gantt: fontsize 8, borderaxespad 0.2, handlelength 1.5, columnspacing 1.2; the rest defaults),
-# in units of its font size
-LEGEND_BORDERAXESPAD, LEGEND_BORDERPAD, LEGEND_HANDLELENGTH = 0.2, 0.4, 1.5
-LEGEND_HANDLEHEIGHT, LEGEND_HANDLETEXTPAD, LEGEND_COLUMNSPACING = 0.7, 0.8, 1.2
+OFFSET_PAD = 3.0  # XAxis.OFFSETTEXTPAD: a ScalarFormatter offset ("+1e2") under the tick labels' right end
+GRID_COLOR = "#b0b0b0"  # grid.color (its width and alpha: gantt_layout's, as plot_gantt sets them)
+# the legend's defaults, in units of its font size (legend.borderpad, .handleheight, .handletextpad; the rest:
+# gantt_layout's, as plot_gantt sets them)
+LEGEND_BORDERPAD, LEGEND_HANDLEHEIGHT, LEGEND_HANDLETEXTPAD = 0.4, 0.7, 0.8
 PATCH_EDGE = 1.0  # patch.linewidth: a legend patch's edge, in its face colour
 PNG_LEVEL = 1  # zlib level: the chart is flat colour, level 6 saves a fifth of the bytes for 1.6x the time
 BLACK, WHITE = (0, 0, 0), (255, 255, 255)
@@ -332,7 +339,7 @@ def render(content: GanttContent, size: tuple[float, float], title: str | None =
         canvas.text(label, x, label_top, TICK_FONT, ha="center", va="top")
     below_labels = label_top + canvas.line_metrics(TICK_FONT)[0]
     if offset:
-        canvas.text(offset, ax_x1, below_labels + canvas.px(3.0), TICK_FONT, ha="right", va="top")
+        canvas.text(offset, ax_x1, below_labels + canvas.px(OFFSET_PAD), TICK_FONT, ha="right", va="top")
     canvas.text("time (s)", (ax_x0 + ax_x1) / 2, below_labels + canvas.px(LABEL_PAD), TICK_FONT, ha="center",
                 va="top")
     # lane ticks and labels
