@@ -710,7 +710,7 @@ class Plan:
         """Whether weights are all-gathered per unit before use: ZeRO-3 / FULL_SHARD / HYBRID_SHARD, and FSDP's
         SHARD_GRAD_OP (gathers in the forward, keeps them through the backward)."""
         fsdp = self.scenario.fsdp
-        return self.zero_stage >= 3 or (fsdp is not None and fsdp.sharding == "SHARD_GRAD_OP")
+        return self.zero_stage >= 3 or (fsdp is not None and fsdp.zero_stage == 2)
 
     @cached_property
     def pipelined_fsdp(self) -> bool:
