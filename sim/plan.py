@@ -35,7 +35,7 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
-from sim.parallel.context import CpCommType
+from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
@@ -679,12 +679,17 @@ class Plan:
         """Activations beside the stash that live for part of a stage's backward, the larger of two that never
         overlap: the layer full recomputation is rebuilding (``rebuild_bytes``) and, on a stage that runs the LM
         head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
-        head's backward ends before the first layer is rebuilt)."""
+        head's backward ends before the first layer is rebuilt); plus, under context parallelism (p2p, all_gather),
+        the larger of the forward's and the backward's KV buffers (``sim.parallel.context.ring_buffer_bytes``),
+        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt)."""
         rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 or self.recompute_modules else 0.0
         mode = self.scenario.training.cross_entropy
+        ring = max(ring_buffer_bytes(self.cp_comm_type, self.cp, direction, self.micro_batch, self.local_seq_len,
+                                     self.model.kv_dim / self.tp, self.elem_bytes)
+                   for direction in ("forward", "backward"))
         if mode == "fused" or not self.holds_head(stage):
-            return rebuilding
-        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.local_seq_len, self.tp, mode))
+            return rebuilding + ring
+        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.local_seq_len, self.tp, mode)) + ring
 
     # --------------------------------------------------------------------------------------- ZeRO and FSDP
     @cached_property
