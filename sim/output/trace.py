@@ -70,11 +70,26 @@ def _strings(values: np.ndarray) -> pd.Series:
 # -------------------------------------------------------------------------------------------------- writers
 
 
+# The Parquet columns worth a dictionary: few distinct values each. ``task``, ``start_s`` and ``end_s`` are (nearly)
+# all distinct, so Arrow's default dictionary-encodes each only to fall back to plain pages: on 175B's 158,521 rows
+# that was 0.025 of the writer's 0.057 CPU s (pyarrow 26, zstd). The data read back is the same.
+DICTIONARY_COLUMNS = ("rank", "stage", "stream", "kind", "name", "microbatch", "layer", "bytes", "flops", "op")
+
+
 def write_trace(trace: pd.DataFrame, path: Path) -> None:
+    """The trace as CSV (``path`` ending in .csv) or zstd Parquet with pandas' schema metadata, as
+    ``DataFrame.to_parquet`` writes it (``read_trace`` and ``pd.read_parquet`` read back the same frame)."""
     if path.suffix == ".csv":
         trace.to_csv(path, index=False, float_format="%.12g")
-    else:
-        trace.to_parquet(path, index=False, engine="pyarrow", compression="zstd")
+        return
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # What pandas' to_parquet does (pandas/io/parquet.py, PyArrowImpl.write: from_pandas, then write_table), with
+    # the dictionary columns chosen; a trace carries no ``attrs`` for it to store.
+    table = pa.Table.from_pandas(trace, preserve_index=False)
+    pq.write_table(table, path, compression="zstd",
+                   use_dictionary=[c for c in DICTIONARY_COLUMNS if c in trace.columns])
 
 
 def read_trace(path: Path) -> pd.DataFrame:
