@@ -29,7 +29,7 @@ behind each other across micro-batches under ZeRO-2/3, and link contention.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
@@ -41,8 +41,7 @@ from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import FsdpSpec, Scenario
-from sim.workload import step
-from sim.workload.footprint import stage_memory
+from sim.workload import footprint, step
 
 
 @dataclass(frozen=True)
@@ -77,9 +76,12 @@ class Estimator:
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
-        self._stage_times: dict[Any, tuple[list[StageTimes], Scenario]] = {}
+        self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
+        self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
+        self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
+        self._activations: dict[Any, float] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
@@ -548,47 +550,55 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
-    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
+    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float,
+                           shape_key: tuple[Any, ...]) -> float:
         """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
         micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
         (``DataParallelEmitter.before_layer``): all at the step start, queued on the group's one stream, and a unit
-        computes once its gather is done (the later chunks' gathers are done long before they are reached)."""
+        computes once its gather is done (the later chunks' gathers are done long before they are reached). When
+        each gather ends does not depend on the stage's times: kept per ``shape_key`` (``_shape_key``) and stage."""
         if not (plan.pipelined_fsdp and plan.data_parallel):
             return 0.0
-        group = plan.shard_group(0)
-        units = step.chunk_units(plan, plan.stage_chunks[stage][0])
+        key = (shape_key, stage)
+        found = self._unit_gathers.get(key)
+        if found is None:
+            group = plan.shard_group(0)
+            ends, gathered = [], 0.0
+            for unit in step.chunk_units(plan, plan.stage_chunks[stage][0]):
+                gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
+                                                group)
+                ends.append(gathered)
+            found = self._unit_gathers[key] = (ends, plan.scenario)  # the scenario keeps the key's objects alive
         unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
-        gathered, free, busy = 0.0, start, 0.0
-        for unit in units:
-            gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
-                                            group)
+        free, busy = start, 0.0
+        for gathered in found[0]:
             free = max(free, gathered) + unit_forward
             busy += unit_forward
         return max(0.0, free - start - busy)
 
     # ------------------------------------------------------------------------------------------ whole
-    def estimate(self, sc: Scenario) -> Estimate:
+    def estimate(self, sc: Scenario, keys: LayoutKeys | None = None) -> Estimate:
+        """The estimate of ``sc``. ``keys``: where ``sc`` is a search candidate (its base with one layout), the
+        layout's cache keys (``LayoutKeys``), which spare working out ``_shape_key`` and let the parts a layout
+        shares with others (stage times and the pipeline, the stages' memory parts, the tails' shapes) be
+        looked up without pricing them again; the floats are the same either way."""
         plan = resolve(sc)
-        # stage times: shared by the layouts that differ only in a ZeRO stage that gathers nothing per unit
-        stages_key = (_shape_key(sc, _STAGES_FREE), plan.zero_stage if plan.gathers_units else None)
-        if stages_key not in self._stage_times:
-            self._stage_times[stages_key] = (self._stages(plan), sc)  # sc keeps the objects the key names alive
-        stages = self._stage_times[stages_key][0]
-        pipeline, ends = self._pipeline(plan, stages)
+        if keys is None:
+            keys = LayoutKeys(_shape_key(sc, _STAGES_FREE), _shape_key(sc), _shape_key(sc, _MEMORY_FREE), sc)
+        # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
+        # nothing per unit
+        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
+        found = self._stage_times.get(stages_key)
+        if found is None:
+            stages = self._stages(plan)
+            found = self._stage_times[stages_key] = (stages, self._pipeline(plan, stages), _work_bound(stages),
+                                                     keys.owner)  # the owner keeps the objects the keys name alive
+        stages, (pipeline, ends), slowest_pass, _ = found
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
-        # The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
-        # step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
-        # their first chunk's forward and sent it).
-        rank = plan.grid.stage_representative
-        hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
-        start = delay = 0.0
-        for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start),
-                        self._unit_gather_delay(plan, s, st, start))
-            start += st.forward / plan.local_chunks + hop
+        shape_key = keys.shape
+        delay = self._gather_delay(plan, stages, shape_key)
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
-        shape_key = _shape_key(sc)
         if shape_key not in self._stat_reduce:  # its group and bytes are the same for every micro-batch size
             self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
                                                                     step.grad_stats_group(plan, 0))
@@ -600,17 +610,70 @@ class Estimator:
         gpus = plan.num_gpus
         flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
         tflops = flops / gpus / step_s / 1e12
-        # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
-        uneven = len(set(plan.chunk_sizes)) > 1
-        candidates = range(plan.pp) if uneven else {0, plan.head_stage, plan.pp - 1}
-        peak = max(stage_memory(plan, s)["total"] for s in candidates)
+        peak = self._peak_memory(plan, keys)
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
         visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
-        # (less what a DualPipe F&B pair hides, as if every pass were paired)
-        bound = visits * max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+        bound = visits * slowest_pass
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
+
+    def _gather_delay(self, plan: Plan, stages: list[StageTimes], shape_key: tuple[Any, ...]) -> float:
+        """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
+        step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
+        their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
+        if not step.overlaps_param_gather(plan) and not (plan.pipelined_fsdp and plan.data_parallel):
+            return 0.0
+        hop = self._p2p(plan)
+        start = delay = 0.0
+        for s, st in enumerate(stages):
+            delay = max(delay, self._param_gather_delay(plan, s, st, start),
+                        self._unit_gather_delay(plan, s, st, start, shape_key))
+            start += st.forward / plan.local_chunks + hop
+        return delay
+
+    def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
+        """The largest stage's memory bound (``sim.workload.footprint``): even stages peak at an end of the pipe
+        (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
+        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
+        activations per layout without the ZeRO stage."""
+        uneven = len(set(plan.chunk_sizes)) > 1
+        candidates = range(plan.pp) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+        peak = None
+        for s in candidates:
+            states_key = (keys.shape, s)
+            states = self._memory_states.get(states_key)
+            if states is None:
+                states = self._memory_states[states_key] = (footprint.states_and_buffers(plan, s)[0],
+                                                            *footprint.sharded_buffers(plan, s), keys.owner)
+            activations_key = (keys.activations, s)
+            activations = self._activations.get(activations_key)
+            if activations is None:
+                activations = self._activations[activations_key] = footprint.stage_activations(plan, s)[0]
+            total = footprint.with_parts(plan, states[0], activations, states[1], states[2])["total"]
+            if peak is None or total > peak:
+                peak = total
+        assert peak is not None
+        return peak
+
+
+class LayoutKeys(NamedTuple):
+    """Cache keys of a scenario for ``Estimator.estimate``: ``stages`` names everything but the ZeRO stage
+    (``_STAGES_FREE``), ``shape`` everything but the micro-batch size, recomputation and SP (``_SHAPE_FREE``),
+    ``activations`` everything but the ZeRO stage and the FSDP section (``_MEMORY_FREE``); ``owner`` is kept
+    with the cached parts so that the objects the keys name by identity stay alive. sim.explore.search builds
+    them from its layouts (``search.layout_keys``)."""
+
+    stages: tuple[Any, ...]
+    shape: tuple[Any, ...]
+    activations: tuple[Any, ...]
+    owner: Any
+
+
+def _work_bound(stages: list[StageTimes]) -> float:
+    """The slowest stage's work per micro-batch (less what a DualPipe F&B pair hides, as if every pass were
+    paired): m times it bounds the step from below."""
+    return max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
 
 
 @dataclass(frozen=True)
@@ -635,15 +698,19 @@ _SHAPE_FREE = {"parallel": ("sequence_parallel",), "training": ("micro_batch", "
 # The ZeRO stage changes a stage's per-micro-batch times only where weights are gathered per unit
 # (Estimator._sharded_unit_overhead): otherwise layouts differing only in it share their stage times.
 _STAGES_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": ()}
+# A stage's activations do not depend on how its weights, gradients and optimizer states are sharded: layouts
+# differing only in the ZeRO stage (and the FSDP section it implies) share them (Estimator._peak_memory).
+_MEMORY_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": (), "scenario": ("fsdp",)}
 
 
 def _shape_key(sc: Scenario, free: dict[str, tuple[str, ...]] = _SHAPE_FREE) -> tuple[Any, ...]:
     """A scenario without the ``free`` fields, cheaply: values of the parallel and training fields, the
     schedule and names, and the identity of every other part (search candidates share those objects with their
     base: sim.explore.search.candidate copies only ``parallel`` and ``training``)."""
+    skip = ("parallel", "training", *free.get("scenario", ()))
     return tuple(tuple(_token(v) for k, v in getattr(sc, part).__dict__.items() if k not in free[part])
                  for part in ("parallel", "training")) \
-        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in ("parallel", "training"))
+        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in skip)
 
 
 def _token(value: Any) -> Any:

@@ -34,7 +34,7 @@ from typing import Any
 import pandas as pd
 
 from sim.errors import ConfigError
-from sim.explore.estimate import Estimator
+from sim.explore.estimate import Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
@@ -192,6 +192,17 @@ def candidate(base: Scenario, layout: Layout) -> Scenario:
     return scenario
 
 
+def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
+    """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
+    its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
+    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``shape`` without the
+    micro-batch size, recomputation and SP, ``activations`` without the ZeRO stage and FSDP."""
+    grid = (id(base), layout.tp, layout.pp, layout.dp, layout.vpp, layout.schedule, layout.ep, layout.etp, layout.cp,
+            layout.cp_comm_type)
+    activations = grid + (layout.micro_batch, layout.recompute, layout.sequence_parallel)
+    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, base)
+
+
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
 
 
@@ -210,7 +221,7 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
         except ValueError as error:
             rows.append(row | {"status": f"invalid: {error}"})
             continue
-        est = estimator.estimate(scenario)
+        est = estimator.estimate(scenario, layout_keys(base, layout))
         rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
                            "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
                            "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches,
