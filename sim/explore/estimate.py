@@ -79,6 +79,7 @@ class Estimator:
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
+        self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
@@ -98,7 +99,9 @@ class Estimator:
             self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
 
-    def _stages(self, plan: Plan) -> list[StageTimes]:
+    def _stages(self, plan: Plan, structure_key: Any) -> list[StageTimes]:
+        """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``);
+        ``structure_key``: the cache key of the stages' structure (``_stage_shapes``)."""
         split = plan.splits_backward
         group = plan.grid.tp_group(0)
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
@@ -121,40 +124,63 @@ class Estimator:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
+        c = self._p2p(plan)
+        priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
         stages = []
-        for s in range(plan.pp):
-            layers = plan.stage_layers(s)
+        for shape in self._stage_shapes(plan, structure_key):
+            found = priced.get(shape)
+            if found is not None:
+                stages.append(found)
+                continue
+            layers, moe_layers, recomputed, frozen_layers, offloaded, first_layer, embedding, head, sends = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
-                n = plan.stage_moe_layers(s)
+                n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
-            recomputed = plan.recomputed_layers(s)
             layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
-                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / share_of
+                share = frozen_layers / share_of
                 layer_bwd += share * (frozen[0] - bwd_layer)
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
-            offloaded = plan.offloaded_layers(s)
             if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
-                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                copy = step.activation_copy_seconds(plan, first_layer)
                 f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
                 b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
-            for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
+            for piece, holds in (("embedding", embedding), ("head", head)):
                 if holds:
                     f += self._price(plan, piece, "forward")
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
-            sends_f, sends_b = _blocking_sends(plan, s)
-            c = self._p2p(plan)
-            overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
-            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
+            sends_f, sends_b = sends
+            overlap = pair_overlap * moe_layers if plan.is_moe else 0.0
+            found = priced[shape] = StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers,
+                                               overlap)
+            stages.append(found)
         return stages
+
+    def _stage_shapes(self, plan: Plan, key: Any) -> list[_StageShape]:
+        """What sets each stage's times apart, per stage (``_StageShape``): kept per ``key``, which names the
+        pipeline's structure (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
+        found = self._structures.get(key)
+        if found is not None:
+            return found[0]
+        shapes = []
+        frozen = step.frozen_layer_blocks(plan) is not None
+        for s in range(plan.pp):
+            offloaded = plan.offloaded_layers(s)
+            shapes.append(_StageShape(
+                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, plan.recomputed_layers(s),
+                sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
+                offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s)))
+        self._structures[key] = (shapes, plan.scenario)  # the scenario keeps the objects the key names alive
+        return shapes
 
     def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
         """Seconds selective recomputation adds to a dense layer's backward (the emitter's
@@ -584,13 +610,14 @@ class Estimator:
         looked up without pricing them again; the floats are the same either way."""
         plan = resolve(sc)
         if keys is None:
-            keys = LayoutKeys(_shape_key(sc, _STAGES_FREE), _shape_key(sc), _shape_key(sc, _MEMORY_FREE), sc)
+            stages_free = _shape_key(sc, _STAGES_FREE)
+            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, sc)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
         # nothing per unit
         stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
         found = self._stage_times.get(stages_key)
         if found is None:
-            stages = self._stages(plan)
+            stages = self._stages(plan, keys.structure)
             found = self._stage_times[stages_key] = (stages, self._pipeline(plan, stages), _work_bound(stages),
                                                      keys.owner)  # the owner keeps the objects the keys name alive
         stages, (pipeline, ends), slowest_pass, _ = found
@@ -667,6 +694,7 @@ class LayoutKeys(NamedTuple):
     stages: tuple[Any, ...]
     shape: tuple[Any, ...]
     activations: tuple[Any, ...]
+    structure: tuple[Any, ...]  # the pipeline's structure: what each stage holds and recomputes (_stage_shapes)
     owner: Any
 
 
@@ -674,6 +702,20 @@ def _work_bound(stages: list[StageTimes]) -> float:
     """The slowest stage's work per micro-batch (less what a DualPipe F&B pair hides, as if every pass were
     paired): m times it bounds the step from below."""
     return max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+
+
+class _StageShape(NamedTuple):
+    """What sets a stage's times apart from another's of the same layout (Estimator._stages)."""
+
+    layers: int
+    moe_layers: int  # of them MoE layers (0 in a dense model)
+    recomputed: int  # layers full recomputation rebuilds
+    frozen: int  # layers ``training.method: frozen`` freezes (0 unless that method)
+    offloaded: int  # layers whose activations go to the host
+    first_layer: int  # the first layer of the stage's first chunk where it offloads (its copy's size), else -1
+    embedding: bool
+    head: bool
+    sends: tuple[int, int]  # blocking sends per micro-batch, forward and backward (_blocking_sends)
 
 
 @dataclass(frozen=True)

@@ -196,11 +196,14 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
     its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
     stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``shape`` without the
-    micro-batch size, recomputation and SP, ``activations`` without the ZeRO stage and FSDP."""
+    micro-batch size, recomputation and SP, ``activations`` without the ZeRO stage and FSDP, ``structure`` the
+    pipeline's alone (what each stage holds, recomputes, offloads and sends does not depend on tp, cp, dp, the
+    micro-batch size, SP or ZeRO)."""
     grid = (id(base), layout.tp, layout.pp, layout.dp, layout.vpp, layout.schedule, layout.ep, layout.etp, layout.cp,
             layout.cp_comm_type)
     activations = grid + (layout.micro_batch, layout.recompute, layout.sequence_parallel)
-    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, base)
+    structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
+    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, structure, base)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
