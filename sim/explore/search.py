@@ -177,19 +177,31 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                             yield layout
 
 
-def candidate(base: Scenario, layout: Layout) -> Scenario:
-    """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails."""
+def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -> Scenario:
+    """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails.
+    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it."""
     parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
                                                 "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
                                                 "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
                                                 "cp_comm_type": layout.cp_comm_type})
-    training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
-                                                "global_batch": degrees(base).global_batch, "microbatches": None})
-    fsdp = FsdpSpec.model_validate({"sharding": layout.fsdp_sharding}) if layout.fsdp_sharding else None
+    training = base.training.model_copy(update={
+        "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
+        "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
+    fsdp = _fsdp(layout.fsdp_sharding) if layout.fsdp_sharding else None
     scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
                                        "fsdp": fsdp})
     check_rules(scenario)
     return scenario
+
+
+_FSDP: dict[str, FsdpSpec] = {}
+
+
+def _fsdp(sharding: str) -> FsdpSpec:
+    """The FSDP section of a layout with this sharding (a frozen spec, so its candidates share one)."""
+    if sharding not in _FSDP:
+        _FSDP[sharding] = FsdpSpec.model_validate({"sharding": sharding})
+    return _FSDP[sharding]
 
 
 def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
@@ -215,20 +227,24 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
     estimator = estimator or Estimator(base)
     rows = []
+    global_batch = degrees(base).global_batch
+    hbm = base.cluster.gpu.hbm_capacity
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
         row: dict[str, Any] = dict(vars(layout))  # the fields in order, as asdict gives them (no nested values)
         try:
-            scenario = candidate(base, layout)
+            scenario = candidate(base, layout, global_batch)
         except ValueError as error:
             rows.append(row | {"status": f"invalid: {error}"})
             continue
         est = estimator.estimate(scenario, layout_keys(base, layout))
+        # micro-batches per pipeline as degrees() counts them where only the global batch is given (candidate)
         rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
                            "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
-                           "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches,
-                           "hbm_capacity_bytes": base.cluster.gpu.hbm_capacity})
+                           "bound_step_time_s": est.bound_s,
+                           "microbatches": global_batch // (layout.dp * layout.micro_batch),
+                           "hbm_capacity_bytes": hbm})
     if on_progress is not None:
         on_progress(len(space), len(space))
     table = pd.DataFrame(rows)
