@@ -80,6 +80,8 @@ class Estimator:
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._tail_kinds: dict[tuple[Any, ...], int] = {}
+        self._flops: dict[Any, tuple[float, Any]] = {}
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
@@ -520,8 +522,16 @@ class Estimator:
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
                              self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
-        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts,
-                           self.net.collective_time("all_reduce", *copies) if copies is not None else None, optimizer)
+        copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
+        # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
+        # the buckets closed at the same place in the stage's backward, with the same seconds.
+        position = {layer: index for index, layer in enumerate(layer for _, layers in chunks for layer in layers)}
+        kind = self._tail_kinds.setdefault(
+            (tuple((c, len(layers)) for c, layers in chunks), embedding, after_backward, tuple(unit_chunks),
+             tuple((position.get(layer, layer), seconds) for layer, seconds in buckets), per_microbatch, experts,
+             copies_s, optimizer), len(self._tail_kinds))
+        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts, copies_s,
+                           optimizer, kind)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
 
@@ -611,7 +621,7 @@ class Estimator:
         plan = resolve(sc)
         if keys is None:
             stages_free = _shape_key(sc, _STAGES_FREE)
-            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, sc)
+            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free, sc)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
         # nothing per unit
         stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
@@ -630,12 +640,32 @@ class Estimator:
             self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
                                                                     step.grad_stats_group(plan, 0))
         stat_reduce = self._stat_reduce[shape_key]
+        # A stage whose tail is of a kind already worked out for another stage with the same times (an even
+        # pipeline's middle stages) is skipped where it cannot set the step: its exposed tail is at most that
+        # stage's or, had its backward ended before the buckets could all run from the step start, their sum
+        # less its backward's end (the tail's buckets wait for when gradients become final, at fixed offsets
+        # from the backward's end), with a margin far above the floats' rounding. What it skips never changes
+        # the result: only a stage above the step so far does.
+        exposed_of: dict[tuple[int, int], float] = {}
         for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
+            shape = self._tail_shape(plan, s, stat_reduce, shape_key)
+            seen = exposed_of.get((shape.kind, id(st)))
+            if seen is not None:
+                most = max(seen, shape.per_microbatch - end)
+                most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
+                if end + delay + most + shape.optimizer < step_s:
+                    continue
             exposed, opt = self._tail(plan, s, st, end, stat_reduce, shape_key)
+            if not shape.experts and shape.copies is None:
+                exposed_of[shape.kind, id(st)] = exposed
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
+        # the documents' FLOPs (fine-tuning methods, padding, packing): one per base, whatever its layout
+        flops_key = keys.base
+        if flops_key not in self._flops:
+            self._flops[flops_key] = (plan.model_flops_per_step, keys.owner)
+        flops = self._flops[flops_key][0]
         tflops = flops / gpus / step_s / 1e12
         peak = self._peak_memory(plan, keys)
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
@@ -695,6 +725,7 @@ class LayoutKeys(NamedTuple):
     shape: tuple[Any, ...]
     activations: tuple[Any, ...]
     structure: tuple[Any, ...]  # the pipeline's structure: what each stage holds and recomputes (_stage_shapes)
+    base: tuple[Any, ...]  # the base without the layout (its global batch, sequence, model: the step's FLOPs)
     owner: Any
 
 
@@ -732,6 +763,7 @@ class _TailShape:
     experts: bool  # expert gradients reduce on their own stream (Estimator._expert_tail)
     copies: float | None  # DualPipe's all-reduce of the two model copies' gradients
     optimizer: float  # optimizer step, gradient checks and the weight all-gather after it
+    kind: int  # equal for two stages' shapes that differ only in their layers' numbers (Estimator._tail_shape)
 
 
 # Fields of a layout that change what a stage computes per micro-batch but not its parameters, gradients,

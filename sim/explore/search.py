@@ -29,9 +29,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+from pydantic import BaseModel
 
 from sim.errors import ConfigError
 from sim.explore.estimate import Estimator, LayoutKeys
@@ -180,18 +181,34 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
 def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -> Scenario:
     """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails.
     ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it."""
-    parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
+    parallel = _updated(base.parallel, {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
                                                 "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
                                                 "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
                                                 "cp_comm_type": layout.cp_comm_type})
-    training = base.training.model_copy(update={
+    training = _updated(base.training, {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
         "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
     fsdp = _fsdp(layout.fsdp_sharding) if layout.fsdp_sharding else None
-    scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
-                                       "fsdp": fsdp})
+    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule, "fsdp": fsdp})
     check_rules(scenario)
     return scenario
+
+
+_Spec = TypeVar("_Spec", bound=BaseModel)
+
+
+def _updated(spec: _Spec, update: dict[str, Any]) -> _Spec:
+    """``spec.model_copy(update=update)`` (no validation) without pydantic's generic copy, for the specs of a
+    candidate: frozen, so the copy may share the unchanged values; the fields set gain the update's names.
+    The generic copy where a spec carries extra or private state."""
+    if spec.__pydantic_extra__ is not None or spec.__pydantic_private__ is not None:
+        return spec.model_copy(update=update)
+    copied = object.__new__(type(spec))
+    object.__setattr__(copied, "__dict__", spec.__dict__ | update)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    object.__setattr__(copied, "__pydantic_fields_set__", spec.__pydantic_fields_set__ | update.keys())
+    return copied
 
 
 _FSDP: dict[str, FsdpSpec] = {}
@@ -215,7 +232,8 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
             layout.cp_comm_type)
     activations = grid + (layout.micro_batch, layout.recompute, layout.sequence_parallel)
     structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
-    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, structure, base)
+    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, structure,
+                      (id(base),), base)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
