@@ -80,6 +80,7 @@ class Estimator:
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
         self._flops: dict[Any, tuple[float, Any]] = {}
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
@@ -294,9 +295,15 @@ class Estimator:
         return out[0], out[1]
 
     def _p2p(self, plan: Plan) -> float:
-        """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
+        """One pipeline send between neighbouring stages (0 without pipeline parallelism), priced once per
+        (bytes, sender, receiver)."""
+        if plan.pp == 1:
+            return 0.0
         rank = plan.grid.stage_representative
-        return self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
+        key = (plan.p2p_bytes, rank(0), rank(1))
+        if key not in self._sends:
+            self._sends[key] = self.net.p2p_time(*key)
+        return self._sends[key]
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float]) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
@@ -525,7 +532,8 @@ class Estimator:
         copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
         # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
         # the buckets closed at the same place in the stage's backward, with the same seconds.
-        position = {layer: index for index, layer in enumerate(layer for _, layers in chunks for layer in layers)}
+        order = [layer for _, layers in chunks for layer in layers]
+        position = dict(zip(order, range(len(order)), strict=True))
         kind = self._tail_kinds.setdefault(
             (tuple((c, len(layers)) for c, layers in chunks), embedding, after_backward, tuple(unit_chunks),
              tuple((position.get(layer, layer), seconds) for layer, seconds in buckets), per_microbatch, experts,

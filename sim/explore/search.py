@@ -244,32 +244,38 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound.
     ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
     estimator = estimator or Estimator(base)
-    rows = []
     global_batch = degrees(base).global_batch
     hbm = base.cluster.gpu.hbm_capacity
+    nan = float("nan")
+    status: list[str] = []
+    # the estimate's columns, NaN where a layout is invalid
+    estimates: dict[str, list[Any]] = {name: [] for name in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes",
+                                                               "bound_step_time_s", "microbatches",
+                                                               "hbm_capacity_bytes")}
+    step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
-        row: dict[str, Any] = dict(vars(layout))  # the fields in order, as asdict gives them (no nested values)
         try:
             scenario = candidate(base, layout, global_batch)
         except ValueError as error:
-            rows.append(row | {"status": f"invalid: {error}"})
+            status.append(f"invalid: {error}")
+            for column in estimates.values():
+                column.append(nan)
             continue
         est = estimator.estimate(scenario, layout_keys(base, layout))
+        status.append("ok" if est.fits_in_memory else "oom")
+        step_s.append(est.step_time_s)
+        mfu.append(est.mfu)
+        peak.append(est.peak_memory_bytes)
+        bound.append(est.bound_s)
         # micro-batches per pipeline as degrees() counts them where only the global batch is given (candidate)
-        rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
-                           "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
-                           "bound_step_time_s": est.bound_s,
-                           "microbatches": global_batch // (layout.dp * layout.micro_batch),
-                           "hbm_capacity_bytes": hbm})
+        microbatches.append(global_batch // (layout.dp * layout.micro_batch))
+        capacity.append(hbm)
     if on_progress is not None:
         on_progress(len(space), len(space))
-    table = pd.DataFrame(rows)
-    for column in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches",
-                   "hbm_capacity_bytes"):  # a space of invalid layouts only has none of them
-        if column not in table:
-            table[column] = float("nan")
+    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
+                         | {"status": status} | estimates)
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
                              col.ne("ok"), kind="stable").reset_index(drop=True)
 
