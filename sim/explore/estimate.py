@@ -80,6 +80,7 @@ class Estimator:
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
         self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
         self._flops: dict[Any, tuple[float, Any]] = {}
@@ -410,13 +411,10 @@ class Estimator:
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float, stat_reduce: float,
-              shape_key: tuple[Any, ...]) -> tuple[float, float]:
-        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage;
-        ``stat_reduce``: one gradient statistic's all-reduce (the same group shape on every stage). What does not
-        depend on the stage's times (``_tail_shape``) is worked out once per ``shape_key`` (``_shape_key``) and
-        stage."""
-        shape = self._tail_shape(plan, stage, stat_reduce, shape_key)
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float,
+              shape: _TailShape) -> tuple[float, float]:
+        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage, whose
+        tail, apart from its times, is ``shape`` (``_tail_shape``)."""
         exposed = 0.0
         if plan.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
@@ -438,7 +436,8 @@ class Estimator:
                 when[-10 - c] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
             free_at = 0.0
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
-                free_at = max(free_at, when[layer]) + seconds
+                ready = when[layer]
+                free_at = (ready if ready > free_at else free_at) + seconds  # max(free_at, ready), inline
             exposed = max(0.0, free_at - backward_end)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
@@ -655,15 +654,18 @@ class Estimator:
         # from the backward's end), with a margin far above the floats' rounding. What it skips never changes
         # the result: only a stage above the step so far does.
         exposed_of: dict[tuple[int, int], float] = {}
-        for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
-            shape = self._tail_shape(plan, s, stat_reduce, shape_key)
+        shapes = self._tail_lists.get(shape_key)
+        if shapes is None:
+            shapes = self._tail_lists[shape_key] = [self._tail_shape(plan, s, stat_reduce, shape_key)
+                                                    for s in range(plan.pp)]
+        for s, (st, end, shape) in enumerate(zip(stages, ends, shapes, strict=True)):
             seen = exposed_of.get((shape.kind, id(st)))
             if seen is not None:
                 most = max(seen, shape.per_microbatch - end)
                 most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
                 if end + delay + most + shape.optimizer < step_s:
                     continue
-            exposed, opt = self._tail(plan, s, st, end, stat_reduce, shape_key)
+            exposed, opt = self._tail(plan, s, st, end, shape)
             if not shape.experts and shape.copies is None:
                 exposed_of[shape.kind, id(st)] = exposed
             if end + delay + exposed + opt > step_s:
