@@ -83,6 +83,7 @@ class Estimator:
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
+        self._layers: dict[Any, tuple[_LayerTimes, Scenario]] = {}
         self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
         self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
         self._sends: dict[tuple[float, int, int], float] = {}
@@ -107,9 +108,12 @@ class Estimator:
             self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
 
-    def _stages(self, plan: Plan, structure_key: Any) -> list[StageTimes]:
-        """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``);
-        ``structure_key``: the cache key of the stages' structure (``_stage_shapes``)."""
+    def _layer_times(self, plan: Plan, key: Any) -> _LayerTimes:
+        """One layer's forward, backward and weight-gradient times (``_LayerTimes``), kept per ``key`` (the search
+        keys it by what a layer's work and its TP, CP and expert collectives depend on: not the pipeline)."""
+        found = self._layers.get(key)
+        if found is not None:
+            return found[0]
         split = plan.splits_backward
         group = plan.grid.tp_group(0)
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
@@ -132,10 +136,19 @@ class Estimator:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
+        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap)
+        self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
+        return layer
+
+    def _stages(self, plan: Plan, keys: LayoutKeys) -> list[StageTimes]:
+        """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``), from its
+        layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
+        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap = self._layer_times(plan,
+                                                                                                       keys.layer)
         c = self._p2p(plan)
         priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
         stages = []
-        for shape in self._stage_shapes(plan, structure_key):
+        for shape in self._stage_shapes(plan, keys.structure):
             found = priced.get(shape)
             if found is not None:
                 stages.append(found)
@@ -632,13 +645,14 @@ class Estimator:
         plan = resolve(sc)
         if keys is None:
             stages_free = _shape_key(sc, _STAGES_FREE)
-            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free, sc)
+            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
+                              stages_free, sc)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
         # nothing per unit
         stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
         found = self._stage_times.get(stages_key)
         if found is None:
-            stages = self._stages(plan, keys.structure)
+            stages = self._stages(plan, keys)
             found = self._stage_times[stages_key] = (stages, self._pipeline(plan, stages), _work_bound(stages),
                                                      keys.owner)  # the owner keeps the objects the keys name alive
         stages, (pipeline, ends), slowest_pass, _ = found
@@ -739,6 +753,7 @@ class LayoutKeys(NamedTuple):
     shape: tuple[Any, ...]
     activations: tuple[Any, ...]
     structure: tuple[Any, ...]  # the pipeline's structure: what each stage holds and recomputes (_stage_shapes)
+    layer: tuple[Any, ...]  # what one layer's times depend on (_layer_times)
     base: tuple[Any, ...]  # the base without the layout (its global batch, sequence, model: the step's FLOPs)
     owner: Any
 
@@ -747,6 +762,20 @@ def _work_bound(stages: list[StageTimes]) -> float:
     """The slowest stage's work per micro-batch (less what a DualPipe F&B pair hides, as if every pass were
     paired): m times it bounds the step from below."""
     return max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+
+
+class _LayerTimes(NamedTuple):
+    """One transformer layer's times for one micro-batch (Estimator._layer_times)."""
+
+    split: bool  # the schedule splits the backward (its weight gradients run apart)
+    backward_phase: ComputePhase  # the phase the backward's pieces are priced in
+    forward: float  # TP collectives and CP's exposed exchanges included
+    backward: float  # fused (or input-gradient) pass, selective recomputation and CP included
+    weight: float  # the split weight-gradient pass (0 unless split)
+    frozen: tuple[float, float] | None  # (backward, weight) of a layer ``training.method: frozen`` freezes
+    dense: tuple[float, float, float]  # a MoE model's dense layer: (forward, backward, weight); zeros if dense
+    moe: tuple[float, float, float]  # its MoE layer's; zeros in a dense model
+    pair_overlap: float  # the MoE exchanges a DualPipe F&B pair hides (Estimator._moe_layer)
 
 
 class _StageShape(NamedTuple):

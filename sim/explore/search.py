@@ -224,16 +224,23 @@ def _fsdp(sharding: str) -> FsdpSpec:
 def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
     its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
-    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``shape`` without the
-    micro-batch size, recomputation and SP, ``activations`` without the ZeRO stage and FSDP, ``structure`` the
-    pipeline's alone (what each stage holds, recomputes, offloads and sends does not depend on tp, cp, dp, the
-    micro-batch size, SP or ZeRO)."""
-    grid = (id(base), layout.tp, layout.pp, layout.dp, layout.vpp, layout.schedule, layout.ep, layout.etp, layout.cp,
-            layout.cp_comm_type)
-    activations = grid + (layout.micro_batch, layout.recompute, layout.sequence_parallel)
+    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``activations`` without
+    the ZeRO stage and FSDP, ``structure`` the pipeline's alone (what each stage holds, recomputes, offloads and
+    sends does not depend on tp, cp, dp, the micro-batch size, SP or ZeRO), ``shape`` without the micro-batch size,
+    recomputation and SP, and with the schedule's chunk placement (``Schedule.layout``) for its name: a stage's
+    gradients, buckets, optimizer and resident memory follow from which layers it holds, not from the order its
+    passes run in (GPipe, 1F1B, ZB-H1 and ZB-H2 share them), ``layer`` what one layer's times depend on: its work
+    and its TP, CP and expert collectives (on rank 0's groups, whatever pp), whether the schedule splits the
+    backward, and the micro-batches (dp, through MoE's token counts)."""
+    degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp)
+    rest = (layout.ep, layout.etp, layout.cp, layout.cp_comm_type)
+    activations = (id(base), *degrees_, layout.schedule, *rest, layout.micro_batch, layout.recompute,
+                   layout.sequence_parallel)
+    shape = (id(base), *degrees_, SCHEDULES[layout.schedule].layout, *rest, layout.zero)
     structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
-    return LayoutKeys(activations + (layout.fsdp_sharding,), grid + (layout.zero,), activations, structure,
-                      (id(base),), base)
+    layer = (id(base), layout.tp, layout.dp, *rest, layout.micro_batch, layout.recompute, layout.sequence_parallel,
+             SCHEDULES[layout.schedule].splits_backward)
+    return LayoutKeys(activations + (layout.fsdp_sharding,), shape, activations, structure, layer, (id(base),), base)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
