@@ -24,6 +24,12 @@ orders are replayed at stage level instead (one task per pass and chunk, built o
 What it ignores and the simulation keeps (the reason the two may differ; the test allows 5%): interleaved and
 zero-bubble schedules' exact warm-up order, p2p sends hidden in the steady state, reduce-scatters queueing
 behind each other across micro-batches under ZeRO-2/3, and link contention.
+
+Screening (sim.explore.search) prices each part once per what it depends on, under keys the search builds from
+its layouts (``LayoutKeys``; ``_shape_key`` otherwise): a layer's times; what sets each stage apart; the stage
+times and the pipeline; each stage's tail shape and memory states; the activations. Only stages whose tail
+cannot set the step are skipped (``estimate``). Every float is the one a fresh Estimator gives the scenario
+alone (tests/test_search_cache.py).
 """
 
 from __future__ import annotations
