@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any, Generic, TypeVar, overload
 
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
@@ -42,6 +43,36 @@ from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
 from sim.spec.sequence import LengthStats, PackStats, length_stats, pack_stats
+
+_T = TypeVar("_T")
+
+
+class cached_property(Generic[_T]):  # noqa: N801 (named as functools' is)
+    """functools.cached_property without its lock: a fact computed on first use and kept in the instance's
+    ``__dict__``, where later reads find it before this descriptor. Python 3.11's version takes an RLock on every
+    first use (removed in 3.12), and the screen of ``sim search`` builds a Plan per layout, reading some 30 facts
+    of each once: the lock cost about 7% of the screen. A Plan is not shared between threads while it is being
+    resolved."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> cached_property[_T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, instance: object | None, owner: type | None = None) -> _T | cached_property[_T]:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.func(instance)
+        return value
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,18 +7,19 @@ message starts with the field(s) it concerns and states the rule (``parallel: tp
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from sim.costs import profile
 from sim.parallel.context import check_context
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import degrees, pipeline_slots
+from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.method import check_method
 from sim.spec.sequence import check_sequence
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
-    from sim.spec.scenario import Scenario
+    from sim.spec.scenario import MoeSpec, Scenario
 
 
 def check_rules(s: Scenario) -> None:
@@ -112,7 +113,7 @@ def check_rules(s: Scenario) -> None:
     check_method(s)
     check_sequence(s.training.sequence, d.seq_len)
     _check_sm_contention(s)
-    _check_experts(s)
+    _check_experts(s, d)
     m, t = s.model, s.training
     check_context(p.cp, p.cp_comm_type, d.seq_len, p.tp, p.sequence_parallel, m.num_attention_heads, m.kv_heads,
                   flash_attention=t.flash_attention, sliding_window=m.window_size is not None,
@@ -239,13 +240,18 @@ def _check_recompute_modules(s: Scenario) -> None:
                              "layer (use moe or moe_act)")
 
 
-def _check_experts(s: Scenario) -> None:
+@functools.cache
+def _default_moe(spec: type[MoeSpec]) -> MoeSpec:
+    """The default ``moe`` section, built once (the search checks the rules of thousands of layouts)."""
+    return spec()
+
+
+def _check_experts(s: Scenario, d: Degrees) -> None:
     """Expert parallelism (Megatron-Core's rules for MoE parallel folding, megatron/core/parallel_state.py and
-    transformer_config.py), each naming its field."""
+    transformer_config.py), each naming its field; ``d``: the scenario's degrees."""
     p, m, moe = s.parallel, s.model, s.moe
-    d = degrees(s)
     if not m.is_moe:
-        if s.moe != type(s.moe)():
+        if s.moe != _default_moe(type(s.moe)):
             raise ValueError("moe: the token-dispatch settings need a MoE model (model.num_moe_experts is not set)")
         if p.ep > 1 or (p.etp is not None and p.etp > 1):
             field = "ep" if p.ep > 1 else "etp"

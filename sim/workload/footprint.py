@@ -99,8 +99,31 @@ def root_unit_bytes(plan: Plan) -> float:
 
 
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
-    model, elem = plan.model, plan.elem_bytes
+    """The bound's parts of a rank of ``stage`` (``PARTS``), their total and its host bytes: the resident states
+    and buffers, the activations (``stage_activations``) and ZeRO-3/FSDP's gathered weights and unreduced
+    gradients (``sharded_buffers``), with the allocator's overheads."""
     resident, host = states_and_buffers(plan, stage)
+    activations, offload_host = stage_activations(plan, stage)
+    gathered, unreduced = sharded_buffers(plan, stage)
+    return with_parts(plan, resident, activations, gathered, unreduced) | {"host": host + offload_host}
+
+
+def with_parts(plan: Plan, resident: dict[str, float], activations: float, gathered: float,
+               unreduced: float) -> dict[str, float]:
+    """The bound's parts in ``PARTS`` order (the resident states and buffers of ``states_and_buffers``, then the
+    activations, gathered weights and unreduced gradients) with the allocator's overheads and their total. The
+    screen (sim.explore.estimate) adds up parts it keeps per layout shape through here too."""
+    parts = resident | {"activations": float(activations), "gathered_weights": gathered,
+                        "unreduced_gradients": unreduced}
+    memory = plan.scenario.memory
+    return with_allocator(parts, memory.reserved, memory.allocator_overhead)
+
+
+def stage_activations(plan: Plan, stage: int) -> tuple[float, float]:
+    """(GPU bytes of activations a rank of ``stage`` holds at its peak, host bytes activation offload takes): the
+    schedule's chunks in flight x the largest chunk's stash, offload's buffers, and the transient rebuild or loss
+    logits (``Plan.transient_bytes``)."""
+    host = 0.0
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
     # The largest chunk's stash stands for each chunk in flight (a stage's chunks differ with uneven stages
@@ -119,6 +142,12 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
         activations += offload_buffer_bytes(plan, stage) + max(0, 3 - kept_layers) * max(offloaded)
         host += offloaded_host_bytes(plan, stage)
     activations += plan.transient_bytes(stage)
+    return activations, host
+
+
+def sharded_buffers(plan: Plan, stage: int) -> tuple[float, float]:
+    """(gathered weights, unreduced gradients) a rank of ``stage`` holds at its peak under ZeRO-2/3 and FSDP."""
+    model, elem = plan.model, plan.elem_bytes
     biggest_extra = max(embedding_params(model), head_params(model)) / plan.tp
     unit_params = plan.unit_layers * layer_params(model).per_tp_rank(plan.tp) + biggest_extra  # the largest unit
     unit, unit_grads = unit_params * elem, unit_params * plan.grad_bytes_per_param
@@ -161,10 +190,7 @@ def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
             gathered, unreduced = stage_weights, stage_grads
     elif plan.data_parallel and plan.zero_stage == 2:  # DeepSpeed ZeRO-2: a bucket filling, one layer beyond
         unreduced = min(plan.scenario.parallel.dp_bucket_size + unit_grads, stage_grads)
-    parts = resident | {"activations": float(activations), "gathered_weights": gathered,
-                        "unreduced_gradients": unreduced}
-    memory = plan.scenario.memory
-    return with_allocator(parts, memory.reserved, memory.allocator_overhead) | {"host": host}
+    return gathered, unreduced
 
 
 def memory_plan(plan: Plan) -> list[dict[str, float]]:
