@@ -30,7 +30,7 @@ from simpy.events import NORMAL, EventPriority
 
 from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
-from sim.network.flows import FlowNetwork, LinkUsage
+from sim.network.flows import FlowNetwork
 from sim.network.models import Network, TransferPhase, is_flow_level, transfer_time
 from sim.parallel.grid import lockstep_groups
 from sim.workload.ir import Kind, Task, TaskGraph
@@ -190,24 +190,26 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         return merged[key]
 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
-    # a lone TP collective's time and link bookings (sim.network.flows.FlowNetwork.alone_bookings), per transfer
-    alone: dict[tuple[Any, ...], tuple[float, list[tuple[LinkUsage, float, float, bool, float]]]] = {}
+    # a lone TP collective's time and its registered link bookings (FlowNetwork.register_lone), per transfer
+    alone: dict[tuple[Any, ...], tuple[float, int]] = {}
 
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
         duration = seconds_of[task.id]
         if duration is not None:
             seconds = duration
-        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == Kind.TP:
+        elif flows is not None and task.kind == Kind.TP and (task.op, task.nbytes, task.group) in private:
             key = (task.op, task.nbytes, task.group, task.skew)
-            if key not in alone:  # a TP collective repeats every layer and micro-batch: its time and bookings once
+            lone = alone.get(key)
+            if lone is None:  # a TP collective repeats every layer and micro-batch: its time and bookings once
                 phases = mirrored(task)
-                alone[key] = (
+                lone = alone[key] = (
                     sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
                         for phase in phases),
-                    [booking for phase in phases for channel in phase.channels
-                     for booking in flows.alone_bookings(channel.loads, channel.nbytes, channel.rate_cap)])
-            seconds, bookings = alone[key]
-            flows.book(bookings)
+                    flows.register_lone([row for phase in phases for channel in phase.channels
+                                         for row in flows.alone_rows(channel.loads, channel.nbytes,
+                                                                     channel.rate_cap)]))
+            seconds = lone[0]
+            flows.book_lone(lone[1])
         elif flows is not None:
             yield from run_phases(mirrored(task))
             return
