@@ -21,6 +21,7 @@ contention stretched) replaces the graph's own; the graph is only read.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,42 +136,81 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
 
     flow_net = network if is_flow_level(network) else None
     flows = FlowNetwork(flow_net.capacities, record_links) if flow_net is not None else None
-    pending: dict[int, simpy.Event] = {}
-    version: dict[int, int] = {}
+    # flow key -> [flows of its phase still running, the event the last one's end succeeds]
+    pending: dict[int, list[Any]] = {}
+    version: dict[int, int] = {}  # flow key -> the stamp of its live timer (until the flow ends)
+    keys = itertools.count()  # flow keys in the order flows start (the solver sorts a component by them)
 
     def arm(finish: dict[int, float]) -> None:
+        """One timer per flow at its finish time; flows of one call that end at the same instant share a timer,
+        which fires them in this order: simpy would have run their timers one after another (consecutive event
+        ids at one time), with nothing between them."""
+        now = env.now
+        batches: dict[float, list[tuple[int, int]]] | None = None
+        first_at, first = -1.0, None
         for key, when in finish.items():
-            version[key] = version.get(key, 0) + 1
-            timer = env.timeout(max(0.0, when - env.now))
-            timer.callbacks.append(functools.partial(fired, key=key, stamp=version[key]))
+            stamp = version[key] = version[key] + 1
+            delay = max(0.0, when - now)
+            at = now + delay  # the time simpy schedules the timer at
+            if first is None:
+                first_at, first = at, [(key, stamp)]
+                batch = first
+            elif at == first_at:
+                first.append((key, stamp))
+                continue
+            else:
+                if batches is None:
+                    batches = {first_at: first}
+                batch = batches.get(at)  # type: ignore[assignment]
+                if batch is not None:
+                    batch.append((key, stamp))
+                    continue
+                batch = batches[at] = [(key, stamp)]
+            timer = env.timeout(delay)
+            timer.callbacks.append(functools.partial(fired, batch=batch))
 
-    def fired(_event: simpy.Event, key: int, stamp: int) -> None:  # a timer's callback
-        fire(key, stamp)
+    def fired(_event: simpy.Event, batch: list[tuple[int, int]]) -> None:  # a timer's callback
+        for key, stamp in batch:
+            fire(key, stamp)
 
     def fire(key: int, stamp: int) -> None:
         if version.get(key) != stamp or key not in pending:
             return  # a later rate change re-armed this flow
         assert flows is not None
-        event = pending.pop(key)
+        del version[key]
+        phase = pending.pop(key)
         arm(flows.remove(key, env.now))
-        event.succeed()
+        phase[0] -= 1
+        if phase[0] == 0:
+            phase[1].succeed()
+
+    def relay(_event: simpy.Event, joined: simpy.Event) -> None:
+        joined.succeed()
 
     def run_phases(phases: tuple[TransferPhase, ...]) -> Generator[simpy.Event, None, None]:
+        """A transfer's phases: each a latency, then its channels as flows. A phase of several flows ends when
+        its last flow ends, on the event after that (where simpy's ``all_of`` over one event per flow would have
+        resumed the transfer: one event after the last flow's)."""
         assert flows is not None
         for phase in phases:
             if phase.latency > 0:
                 yield env.timeout(phase.latency)
-            waits = []
-            for channel in phase.channels:
-                key = len(version)
+            channels = phase.channels
+            if not channels:
+                continue
+            done = env.event()
+            record = [len(channels), done]
+            for channel in channels:
+                key = next(keys)
                 version[key] = 0
-                pending[key] = env.event()
-                waits.append(pending[key])
+                pending[key] = record
                 arm(flows.add(key, channel.loads, channel.nbytes, channel.rate_cap, env.now))
-            if len(waits) == 1:
-                yield waits[0]
-            elif waits:
-                yield env.all_of(waits)
+            if len(channels) == 1:
+                yield done
+            else:
+                joined = env.event()
+                done.callbacks.append(functools.partial(relay, joined=joined))
+                yield joined
 
     merged: dict[tuple[str, float, tuple[int, ...], float], tuple[TransferPhase, ...]] = {}
 
