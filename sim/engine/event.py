@@ -141,33 +141,24 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
     version: dict[int, int] = {}  # flow key -> the stamp of its live timer (until the flow ends)
     keys = itertools.count()  # flow keys in the order flows start (the solver sorts a component by them)
 
+    last: list[Any] = [-1, -1.0, None]  # the newest timer: [env.scheduled after it, its time, its batch]
+
     def arm(finish: dict[int, float]) -> None:
-        """One timer per flow at its finish time; flows of one call that end at the same instant share a timer,
-        which fires them in this order: simpy would have run their timers one after another (consecutive event
-        ids at one time), with nothing between them."""
+        """A timer per flow at its finish time. A flow that ends when the newest timer fires, with nothing
+        scheduled since that timer, joins its batch: simpy would have run the two timers one after the other
+        (consecutive event ids at one time), so the batch fires its flows in the order they were armed."""
         now = env.now
-        batches: dict[float, list[tuple[int, int]]] | None = None
-        first_at, first = -1.0, None
         for key, when in finish.items():
             stamp = version[key] = version[key] + 1
             delay = max(0.0, when - now)
             at = now + delay  # the time simpy schedules the timer at
-            if first is None:
-                first_at, first = at, [(key, stamp)]
-                batch = first
-            elif at == first_at:
-                first.append((key, stamp))
+            if last[0] == env.scheduled and last[1] == at:
+                last[2].append((key, stamp))
                 continue
-            else:
-                if batches is None:
-                    batches = {first_at: first}
-                batch = batches.get(at)  # type: ignore[assignment]
-                if batch is not None:
-                    batch.append((key, stamp))
-                    continue
-                batch = batches[at] = [(key, stamp)]
+            batch = [(key, stamp)]
             timer = env.timeout(delay)
             timer.callbacks.append(functools.partial(fired, batch=batch))
+            last[:] = env.scheduled, at, batch
 
     def fired(_event: simpy.Event, batch: list[tuple[int, int]]) -> None:  # a timer's callback
         for key, stamp in batch:
