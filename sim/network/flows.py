@@ -66,12 +66,15 @@ class FlowNetwork:
 
     def add(self, key: int, loads: tuple[tuple[int, int], ...], nbytes: float, rate_cap: float,
             now: float) -> dict[int, float]:
+        """Start a flow (``loads``: its distinct links, with how many of its hops cross each); the finish times of
+        the flows whose rate changed, its own included."""
         flow = self.flows[key] = _Flow(loads, nbytes, rate_cap, 0.0, now)
-        if self.lone_waiting:
-            self._first_flow(loads)
-        users, demand, capacities = self.users, self.demand, self.capacities
+        users, demand, capacities, waiting = self.users, self.demand, self.capacities, self.lone_waiting
         binds = False
+        crossed = []
         for link, count in loads:
+            if waiting and link in waiting:
+                crossed.append(link)
             on = users.get(link)
             if on is None:
                 on = users[link] = {}
@@ -79,6 +82,8 @@ class FlowNetwork:
             total = demand[link] = demand.get(link, 0.0) + rate_cap * count
             if total > capacities[link] * (1 + _EPS):
                 binds = True
+        if crossed:
+            self._first_flow(crossed)
         if binds:
             return self._rebalance(self._component([key]), now)
         # No link of the flow can bind: it is a component of its own, and progressive filling gives it its cap in
@@ -86,11 +91,12 @@ class FlowNetwork:
         rate = 0.0 + max(min(float("inf"), rate_cap - 0.0), 0.0)
         flow.remaining = max(0.0, flow.remaining - 0.0 * (now - flow.since))
         flow.since = now
-        self._set_rate(key, flow, rate)
-        self._account({link for link, _ in loads}, now)
+        flow.rate = rate
+        self._shift(loads, rate, now)
         return {key: now + flow.remaining / rate if rate > 0 else float("inf")}
 
     def remove(self, key: int, now: float) -> dict[int, float]:
+        """End a flow; the finish times of the flows whose rate changed."""
         flow = self.flows.pop(key)
         neighbours: list[int] = []
         users, demand, capacities = self.users, self.demand, self.capacities
@@ -101,12 +107,36 @@ class FlowNetwork:
             if demand.get(link, 0.0) > capacities[link] * (1 + _EPS):  # only a link that could bind held
                 neighbours.extend(on)  # the others back
             demand[link] = demand[link] - cap * count if on else 0.0
-        self._set_rate(key, flow, 0.0)
-        touched = {link for link, _ in flow.loads}
         if neighbours:
-            return self._rebalance(self._component(neighbours), now, touched)
-        self._account(touched, now)
+            self._set_rate(key, flow, 0.0)
+            return self._rebalance(self._component(neighbours), now, {link for link, _ in flow.loads})
+        delta, flow.rate = 0.0 - flow.rate, 0.0
+        self._shift(flow.loads, delta, now)
         return {}
+
+    def _shift(self, loads: tuple[tuple[int, int], ...], delta: float, now: float) -> None:
+        """One flow's rate changed by ``delta`` and no other's did: ``_set_rate``'s load update and ``_account``
+        per link of ``loads`` in one pass (each link's arithmetic as theirs: the links are independent)."""
+        usages, users, capacities, record = self.links, self.users, self.capacities, self.record_segments
+        for link, count in loads:
+            usage = usages.get(link)
+            if usage is None:
+                usage = usages[link] = LinkUsage(since=now)
+            pending = usage.pending = usage.pending + delta * count if users.get(link) else 0.0
+            load = usage.load
+            if load > 0:
+                elapsed = now - usage.since
+                if elapsed > 0:
+                    usage.bytes += load * elapsed
+                    usage.busy_s += elapsed
+                    if load >= capacities[link] * (1 - 1e-9):
+                        usage.saturated_s += elapsed
+            load = pending if pending > 0 else 0.0
+            usage.load, usage.since = load, now
+            if load > usage.peak_load:
+                usage.peak_load = load
+            if record:
+                self.segments.setdefault(link, []).append((now, load))
 
     def book_alone(self, loads: tuple[tuple[int, int], ...], nbytes: float, rate: float) -> None:
         """Usage of a flow that ran alone on its links at ``rate`` (the engine times such transfers itself)."""
@@ -165,14 +195,13 @@ class FlowNetwork:
         else:
             self.lone_booked.append(booking)
 
-    def _first_flow(self, loads: tuple[tuple[int, int], ...]) -> None:
-        """Before a flow's load is accounted on a link with pending ``book_lone`` bookings: settle them all, and
-        book the transfers crossing that link at once from now on (their sums stay in time order)."""
-        crossed = [link for link, _ in loads if link in self.lone_waiting]
-        if crossed:
-            self._settle_lone()
-            for link in crossed:
-                self.lone_eager.update(self.lone_waiting.pop(link))
+    def _first_flow(self, crossed: list[int]) -> None:
+        """Before a flow's load is accounted on links with pending ``book_lone`` bookings (``crossed``): settle
+        them all, and book the transfers crossing those links at once from now on (their sums stay in time
+        order)."""
+        self._settle_lone()
+        for link in crossed:
+            self.lone_eager.update(self.lone_waiting.pop(link))
 
     def _settle_lone(self) -> None:
         """Add the ``book_lone`` bookings to their links: per link, the same additions in the same order as
@@ -235,7 +264,6 @@ class FlowNetwork:
         offsets = np.repeat(start[seq] - (np.cumsum(counts) - counts), counts)
         picked = values[offsets + np.arange(int(counts.sum()))]
         links = list(column)
-        assert not any(link in self.users for link in links), "pending bookings on a link that carried flows"
         usages = [self.links[link] for link in links]
         for field_, part in (("bytes", 0), ("busy_s", 1), ("saturated_s", 2)):
             block = np.vstack([[getattr(u, field_) for u in usages], picked[:, part * width:(part + 1) * width]])
