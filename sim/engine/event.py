@@ -224,28 +224,33 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
     # a lone TP collective's time and its registered link bookings (FlowNetwork.register_lone), per transfer
     alone: dict[tuple[Any, ...], tuple[float, int]] = {}
 
+    def lone_seconds(task: Task) -> float | None:
+        """A communication task's seconds when it needs no flows (None: it runs as flows): a lone TP collective
+        (its links booked: ``FlowNetwork.book_lone``), or any transfer on a network without flows."""
+        if flows is None:
+            return transfer_time(network, task.op, task.nbytes, task.group, task.skew)
+        if task.kind != Kind.TP or (task.op, task.nbytes, task.group) not in private:
+            return None
+        key = (task.op, task.nbytes, task.group, task.skew)
+        lone = alone.get(key)
+        if lone is None:  # a TP collective repeats every layer and micro-batch: its time and bookings once
+            phases = mirrored(task)
+            lone = alone[key] = (
+                sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
+                    for phase in phases),
+                flows.register_lone([row for phase in phases for channel in phase.channels
+                                     for row in flows.alone_rows(channel.loads, channel.nbytes, channel.rate_cap)]))
+        flows.book_lone(lone[1])
+        return lone[0]
+
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
-        duration = seconds_of[task.id]
-        if duration is not None:
-            seconds = duration
-        elif flows is not None and task.kind == Kind.TP and (task.op, task.nbytes, task.group) in private:
-            key = (task.op, task.nbytes, task.group, task.skew)
-            lone = alone.get(key)
-            if lone is None:  # a TP collective repeats every layer and micro-batch: its time and bookings once
-                phases = mirrored(task)
-                lone = alone[key] = (
-                    sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
-                        for phase in phases),
-                    flows.register_lone([row for phase in phases for channel in phase.channels
-                                         for row in flows.alone_rows(channel.loads, channel.nbytes,
-                                                                     channel.rate_cap)]))
-            seconds = lone[0]
-            flows.book_lone(lone[1])
-        elif flows is not None:
-            yield from run_phases(mirrored(task))
-            return
-        else:
-            seconds = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
+        """A task's time: its own duration, a lone transfer's time, or its flows."""
+        seconds = seconds_of[task.id]
+        if seconds is None:
+            seconds = lone_seconds(task)
+            if seconds is None:
+                yield from run_phases(mirrored(task))
+                return
         if seconds > 0:
             yield env.timeout(seconds)
 
@@ -254,6 +259,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         event.succeed()
 
     def stream(order: list[int]) -> Generator[simpy.Event, None, None]:
+        timeout = env.timeout
         for task_id in order:
             task = tasks[task_id]
             for dep in task.deps:
@@ -270,9 +276,16 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
                     env.process(run_shared(task, shared))
                 yield shared
                 start[task_id] = released[task.collective]
-            else:
+            else:  # communicate(task), inlined: the same events
                 start[task_id] = env.now
-                yield from communicate(task)
+                seconds = seconds_of[task_id]
+                if seconds is None:
+                    seconds = lone_seconds(task)
+                    if seconds is None:
+                        yield from run_phases(mirrored(task))
+                        seconds = 0.0
+                if seconds > 0:
+                    yield timeout(seconds)
             end[task_id] = env.now
             waiter = waiting.pop(task_id, None)
             if waiter is not None:
