@@ -225,7 +225,14 @@ def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
 
 
 def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -> float:
-    starts, ends = _merge(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
+    return exposed_seconds(comm["start_s"].to_numpy(), comm["end_s"].to_numpy(), compute_union)
+
+
+def exposed_seconds(comm_starts: np.ndarray, comm_ends: np.ndarray,
+                    compute_union: tuple[np.ndarray, np.ndarray]) -> float:
+    """Seconds one rank's communication of one kind (its tasks' starts and ends, in trace order) runs while the
+    rank's compute stream (``compute_union``: ``_merge`` of its compute tasks) is idle."""
+    starts, ends = _merge(comm_starts, comm_ends)
     total = float(np.sum(ends - starts))
     hidden = _covered(ends, *compute_union) - _covered(starts, *compute_union)
     return total - float(np.sum(hidden))
@@ -254,6 +261,60 @@ def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_st
 # -------------------------------------------------------------------------------------------------- summary
 
 
+def comm_kinds(plan: Plan) -> tuple[Kind, ...]:
+    """The kinds whose exposed seconds a summary reports: tp, pp, dp; a MoE model's dispatch/combine (``ep``)
+    beside them, and ``cp`` with context parallelism (a dense model's summary keeps its keys)."""
+    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    return kinds + (CP_COMM_KINDS if plan.cp > 1 else ())
+
+
+def rank_bubble(busy_starts: np.ndarray, busy_ends: np.ndarray, pipeline_end: float) -> float:
+    """One rank's bubble fraction: 1 - (time its compute or blocking TP tasks, given in trace order, are busy
+    before ``pipeline_end``, the step's last forward/backward end) / ``pipeline_end``."""
+    starts, ends = _merge(busy_starts, np.minimum(busy_ends, pipeline_end))
+    busy = float(np.sum(ends - starts))
+    return 1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A step's throughput figures (``rates``): model FLOPs (the fixed-cost head rule applied), tokens/s,
+    TFLOP/s per GPU, MFU, the causal-attention MFU (None where the plan has none), executed TFLOP/s per GPU, HFU."""
+
+    model_flops: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    mfu_causal: float | None
+    hardware_tflops_per_gpu: float
+    hfu: float
+
+
+def rates(plan: Plan, step: float, hardware_flops_per_gpu: float) -> Rates:
+    """The throughput figures of a step of ``step`` seconds that executed ``hardware_flops_per_gpu`` FLOPs per GPU
+    (the mean over simulated ranks of their tasks' FLOPs)."""
+    scenario = plan.scenario
+    gpus = plan.num_gpus
+    peak = scenario.cluster.gpu.peak(plan.dtype)
+    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
+    if scenario.costs.model == "fixed":
+        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
+        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
+        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
+        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
+        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
+    tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
+    causal = plan.causal_model_flops_per_step
+    if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
+        causal -= plan.model_flops_per_step - model_flops
+    tokens = plan.model_tokens_per_step  # document tokens: padding does not count
+    return Rates(model_flops=model_flops, tokens_per_s=tokens / step if step > 0 else 0.0, tflops_per_gpu=tflops,
+                 mfu=tflops * 1e12 / peak,
+                 mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
+                 hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
+                 hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0)
+
+
 def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
@@ -272,38 +333,22 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     pipeline_end = float(compute["end_s"].max())
     bubbles: list[float] = []
     busy_compute: list[float] = []
-    # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
-    comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
-    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
-    exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
+    kinds = comm_kinds(plan)
+    exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
         busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
         busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
-        busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
-        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
-        busy = float(np.sum(busy_ends - busy_starts))
-        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
-        for kind in comm_kinds:
+        bubbles.append(rank_bubble(busy_rows["start_s"].to_numpy(), busy_rows["end_s"].to_numpy(), pipeline_end))
+        for kind in kinds:
             exposed[str(kind)] = max(exposed[str(kind)], _exposed(rows[rows["kind"] == kind], union))
 
     scenario = plan.scenario
     gpus = plan.num_gpus
-    peak = scenario.cluster.gpu.peak(plan.dtype)
-    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
-    if scenario.costs.model == "fixed":
-        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
-        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
-        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
-        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
-        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
-    tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
-    causal = plan.causal_model_flops_per_step
-    if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
-        causal -= plan.model_flops_per_step - model_flops
+    figures = rates(plan, step, hardware_flops_per_gpu)
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
     tokens = plan.model_tokens_per_step  # document tokens: padding does not count
@@ -316,15 +361,15 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         schedule=scenario.schedule,
         microbatches=plan.microbatches,
         step_time_s=step,
-        tokens_per_s=tokens / step if step > 0 else 0.0,
-        model_flops_per_step=model_flops,
+        tokens_per_s=figures.tokens_per_s,
+        model_flops_per_step=figures.model_flops,
         parameters_total=total_params(plan.model),
         parameters_active=active_params(plan.model) if plan.model.is_moe else None,
-        tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
-        mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
-        hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
-        hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
+        tflops_per_gpu=figures.tflops_per_gpu,
+        mfu=figures.mfu,
+        mfu_causal=figures.mfu_causal,
+        hardware_tflops_per_gpu=figures.hardware_tflops_per_gpu,
+        hfu=figures.hfu,
         bubble_fraction=float(np.mean(bubbles)),
         bubble_rate_stagewise=stagewise_bubble_rate(trace),
         exposed_comm_s=exposed,
