@@ -10,11 +10,12 @@ run turns the replayed graph into the trace DataFrame (ten columns, strings incl
 summarises it with per-rank pandas filters; together that was half of a confirmation's CPU time (0.33 of
 0.62 s per layout on the 175B search's best, 2026-11-25). Here the same simulation (``runner.simulate``: plan,
 graph, replay) is read straight from the task graph into a few numpy arrays (rank, kind, compute stream, FLOPs)
-and each figure is computed by the function the summary uses on the same values in the same order
-(``summary.rank_bubble``, ``summary.exposed_seconds``, ``summary.rates``, ``summary.stagewise_bubble_rate``), so
-no rule is restated here. The memory timeline (``workload.footprint.memory_timeline``) gets a frame of only the
-rows it reads (``footprint.TIMELINE_KINDS``: compute passes, offload copies, data-parallel collectives; about
-40% of the tasks), which gives the same timeline because it keeps only those rows of a full trace.
+and each figure is computed as ``summary.summarize`` computes it, on the same values in the same order: with its
+functions (``rates``, ``stagewise_bubble_rate``, the interval union ``_merge``, ``_exposed_seconds``), and the
+bubble's one line and the reported kinds restated (the equality test is what holds them together). The memory
+timeline (``workload.footprint.memory_timeline``) gets a frame of only the rows it reads
+(``footprint.TIMELINE_KINDS``: compute passes, offload copies, data-parallel collectives; about 40% of the
+tasks), which gives the same timeline because it keeps only those rows of a full trace.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from sim import runner
-from sim.output.summary import _merge, comm_kinds, exposed_seconds, rank_bubble, rates, stagewise_bubble_rate
+from sim.output.summary import _exposed_seconds, _merge, rates, stagewise_bubble_rate
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = tuple(Kind)
@@ -84,7 +85,10 @@ def _figures(simulated: runner.Simulated) -> Figures:
     is_compute = np.isin(kind, _COMPUTE)
     pipeline_end = float(end[is_compute].max())
     busy_kind = np.isin(kind, _BUSY)
-    reported = [(str(k), _KIND_CODE[k]) for k in comm_kinds(plan)]
+    # The summary's exposed kinds (``summarize``): tp, pp, dp; ep for a MoE model, cp with context parallelism.
+    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    kinds += CP_COMM_KINDS if plan.cp > 1 else ()
+    reported = [(str(k), _KIND_CODE[k]) for k in kinds]
     exposed = {name: 0.0 for name, _ in reported}
     bubbles: list[float] = []
     # Rank by rank in rank order, each rank's tasks in task order: the summary's ``trace.groupby("rank")``.
@@ -92,13 +96,15 @@ def _figures(simulated: runner.Simulated) -> Figures:
     _, firsts = np.unique(rank[order], return_index=True)
     for first, last in zip(firsts, [*firsts[1:], n], strict=True):
         rows = order[first:last]
-        starts, ends, kinds, computes = start[rows], end[rows], kind[rows], on_compute[rows]
+        starts, ends, codes, computes = start[rows], end[rows], kind[rows], on_compute[rows]
         union = _merge(starts[computes], ends[computes])
-        busy = busy_kind[rows]
-        bubbles.append(rank_bubble(starts[busy], ends[busy], pipeline_end))
+        busy = busy_kind[rows]  # the summary's bubble: 1 - busy / pipeline_end, busy clipped at pipeline_end
+        busy_starts, busy_ends = _merge(starts[busy], np.minimum(ends[busy], pipeline_end))
+        busy_s = float(np.sum(busy_ends - busy_starts))
+        bubbles.append(1.0 - busy_s / pipeline_end if pipeline_end > 0 else 0.0)
         for name, code in reported:
-            mine = kinds == code
-            exposed[name] = max(exposed[name], exposed_seconds(starts[mine], ends[mine], union))
+            mine = codes == code
+            exposed[name] = max(exposed[name], _exposed_seconds(starts[mine], ends[mine], union))
     # Each simulated rank stands for its replicas: executed FLOPs per GPU = mean over simulated ranks (pandas'
     # grouped sum, as the summary's, so the figure is the same to the last bit).
     hardware_flops_per_gpu = float(pd.Series(flops).groupby(rank).sum().mean())

@@ -225,13 +225,12 @@ def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
 
 
 def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -> float:
-    return exposed_seconds(comm["start_s"].to_numpy(), comm["end_s"].to_numpy(), compute_union)
+    return _exposed_seconds(comm["start_s"].to_numpy(), comm["end_s"].to_numpy(), compute_union)
 
 
-def exposed_seconds(comm_starts: np.ndarray, comm_ends: np.ndarray,
-                    compute_union: tuple[np.ndarray, np.ndarray]) -> float:
-    """Seconds one rank's communication of one kind (its tasks' starts and ends, in trace order) runs while the
-    rank's compute stream (``compute_union``: ``_merge`` of its compute tasks) is idle."""
+def _exposed_seconds(comm_starts: np.ndarray, comm_ends: np.ndarray,
+                     compute_union: tuple[np.ndarray, np.ndarray]) -> float:
+    """Seconds of the intervals (comm_starts, comm_ends) outside the merged ``compute_union``."""
     starts, ends = _merge(comm_starts, comm_ends)
     total = float(np.sum(ends - starts))
     hidden = _covered(ends, *compute_union) - _covered(starts, *compute_union)
@@ -261,19 +260,15 @@ def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_st
 # -------------------------------------------------------------------------------------------------- summary
 
 
-def comm_kinds(plan: Plan) -> tuple[Kind, ...]:
-    """The kinds whose exposed seconds a summary reports: tp, pp, dp; a MoE model's dispatch/combine (``ep``)
-    beside them, and ``cp`` with context parallelism (a dense model's summary keeps its keys)."""
-    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
-    return kinds + (CP_COMM_KINDS if plan.cp > 1 else ())
-
-
-def rank_bubble(busy_starts: np.ndarray, busy_ends: np.ndarray, pipeline_end: float) -> float:
-    """One rank's bubble fraction: 1 - (time its compute or blocking TP tasks, given in trace order, are busy
-    before ``pipeline_end``, the step's last forward/backward end) / ``pipeline_end``."""
-    starts, ends = _merge(busy_starts, np.minimum(busy_ends, pipeline_end))
-    busy = float(np.sum(ends - starts))
-    return 1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0
+def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
+    """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
+    to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
+    bubble there: their optimizer step does not synchronize the stages)."""
+    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
+    spans = compute.groupby("rank").agg(first=("start_s", "min"), last=("end_s", "max"))
+    cost = float((spans["last"] - spans["first"]).max())
+    busy = float((compute["end_s"] - compute["start_s"]).groupby(compute["rank"]).sum().max())
+    return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
 @dataclass(frozen=True)
@@ -315,17 +310,6 @@ def rates(plan: Plan, step: float, hardware_flops_per_gpu: float) -> Rates:
                  hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0)
 
 
-def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
-    """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
-    to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
-    bubble there: their optimizer step does not synchronize the stages)."""
-    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
-    spans = compute.groupby("rank").agg(first=("start_s", "min"), last=("end_s", "max"))
-    cost = float((spans["last"] - spans["first"]).max())
-    busy = float((compute["end_s"] - compute["start_s"]).groupby(compute["rank"]).sum().max())
-    return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
-
-
 def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
     step = float(trace["end_s"].max())
@@ -333,15 +317,20 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     pipeline_end = float(compute["end_s"].max())
     bubbles: list[float] = []
     busy_compute: list[float] = []
-    kinds = comm_kinds(plan)
-    exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
+    # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
+    comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
+    exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
     for _, rows in trace.groupby("rank"):
         compute_rows = rows[rows["stream"] == Stream.COMPUTE]
         union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
         busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
         busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
-        bubbles.append(rank_bubble(busy_rows["start_s"].to_numpy(), busy_rows["end_s"].to_numpy(), pipeline_end))
-        for kind in kinds:
+        busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
+        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
+        busy = float(np.sum(busy_ends - busy_starts))
+        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
+        for kind in comm_kinds:
             exposed[str(kind)] = max(exposed[str(kind)], _exposed(rows[rows["kind"] == kind], union))
 
     scenario = plan.scenario
