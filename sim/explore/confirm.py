@@ -135,8 +135,8 @@ def _timeline_frame(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start:
 
     return pd.DataFrame({
         "task": ids.astype("int64"), "rank": rank[ids].astype(TRACE_COLUMNS["rank"]),
-        "stage": column("stage", TRACE_COLUMNS["stage"]), "kind": _KIND_NAME[kind[ids]],
-        "name": np.array(list(map(attrgetter("name"), kept)), dtype=object),
+        "stage": column("stage", TRACE_COLUMNS["stage"]), "kind": pd.Series(_KIND_NAME[kind[ids]], dtype=object),
+        "name": pd.Series(list(map(attrgetter("name"), kept)), dtype=object),
         "microbatch": column("microbatch", TRACE_COLUMNS["microbatch"]),
         "layer": column("layer", TRACE_COLUMNS["layer"]), "start_s": start[ids], "end_s": end[ids],
         "bytes": np.rint(column("nbytes", "float64")).astype(TRACE_COLUMNS["bytes"]),
