@@ -27,7 +27,7 @@ import numpy as np
 from sim.model.memory import ModelStates, comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
-from sim.workload.ir import COMPUTE_KINDS
+from sim.workload.ir import COMPUTE_KINDS, Kind
 
 if TYPE_CHECKING:  # the timeline reads a trace; the bound (``sim check``) runs without pandas
     from collections.abc import Callable
@@ -213,10 +213,18 @@ def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
         ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
 
 
+# The trace rows the timeline reads: the compute passes, activation offload's copies and the data-parallel
+# collectives (ZeRO-3/FSDP weight gathers, gradient reduce-scatters). ``memory_timeline`` keeps these alone, so a
+# trace of only these rows gives the same timeline (a sweep's confirmation builds no others: sim.explore.confirm).
+TIMELINE_KINDS: tuple[str, ...] = (*COMPUTE_KINDS, Kind.OFFLOAD, Kind.DP)
+
+
 def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
     """The timeline side: per simulated rank of a trace, the resident states and buffers (as the bound's), plus
     the peak of activations, gathered weights (ZeRO-3/FSDP) and not-yet-reduced gradients (ZeRO-2/3) over the
-    step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule."""
+    step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule. Reads only
+    the rows of ``TIMELINE_KINDS``."""
+    trace = trace[trace["kind"].isin(TIMELINE_KINDS)]
     # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
     stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
