@@ -280,6 +280,45 @@ def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
+@dataclass(frozen=True)
+class Rates:
+    """A step's throughput figures (``rates``): model FLOPs (the fixed-cost head rule applied), tokens/s,
+    TFLOP/s per GPU, MFU, the causal-attention MFU (None where the plan has none), executed TFLOP/s per GPU, HFU."""
+
+    model_flops: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    mfu_causal: float | None
+    hardware_tflops_per_gpu: float
+    hfu: float
+
+
+def rates(plan: Plan, step: float, hardware_flops_per_gpu: float) -> Rates:
+    """The throughput figures of a step of ``step`` seconds that executed ``hardware_flops_per_gpu`` FLOPs per GPU
+    (the mean over simulated ranks of their tasks' FLOPs)."""
+    scenario = plan.scenario
+    gpus = plan.num_gpus
+    peak = scenario.cluster.gpu.peak(plan.dtype)
+    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
+    if scenario.costs.model == "fixed":
+        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
+        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
+        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
+        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
+        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
+    tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
+    causal = plan.causal_model_flops_per_step
+    if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
+        causal -= plan.model_flops_per_step - model_flops
+    tokens = plan.model_tokens_per_step  # document tokens: padding does not count
+    return Rates(model_flops=model_flops, tokens_per_s=tokens / step if step > 0 else 0.0, tflops_per_gpu=tflops,
+                 mfu=tflops * 1e12 / peak,
+                 mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
+                 hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
+                 hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0)
+
+
 def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
     step = float(trace["end_s"].max())
@@ -315,20 +354,9 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
 
     scenario = plan.scenario
     gpus = plan.num_gpus
-    peak = scenario.cluster.gpu.peak(plan.dtype)
-    model_flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
-    if scenario.costs.model == "fixed":
-        # Fixed costs time the transformer layers only: the embedding and the LM head take no time and emit no
-        # task. Their logits FLOPs leave MFU's numerator too, or MFU would count work no task ran and exceed HFU
-        # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
-        head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
-        model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
     # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
     hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
-    tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
-    causal = plan.causal_model_flops_per_step
-    if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
-        causal -= plan.model_flops_per_step - model_flops
+    figures = rates(plan, step, hardware_flops_per_gpu)
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
     tokens = plan.model_tokens_per_step  # document tokens: padding does not count
@@ -341,15 +369,15 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         schedule=scenario.schedule,
         microbatches=plan.microbatches,
         step_time_s=step,
-        tokens_per_s=tokens / step if step > 0 else 0.0,
-        model_flops_per_step=model_flops,
+        tokens_per_s=figures.tokens_per_s,
+        model_flops_per_step=figures.model_flops,
         parameters_total=total_params(plan.model),
         parameters_active=active_params(plan.model) if plan.model.is_moe else None,
-        tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
-        mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
-        hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
-        hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
+        tflops_per_gpu=figures.tflops_per_gpu,
+        mfu=figures.mfu,
+        mfu_causal=figures.mfu_causal,
+        hardware_tflops_per_gpu=figures.hardware_tflops_per_gpu,
+        hfu=figures.hfu,
         bubble_fraction=float(np.mean(bubbles)),
         bubble_rate_stagewise=stagewise_bubble_rate(trace),
         exposed_comm_s=exposed,
