@@ -260,6 +260,15 @@ def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_st
 # -------------------------------------------------------------------------------------------------- summary
 
 
+def rank_rows(trace: pd.DataFrame) -> list[np.ndarray]:
+    """Each simulated rank's row positions in ``trace``, ranks ascending (``groupby("rank")``'s order), each
+    rank's rows in trace order."""
+    rank = trace["rank"].to_numpy()
+    order = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.diff(rank[order])) + 1
+    return np.split(order, bounds) if len(order) else []
+
+
 def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
@@ -321,17 +330,27 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
     comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
     comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
     exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
-    for _, rows in trace.groupby("rank"):
-        compute_rows = rows[rows["stream"] == Stream.COMPUTE]
-        union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
+    # Per rank in rank order (groupby's), each rank's rows in trace order, as numpy arrays: the same intervals
+    # in the same order as filtering the frame per rank and kind (bit-identical sums), without copying every
+    # column per filter (pandas' take was most of this loop: 0.13 of 0.20 CPU s on 175B).
+    starts_all, ends_all = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
+    kind_codes, kind_names = pd.factorize(trace["kind"].to_numpy())
+    on_compute_stream = trace["stream"].to_numpy() == Stream.COMPUTE
+    busy_kind = np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name in (*COMPUTE_KINDS, Kind.TP)])
+    comm_codes = {str(kind): [i for i, name in enumerate(kind_names) if name == kind] for kind in comm_kinds}
+    for rows in rank_rows(trace):
+        starts, ends, codes = starts_all[rows], ends_all[rows], kind_codes[rows]
+        compute_rows = on_compute_stream[rows]
+        union = _merge(starts[compute_rows], ends[compute_rows])
         busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
-        busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
-        busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
-        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
+        busy_rows = busy_kind[rows]
+        busy_ends = np.minimum(ends[busy_rows], pipeline_end)
+        busy_starts, busy_ends = _merge(starts[busy_rows], busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))
         bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
-        for kind in comm_kinds:
-            exposed[str(kind)] = max(exposed[str(kind)], _exposed(rows[rows["kind"] == kind], union))
+        for kind, code in comm_codes.items():
+            of_kind = np.isin(codes, code)
+            exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union))
 
     scenario = plan.scenario
     gpus = plan.num_gpus

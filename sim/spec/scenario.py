@@ -218,9 +218,20 @@ class FsdpSpec(FrozenSpec):
     unit_layers: int = Field(default=1, ge=1, description="transformer layers per FSDP unit")
     prefetch: bool = Field(default=True, description="backward prefetch (FSDP BACKWARD_PRE): issue the next unit's "
                            "gather before this unit's reduce-scatter; false = backward_prefetch=None")
+    reshard_after_forward: bool | None = Field(default=None, description=(
+        "FSDP2's fully_shard(reshard_after_forward=...), TorchTitan's parallelism.fsdp_reshard_after_forward: "
+        "true frees each unit's gathered weights after its forward and gathers them again for its backward "
+        "(FULL_SHARD); false keeps them to the backward (SHARD_GRAD_OP: FULL_SHARD with false is the same; the "
+        "Llama 3 paper's 'no reshard after forward', Sec. 3.3.2). null: the framework's default, true with pp = 1 "
+        "and false with pp > 1 (TorchTitan's get_fsdp_reshard_after_forward_policy 'default': 'do not reshard "
+        "after forward to avoid per-microbatch all-gathers')"))
 
     @property
     def zero_stage(self) -> int:
+        """ZeRO stage the strategy amounts to: FULL_SHARD / HYBRID_SHARD 3, SHARD_GRAD_OP (or FULL_SHARD kept
+        gathered after the forward, ``reshard_after_forward: false``) 2, NO_SHARD 0."""
+        if self.sharding == "FULL_SHARD" and self.reshard_after_forward is False:
+            return 2
         return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
 
 
