@@ -67,11 +67,11 @@ def time_ticks(lo: float, hi: float, length_pt: float) -> tuple[np.ndarray, list
     view, labelled by ``ScalarFormatter``. Returns the values,
     their labels and the formatter's offset text ('' when none)."""
     bins = min(max(int(np.floor(length_pt / (3 * TICK_FONT))), 1), 9)
-    values = ticker.MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+    values = np.asarray(ticker.MaxNLocator(nbins=bins, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi), dtype=float)
     slack = (hi - lo) * 1e-10
     values = values[(values >= lo - slack) & (values <= hi + slack)]
     formatter = ticker.ScalarFormatter()
     formatter.create_dummy_axis()
     formatter.axis.set_view_interval(lo, hi)  # type: ignore[union-attr]
     formatter.axis.set_data_interval(lo, hi)  # type: ignore[union-attr]
-    return values, formatter.format_ticks(values), formatter.get_offset()
+    return values, formatter.format_ticks(values), formatter.get_offset()  # type: ignore[arg-type]
