@@ -139,6 +139,8 @@ ROWS = (
         lambda v: v <= 0.5),
     Row("Gantt writer, 175B (158k tasks)", ">= 500,000 blocks/s", "gantt",
         r"\[gantt\] 175B, global batch 1536: .*= (?P<value>[\d,]+) blocks/s .*", lambda v: v >= 500_000),
+    Row("its time against tasks at 40k / 80k / 159k tasks (same run)", "", "gantt",
+        r"\[gantt\] blocks/s at 40k / 80k / 159k tasks: .*", lambda v: True),
     Row("Llama 3.1 405B, 16,384 H100, default mode, whole `sim run`", "< 2 s", "frontier",
         r"\[frontier\] llama3.1-405b_h100-16384: sim run \(whole process\) (?P<value>[\d.]+) s .*",
         lambda v: v < 2),

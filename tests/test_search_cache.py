@@ -1,6 +1,7 @@
-"""The screen's shared caches (sim.explore.estimate.Estimator: per-shape tails, compiled and memoised stage-level
-replays) change nothing: every layout's estimate is the float a fresh Estimator gives it alone, so the ranking is
-the same; and the screen reports its progress."""
+"""The screen's shared caches (sim.explore.estimate.Estimator: keys from the search layout, stage times per stage
+shape, per-shape tails and memory parts, compiled and memoised stage-level replays) and its skipped tails change
+nothing: every layout's estimate is the float a fresh Estimator gives it alone, keyed by the scenario itself and
+working out every stage's tail, so the ranking is the same; and the screen reports its progress."""
 
 from __future__ import annotations
 
@@ -14,34 +15,39 @@ from sim.explore import search
 from sim.explore.estimate import Estimator
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, resolve_passes, stage_level_replay
 from sim.parallel.schedules import SCHEDULES
+from sim.spec.degrees import degrees
 from sim.spec.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-COLUMNS = ["status", "est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s"]
+COLUMNS = ["status", "est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches"]
 
 
 def _alone(base, space: list[search.Layout]) -> pd.DataFrame:
-    """The screen with a new Estimator for every layout: nothing one layout priced is reused for another."""
+    """Each layout's row from a new Estimator that works out every stage's tail, given the candidate scenario
+    alone (no layout keys): nothing one layout priced is reused for another, and no tail is skipped."""
     rows = []
     for layout in space:
-        rows.append(search.screen(base, [layout], Estimator(base)))
-    return pd.concat(rows, ignore_index=True)
+        row: dict = dict(vars(layout))
+        try:
+            scenario = search.candidate(base, layout)
+        except ValueError as error:
+            rows.append(row | {"status": f"invalid: {error}"})
+            continue
+        estimator = Estimator(base)
+        estimator.skip_tails = False
+        est = estimator.estimate(scenario)
+        rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
+                           "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
+                           "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches})
+    return pd.DataFrame(rows)
 
 
-@pytest.mark.parametrize(("scenario", "stride"), [
-    ("pipeline-4x8.yaml", 9),  # every schedule on 4 stages, zero-bubble orders replayed (m < 2p)
-    ("gpt3-175b_a100-1024.yaml", 61),  # 236 layouts: tp 1-8, pp 1-32, all ZeRO stages and schedules
-    ("llama2-7b_h100-32_spine.yaml", 23),  # the contention network's static shares
-    ("mixtral-8x7b_h100-64.yaml", 401),  # MoE: expert tails, ep x etp
-])
-def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario: str, stride: int) -> None:
-    base = load_scenario(ROOT / "scenarios" / scenario)
-    space = list(search.layouts(base))[::stride]
-    shared = search.screen(base, space)
-    alone = _alone(base, space)
+def _same(shared: pd.DataFrame, alone: pd.DataFrame, count: int) -> None:
+    """Both tables hold the same rows, bit for bit (NaN where the other is NaN), in the same order of the fitting
+    layouts by estimate."""
     key = list(search.LAYOUT_FIELDS)
     merged = shared.merge(alone, on=key, suffixes=("", "_alone"), validate="one_to_one")
-    assert len(merged) == len(space)
+    assert len(merged) == count
     assert (merged["status"] == merged["status_alone"]).all()
     for column in COLUMNS[1:]:  # bit for bit, NaN (invalid layouts) where the other is NaN
         a, b = merged[column], merged[f"{column}_alone"]
@@ -50,6 +56,37 @@ def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario
     assert len(priced) > 5
     ranked = alone[alone["status"] == "ok"].sort_values("est_step_time_s", kind="stable")
     assert priced[key].to_numpy().tolist() == ranked[key].to_numpy().tolist()
+
+
+@pytest.mark.parametrize(("scenario", "stride"), [
+    ("pipeline-4x8.yaml", 9),  # every schedule on 4 stages, zero-bubble orders replayed (m < 2p)
+    ("gpt3-175b_a100-1024.yaml", 29),  # 984 layouts: tp 1-8, pp 1-32, all ZeRO stages (FSDP + PP) and schedules
+    ("llama2-7b_h100-32_spine.yaml", 23),  # the contention network's static shares
+    ("mixtral-8x7b_h100-64.yaml", 151),  # MoE: expert tails, ep x etp (690 layouts)
+])
+def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario: str, stride: int) -> None:
+    base = load_scenario(ROOT / "scenarios" / scenario)
+    space = list(search.layouts(base))[::stride]
+    _same(search.screen(base, space), _alone(base, space), len(space))
+
+
+def test_skipping_tails_changes_no_layout_and_skips_most_of_a_deep_pipelines_tails(monkeypatch) -> None:
+    """The screen skips the tails of stages that cannot set the step (an even pipeline's middle stages): the same
+    table as with every tail worked out, on a thirteenth of the 175B space (pp up to 32), with most tails skipped."""
+    base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
+    space = list(search.layouts(base))[::13]
+    worked: list[int] = []  # the pipeline depth of each stage whose tail is worked out
+    tail = Estimator._tail
+    monkeypatch.setattr(Estimator, "_tail", lambda self, plan, *args: worked.append(plan.pp) or tail(self, plan, *args))
+    skipping = search.screen(base, space)
+    with_skips = len(worked)
+    worked.clear()
+    monkeypatch.setattr(Estimator, "skip_tails", False)
+    every = search.screen(base, space)
+    priced = every[~every["status"].str.startswith("invalid")]
+    assert len(worked) == priced["pp"].sum()  # without skipping, every stage's tail of every priced layout
+    assert with_skips < len(worked) / 2
+    pd.testing.assert_frame_equal(skipping, every, check_exact=True)
 
 
 def test_the_screen_reports_its_progress_and_ends_at_the_total() -> None:

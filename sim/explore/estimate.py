@@ -24,12 +24,18 @@ orders are replayed at stage level instead (one task per pass and chunk, built o
 What it ignores and the simulation keeps (the reason the two may differ; the test allows 5%): interleaved and
 zero-bubble schedules' exact warm-up order, p2p sends hidden in the steady state, reduce-scatters queueing
 behind each other across micro-batches under ZeRO-2/3, and link contention.
+
+Screening (sim.explore.search) prices each part once per what it depends on, under keys the search builds from
+its layouts (``LayoutKeys``; ``_shape_key`` otherwise): a layer's times; what sets each stage apart; the stage
+times and the pipeline; each stage's tail shape and memory states; the activations. Only stages whose tail
+cannot set the step are skipped (``estimate``). Every float is the one a fresh Estimator gives the scenario
+alone (tests/test_search_cache.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
@@ -41,8 +47,7 @@ from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import FsdpSpec, Scenario
-from sim.workload import step
-from sim.workload.footprint import stage_memory
+from sim.workload import footprint, step
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,10 @@ class Estimate:
 
 
 class Estimator:
+    # Skip the tails of stages that cannot set the step (``estimate``); False works every stage's tail out (the
+    # tests compare both).
+    skip_tails = True
+
     def __init__(self, scenario: Scenario, costs: CostModel | None = None,
                  network: network_models.Network | None = None) -> None:
         plan = resolve(scenario)
@@ -77,9 +86,18 @@ class Estimator:
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
-        self._stage_times: dict[Any, tuple[list[StageTimes], Scenario]] = {}
+        self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
+        self._layers: dict[Any, tuple[_LayerTimes, Scenario]] = {}
+        self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
+        self._sends: dict[tuple[float, int, int], float] = {}
+        self._tail_kinds: dict[tuple[Any, ...], int] = {}
+        self._flops: dict[Any, tuple[float, Any]] = {}
+        self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
+        self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
+        self._activations: dict[Any, float] = {}
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
@@ -96,7 +114,12 @@ class Estimator:
             self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
 
-    def _stages(self, plan: Plan) -> list[StageTimes]:
+    def _layer_times(self, plan: Plan, key: Any) -> _LayerTimes:
+        """One layer's forward, backward and weight-gradient times (``_LayerTimes``), kept per ``key`` (the search
+        keys it by what a layer's work and its TP, CP and expert collectives depend on: not the pipeline)."""
+        found = self._layers.get(key)
+        if found is not None:
+            return found[0]
         split = plan.splits_backward
         group = plan.grid.tp_group(0)
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
@@ -119,40 +142,72 @@ class Estimator:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
+        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap)
+        self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
+        return layer
+
+    def _stages(self, plan: Plan, keys: LayoutKeys) -> list[StageTimes]:
+        """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``), from its
+        layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
+        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap = self._layer_times(plan,
+                                                                                                       keys.layer)
+        c = self._p2p(plan)
+        priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
         stages = []
-        for s in range(plan.pp):
-            layers = plan.stage_layers(s)
+        for shape in self._stage_shapes(plan, keys.structure):
+            found = priced.get(shape)
+            if found is not None:
+                stages.append(found)
+                continue
+            layers, moe_layers, recomputed, frozen_layers, offloaded, first_layer, embedding, head, sends = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
-                n = plan.stage_moe_layers(s)
+                n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
-            recomputed = plan.recomputed_layers(s)
             layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
-                share = sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) / share_of
+                share = frozen_layers / share_of
                 layer_bwd += share * (frozen[0] - bwd_layer)
                 layer_w += share * (frozen[1] - w_layer)
             fsdp_f, fsdp_b = self._sharded_unit_overhead(plan, fwd_layer, layer_bwd)
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
-            offloaded = plan.offloaded_layers(s)
             if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
-                copy = step.activation_copy_seconds(plan, plan.chunk_layers(plan.stage_chunks[s][0])[0])
+                copy = step.activation_copy_seconds(plan, first_layer)
                 f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
                 b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
-            for piece, holds in (("embedding", plan.holds_embedding(s)), ("head", plan.holds_head(s))):
+            for piece, holds in (("embedding", embedding), ("head", head)):
                 if holds:
                     f += self._price(plan, piece, "forward")
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
-            sends_f, sends_b = _blocking_sends(plan, s)
-            c = self._p2p(plan)
-            overlap = pair_overlap * plan.stage_moe_layers(s) if plan.is_moe else 0.0
-            stages.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
+            sends_f, sends_b = sends
+            overlap = pair_overlap * moe_layers if plan.is_moe else 0.0
+            found = priced[shape] = StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers,
+                                               overlap)
+            stages.append(found)
         return stages
+
+    def _stage_shapes(self, plan: Plan, key: Any) -> list[_StageShape]:
+        """What sets each stage's times apart, per stage (``_StageShape``): kept per ``key``, which names the
+        pipeline's structure (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
+        found = self._structures.get(key)
+        if found is not None:
+            return found[0]
+        shapes = []
+        frozen = step.frozen_layer_blocks(plan) is not None
+        for s in range(plan.pp):
+            offloaded = plan.offloaded_layers(s)
+            shapes.append(_StageShape(
+                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, plan.recomputed_layers(s),
+                sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
+                offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s)))
+        self._structures[key] = (shapes, plan.scenario)  # the scenario keeps the objects the key names alive
+        return shapes
 
     def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
         """Seconds selective recomputation adds to a dense layer's backward (the emitter's
@@ -264,9 +319,15 @@ class Estimator:
         return out[0], out[1]
 
     def _p2p(self, plan: Plan) -> float:
-        """One pipeline send between neighbouring stages (0 without pipeline parallelism)."""
+        """One pipeline send between neighbouring stages (0 without pipeline parallelism), priced once per
+        (bytes, sender, receiver)."""
+        if plan.pp == 1:
+            return 0.0
         rank = plan.grid.stage_representative
-        return self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
+        key = (plan.p2p_bytes, rank(0), rank(1))
+        if key not in self._sends:
+            self._sends[key] = self.net.p2p_time(*key)
+        return self._sends[key]
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float]) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
@@ -373,13 +434,10 @@ class Estimator:
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float, stat_reduce: float,
-              shape_key: tuple[Any, ...]) -> tuple[float, float]:
-        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage;
-        ``stat_reduce``: one gradient statistic's all-reduce (the same group shape on every stage). What does not
-        depend on the stage's times (``_tail_shape``) is worked out once per ``shape_key`` (``_shape_key``) and
-        stage."""
-        shape = self._tail_shape(plan, stage, stat_reduce, shape_key)
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float,
+              shape: _TailShape) -> tuple[float, float]:
+        """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage, whose
+        tail, apart from its times, is ``shape`` (``_tail_shape``)."""
         exposed = 0.0
         if plan.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
@@ -401,7 +459,8 @@ class Estimator:
                 when[-10 - c] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
             free_at = 0.0
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
-                free_at = max(free_at, when[layer]) + seconds
+                ready = when[layer]
+                free_at = (ready if ready > free_at else free_at) + seconds  # max(free_at, ready), inline
             exposed = max(0.0, free_at - backward_end)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
@@ -492,8 +551,17 @@ class Estimator:
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
                              self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
-        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts,
-                           self.net.collective_time("all_reduce", *copies) if copies is not None else None, optimizer)
+        copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
+        # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
+        # the buckets closed at the same place in the stage's backward, with the same seconds.
+        order = [layer for _, layers in chunks for layer in layers]
+        position = dict(zip(order, range(len(order)), strict=True))
+        kind = self._tail_kinds.setdefault(
+            (tuple((c, len(layers)) for c, layers in chunks), embedding, after_backward, tuple(unit_chunks),
+             tuple((position.get(layer, layer), seconds) for layer, seconds in buckets), per_microbatch, experts,
+             copies_s, optimizer), len(self._tail_kinds))
+        shape = _TailShape(chunks, embedding, after_backward, unit_chunks, buckets, per_microbatch, experts, copies_s,
+                           optimizer, kind)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
 
@@ -548,69 +616,186 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
-    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
+    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float,
+                           shape_key: tuple[Any, ...]) -> float:
         """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's first
         micro-batch forward of its first chunk, whose compute could begin at ``start``. As the emitter issues them
         (``DataParallelEmitter.before_layer``): all at the step start, queued on the group's one stream, and a unit
-        computes once its gather is done (the later chunks' gathers are done long before they are reached)."""
+        computes once its gather is done (the later chunks' gathers are done long before they are reached). When
+        each gather ends does not depend on the stage's times: kept per ``shape_key`` (``_shape_key``) and stage."""
         if not (plan.pipelined_fsdp and plan.data_parallel):
             return 0.0
-        group = plan.shard_group(0)
-        units = step.chunk_units(plan, plan.stage_chunks[stage][0])
+        key = (shape_key, stage)
+        found = self._unit_gathers.get(key)
+        if found is None:
+            group = plan.shard_group(0)
+            ends, gathered = [], 0.0
+            for unit in step.chunk_units(plan, plan.stage_chunks[stage][0]):
+                gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
+                                                group)
+                ends.append(gathered)
+            found = self._unit_gathers[key] = (ends, plan.scenario)  # the scenario keeps the key's objects alive
         unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
-        gathered, free, busy = 0.0, start, 0.0
-        for unit in units:
-            gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
-                                            group)
+        free, busy = start, 0.0
+        for gathered in found[0]:
             free = max(free, gathered) + unit_forward
             busy += unit_forward
         return max(0.0, free - start - busy)
 
     # ------------------------------------------------------------------------------------------ whole
-    def estimate(self, sc: Scenario) -> Estimate:
+    def estimate(self, sc: Scenario, keys: LayoutKeys | None = None) -> Estimate:
+        """The estimate of ``sc``. ``keys``: where ``sc`` is a search candidate (its base with one layout), the
+        layout's cache keys (``LayoutKeys``), which spare working out ``_shape_key`` and let the parts a layout
+        shares with others (stage times and the pipeline, the stages' memory parts, the tails' shapes) be
+        looked up without pricing them again; the floats are the same either way."""
         plan = resolve(sc)
-        # stage times: shared by the layouts that differ only in a ZeRO stage that gathers nothing per unit
-        stages_key = (_shape_key(sc, _STAGES_FREE), plan.zero_stage if plan.gathers_units else None)
-        if stages_key not in self._stage_times:
-            self._stage_times[stages_key] = (self._stages(plan), sc)  # sc keeps the objects the key names alive
-        stages = self._stage_times[stages_key][0]
-        pipeline, ends = self._pipeline(plan, stages)
+        if keys is None:
+            stages_free = _shape_key(sc, _STAGES_FREE)
+            keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
+                              stages_free, sc)
+        # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
+        # nothing per unit
+        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
+        found = self._stage_times.get(stages_key)
+        if found is None:
+            stages = self._stages(plan, keys)
+            found = self._stage_times[stages_key] = (stages, self._pipeline(plan, stages), _work_bound(stages),
+                                                     keys.owner)  # the owner keeps the objects the keys name alive
+        stages, (pipeline, ends), slowest_pass, _ = found
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
-        # The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
-        # step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
-        # their first chunk's forward and sent it).
-        rank = plan.grid.stage_representative
-        hop = self.net.p2p_time(plan.p2p_bytes, rank(0), rank(1)) if plan.pp > 1 else 0.0
-        start = delay = 0.0
-        for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start),
-                        self._unit_gather_delay(plan, s, st, start))
-            start += st.forward / plan.local_chunks + hop
+        shape_key = keys.shape
+        delay = self._gather_delay(plan, stages, shape_key)
         # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
         # one shape on every stage, so priced once.
-        shape_key = _shape_key(sc)
         if shape_key not in self._stat_reduce:  # its group and bytes are the same for every micro-batch size
             self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
                                                                     step.grad_stats_group(plan, 0))
         stat_reduce = self._stat_reduce[shape_key]
-        for s, (st, end) in enumerate(zip(stages, ends, strict=True)):
-            exposed, opt = self._tail(plan, s, st, end, stat_reduce, shape_key)
+        # A stage whose tail is of a kind already worked out for another stage with the same times (an even
+        # pipeline's middle stages) is skipped where it cannot set the step: its exposed tail is at most that
+        # stage's or, had its backward ended before the buckets could all run from the step start, their sum
+        # less its backward's end (the tail's buckets wait for when gradients become final, at fixed offsets
+        # from the backward's end), with a margin far above the floats' rounding. What it skips never changes
+        # the result: only a stage above the step so far does.
+        exposed_of: dict[tuple[int, int], float] = {}
+        shapes = self._tail_lists.get(shape_key)
+        if shapes is None:
+            shapes = self._tail_lists[shape_key] = [self._tail_shape(plan, s, stat_reduce, shape_key)
+                                                    for s in range(plan.pp)]
+        for s, (st, end, shape) in enumerate(zip(stages, ends, shapes, strict=True)):
+            seen = exposed_of.get((shape.kind, id(st))) if self.skip_tails else None
+            if seen is not None:
+                most = max(seen, shape.per_microbatch - end)
+                most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
+                if end + delay + most + shape.optimizer < step_s:
+                    continue
+            exposed, opt = self._tail(plan, s, st, end, shape)
+            if not shape.experts and shape.copies is None:
+                exposed_of[shape.kind, id(st)] = exposed
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpus = plan.num_gpus
-        flops = plan.model_flops_per_step  # the documents' FLOPs: fine-tuning methods, padding, packing
+        # the documents' FLOPs (fine-tuning methods, padding, packing): one per base, whatever its layout
+        flops_key = keys.base
+        if flops_key not in self._flops:
+            self._flops[flops_key] = (plan.model_flops_per_step, keys.owner)
+        flops = self._flops[flops_key][0]
         tflops = flops / gpus / step_s / 1e12
-        # Even stages peak at an end of the pipe (most in flight, or the head's); uneven ones may peak anywhere.
-        uneven = len(set(plan.chunk_sizes)) > 1
-        candidates = range(plan.pp) if uneven else {0, plan.head_stage, plan.pp - 1}
-        peak = max(stage_memory(plan, s)["total"] for s in candidates)
+        peak = self._peak_memory(plan, keys)
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
         visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
-        # (less what a DualPipe F&B pair hides, as if every pass were paired)
-        bound = visits * max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+        bound = visits * slowest_pass
         gpu = sc.cluster.gpu
         return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
+
+    def _gather_delay(self, plan: Plan, stages: list[StageTimes], shape_key: tuple[Any, ...]) -> float:
+        """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
+        step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
+        their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
+        if not step.overlaps_param_gather(plan) and not (plan.pipelined_fsdp and plan.data_parallel):
+            return 0.0
+        hop = self._p2p(plan)
+        start = delay = 0.0
+        for s, st in enumerate(stages):
+            delay = max(delay, self._param_gather_delay(plan, s, st, start),
+                        self._unit_gather_delay(plan, s, st, start, shape_key))
+            start += st.forward / plan.local_chunks + hop
+        return delay
+
+    def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
+        """The largest stage's memory bound (``sim.workload.footprint``): even stages peak at an end of the pipe
+        (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
+        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
+        activations per layout without the ZeRO stage."""
+        uneven = len(set(plan.chunk_sizes)) > 1
+        candidates = range(plan.pp) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+        peak = None
+        for s in candidates:
+            states_key = (keys.shape, s)
+            states = self._memory_states.get(states_key)
+            if states is None:
+                states = self._memory_states[states_key] = (footprint.states_and_buffers(plan, s)[0],
+                                                            *footprint.sharded_buffers(plan, s), keys.owner)
+            activations_key = (keys.activations, s)
+            activations = self._activations.get(activations_key)
+            if activations is None:
+                activations = self._activations[activations_key] = footprint.stage_activations(plan, s)[0]
+            total = footprint.with_parts(plan, states[0], activations, states[1], states[2])["total"]
+            if peak is None or total > peak:
+                peak = total
+        assert peak is not None
+        return peak
+
+
+class LayoutKeys(NamedTuple):
+    """Cache keys of a scenario for ``Estimator.estimate``: ``stages`` names everything but the ZeRO stage
+    (``_STAGES_FREE``), ``shape`` everything but the micro-batch size, recomputation and SP (``_SHAPE_FREE``),
+    ``activations`` everything but the ZeRO stage and the FSDP section (``_MEMORY_FREE``); ``owner`` is kept
+    with the cached parts so that the objects the keys name by identity stay alive. sim.explore.search builds
+    them from its layouts (``search.layout_keys``)."""
+
+    stages: tuple[Any, ...]
+    shape: tuple[Any, ...]
+    activations: tuple[Any, ...]
+    structure: tuple[Any, ...]  # the pipeline's structure: what each stage holds and recomputes (_stage_shapes)
+    layer: tuple[Any, ...]  # what one layer's times depend on (_layer_times)
+    base: tuple[Any, ...]  # the base without the layout (its global batch, sequence, model: the step's FLOPs)
+    owner: Any
+
+
+def _work_bound(stages: list[StageTimes]) -> float:
+    """The slowest stage's work per micro-batch (less what a DualPipe F&B pair hides, as if every pass were
+    paired): m times it bounds the step from below."""
+    return max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+
+
+class _LayerTimes(NamedTuple):
+    """One transformer layer's times for one micro-batch (Estimator._layer_times)."""
+
+    split: bool  # the schedule splits the backward (its weight gradients run apart)
+    backward_phase: ComputePhase  # the phase the backward's pieces are priced in
+    forward: float  # TP collectives and CP's exposed exchanges included
+    backward: float  # fused (or input-gradient) pass, selective recomputation and CP included
+    weight: float  # the split weight-gradient pass (0 unless split)
+    frozen: tuple[float, float] | None  # (backward, weight) of a layer ``training.method: frozen`` freezes
+    dense: tuple[float, float, float]  # a MoE model's dense layer: (forward, backward, weight); zeros if dense
+    moe: tuple[float, float, float]  # its MoE layer's; zeros in a dense model
+    pair_overlap: float  # the MoE exchanges a DualPipe F&B pair hides (Estimator._moe_layer)
+
+
+class _StageShape(NamedTuple):
+    """What sets a stage's times apart from another's of the same layout (Estimator._stages)."""
+
+    layers: int
+    moe_layers: int  # of them MoE layers (0 in a dense model)
+    recomputed: int  # layers full recomputation rebuilds
+    frozen: int  # layers ``training.method: frozen`` freezes (0 unless that method)
+    offloaded: int  # layers whose activations go to the host
+    first_layer: int  # the first layer of the stage's first chunk where it offloads (its copy's size), else -1
+    embedding: bool
+    head: bool
+    sends: tuple[int, int]  # blocking sends per micro-batch, forward and backward (_blocking_sends)
 
 
 @dataclass(frozen=True)
@@ -627,6 +812,7 @@ class _TailShape:
     experts: bool  # expert gradients reduce on their own stream (Estimator._expert_tail)
     copies: float | None  # DualPipe's all-reduce of the two model copies' gradients
     optimizer: float  # optimizer step, gradient checks and the weight all-gather after it
+    kind: int  # equal for two stages' shapes that differ only in their layers' numbers (Estimator._tail_shape)
 
 
 # Fields of a layout that change what a stage computes per micro-batch but not its parameters, gradients,
@@ -635,15 +821,19 @@ _SHAPE_FREE = {"parallel": ("sequence_parallel",), "training": ("micro_batch", "
 # The ZeRO stage changes a stage's per-micro-batch times only where weights are gathered per unit
 # (Estimator._sharded_unit_overhead): otherwise layouts differing only in it share their stage times.
 _STAGES_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": ()}
+# A stage's activations do not depend on how its weights, gradients and optimizer states are sharded: layouts
+# differing only in the ZeRO stage (and the FSDP section it implies) share them (Estimator._peak_memory).
+_MEMORY_FREE: dict[str, tuple[str, ...]] = {"parallel": ("zero",), "training": (), "scenario": ("fsdp",)}
 
 
 def _shape_key(sc: Scenario, free: dict[str, tuple[str, ...]] = _SHAPE_FREE) -> tuple[Any, ...]:
     """A scenario without the ``free`` fields, cheaply: values of the parallel and training fields, the
     schedule and names, and the identity of every other part (search candidates share those objects with their
     base: sim.explore.search.candidate copies only ``parallel`` and ``training``)."""
+    skip = ("parallel", "training", *free.get("scenario", ()))
     return tuple(tuple(_token(v) for k, v in getattr(sc, part).__dict__.items() if k not in free[part])
                  for part in ("parallel", "training")) \
-        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in ("parallel", "training"))
+        + tuple(_token(v) for k, v in sc.__dict__.items() if k not in skip)
 
 
 def _token(value: Any) -> Any:

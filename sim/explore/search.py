@@ -29,12 +29,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
+from pydantic import BaseModel
 
 from sim.errors import ConfigError
-from sim.explore.estimate import Estimator
+from sim.explore.estimate import Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
@@ -177,19 +178,69 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                             yield layout
 
 
-def candidate(base: Scenario, layout: Layout) -> Scenario:
-    """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails."""
-    parallel = base.parallel.model_copy(update={"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
+def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -> Scenario:
+    """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails.
+    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it."""
+    parallel = _updated(base.parallel, {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
                                                 "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
                                                 "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
                                                 "cp_comm_type": layout.cp_comm_type})
-    training = base.training.model_copy(update={"micro_batch": layout.micro_batch, "recompute": layout.recompute,
-                                                "global_batch": degrees(base).global_batch, "microbatches": None})
-    fsdp = FsdpSpec.model_validate({"sharding": layout.fsdp_sharding}) if layout.fsdp_sharding else None
-    scenario = base.model_copy(update={"parallel": parallel, "training": training, "schedule": layout.schedule,
-                                       "fsdp": fsdp})
+    training = _updated(base.training, {
+        "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
+        "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
+    fsdp = _fsdp(layout.fsdp_sharding) if layout.fsdp_sharding else None
+    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule, "fsdp": fsdp})
     check_rules(scenario)
     return scenario
+
+
+_Spec = TypeVar("_Spec", bound=BaseModel)
+
+
+def _updated(spec: _Spec, update: dict[str, Any]) -> _Spec:
+    """``spec.model_copy(update=update)`` (no validation) without pydantic's generic copy, for the specs of a
+    candidate: frozen, so the copy may share the unchanged values; the fields set gain the update's names.
+    The generic copy where a spec carries extra or private state."""
+    if spec.__pydantic_extra__ is not None or spec.__pydantic_private__ is not None:
+        return spec.model_copy(update=update)
+    copied = object.__new__(type(spec))
+    object.__setattr__(copied, "__dict__", spec.__dict__ | update)
+    object.__setattr__(copied, "__pydantic_extra__", None)
+    object.__setattr__(copied, "__pydantic_private__", None)
+    object.__setattr__(copied, "__pydantic_fields_set__", spec.__pydantic_fields_set__ | update.keys())
+    return copied
+
+
+_FSDP: dict[str, FsdpSpec] = {}
+
+
+def _fsdp(sharding: str) -> FsdpSpec:
+    """The FSDP section of a layout with this sharding (a frozen spec, so its candidates share one)."""
+    if sharding not in _FSDP:
+        _FSDP[sharding] = FsdpSpec.model_validate({"sharding": sharding})
+    return _FSDP[sharding]
+
+
+def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
+    """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
+    its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
+    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``activations`` without
+    the ZeRO stage and FSDP, ``structure`` the pipeline's alone (what each stage holds, recomputes, offloads and
+    sends does not depend on tp, cp, dp, the micro-batch size, SP or ZeRO), ``shape`` without the micro-batch size,
+    recomputation and SP, and with the schedule's chunk placement (``Schedule.layout``) for its name: a stage's
+    gradients, buckets, optimizer and resident memory follow from which layers it holds, not from the order its
+    passes run in (GPipe, 1F1B, ZB-H1 and ZB-H2 share them), ``layer`` what one layer's times depend on: its work
+    and its TP, CP and expert collectives (on rank 0's groups, whatever pp), whether the schedule splits the
+    backward, and the micro-batches (dp, through MoE's token counts)."""
+    degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp)
+    rest = (layout.ep, layout.etp, layout.cp, layout.cp_comm_type)
+    activations = (id(base), *degrees_, layout.schedule, *rest, layout.micro_batch, layout.recompute,
+                   layout.sequence_parallel)
+    shape = (id(base), *degrees_, SCHEDULES[layout.schedule].layout, *rest, layout.zero)
+    structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
+    layer = (id(base), layout.tp, layout.dp, *rest, layout.micro_batch, layout.recompute, layout.sequence_parallel,
+             SCHEDULES[layout.schedule].splits_backward)
+    return LayoutKeys(activations + (layout.fsdp_sharding,), shape, activations, structure, layer, (id(base),), base)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
@@ -200,28 +251,38 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound.
     ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
     estimator = estimator or Estimator(base)
-    rows = []
+    global_batch = degrees(base).global_batch
+    hbm = base.cluster.gpu.hbm_capacity
+    nan = float("nan")
+    status: list[str] = []
+    # the estimate's columns, NaN where a layout is invalid
+    estimates: dict[str, list[Any]] = {name: [] for name in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes",
+                                                               "bound_step_time_s", "microbatches",
+                                                               "hbm_capacity_bytes")}
+    step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
-        row: dict[str, Any] = dict(vars(layout))  # the fields in order, as asdict gives them (no nested values)
         try:
-            scenario = candidate(base, layout)
+            scenario = candidate(base, layout, global_batch)
         except ValueError as error:
-            rows.append(row | {"status": f"invalid: {error}"})
+            status.append(f"invalid: {error}")
+            for column in estimates.values():
+                column.append(nan)
             continue
-        est = estimator.estimate(scenario)
-        rows.append(row | {"status": "ok" if est.fits_in_memory else "oom", "est_step_time_s": est.step_time_s,
-                           "est_mfu": est.mfu, "est_peak_memory_bytes": est.peak_memory_bytes,
-                           "bound_step_time_s": est.bound_s, "microbatches": degrees(scenario).microbatches,
-                           "hbm_capacity_bytes": base.cluster.gpu.hbm_capacity})
+        est = estimator.estimate(scenario, layout_keys(base, layout))
+        status.append("ok" if est.fits_in_memory else "oom")
+        step_s.append(est.step_time_s)
+        mfu.append(est.mfu)
+        peak.append(est.peak_memory_bytes)
+        bound.append(est.bound_s)
+        # micro-batches per pipeline as degrees() counts them where only the global batch is given (candidate)
+        microbatches.append(global_batch // (layout.dp * layout.micro_batch))
+        capacity.append(hbm)
     if on_progress is not None:
         on_progress(len(space), len(space))
-    table = pd.DataFrame(rows)
-    for column in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches",
-                   "hbm_capacity_bytes"):  # a space of invalid layouts only has none of them
-        if column not in table:
-            table[column] = float("nan")
+    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
+                         | {"status": status} | estimates)
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
                              col.ne("ok"), kind="stable").reset_index(drop=True)
 

@@ -7,18 +7,19 @@ message starts with the field(s) it concerns and states the rule (``parallel: tp
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from sim.costs import profile
 from sim.parallel.context import check_context
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import degrees, pipeline_slots
+from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.method import check_method
 from sim.spec.sequence import check_sequence
 from sim.spec.variation import check_variation
 
 if TYPE_CHECKING:
-    from sim.spec.scenario import Scenario
+    from sim.spec.scenario import MoeSpec, Scenario
 
 
 def check_rules(s: Scenario) -> None:
@@ -86,6 +87,8 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel.sequence_parallel: seq_len {d.seq_len} is not a multiple of tp = {p.tp}")
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+    if s.fsdp is not None and s.fsdp.reshard_after_forward is not None:
+        _check_reshard_after_forward(s.fsdp.sharding, s.fsdp.reshard_after_forward, p.pp)
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
     if d.zero_stage >= 2 and s.fsdp is None and p.pp > 1:
@@ -110,7 +113,7 @@ def check_rules(s: Scenario) -> None:
     check_method(s)
     check_sequence(s.training.sequence, d.seq_len)
     _check_sm_contention(s)
-    _check_experts(s)
+    _check_experts(s, d)
     m, t = s.model, s.training
     check_context(p.cp, p.cp_comm_type, d.seq_len, p.tp, p.sequence_parallel, m.num_attention_heads, m.kv_heads,
                   flash_attention=t.flash_attention, sliding_window=m.window_size is not None,
@@ -138,6 +141,22 @@ def check_rules(s: Scenario) -> None:
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+
+
+def _check_reshard_after_forward(sharding: str, reshard: bool, pp: int) -> None:
+    """``fsdp.reshard_after_forward`` set explicitly: what it contradicts or what is not modelled."""
+    if sharding == "NO_SHARD":
+        raise ValueError("fsdp.reshard_after_forward: NO_SHARD never shards the weights; leave it unset")
+    if sharding == "SHARD_GRAD_OP" and reshard:
+        raise ValueError("fsdp.reshard_after_forward: true contradicts fsdp.sharding SHARD_GRAD_OP (FSDP's strategy "
+                         "that keeps the weights gathered after the forward); use FULL_SHARD")
+    if sharding == "HYBRID_SHARD" and not reshard:
+        raise ValueError("fsdp.reshard_after_forward: false with HYBRID_SHARD is not modelled (use FULL_SHARD or "
+                         "SHARD_GRAD_OP)")
+    if pp > 1 and reshard:
+        raise ValueError(f"fsdp.reshard_after_forward: true with parallel.pp = {pp} (gathers per micro-batch under "
+                         "pipelining) is not modelled; FSDP + PP keeps each unit gathered for the step, "
+                         "TorchTitan's default")
 
 
 def _check_sm_contention(s: Scenario) -> None:
@@ -221,13 +240,18 @@ def _check_recompute_modules(s: Scenario) -> None:
                              "layer (use moe or moe_act)")
 
 
-def _check_experts(s: Scenario) -> None:
+@functools.cache
+def _default_moe(spec: type[MoeSpec]) -> MoeSpec:
+    """The default ``moe`` section, built once (the search checks the rules of thousands of layouts)."""
+    return spec()
+
+
+def _check_experts(s: Scenario, d: Degrees) -> None:
     """Expert parallelism (Megatron-Core's rules for MoE parallel folding, megatron/core/parallel_state.py and
-    transformer_config.py), each naming its field."""
+    transformer_config.py), each naming its field; ``d``: the scenario's degrees."""
     p, m, moe = s.parallel, s.model, s.moe
-    d = degrees(s)
     if not m.is_moe:
-        if s.moe != type(s.moe)():
+        if s.moe != _default_moe(type(s.moe)):
             raise ValueError("moe: the token-dispatch settings need a MoE model (model.num_moe_experts is not set)")
         if p.ep > 1 or (p.etp is not None and p.etp > 1):
             field = "ep" if p.ep > 1 else "etp"

@@ -228,9 +228,20 @@ class FsdpSpec(FrozenSpec):
         "runs its gradient kernels, the copy of the parameters' gradients into the flat gradient, the cast to the "
         "reduce dtype and the pre-division (docs/mechanisms/fsdp_grad_kernels.md); 2: fully_shard (FSDP2, "
         "TorchTitan), per-parameter sharding, those kernels not priced"))
+    reshard_after_forward: bool | None = Field(default=None, description=(
+        "FSDP2's fully_shard(reshard_after_forward=...), TorchTitan's parallelism.fsdp_reshard_after_forward: "
+        "true frees each unit's gathered weights after its forward and gathers them again for its backward "
+        "(FULL_SHARD); false keeps them to the backward (SHARD_GRAD_OP: FULL_SHARD with false is the same; the "
+        "Llama 3 paper's 'no reshard after forward', Sec. 3.3.2). null: the framework's default, true with pp = 1 "
+        "and false with pp > 1 (TorchTitan's get_fsdp_reshard_after_forward_policy 'default': 'do not reshard "
+        "after forward to avoid per-microbatch all-gathers')"))
 
     @property
     def zero_stage(self) -> int:
+        """ZeRO stage the strategy amounts to: FULL_SHARD / HYBRID_SHARD 3, SHARD_GRAD_OP (or FULL_SHARD kept
+        gathered after the forward, ``reshard_after_forward: false``) 2, NO_SHARD 0."""
+        if self.sharding == "FULL_SHARD" and self.reshard_after_forward is False:
+            return 2
         return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
 
 

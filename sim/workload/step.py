@@ -693,6 +693,14 @@ def activation_copy_seconds(plan: Plan, layer: int) -> float:
     return pcie_seconds(plan, plan.stash_bytes(layer))
 
 
+def offload_buffer_copy_seconds(plan: Plan, layer: int, costs: CostModel) -> float:
+    """Activation offload: the on-GPU copy of ``layer``'s saved tensors into Transformer Engine's ping-pong buffer
+    before the PCIe copy, on the compute stream (TE 1.x ``AsyncDoubleBufferGroupOffloadHandler.tensor_push``:
+    ``tensor_buf.copy_(tensor)`` as each tensor is saved): the stash read and written once through HBM, priced as
+    one memory-bound kernel (one per saved tensor in TE; their launches overlap the layer's own kernels)."""
+    return costs.memory_time(2 * plan.stash_bytes(layer))
+
+
 def host_adam_seconds(plan: Plan, params: float) -> float:
     """ZeRO-Offload's Adam on the host: the step's bytes per parameter (sim.costs.models) over the host memory
     bandwidth a GPU gets (``offload.host_bandwidth``)."""
