@@ -19,6 +19,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
@@ -675,9 +676,16 @@ def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
     is sharded (the distributed optimizer; ZeRO and FSDP likewise reduce the norm over all shards)."""
     grid = plan.grid
     if plan.optimizer_shards > 1:
-        return tuple(range(grid.world_size))
+        return _every_rank(grid.world_size)
     here = grid.coord(rank)
     return tuple(sorted(grid.rank(t, here.dp, p, here.cp) for p in range(plan.pp) for t in range(plan.tp)))
+
+
+@lru_cache(maxsize=8)
+def _every_rank(world_size: int) -> tuple[int, ...]:
+    """``tuple(range(world_size))``, made once: every stage's optimizer step names the whole world (98,304 ranks
+    for the frontier scenario: 32 stages each built it anew, about 0.08 of a run's CPU seconds)."""
+    return tuple(range(world_size))
 
 
 def pcie_seconds(plan: Plan, nbytes: float) -> float:
