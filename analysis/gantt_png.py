@@ -60,10 +60,11 @@ LEGEND_BORDERPAD, LEGEND_HANDLEHEIGHT, LEGEND_HANDLETEXTPAD = 0.4, 0.7, 0.8
 PATCH_EDGE = 1.0  # patch.linewidth: a legend patch's edge, in its face colour
 PNG_LEVEL = 1  # zlib level: the chart is flat colour, level 6 saves a fifth of the bytes for 1.6x the time
 BLACK, WHITE = (0, 0, 0), (255, 255, 255)
-# FT_KERNING_UNFITTED: scaled, not grid-fitted, as the text shaping behind FT2Font.set_text applies it (a pair
-# such as "Va" moves by a fraction of a pixel)
-KERNING = getattr(ft2font, "Kerning", None)
-KERNING = KERNING.UNFITTED if KERNING is not None else 1
+# The kerning FT2Font.set_text applies: from Matplotlib 3.11 its text shaping (libraqm) kerns unfitted (scaled, not
+# grid-fitted: a pair such as "Va" moves by a fraction of a pixel), before it FT_KERNING_DEFAULT (grid-fitted).
+_SHAPED = tuple(int(part) for part in matplotlib.__version__.split(".")[:2]) >= (3, 11)
+_KERNING = getattr(ft2font, "Kerning", None)  # Matplotlib >= 3.10; before, integers (FreeType's FT_Kerning_Mode)
+KERNING = (_KERNING.UNFITTED if _SHAPED else _KERNING.DEFAULT) if _KERNING is not None else 0
 
 
 @dataclass(frozen=True)

@@ -221,27 +221,35 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         return merged[key]
 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
-    # a lone TP collective's time and its registered link bookings (FlowNetwork.register_lone), per transfer
-    alone: dict[tuple[Any, ...], tuple[float, int]] = {}
+    # per (op, bytes, group, skew) of a TP collective: a lone one's time and registered link bookings
+    # (FlowNetwork.register_lone), or None where it runs as flows
+    alone: dict[tuple[Any, ...], tuple[float, int] | None] = {}
 
     def lone_seconds(task: Task) -> float | None:
         """A communication task's seconds when it needs no flows (None: it runs as flows): a lone TP collective
         (its links booked: ``FlowNetwork.book_lone``), or any transfer on a network without flows."""
         if flows is None:
             return transfer_time(network, task.op, task.nbytes, task.group, task.skew)
-        if task.kind != Kind.TP or (task.op, task.nbytes, task.group) not in private:
+        if task.kind != Kind.TP:
             return None
         key = (task.op, task.nbytes, task.group, task.skew)
-        lone = alone.get(key)
-        if lone is None:  # a TP collective repeats every layer and micro-batch: its time and bookings once
-            phases = mirrored(task)
-            lone = alone[key] = (
-                sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
+        try:
+            lone = alone[key]
+        except KeyError:  # a TP collective repeats every layer and micro-batch: its time and bookings once
+            lone = alone[key] = lone_transfer(task) if key[:3] in private else None
+        if lone is None:
+            return None
+        flows.book_lone(lone[1])
+        return lone[0]
+
+    def lone_transfer(task: Task) -> tuple[float, int]:
+        """A lone TP collective's uncontended time and its registered link bookings."""
+        assert flows is not None
+        phases = mirrored(task)
+        return (sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
                     for phase in phases),
                 flows.register_lone([row for phase in phases for channel in phase.channels
                                      for row in flows.alone_rows(channel.loads, channel.nbytes, channel.rate_cap)]))
-        flows.book_lone(lone[1])
-        return lone[0]
 
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
         """A task's time: its own duration, a lone transfer's time, or its flows."""

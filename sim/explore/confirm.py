@@ -7,15 +7,14 @@ micro-batches, GPUs and tasks: each equal, bit for bit, to the same field of ``s
 
 Why it exists (issue 25, must-show 4: the best 1,000 layouts confirmed in under 60 s with two processes): a full
 run turns the replayed graph into the trace DataFrame (ten columns, strings included, 10^5 rows per layout) and
-summarises it with per-rank pandas filters; together that was half of a confirmation's CPU time (0.33 of
-0.62 s per layout on the 175B search's best, 2026-11-25). Here the same simulation (``runner.simulate``: plan,
-graph, replay) is read straight from the task graph into a few numpy arrays (rank, kind, compute stream, FLOPs)
-and each figure is computed as ``summary.summarize`` computes it, on the same values in the same order: with its
-functions (``rates``, ``stagewise_bubble_rate``, the interval union ``_merge``, ``_exposed_seconds``), and the
-bubble's one line and the reported kinds restated (the equality test is what holds them together). The memory
-timeline (``workload.footprint.memory_timeline``) gets a frame of only the rows it reads
-(``footprint.TIMELINE_KINDS``: compute passes, offload copies, data-parallel collectives; about 40% of the
-tasks), which gives the same timeline because it keeps only those rows of a full trace.
+summarises it; on the 175B search's best layouts that was half of a confirmation's CPU time (0.33 of 0.62 s per
+layout, 2026-11-25, before the summary itself went to numpy). Here the same simulation (``runner.simulate``:
+plan, graph, replay) is read straight from the task graph into a few numpy arrays (rank, kind, compute stream,
+FLOPs) and each figure is computed by the summary's own functions on the same values in the same order
+(``summary.per_rank``: bubble fractions and exposed communication; ``rates``; ``stagewise_bubble_rate``), so no
+rule is restated here. The memory timeline (``workload.footprint.memory_timeline``) gets a frame of only the rows
+it reads (``footprint.TIMELINE_KINDS``: compute passes, offload copies, data-parallel collectives; about 40% of
+the tasks), which gives the same timeline because it keeps only those rows of a full trace.
 """
 
 from __future__ import annotations
@@ -27,18 +26,18 @@ import numpy as np
 import pandas as pd
 
 from sim import runner
-from sim.output.summary import _exposed_seconds, _merge, rates, stagewise_bubble_rate
+from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, stagewise_bubble_rate
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, memory_timeline
-from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_KINDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = tuple(Kind)
 _KIND_CODE: dict[str, int] = {kind: code for code, kind in enumerate(_KINDS)}  # a Kind hashes as its string
-_KIND_NAME = np.array([str(kind) for kind in _KINDS], dtype=object)  # code -> the trace's plain string
+_KIND_NAMES = [str(kind) for kind in _KINDS]  # code -> the trace's plain string
+_KIND_NAME = np.array(_KIND_NAMES, dtype=object)
 _COMPUTE = np.array([_KIND_CODE[kind] for kind in COMPUTE_KINDS])
-_BUSY = np.array([_KIND_CODE[kind] for kind in (*COMPUTE_KINDS, Kind.TP)])  # a rank's busy time (bubble rule)
 _TIMELINE = np.array([_KIND_CODE[kind] for kind in TIMELINE_KINDS])
 
 
@@ -82,29 +81,9 @@ def _figures(simulated: runner.Simulated) -> Figures:
     end = np.asarray(simulated.result.end, dtype=np.float64)
 
     step = float(end.max())
-    is_compute = np.isin(kind, _COMPUTE)
-    pipeline_end = float(end[is_compute].max())
-    busy_kind = np.isin(kind, _BUSY)
-    # The summary's exposed kinds (``summarize``): tp, pp, dp; ep for a MoE model, cp with context parallelism.
-    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
-    kinds += CP_COMM_KINDS if plan.cp > 1 else ()
-    reported = [(str(k), _KIND_CODE[k]) for k in kinds]
-    exposed = {name: 0.0 for name, _ in reported}
-    bubbles: list[float] = []
-    # Rank by rank in rank order, each rank's tasks in task order: the summary's ``trace.groupby("rank")``.
-    order = np.argsort(rank, kind="stable")
-    _, firsts = np.unique(rank[order], return_index=True)
-    for first, last in zip(firsts, [*firsts[1:], n], strict=True):
-        rows = order[first:last]
-        starts, ends, codes, computes = start[rows], end[rows], kind[rows], on_compute[rows]
-        union = _merge(starts[computes], ends[computes])
-        busy = busy_kind[rows]  # the summary's bubble: 1 - busy / pipeline_end, busy clipped at pipeline_end
-        busy_starts, busy_ends = _merge(starts[busy], np.minimum(ends[busy], pipeline_end))
-        busy_s = float(np.sum(busy_ends - busy_starts))
-        bubbles.append(1.0 - busy_s / pipeline_end if pipeline_end > 0 else 0.0)
-        for name, code in reported:
-            mine = codes == code
-            exposed[name] = max(exposed[name], _exposed_seconds(starts[mine], ends[mine], union))
+    pipeline_end = float(end[np.isin(kind, _COMPUTE)].max())
+    ranks = per_rank(rank_positions(rank), start, end, kind, _KIND_NAMES, on_compute, exposed_kinds(plan), step,
+                     pipeline_end)
     # Each simulated rank stands for its replicas: executed FLOPs per GPU = mean over simulated ranks (pandas'
     # grouped sum, as the summary's, so the figure is the same to the last bit).
     hardware_flops_per_gpu = float(pd.Series(flops).groupby(rank).sum().mean())
@@ -115,8 +94,8 @@ def _figures(simulated: runner.Simulated) -> Figures:
     peak_memory = max(m["total"] for m in memory.values())
     runner.check_step(step, figures.mfu, plan.scenario)
     return Figures(step_time_s=step, tokens_per_s=figures.tokens_per_s, tflops_per_gpu=figures.tflops_per_gpu,
-                   mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(bubbles)),
-                   bubble_rate_stagewise=stagewise_bubble_rate(timeline_rows), exposed_comm_s=exposed,
+                   mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(ranks.bubbles)),
+                   bubble_rate_stagewise=stagewise_bubble_rate(timeline_rows), exposed_comm_s=ranks.exposed,
                    peak_memory_bytes=peak_memory,
                    fits_in_memory=bool(peak_memory <= plan.scenario.cluster.gpu.hbm_capacity),
                    microbatches=plan.microbatches, num_gpus=plan.num_gpus, tasks=n)

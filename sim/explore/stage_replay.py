@@ -10,6 +10,7 @@ In: a schedule's action orders (sim.parallel.schedules) and its layout, resolved
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sim.parallel.chunks import Layout, PassKind, chunk_location, model_chunk, upstream
 from sim.parallel.schedules import Action
@@ -30,8 +31,7 @@ class StageTimes:
 Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool, bool]
 
 
-@dataclass(frozen=True)
-class Unit:
+class Unit(NamedTuple):
     """One issued unit of ``stage_level_replay``: a pass, or passes issued together (DualPipe's F&B pairs), with
     its inputs from outside the unit resolved to result slots. ``needs``: (slot of the pass it waits for, whether
     that pass ran on another stage); ``slots``: the result slot of each of its passes; ``pair``: an F&B pair
@@ -39,7 +39,7 @@ class Unit:
 
     stage: int
     phases: tuple[PassKind, ...]
-    index: tuple[int, ...]  # the phases as indices into (F, B, W)
+    phase_index: tuple[int, ...]  # the phases as indices into (F, B, W)
     needs: tuple[tuple[int, bool], ...]
     slots: tuple[int, ...]
     pair: bool
@@ -80,20 +80,31 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
     """The passes grouped into issued units, swept stage by stage as the replay runs them: a stage issues its
     next unit once every input from outside the unit is done, else the sweep moves to the next stage, until
     no stage can issue (a deadlocked order stops there, as the replay would)."""
+    # each stage's units, with their inputs from outside the unit, found once (a blocked unit is checked again
+    # on every sweep until its inputs are done)
+    pending: list[list[tuple[list[Pass], list[tuple[tuple[PassKind, int, int], bool]]]]] = []
+    for order in passes:
+        grouped = []
+        start = 0
+        while start < len(order):
+            end = start
+            while order[end][4]:
+                end += 1
+            unit = order[start:end + 1]
+            inside = {key for _, key, _, _, _ in unit}
+            grouped.append((unit, [(dep, crosses) for _, _, dep, crosses, _ in unit
+                                   if dep is not None and dep not in inside]))
+            start = end + 1
+        pending.append(grouped)
     slot: dict[tuple[PassKind, int, int], int] = {}
     units: list[Unit] = []
     position = [0] * len(passes)
     progress = True
     while progress:
         progress = False
-        for s, order in enumerate(passes):
-            while position[s] < len(order):
-                end = position[s]
-                while order[end][4]:
-                    end += 1
-                unit = order[position[s]:end + 1]
-                inside = {key for _, key, _, _, _ in unit}
-                needs = [(dep, crosses) for _, _, dep, crosses, _ in unit if dep is not None and dep not in inside]
+        for s, grouped in enumerate(pending):
+            while position[s] < len(grouped):
+                unit, needs = grouped[position[s]]
                 if any(dep not in slot for dep, _ in needs):
                     break
                 phases = tuple(phase for phase, _, _, _, _ in unit)
@@ -103,7 +114,7 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
                                   tuple((slot[dep], crosses) for dep, crosses in needs),
                                   tuple(slot[key] for _, key, _, _, _ in unit), {"F", "B"} <= set(phases),
                                   "B" in phases))
-                position[s] = end + 1
+                position[s] += 1
                 progress = True
     return units
 
@@ -119,21 +130,21 @@ def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
     times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
     done = [0.0] * sum(len(unit.slots) for unit in units)
     free, last_b = [0.0] * p, [0.0] * p
-    for unit in units:
-        s = unit.stage
+    for s, _, index, needs, slots, pair, backward in units:
         ready = free[s]
-        for dep, crosses in unit.needs:
+        for dep, crosses in needs:
             arrives = done[dep] + c if crosses else done[dep]
             if arrives > ready:
                 ready = arrives
-        if len(unit.index) == 1:
-            free[s] = ready + times[s][unit.index[0]]
+        if len(index) == 1:
+            end = ready + times[s][index[0]]
         else:
-            free[s] = ready + sum(times[s][i] for i in unit.index)
-        if unit.pair:  # an F&B pair: its passes interleave
-            free[s] -= stages[s].pair_overlap / chunks
-        for key in unit.slots:
-            done[key] = free[s]
-        if unit.backward:
-            last_b[s] = free[s]
+            end = ready + sum(times[s][i] for i in index)
+        if pair:  # an F&B pair: its passes interleave
+            end -= stages[s].pair_overlap / chunks
+        free[s] = end
+        for key in slots:
+            done[key] = end
+        if backward:
+            last_b[s] = end
     return max(free), last_b

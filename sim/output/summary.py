@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -263,7 +263,11 @@ def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_st
 def rank_rows(trace: pd.DataFrame) -> list[np.ndarray]:
     """Each simulated rank's row positions in ``trace``, ranks ascending (``groupby("rank")``'s order), each
     rank's rows in trace order."""
-    rank = trace["rank"].to_numpy()
+    return rank_positions(trace["rank"].to_numpy())
+
+
+def rank_positions(rank: np.ndarray) -> list[np.ndarray]:
+    """``rank_rows`` of a column of ranks (one per task, in task order)."""
     order = np.argsort(rank, kind="stable")
     bounds = np.flatnonzero(np.diff(rank[order])) + 1
     return np.split(order, bounds) if len(order) else []
@@ -319,26 +323,38 @@ def rates(plan: Plan, step: float, hardware_flops_per_gpu: float) -> Rates:
                  hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0)
 
 
-def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
-    """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
-    step = float(trace["end_s"].max())
-    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
-    pipeline_end = float(compute["end_s"].max())
+def exposed_kinds(plan: Plan) -> tuple[Kind, ...]:
+    """The kinds whose exposed seconds a summary reports: tp, pp, dp; a MoE model's dispatch/combine (``ep``)
+    beside them and ``cp`` with context parallelism (a dense model's summary keeps its keys)."""
+    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    return kinds + (CP_COMM_KINDS if plan.cp > 1 else ())
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """``per_rank``'s figures: each simulated rank's bubble fraction and share of the step its compute stream is
+    busy (rank order), and each reported kind's exposed seconds on the worst rank."""
+
+    bubbles: list[float]
+    busy_compute: list[float]
+    exposed: dict[str, float]
+
+
+def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.ndarray, kind_codes: np.ndarray,
+             kind_names: Sequence[str], on_compute_stream: np.ndarray, kinds: tuple[Kind, ...], step: float,
+             pipeline_end: float) -> PerRank:
+    """The per-rank figures of a step's tasks, given as columns (start, end, kind code with ``kind_names`` its
+    kinds, whether on the compute stream) and each rank's positions in them (``rank_positions``): the summary's
+    and a sweep's confirmation's (sim.explore.confirm) one rule. Per rank in rank order (groupby's), each rank's
+    rows in trace order, as numpy arrays: the same intervals in the same order as filtering the frame per rank
+    and kind (bit-identical sums), without copying every column per filter (pandas' take was most of this loop:
+    0.13 of 0.20 CPU s on 175B)."""
     bubbles: list[float] = []
     busy_compute: list[float] = []
-    # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
-    comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
-    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
-    exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
-    # Per rank in rank order (groupby's), each rank's rows in trace order, as numpy arrays: the same intervals
-    # in the same order as filtering the frame per rank and kind (bit-identical sums), without copying every
-    # column per filter (pandas' take was most of this loop: 0.13 of 0.20 CPU s on 175B).
-    starts_all, ends_all = trace["start_s"].to_numpy(), trace["end_s"].to_numpy()
-    kind_codes, kind_names = pd.factorize(trace["kind"].to_numpy())
-    on_compute_stream = trace["stream"].to_numpy() == Stream.COMPUTE
+    exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
     busy_kind = np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name in (*COMPUTE_KINDS, Kind.TP)])
-    comm_codes = {str(kind): [i for i, name in enumerate(kind_names) if name == kind] for kind in comm_kinds}
-    for rows in rank_rows(trace):
+    comm_codes = {str(kind): [i for i, name in enumerate(kind_names) if name == kind] for kind in kinds}
+    for rows in positions:
         starts, ends, codes = starts_all[rows], ends_all[rows], kind_codes[rows]
         compute_rows = on_compute_stream[rows]
         union = _merge(starts[compute_rows], ends[compute_rows])
@@ -351,6 +367,19 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         for kind, code in comm_codes.items():
             of_kind = np.isin(codes, code)
             exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union))
+    return PerRank(bubbles, busy_compute, exposed)
+
+
+def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
+    """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
+    step = float(trace["end_s"].max())
+    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
+    pipeline_end = float(compute["end_s"].max())
+    kind_codes, kind_names = pd.factorize(trace["kind"].to_numpy())
+    ranks = per_rank(rank_rows(trace), trace["start_s"].to_numpy(), trace["end_s"].to_numpy(), kind_codes,
+                     list(kind_names), trace["stream"].to_numpy() == Stream.COMPUTE, exposed_kinds(plan), step,
+                     pipeline_end)
+    bubbles, busy_compute, exposed = ranks.bubbles, ranks.busy_compute, ranks.exposed
 
     scenario = plan.scenario
     gpus = plan.num_gpus

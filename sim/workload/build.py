@@ -30,12 +30,13 @@ The graph's types live in sim.workload.ir (re-exported here).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
 from sim.parallel.chunks import upstream
-from sim.parallel.schedules import Action
+from sim.parallel.schedules import SCHEDULES, Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.cp_emit import ContextEmitter
@@ -448,25 +449,37 @@ class _StageEmitter:
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
             chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:  # TaskGraph.add, inlined
+        if chain is not None:  # TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build)
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
+            blocking_tp, tp_blocks = self.blocking_tp, self.tp_blocks
+            task_id = len(tasks)
+            after_stream = tasks[after].stream if after is not None else None
             for stream, kind, name, duration, op, nbytes, flops, group, skew, flags in chain:
-                task_id = len(tasks)
                 if flags is None:
-                    deps = [after] if after is not None and tasks[after].stream != stream else []
-                    blocking = self._blocking(stream, deps)
+                    deps = [after] if after is not None and after_stream != stream else []
+                    touch, blocking = True, False
                 else:
-                    prev, touch, extra, consumed = flags
-                    deps = [after] if prev and after is not None and tasks[after].stream != stream else []
-                    deps += [task_id - back for back in extra]
-                    blocking = (self._blocking(stream, deps) if touch else False) or consumed
+                    prev, touch, extra, blocking = flags  # a consumed collective blocks whatever the stream
+                    deps = [after] if prev and after is not None and after_stream != stream else []
+                    if extra:
+                        deps += [task_id - back for back in extra]
+                if touch:  # _blocking: a compute task waits for the blocking TP collective; a TP one may block
+                    if stream == "compute":
+                        if blocking_tp is not None:
+                            if blocking_tp not in deps:
+                                deps.append(blocking_tp)
+                            blocking_tp = None
+                    elif stream == "tp" and tp_blocks:
+                        blocking = True
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
                                   flops, group, key(rank, kind, op, group) if op and meets else -1, skew))
                 orders[stream].append(task_id)
-                after = task_id
+                after, after_stream = task_id, stream
                 if blocking:
-                    self.blocking_tp = after
+                    blocking_tp = task_id
+                task_id += 1
+            self.blocking_tp = blocking_tp
             return after
         first = len(self.g.tasks)
         if direction == "forward":
@@ -556,6 +569,15 @@ def folds_tp(plan: Plan) -> bool:
             and not v.jitter and not v.links)
 
 
+@lru_cache(maxsize=64)
+def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
+    layouts of one pipeline shape in a process, and ZB-H2's order is a unit-time simulation of its own (about
+    0.4 s at p 16, m 96; 175B search, 2026-11-25). Actions are frozen; the tuples keep the orders from being
+    changed by a caller."""
+    return tuple(tuple(stage) for stage in SCHEDULES[schedule].actions(p, m, v))
+
+
 def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
     whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
@@ -566,7 +588,7 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     costs = make_costs(plan)
     grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
-    orders: list[list[Action]] = plan.schedule.actions(p, m, v)
+    orders = _actions(scenario.schedule, p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])
