@@ -11,6 +11,7 @@ estimate, and the wall time to confirm the best ``--top`` layouts by simulation 
    (``--confirm-repeat`` times), with the ``simulated N in S s`` it prints: the confirmation's own time.
 Peak RSS next to each time: this process's after the screens, the child's for the whole search.
 Run: python benchmarks/bench_search.py [--repeat 3] [--top 1000] [--jobs 2] [--confirm-repeat 3] [--skip-confirm]
+     [--skip-screen]
 """
 
 from __future__ import annotations
@@ -92,9 +93,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--confirm-repeat", type=int, default=3)
     parser.add_argument("--skip-confirm", action="store_true")
+    parser.add_argument("--skip-screen", action="store_true", help="only the confirmation (scale_table's confirm log)")
     args = parser.parse_args()
     print(f"machine: {machine()}")
-    for name, file in SCENARIOS.items():
+    for name, file in SCENARIOS.items() if not args.skip_screen else ():
         screen_rate(name, file, args.repeat)
     if not args.skip_confirm:
         confirm(args.top, args.jobs, args.confirm_repeat)

@@ -1,15 +1,17 @@
 """docs/scale.md's table of issue 25's must-show figures, regenerated from the benchmarks' own output.
 
 Each benchmark in ``benchmarks/`` prints its figures as tagged lines (``[startup] ...``, ``[gantt] ...``,
-``[frontier] ...``, ``[screen] ...``, ``[confirm] ...``) with medians, the runs, CPU time and peak RSS, and the
-baseline measured in the same run. This script runs them (or some: ``--only``), keeps each one's output in
-``docs/scale/<benchmark>.log`` under a header with the date, the command and the machine, and rewrites the table
-between the ``<!-- scale-table -->`` markers of ``docs/scale.md`` from every log there: one row per figure, the
-line it comes from, the target, whether the target is met. ``--render`` rewrites the table from the logs alone.
+``[frontier] ...``, ``[screen] ...``, ``[confirm] ...``, ``[confirm-cpu] ...``) with medians, the runs, CPU time
+and peak RSS, and the baseline measured in the same run. This script runs them (or some: ``--only``), keeps each
+one's output in ``docs/scale/<benchmark>.log`` under a header with the date, the command and the machine, and
+rewrites the table between the ``<!-- scale-table -->`` markers of ``docs/scale.md`` from every log there: one row
+per figure, the line it comes from, the target, whether the target is met. ``--render`` rewrites the table from
+the logs alone.
 The 16,384-GPU ``ranks: all`` run is a separate command with a wall-clock limit (``--all-ranks-timeout``): it
 is logged as finished (time, peak RSS) or as stopped at the limit (the CPU seconds it had spent, its RSS).
 
-Run: python scripts/scale_table.py [--repeat 3] [--only startup,gantt,frontier,all-ranks,search,estimate]
+Run: python scripts/scale_table.py [--repeat 3]
+     [--only startup,gantt,frontier,all-ranks,search,confirm,confirm-cpu,estimate]
      [--top 1000] [--confirm-repeat 1] [--all-ranks-timeout 900] [--render]
 """
 
@@ -46,8 +48,10 @@ def commands(repeat: int, top: int, confirm_repeat: int) -> dict[str, list[str]]
         "startup": _bench("bench_startup.py", "--repeat", str(repeat)),
         "gantt": _bench("bench_gantt.py", "--repeat", str(repeat)),
         "frontier": _bench("bench_frontier.py", "--repeat", str(repeat), "--skip-all-ranks"),
-        "search": _bench("bench_search.py", "--repeat", str(repeat), "--top", str(top), "--confirm-repeat",
-                         str(confirm_repeat)),
+        "search": _bench("bench_search.py", "--repeat", str(repeat), "--skip-confirm"),
+        "confirm": _bench("bench_search.py", "--skip-screen", "--top", str(top), "--confirm-repeat",
+                          str(confirm_repeat)),
+        "confirm-cpu": _bench("bench_confirm.py", "--top", str(top), "--repeat", str(repeat)),
         "estimate": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_estimate.py"],
     }
 
@@ -139,6 +143,8 @@ ROWS = (
         lambda v: v <= 0.5),
     Row("Gantt writer, 175B (158k tasks)", ">= 500,000 blocks/s", "gantt",
         r"\[gantt\] 175B, global batch 1536: .*= (?P<value>[\d,]+) blocks/s .*", lambda v: v >= 500_000),
+    Row("its time against tasks at 40k / 80k / 159k tasks (same run)", "", "gantt",
+        r"\[gantt\] blocks/s at 40k / 80k / 159k tasks: .*", lambda v: True),
     Row("Llama 3.1 405B, 16,384 H100, default mode, whole `sim run`", "< 2 s", "frontier",
         r"\[frontier\] llama3.1-405b_h100-16384: sim run \(whole process\) (?P<value>[\d.]+) s .*",
         lambda v: v < 2),
@@ -155,9 +161,11 @@ ROWS = (
     Row("`sim search` screen, Mixtral 8x7B (MoE)", "", "search",
         r"\[screen\] Mixtral 8x7B, 64 H100: [\d,]+ layouts in [\d.]+ s = (?P<value>[\d,]+) layouts/s .*",
         lambda v: True),
-    Row("`sim search --no-bound -j 2`: best N confirmed by simulation", "< 60 s for 1,000", "search",
+    Row("`sim search --no-bound -j 2`: best N confirmed by simulation", "< 60 s for 1,000", "confirm",
         r"\[confirm\] GPT-3 175B: best (?P<n>[\d,]+) by estimate simulated with -j 2: (?P<value>[\d.]+) s .*",
         lambda v: v < 60),
+    Row("one confirmation's CPU, in process, against a full run (same run)", "<= 0.12 s per layout", "confirm-cpu",
+        r"\[confirm-cpu\] GPT-3 175B: .*: confirm (?P<value>[\d.]+) CPU s per layout .*", lambda v: v <= 0.12),
     Row("the estimate within 5% of the simulation on every bundled scenario", "every row", "estimate",
         r"(?P<value>\d+) passed.*|.*failed.*", lambda v: True),
 )
@@ -185,7 +193,7 @@ def render() -> str:
             continue
         measured = found.group(0).split("] ", 1)[-1].replace("|", "/")
         value = found.groupdict().get("value")
-        if row.log == "search" and found.groupdict().get("n") and _num(found.group("n")) != 1000:
+        if row.log == "confirm" and found.groupdict().get("n") and _num(found.group("n")) != 1000:
             met = "scaled: n/a"  # fewer layouts than the target's 1,000
         elif row.log == "estimate":
             met = "yes" if value and "failed" not in text else "no"
@@ -211,7 +219,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--top", type=int, default=1000)
     parser.add_argument("--confirm-repeat", type=int, default=1, help="confirmations of the best --top (minutes each)")
-    parser.add_argument("--only", default="startup,gantt,frontier,all-ranks,search,estimate")
+    parser.add_argument("--only", default="startup,gantt,frontier,all-ranks,search,confirm,confirm-cpu,estimate")
     parser.add_argument("--all-ranks-timeout", type=float, default=900.0)
     parser.add_argument("--render", action="store_true", help="only rewrite the table from docs/scale/*.log")
     args = parser.parse_args()

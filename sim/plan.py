@@ -36,13 +36,13 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
-from sim.parallel.context import CpCommType
+from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
-from sim.spec.sequence import LengthStats, length_stats
+from sim.spec.sequence import LengthStats, PackStats, length_stats, pack_stats
 
 _T = TypeVar("_T")
 
@@ -565,9 +565,21 @@ class Plan:
         return None if seq.default else length_stats(seq, self.seq_len)
 
     @cached_property
+    def packing_tail(self) -> PackStats | None:
+        """Greedy packing's padded row tails (``training.sequence.split_across_pack: false``, torchtune's
+        PackedDataset; sim.spec.sequence.pack_stats); None where rows are full or documents padded one per row."""
+        seq = self.scenario.training.sequence
+        if self.lengths is None or not seq.packing or seq.split_across_pack:
+            return None
+        return pack_stats(seq, self.seq_len)
+
+    @cached_property
     def documents_per_row(self) -> float:
-        """Documents in one seq_len row: seq_len / E[s] packed, one padded."""
+        """Documents in one seq_len row: seq_len / E[s] packed (split across rows), the renewal average of greedy
+        packing without splitting (``packing_tail``), one padded."""
         packed = self.lengths is not None and self.scenario.training.sequence.packing
+        if self.packing_tail is not None:
+            return self.packing_tail.documents_per_row
         return self.seq_len / self.lengths.mean if packed and self.lengths is not None else 1.0
 
     @cached_property
@@ -579,16 +591,23 @@ class Plan:
         its causal share, as sim.model.ops prices it) without flash attention or in the default case."""
         if self.lengths is None or not self.scenario.training.flash_attention:
             return None
-        return self.documents_per_row * self.lengths.mean_square / self.seq_len**2, self.lengths.causal_share
+        documents = self.documents_per_row * self.lengths.mean_square
+        tail = self.packing_tail
+        if tail is None:
+            return documents / self.seq_len**2, self.lengths.causal_share
+        # torchtune appends the padding to the row's seq_lens: the varlen kernel attends it as one more sequence
+        work = documents + tail.pad_mean_square
+        return work / self.seq_len**2, (documents * self.lengths.causal_share + tail.pad_causal_work) / work
 
     @cached_property
     def model_tokens_per_step(self) -> float:
         """Document tokens one step trains on (tokens/s counts these): global_batch x seq_len, less the padding
-        (global_batch x E[s]) when documents are padded."""
+        (global_batch x E[s] when documents are padded, global_batch x documents per row x E[s] when greedy
+        packing pads each row's tail)."""
         rows = self.global_batch * self.seq_len
-        if self.lengths is None or self.scenario.training.sequence.packing:
+        if self.lengths is None or (self.scenario.training.sequence.packing and self.packing_tail is None):
             return float(rows)
-        return self.global_batch * self.lengths.mean
+        return self.global_batch * self.documents_per_row * self.lengths.mean
 
     @cached_property
     def model_flops_per_step(self) -> float:
@@ -710,12 +729,17 @@ class Plan:
         """Activations beside the stash that live for part of a stage's backward, the larger of two that never
         overlap: the layer full recomputation is rebuilding (``rebuild_bytes``) and, on a stage that runs the LM
         head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
-        head's backward ends before the first layer is rebuilt)."""
+        head's backward ends before the first layer is rebuilt); plus, under context parallelism (p2p, all_gather),
+        the larger of the forward's and the backward's KV buffers (``sim.parallel.context.ring_buffer_bytes``),
+        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt)."""
         rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 or self.recompute_modules else 0.0
         mode = self.scenario.training.cross_entropy
+        ring = max(ring_buffer_bytes(self.cp_comm_type, self.cp, direction, self.micro_batch, self.local_seq_len,
+                                     self.model.kv_dim / self.tp, self.elem_bytes)
+                   for direction in ("forward", "backward"))
         if mode == "fused" or not self.holds_head(stage):
-            return rebuilding
-        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.local_seq_len, self.tp, mode))
+            return rebuilding + ring
+        return max(rebuilding, loss_bytes(self.model, self.micro_batch, self.local_seq_len, self.tp, mode)) + ring
 
     # --------------------------------------------------------------------------------------- ZeRO and FSDP
     @cached_property
@@ -741,7 +765,7 @@ class Plan:
         """Whether weights are all-gathered per unit before use: ZeRO-3 / FULL_SHARD / HYBRID_SHARD, and FSDP's
         SHARD_GRAD_OP (gathers in the forward, keeps them through the backward)."""
         fsdp = self.scenario.fsdp
-        return self.zero_stage >= 3 or (fsdp is not None and fsdp.sharding == "SHARD_GRAD_OP")
+        return self.zero_stage >= 3 or (fsdp is not None and fsdp.zero_stage == 2)
 
     @cached_property
     def pipelined_fsdp(self) -> bool:

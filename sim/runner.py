@@ -113,15 +113,19 @@ def check_physical(summary: Summary, scenario: Scenario) -> None:
     """Refuse a result no GPU can produce instead of printing it: a step that is not a finite positive time, or
     model FLOPs faster than the GPU's dense peak (MFU above 1). Under ``costs: fixed`` the scenario gave the times,
     so the error names them; under the roofline and calibrated models it would be a simulator bug."""
-    step = summary.step_time_s
+    check_step(summary.step_time_s, summary.mfu, scenario)
+
+
+def check_step(step: float, mfu: float, scenario: Scenario) -> None:
+    """``check_physical`` on the two figures it reads (a confirmation checks them without a ``Summary``)."""
     if not math.isfinite(step) or step <= 0:
         raise SimError(f"result: step time {step} s is not a finite positive time (a simulator bug; please report "
                        f"the scenario)")
-    if summary.mfu > 1.0:
+    if mfu > 1.0:
         if scenario.costs.model == "fixed":
-            raise ConfigError(f"costs.forward: the given layer times run the model at MFU {summary.mfu:.3g}, above "
+            raise ConfigError(f"costs.forward: the given layer times run the model at MFU {mfu:.3g}, above "
                               f"the GPU's dense peak (MFU must be at most 1)")
-        raise SimError(f"result: MFU {summary.mfu:.3g} is above 1 (a simulator bug; please report the scenario)")
+        raise SimError(f"result: MFU {mfu:.3g} is above 1 (a simulator bug; please report the scenario)")
 
 
 def run(scenario: Scenario, record_links: bool = False, limits: Limits | None = None) -> RunResult:
@@ -132,7 +136,21 @@ def run(scenario: Scenario, record_links: bool = False, limits: Limits | None = 
         return _run(scenario, record_links, limits or Limits())
 
 
-def _run(scenario: Scenario, record_links: bool, limits: Limits) -> RunResult:
+@dataclass
+class Simulated:
+    """A step simulated but not yet summarised: the plan, topology, frozen task graph, the engine's times (from
+    the last replay under SM contention) and the compute time NCCL's SMs added (0 without ``network.nccl_sms``)."""
+
+    plan: Plan
+    topology: topology.Topology
+    graph: TaskGraph
+    result: engine.EngineResult
+    sm_stretch: float
+
+
+def simulate(scenario: Scenario, record_links: bool, limits: Limits) -> Simulated:
+    """Plan, size check, topology, graph and replay(s): what ``run`` and a sweep's confirmation
+    (``sim.explore.confirm``) share before they read the times."""
     plan = resolve(scenario)
     check_limits(plan, limits)  # before the topology and the graph: a runaway run fails here, in milliseconds
     topo = build_topology(plan)
@@ -150,6 +168,13 @@ def _run(scenario: Scenario, record_links: bool, limits: Limits) -> RunResult:
         _, sm_stretch = sm_contention.settle(graph, (result.start, result.end), again,
                                              scenario.cluster.gpu.sms or 1, scenario.network.nccl_sms,
                                              scenario.network.nccl_p2p_sms)
+    return Simulated(plan, topo, graph, result, sm_stretch)
+
+
+def _run(scenario: Scenario, record_links: bool, limits: Limits) -> RunResult:
+    simulated = simulate(scenario, record_links, limits)
+    plan, topo, graph, result, sm_stretch = (simulated.plan, simulated.topology, simulated.graph, simulated.result,
+                                             simulated.sm_stretch)
     frame = trace.to_frame(graph, result.start, result.end)
     summary = summarize(frame, plan)
     check_physical(summary, scenario)

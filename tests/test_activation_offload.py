@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 
 import sim
+from sim.costs.models import RooflineCosts
 from sim.errors import ConfigError
 from sim.plan import resolve
 from sim.workload.footprint import memory_plan
+from sim.workload.step import make_costs, offload_buffer_copy_seconds
 
 LAYERS, MICROBATCHES = 8, 2
 
@@ -36,26 +38,41 @@ def layer_times(result: sim.RunResult) -> tuple[float, float]:
 @pytest.mark.parametrize("pcie", [16e9, 64e9, 1e12])
 @pytest.mark.parametrize("offload", [1, 2, 3])
 def test_exposed_pcie_time_closed_form(offload: int, pcie: float) -> None:
-    # Each offloaded layer's copy (its stash bytes over PCIe: 1 us + bytes / (bandwidth x 0.8)) runs under the next
-    # layer's forward, and its copy back under the next layer's backward: the step grows by
-    # m x N x (max(0, copy - forward) + max(0, copy - backward)).
+    # Each offloaded layer's saved tensors are first copied into TE's GPU ping-pong buffer on the compute stream
+    # (b = 2 x stash bytes through HBM), then to the host (its stash bytes over PCIe: 1 us + bytes / (bandwidth x
+    # 0.8)) under the next layer's forward (and that layer's own buffer copy, when it is offloaded too); its copy
+    # back runs under the next layer's backward. The step grows by
+    # m x sum over the offloaded layers of (b + max(0, copy - forward - b [next offloaded]) + max(0, copy - backward)).
     base = sim.run(scenario(0, pcie))
     forward, backward = layer_times(base)
     plan = resolve(sim.load_scenario(scenario(offload, pcie)))
     copy = 1e-6 + plan.stash_bytes(0) / (pcie * 0.8)
-    expected = MICROBATCHES * offload * (max(0.0, copy - forward) + max(0.0, copy - backward))
+    buffer = offload_buffer_copy_seconds(plan, 0, make_costs(plan))
+    costs = make_costs(plan)  # H100 roofline: HBM bandwidth x memory efficiency, x the profile's end-to-end factor
+    assert isinstance(costs, RooflineCosts)
+    assert buffer == pytest.approx(2 * plan.stash_bytes(0) / costs.bytes_rate * costs.factor, rel=1e-12)
+    expected = MICROBATCHES * sum(buffer + max(0.0, copy - forward - (buffer if layer + 1 < offload else 0.0))
+                                  + max(0.0, copy - backward) for layer in range(offload))
     run = sim.run(scenario(offload, pcie))
     assert run.summary.step_time_s - base.summary.step_time_s == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    assert sim.estimate(scenario(offload, pcie)).step_time_s == pytest.approx(run.summary.step_time_s, rel=1e-9)
+    # The estimate (sim/explore/estimate.py) does not price the buffer copy yet: below the simulation by at most
+    # m x N x b (exactly that where the PCIe copies hide).
+    gap = run.summary.step_time_s - sim.estimate(scenario(offload, pcie)).step_time_s
+    assert -1e-12 <= gap <= MICROBATCHES * offload * buffer * (1 + 1e-9)
     copies = run.trace[run.trace["name"].isin(("activation_offload", "activation_reload"))]
     assert len(copies) == 2 * MICROBATCHES * offload
     assert copies["bytes"].sum() == pytest.approx(2 * MICROBATCHES * offload * plan.stash_bytes(0))
+    buffers = run.trace[run.trace["name"] == "activation_buffer_copy"]
+    assert len(buffers) == MICROBATCHES * offload and (buffers["stream"] == "compute").all()
 
 
 def test_hidden_when_pcie_is_fast() -> None:
-    # 1 TB/s: 0.76 ms per copy of 604 MB, below a layer's 6 ms forward: nothing exposed.
+    # 1 TB/s: 0.76 ms per copy of 604 MB, below a layer's 6 ms forward: only the buffer copies (2 x 604 MB through
+    # HBM each, on the compute stream) add to the step.
+    plan = resolve(sim.load_scenario(scenario(2, 1e12)))
+    buffer = offload_buffer_copy_seconds(plan, 0, make_costs(plan))
     assert sim.run(scenario(2, 1e12)).summary.step_time_s == pytest.approx(
-        sim.run(scenario(0, 1e12)).summary.step_time_s, rel=1e-12)
+        sim.run(scenario(0, 1e12)).summary.step_time_s + MICROBATCHES * 2 * buffer, rel=1e-12)
 
 
 @pytest.mark.parametrize("offload", [1, 2, 3, 5, 7])

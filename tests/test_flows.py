@@ -80,3 +80,43 @@ def test_uncontended_transfers_take_the_analytic_time():
                           op=op, nbytes=size, group=group)
                 end = max(simulate(g, contention).end)
                 assert end == pytest.approx(analytic.collective_time(op, size, group), rel=1e-9), (algorithm, op, size)
+
+
+def _usage(flows):
+    return {link: (u.bytes, u.busy_s, u.saturated_s, u.peak_load) for link, u in sorted(flows.links.items())}
+
+
+def test_lone_bookings_settled_later_give_the_same_floats_as_booking_each_time():
+    # Three transfers: two share link 1, one crosses link 2 twice (two channels), one saturates link 0. Booked in
+    # an irregular order, then a flow comes onto link 2 and the booking that crosses it goes on after it.
+    capacities = [3.0, 7.0, 11.0, 13.0]
+    rows = [((0, 1), (1, 2)), ((1, 1), (2, 1), (2, 1)), ((3, 3),)]
+    sizes, rates = [0.1, 0.7, 1.3], [3.0, 0.9, 1.1]
+    order = [0, 1, 1, 2, 0, 1, 2, 2, 0, 1] * 7
+
+    transfers = list(zip(rows, sizes, rates, strict=True))
+    eager = FlowNetwork(capacities)
+    bookings = [eager.alone_bookings(loads, nbytes, rate) for loads, nbytes, rate in transfers]
+    late = FlowNetwork(capacities)
+    numbers = [late.register_lone(late.alone_rows(loads, nbytes, rate)) for loads, nbytes, rate in transfers]
+    for network, book in ((eager, lambda b: eager.book(bookings[b])), (late, lambda b: late.book_lone(numbers[b]))):
+        for b in order:
+            book(b)
+        network.add(0, ((2, 1),), 5.0, 2.0, now=1.0)
+        for b in order[:9]:
+            book(b)
+        network.remove(0, now=3.5)
+        book(1)
+        network.close(4.0)
+    assert _usage(late) == _usage(eager)  # bit for bit, not approximately
+    assert late.links[0].saturated_s == late.links[0].busy_s > 0  # the rate-3 transfer fills link 0
+    assert late.lone_booked == []
+
+
+def test_a_flow_alone_on_links_that_cannot_bind_runs_at_its_cap():
+    flows = FlowNetwork([10.0, 10.0])
+    assert flows.add(0, ((0, 1), (1, 2)), 6.0, 4.0, now=0.5) == {0: 0.5 + 6.0 / 4.0}
+    assert flows.links[1].load == 8.0 and flows.demand == {0: 4.0, 1: 8.0}
+    # A second flow makes link 1 bind (demand 12 > 10): both share it, 10 / (2 + 1) each.
+    finish = flows.add(1, ((1, 1),), 3.0, 4.0, now=1.0)
+    assert finish == pytest.approx({0: 1.0 + (6.0 - 2.0) / (10 / 3), 1: 1.0 + 3.0 / (10 / 3)})

@@ -146,9 +146,9 @@ def test_narrow_blocks_get_no_label():
 
 
 def test_labels_are_capped_to_the_widest_blocks(monkeypatch):
-    import analysis.gantt
+    import analysis.gantt_lanes
 
-    monkeypatch.setattr(analysis.gantt, "MAX_LABELS", 400)
+    monkeypatch.setattr(analysis.gantt_lanes, "MAX_LABELS", 400)
     rows = [(r, r, "compute", "forward" if mb % 2 else "backward", mb, mb * 1.0, mb + 0.9 + 0.001 * r)
             for r in range(10) for mb in range(100)]  # 1,000 blocks, each wider than 1/160 of the window
     drawn = labels(plot_gantt(_trace(rows), ax=Figure().subplots()))

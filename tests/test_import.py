@@ -275,7 +275,7 @@ def test_torchtitan_llama3_tomls() -> None:
 
     s = import_torchtitan([str(DATA / "torchtitan_llama3_8b.toml")], Options(gpu="H100-SXM", gpus=64)).scenario()
     assert (s.model.name, s.parallel.tp, s.parallel.pp, s.parallel.dp) == ("llama3-8b", 1, 1, 64)
-    assert s.fsdp is not None and s.fsdp.sharding == "FULL_SHARD"
+    assert s.fsdp is not None and s.fsdp.sharding == "FULL_SHARD" and s.fsdp.version == 2  # fully_shard (FSDP2)
     assert (s.training.micro_batch, s.training.global_batch, s.training.seq_len) == (1, 64, 8192)
     assert (s.training.dtype, s.training.grad_dtype, s.training.recompute, s.training.clip_grad) == \
         ("bf16", "fp32", "selective", 1.0)
@@ -288,7 +288,7 @@ def test_torchtitan_llama3_tomls() -> None:
     assert (s.model.name, s.parallel.tp, s.parallel.tp_comm_overlap, s.training.dtype) == ("llama3-405b", 8, True,
                                                                                             "fp8")
     assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
-    assert not s.training.fp8_weight_cache
+    assert not s.training.fp8_weight_cache and s.training.fp8_recipe == "current"
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
 
 

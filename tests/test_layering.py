@@ -159,7 +159,7 @@ def test_the_scan_sees_the_imports_it_must():
     assert ("sim/engine/event.py", "simpy") in found
     assert ("sim/spec/rules.py", "sim.spec.scenario") in found  # under ``if TYPE_CHECKING:``
     assert ("sim/calibrate/compute.py", "torch") in found  # inside a function
-    assert ("sim/explore/sweep.py", "sim.runner") in found  # ``from sim import runner``
+    assert ("sim/validation/validate.py", "sim.runner") in found  # ``from sim import runner``
     assert ("sim/__main__.py", "sim.cli.commands") in found
 
 

@@ -69,16 +69,48 @@ def test_single_gpu_peak_within_5_percent(model: str, method: str) -> None:
     assert bound == pytest.approx(published, rel=0.05)
 
 
-def test_70b_fsdp_bound_is_above_the_published_peak() -> None:
-    # 70B LoRA on 8 A100 with FSDP: 31.6 GiB against 27.6 (+14.5%, outside 5%): the model-state shard is 16.8 GiB
-    # (141 GB of bf16 weights / 8), activations 6.1 GiB, and the bound's gathered weights (8.7 GiB: two layer
-    # units, the last one with the 2.1 GB LM head counted twice, docs/mechanisms/peft.md) are the upper bound's
-    # choice; FSDP2's per-layer prefetch would hold about half. The bound stays above the measured peak.
+def test_70b_fsdp_gathered_weights_are_the_root_and_two_layers() -> None:
+    # FSDP's root unit (embedding, final norm, LM head: 2,101,354,496 parameters, 3.914 GiB in bf16) stays
+    # gathered through the forward and the backward (FSDP2 _lazy_init: the root is not resharded after forward;
+    # torchtune's shard_model wraps each layer, then the model), beside two layers (855,654,400 parameters,
+    # 1.594 GiB each): the one computing and the one prefetched. 7.111 GiB with the adapters, where the bound
+    # used to count three layers and the head twice (8.709 GiB); tests/test_fsdp_root_unit.py: the timeline too.
+    spec = MODEL_PRESETS["llama3-70b"]
+    root = embedding_params(spec) + head_params(spec)
+    layer = (total_params(spec) - root) / spec.num_layers
+    assert (root, layer) == (2_101_354_496, 855_654_400)
+    parts = memory_plan(plan_of(row("llama3-70b", "lora")))[0]
+    h, kv, f, r = 8192, 1024, 28672, 16  # and each layer's adapters (q, v, o, gate, up, down), gathered in bf16
+    adapters = r * ((h + h) + (h + kv) + (h + h) + 2 * (h + f) + (f + h))
+    assert adapters == 2_441_216
+    assert parts["gathered_weights"] == pytest.approx(2 * root + 2 * 2 * (layer + adapters))
+    assert parts["gathered_weights"] / GiB == pytest.approx(7.111, abs=1e-3)
+
+
+def test_70b_fsdp_bound_against_the_published_peak() -> None:
+    # 70B LoRA on 8 A100 with FSDP: 30.02 GiB against 27.6 (+8.8%; +14.5% before the root unit was modelled).
+    # Model states 16.79 GiB (141 GB of bf16 weights / 8 and the adapters), activations 6.11 GiB (80 checkpointed
+    # layer inputs of 2 x 2048 x 8192 x 2 B = 5.0 GiB and the layer being rebuilt, 1.11 GiB), gathered 7.11 GiB.
     r = row("llama3-70b", "lora")
     parts = memory_plan(plan_of(r))[0]
     published = float(r["peak_memory_gib"]) * GiB
-    assert parts["weights"] + parts["gradients"] + parts["optimizer"] < published < parts["total"]
-    assert parts["total"] / published - 1 == pytest.approx(0.145, abs=0.01)
+    assert parts["total"] / published - 1 == pytest.approx(0.088, abs=0.005)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "+8.8%: what FSDP keeps alive for the stated config already exceeds the published 27.6 GiB before the "
+    "rebuilt layer's activations: sharded bf16 weights 16.43 GiB + root unit 3.91 GiB (FSDP2 keeps the root "
+    "unsharded after forward; torchtune passes no custom_sharded_layers to lora_finetune_distributed, so the "
+    "embedding and output projection are the root's) + the layer computing 1.59 GiB + 80 checkpointed inputs "
+    "5.0 GiB = 26.94 GiB, then a prefetched layer (1.59) and the recomputed layer's activations (~1.1). "
+    "torchtune trains the adapters in pure bf16 (AdamW states bf16: 8 B per trainable parameter, not 16): "
+    "-0.18 GiB, not modelled. The table's run may differ from the config's batch 2 x packed 2048 (the 70B "
+    "config ships packed: False, alpaca prompts are shorter); the README does not say which of peak "
+    "active / allocated / reserved it reports."))
+def test_70b_fsdp_peak_within_5_percent() -> None:
+    r = row("llama3-70b", "lora")
+    bound = memory_plan(plan_of(r))[0]["total"]
+    assert bound == pytest.approx(float(r["peak_memory_gib"]) * GiB, rel=0.05)
 
 
 # ------------------------------------------------------------------------- LoRA throughput (must-show 3)

@@ -74,14 +74,14 @@ def test_sweep_file_with_linked_axis(tmp_path):
 def test_a_point_that_raises_anything_is_a_row_and_the_rest_go_on(tmp_path, monkeypatch):
     """Issue 27: a point failing with something other than a simulator error (a bug) used to abort the whole sweep
     with a traceback and no row, so it could never finish; now it is a row with its error."""
-    real_run = runner.run
+    real_simulate = runner.simulate  # what a point's confirmation (sim.explore.confirm) runs
 
     def flaky(scenario, *args, **kwargs):
         if scenario.training.microbatches == 3:
             raise ZeroDivisionError("float division by zero")
-        return real_run(scenario, *args, **kwargs)
+        return real_simulate(scenario, *args, **kwargs)
 
-    monkeypatch.setattr(runner, "run", flaky)
+    monkeypatch.setattr(runner, "simulate", flaky)
     table = run_sweep(make_spec(TINY, ["training.microbatches=2..4"], []), tmp_path)
     assert list(table["status"]) == ["ok", "error: internal ZeroDivisionError: float division by zero", "ok"]
 

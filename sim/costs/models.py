@@ -30,6 +30,16 @@ n x ``launch_overhead`` (the CPU runs ahead of the GPU only while the kernels ar
     work    = max(sum of its kernels x phase scale, launches x launch_overhead)
 A backward issues twice the forward's launches for the ops without weights and one per GEMM for each of B and W,
 the same scale as its time (``phase_scale``).
+
+FP8 accumulation (docs/mechanisms/fp8.md): Transformer Engine's recipe runs the forward GEMM with Hopper's fast
+FP8 accumulation and the two backward GEMMs with split accumulation (partial sums promoted to FP32:
+``_2X_ACC_FPROP = False``, ``_2X_ACC_DGRAD = _2X_ACC_WGRAD = True`` in transformer_engine/pytorch/module/base.py;
+torchao's Float8LinearConfig makes the same choice, fast accumulation for the output GEMM only). Split
+accumulation is slower by ``fp8_split_accumulation`` (1.1-1.2x measured, pytorch/ao#2377), so an FP8 linear's
+input- and weight-gradient GEMMs take that much longer than the fast-accumulation curve says:
+    fp8 linear GEMM = curve time x (fp8_split_accumulation in input_grad / weight_grad / backward, 1 in forward)
+A measured profile's fp8 curve is torch._scaled_mm's, whose default is split accumulation (use_fast_accum
+False): there the forward runs at curve time / fp8_split_accumulation instead.
 """
 
 from __future__ import annotations
@@ -120,7 +130,8 @@ class RooflineCosts:
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
                  fp8_attention: bool = False, fp8_gemm: Fp8GemmRule = "scaled_bf16",
-                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
+                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
+                 fp8_split_accumulation: float = 1.0) -> None:
         # The GPU type's end-to-end calibration: every kernel's time x factor (default: the profile's).
         if factor is None:
             factor = profile.end_to_end_factor if profile is not None else 1.0
@@ -150,6 +161,21 @@ class RooflineCosts:
         self.fp8_ratio = 0.0
         if self.bf16 is not None and fp8_gemm == "scaled_bf16":
             self.fp8_ratio = gpu.peak("fp8") / gpu.peak("bf16")
+        # Split over fast FP8 accumulation (module docstring): the backward's FP8 linear GEMMs x this.
+        self.fp8_split_accumulation = fp8_split_accumulation
+
+    # Which accumulation this model's FP8 curve was measured with: the bf16 curve at the peak ratio and the
+    # preset's flat rate are the tensor cores' full rate (fast accumulation); CalibratedCosts overrides it.
+    fp8_curve_split_accumulation = False
+
+    def fp8_accumulation_scale(self, phase: ComputePhase) -> float:
+        """How much longer than its curve an FP8 linear GEMM takes in ``phase``: TE's recipe accumulates the
+        forward fast and the input- and weight-gradient GEMMs split (FP32-promoted), ``fp8_split_accumulation``
+        times slower; 1 where the curve's accumulation is the phase's."""
+        split = phase != "forward"
+        if split == self.fp8_curve_split_accumulation:
+            return 1.0
+        return self.fp8_split_accumulation if split else 1.0 / self.fp8_split_accumulation
 
     def gemm_rate(self, flops: float) -> float:
         if self.fp8_ratio and self.bf16 is not None:
@@ -158,16 +184,20 @@ class RooflineCosts:
             return self.flops_rate
         return self.profile.gemm_rate(self.curve_dtype, flops) * self.scale
 
-    def kernel_time(self, op: Op) -> float:
+    def kernel_time(self, op: Op, phase: ComputePhase = "forward") -> float:
+        """One forward-equivalent of ``op`` as run in ``phase`` (the phase matters only to FP8 linear GEMMs,
+        whose backward accumulates split: ``fp8_accumulation_scale``)."""
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op)
         flops = op.flops * op.executed  # the FLOPs the kernel runs (causal flash attention: about half)
         compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
+        if self.bf16 is not None and op.matmul and op.te_linear:
+            compute *= self.fp8_accumulation_scale(phase)
         # The floor is a measured launch-to-end time, outside the end-to-end factor.
         return max(max(compute, op.bytes / self.bytes_rate) * self.factor, op.kernels * self.kernel_floor)
 
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
-        device = sum(phase_scale(op, phase) * self.kernel_time(op) for op in work.ops)
+        device = sum(phase_scale(op, phase) * self.kernel_time(op, phase) for op in work.ops)
         if not self.launch_overhead:
             return device
         launches = sum(phase_scale(op, phase) * op.kernels for op in work.ops)
@@ -187,11 +217,16 @@ class CalibratedCosts(RooflineCosts):
 
     name = "calibrated"
 
+    # sim calibrate measures FP8 with torch._scaled_mm, whose use_fast_accum defaults to False (split).
+    fp8_curve_split_accumulation = True
+
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
-                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0) -> None:
+                 factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
+                 fp8_split_accumulation: float = 1.0) -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
         super().__init__(gpu, dtype, profile, fp8_attention, fp8_gemm="profile",  # its own measured fp8 curve
-                         factor=factor, kernel_floor=kernel_floor, launch_overhead=launch_overhead)
+                         factor=factor, kernel_floor=kernel_floor, launch_overhead=launch_overhead,
+                         fp8_split_accumulation=fp8_split_accumulation)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth

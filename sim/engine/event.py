@@ -21,6 +21,7 @@ contention stretched) replaces the graph's own; the graph is only read.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,7 @@ from simpy.events import NORMAL, EventPriority
 
 from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
-from sim.network.flows import FlowNetwork, LinkUsage
+from sim.network.flows import FlowNetwork
 from sim.network.models import Network, TransferPhase, is_flow_level, transfer_time
 from sim.parallel.grid import lockstep_groups
 from sim.workload.ir import Kind, Task, TaskGraph
@@ -135,42 +136,72 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
 
     flow_net = network if is_flow_level(network) else None
     flows = FlowNetwork(flow_net.capacities, record_links) if flow_net is not None else None
-    pending: dict[int, simpy.Event] = {}
-    version: dict[int, int] = {}
+    # flow key -> [flows of its phase still running, the event the last one's end succeeds]
+    pending: dict[int, list[Any]] = {}
+    version: dict[int, int] = {}  # flow key -> the stamp of its live timer (until the flow ends)
+    keys = itertools.count()  # flow keys in the order flows start (the solver sorts a component by them)
+
+    last: list[Any] = [-1, -1.0, None]  # the newest timer: [env.scheduled after it, its time, its batch]
 
     def arm(finish: dict[int, float]) -> None:
+        """A timer per flow at its finish time. A flow that ends when the newest timer fires, with nothing
+        scheduled since that timer, joins its batch: simpy would have run the two timers one after the other
+        (consecutive event ids at one time), so the batch fires its flows in the order they were armed."""
+        now = env.now
         for key, when in finish.items():
-            version[key] = version.get(key, 0) + 1
-            timer = env.timeout(max(0.0, when - env.now))
-            timer.callbacks.append(functools.partial(fired, key=key, stamp=version[key]))
+            stamp = version[key] = version[key] + 1
+            delay = max(0.0, when - now)
+            at = now + delay  # the time simpy schedules the timer at
+            if last[0] == env.scheduled and last[1] == at:
+                last[2].append((key, stamp))
+                continue
+            batch = [(key, stamp)]
+            timer = env.timeout(delay)
+            timer.callbacks.append(functools.partial(fired, batch=batch))
+            last[:] = env.scheduled, at, batch
 
-    def fired(_event: simpy.Event, key: int, stamp: int) -> None:  # a timer's callback
-        fire(key, stamp)
+    def fired(_event: simpy.Event, batch: list[tuple[int, int]]) -> None:  # a timer's callback
+        for key, stamp in batch:
+            fire(key, stamp)
 
     def fire(key: int, stamp: int) -> None:
         if version.get(key) != stamp or key not in pending:
             return  # a later rate change re-armed this flow
         assert flows is not None
-        event = pending.pop(key)
+        del version[key]
+        phase = pending.pop(key)
         arm(flows.remove(key, env.now))
-        event.succeed()
+        phase[0] -= 1
+        if phase[0] == 0:
+            phase[1].succeed()
+
+    def relay(_event: simpy.Event, joined: simpy.Event) -> None:
+        joined.succeed()
 
     def run_phases(phases: tuple[TransferPhase, ...]) -> Generator[simpy.Event, None, None]:
+        """A transfer's phases: each a latency, then its channels as flows. A phase of several flows ends when
+        its last flow ends, on the event after that (where simpy's ``all_of`` over one event per flow would have
+        resumed the transfer: one event after the last flow's)."""
         assert flows is not None
         for phase in phases:
             if phase.latency > 0:
                 yield env.timeout(phase.latency)
-            waits = []
-            for channel in phase.channels:
-                key = len(version)
+            channels = phase.channels
+            if not channels:
+                continue
+            done = env.event()
+            record = [len(channels), done]
+            for channel in channels:
+                key = next(keys)
                 version[key] = 0
-                pending[key] = env.event()
-                waits.append(pending[key])
+                pending[key] = record
                 arm(flows.add(key, channel.loads, channel.nbytes, channel.rate_cap, env.now))
-            if len(waits) == 1:
-                yield waits[0]
-            elif waits:
-                yield env.all_of(waits)
+            if len(channels) == 1:
+                yield done
+            else:
+                joined = env.event()
+                done.callbacks.append(functools.partial(relay, joined=joined))
+                yield joined
 
     merged: dict[tuple[str, float, tuple[int, ...], float], tuple[TransferPhase, ...]] = {}
 
@@ -190,29 +221,44 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         return merged[key]
 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
-    # a lone TP collective's time and link bookings (sim.network.flows.FlowNetwork.alone_bookings), per transfer
-    alone: dict[tuple[Any, ...], tuple[float, list[tuple[LinkUsage, float, float, bool, float]]]] = {}
+    # per (op, bytes, group, skew) of a TP collective: a lone one's time and registered link bookings
+    # (FlowNetwork.register_lone), or None where it runs as flows
+    alone: dict[tuple[Any, ...], tuple[float, int] | None] = {}
+
+    def lone_seconds(task: Task) -> float | None:
+        """A communication task's seconds when it needs no flows (None: it runs as flows): a lone TP collective
+        (its links booked: ``FlowNetwork.book_lone``), or any transfer on a network without flows."""
+        if flows is None:
+            return transfer_time(network, task.op, task.nbytes, task.group, task.skew)
+        if task.kind != Kind.TP:
+            return None
+        key = (task.op, task.nbytes, task.group, task.skew)
+        try:
+            lone = alone[key]
+        except KeyError:  # a TP collective repeats every layer and micro-batch: its time and bookings once
+            lone = alone[key] = lone_transfer(task) if key[:3] in private else None
+        if lone is None:
+            return None
+        flows.book_lone(lone[1])
+        return lone[0]
+
+    def lone_transfer(task: Task) -> tuple[float, int]:
+        """A lone TP collective's uncontended time and its registered link bookings."""
+        assert flows is not None
+        phases = mirrored(task)
+        return (sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
+                    for phase in phases),
+                flows.register_lone([row for phase in phases for channel in phase.channels
+                                     for row in flows.alone_rows(channel.loads, channel.nbytes, channel.rate_cap)]))
 
     def communicate(task: Task) -> Generator[simpy.Event, None, None]:
-        duration = seconds_of[task.id]
-        if duration is not None:
-            seconds = duration
-        elif flows is not None and (task.op, task.nbytes, task.group) in private and task.kind == Kind.TP:
-            key = (task.op, task.nbytes, task.group, task.skew)
-            if key not in alone:  # a TP collective repeats every layer and micro-batch: its time and bookings once
-                phases = mirrored(task)
-                alone[key] = (
-                    sum(phase.latency + max((ch.nbytes / ch.rate_cap for ch in phase.channels), default=0.0)
-                        for phase in phases),
-                    [booking for phase in phases for channel in phase.channels
-                     for booking in flows.alone_bookings(channel.loads, channel.nbytes, channel.rate_cap)])
-            seconds, bookings = alone[key]
-            flows.book(bookings)
-        elif flows is not None:
-            yield from run_phases(mirrored(task))
-            return
-        else:
-            seconds = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
+        """A task's time: its own duration, a lone transfer's time, or its flows."""
+        seconds = seconds_of[task.id]
+        if seconds is None:
+            seconds = lone_seconds(task)
+            if seconds is None:
+                yield from run_phases(mirrored(task))
+                return
         if seconds > 0:
             yield env.timeout(seconds)
 
@@ -221,6 +267,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         event.succeed()
 
     def stream(order: list[int]) -> Generator[simpy.Event, None, None]:
+        timeout = env.timeout
         for task_id in order:
             task = tasks[task_id]
             for dep in task.deps:
@@ -237,9 +284,16 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
                     env.process(run_shared(task, shared))
                 yield shared
                 start[task_id] = released[task.collective]
-            else:
+            else:  # communicate(task), inlined: the same events
                 start[task_id] = env.now
-                yield from communicate(task)
+                seconds = seconds_of[task_id]
+                if seconds is None:
+                    seconds = lone_seconds(task)
+                    if seconds is None:
+                        yield from run_phases(mirrored(task))
+                        seconds = 0.0
+                if seconds > 0:
+                    yield timeout(seconds)
             end[task_id] = env.now
             waiter = waiting.pop(task_id, None)
             if waiter is not None:

@@ -35,24 +35,27 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
 
     meets = Rendezvous(graph.shared_collectives())
     shared = set(meets.members)
+    # Read once per task, not once per visit: its dependencies, its rendezvous key (only where some collective has
+    # several simulated members: slice mode has none but DualPipe's meetings) and its seconds, a communication
+    # task's priced once per (op, bytes, group, skew): a step repeats a few transfers many times.
+    deps_of = [task.deps for task in tasks]
+    key_of = [task.collective for task in tasks] if shared else []
+    priced: dict[tuple[str, float, tuple[int, ...], float], float] = {}
+    seconds: list[float] = []
+    for task_id, duration in enumerate(seconds_of):
+        if duration is None:
+            task = tasks[task_id]
+            key = (task.op, task.nbytes, task.group, task.skew)
+            if key not in priced:
+                priced[key] = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
+            duration = priced[key]
+        seconds.append(duration)
 
     orders = [graph.streams[key] for key in sorted(graph.streams)]
     position = [0] * len(orders)
     free_at = [0.0] * len(orders)
     waiting: dict[int, list[int]] = {}  # task -> streams suspended until it ends
     work = list(range(len(orders) - 1, -1, -1))
-
-    priced: dict[tuple[str, float, tuple[int, ...], float], float] = {}  # a step repeats a few transfers many times
-
-    def seconds(task_id: int) -> float:
-        duration = seconds_of[task_id]
-        if duration is not None:
-            return duration
-        task = tasks[task_id]
-        key = (task.op, task.nbytes, task.group, task.skew)
-        if key not in priced:
-            priced[key] = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
-        return priced[key]
 
     def wake(task_id: int) -> None:
         streams = waiting.pop(task_id, None)
@@ -62,7 +65,8 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     while work:
         s = work.pop()
         order, i, ready_at = orders[s], position[s], free_at[s]
-        while i < len(order):
+        count = len(order)
+        while i < count:
             task_id = order[i]
             if done[task_id]:  # a rendezvous that ended while this stream was suspended on it
                 ready_at = end[task_id]
@@ -70,7 +74,7 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
                 continue
             blocked = -1
             ready = ready_at
-            for dep in tasks[task_id].deps:
+            for dep in deps_of[task_id]:
                 if not done[dep]:
                     blocked = dep
                     break
@@ -79,24 +83,22 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
             if blocked >= 0:
                 waiting.setdefault(blocked, []).append(s)
                 break
-            key = tasks[task_id].collective
-            if key in shared:
-                met = meets.arrive(key, task_id, ready)
+            if shared and key_of[task_id] in shared:
+                met = meets.arrive(key_of[task_id], task_id, ready)
                 if met is None:
                     waiting.setdefault(task_id, []).append(s)
                     break
                 released, arrived = met
-                finish = released + seconds(task_id)
+                finish = released + seconds[task_id]
                 for member in arrived:
                     start[member], end[member], done[member] = released, finish, 1
                     if member != task_id:
                         wake(member)
+                ready_at = finish
             else:
-                duration = seconds_of[task_id]
                 start[task_id] = ready
-                end[task_id] = ready + (duration if duration is not None else seconds(task_id))
+                ready_at = end[task_id] = ready + seconds[task_id]
                 done[task_id] = 1
-            ready_at = end[task_id]
             if task_id in waiting:
                 wake(task_id)
             i += 1

@@ -30,8 +30,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim import runner
 from sim.errors import ConfigError, SimError
+from sim.explore.confirm import confirm
 from sim.explore.executors import DASK_TIMEOUT_S, Executor, run_all
 from sim.output.atomic import write_atomically, write_text_atomically
 from sim.spec.degrees import degrees
@@ -174,7 +174,7 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
             raw.setdefault("training", {})["global_batch"] = None
         raw = apply_overrides(raw, [f"{key}={_encode(value)}" for key, value in (point | (files or {})).items()])
         scenario = scenario_from_dict(raw, base_dir=base_dir)
-        summary = runner.run(scenario, limits=limits).summary
+        figures = confirm(scenario, limits)  # a full run's summary figures, without its trace (sim.explore.confirm)
     except ConfigError as error:
         return row | {"status": f"invalid: {error}"}
     except SimError as error:
@@ -186,15 +186,15 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
     for key in keys:
         value = _lookup(resolved, key)
         row[key] = value if value is not None and not isinstance(value, dict) else point.get(key)
-    exposed = summary.exposed_comm_s
+    exposed = figures.exposed_comm_s
     row |= {
-        "status": "ok" if summary.fits_in_memory else "oom",
-        **{k: getattr(summary, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
+        "status": "ok" if figures.fits_in_memory else "oom",
+        **{k: getattr(figures, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
                                             "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
                                             "microbatches", "num_gpus", "tasks")},
         "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
         "exposed_ep_s": exposed.get("ep", 0.0),  # MoE token dispatch/combine; 0 for a dense model
-        "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": degrees(scenario).global_batch,
+        "peak_memory_bytes": figures.peak_memory_bytes, "global_batch": degrees(scenario).global_batch,
     }
     return row
 

@@ -129,6 +129,8 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         sharding = "HYBRID_SHARD" if replicate > 1 else "SHARD_GRAD_OP" if reshard == "never" else "FULL_SHARD"
         draft.put("fsdp.sharding", sharding, "parallelism.data_parallel_shard_degree", shard,
                   f"FSDP2 fully_shard per block (replicate {replicate}, reshard_after_forward {reshard})")
+        draft.put("fsdp.version", 2, "parallelism.data_parallel_shard_degree", shard,
+                  "TorchTitan shards with fully_shard (FSDP2): no FSDP1 flat-parameter gradient kernels", "default")
         if reshard == "never" and replicate > 1:
             draft.row("parallelism.fsdp_reshard_after_forward", reshard, "unmapped", "HSDP without resharding: "
                       "simulated as HYBRID_SHARD")
@@ -173,6 +175,8 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         draft.put("training.dtype", "fp8", "model.converters", converters, "torchao Float8Linear (dynamic scaling)")
         draft.put("training.fp8_weight_cache", False, "model.converters", converters,
                   "FSDP2 / torchao cast the weights in every micro-batch", "default")
+        draft.put("training.fp8_recipe", "current", "model.converters", converters,
+                  "torchao's tensorwise dynamic scaling: each tensor's amax scanned before its cast", "default")
     else:
         draft.put("training.dtype", "bf16" if param == "bfloat16" else "fp32", "training.mixed_precision_param",
                   param)

@@ -417,6 +417,8 @@ class Fp8Casts:
     1 where every forward casts it."""
 
     weight_casts_per_microbatch: float = 1.0
+    # Current scaling (training.fp8_recipe: current): the amax of each bf16 tensor is scanned before its cast.
+    current_scaling: bool = False
 
 
 # Bytes per element of Transformer Engine's cast kernels (TE v1.8, transformer_engine/pytorch/module/linear.py,
@@ -425,6 +427,11 @@ class Fp8Casts:
 CAST_TRANSPOSE_BYTES = 4.0
 CAST_BYTES = 3.0
 TRANSPOSE_BYTES = 2.0
+# Current scaling's amax scan (TE Float8CurrentScalingQuantizer: "the max-abs value ... is computed directly by
+# scanning the input high-precision tensor"; torchao float8 tensor_to_amax): one more read of the bf16 tensor
+# before its cast, two kernels (the reduction and the scale from it).
+AMAX_SCAN_BYTES = 2.0
+AMAX_SCAN_KERNELS = 2
 # Linear modules whose input comes from a norm fused into the module (Megatron-LM's
 # TELayerNormColumnParallelLinear: the norm kernel writes its output in FP8, layernorm_linear.py).
 NORM_FUSED_LINEAR = frozenset({"qkv_proj", "mlp_up"})
@@ -441,6 +448,8 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
     - weight: cast with its transpose, once per ``casts.weight_casts_per_microbatch``.
     - output gradient, input-gradient pass: fp8_cast_transpose_bgrad_fused; row-parallel under sequence
       parallelism: cast the local shard, gather, fp8_transpose the gathered tensor.
+    - current scaling (``casts.current_scaling``): before each of those casts of a bf16 tensor, an amax scan
+      that reads it once more (``AMAX_SCAN_BYTES``); the norm-fused input is quantized inside the norm kernel.
     Element counts are of the GEMM's (tokens, in) input and (tokens, out) output on this TP rank."""
     if not op.te_linear or op.shape is None:
         return ()
@@ -463,6 +472,15 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
     else:
         grad_bytes = outputs * CAST_TRANSPOSE_BYTES
     ops.append(Op(f"{op.name}_grad_cast", 0.0, grad_bytes, False, runs_in="input_grad"))
+    if casts.current_scaling:  # the amax scans of the bf16 tensors cast above (not of the norm's fused output)
+        if op.name not in NORM_FUSED_LINEAR:
+            ops.append(Op(f"{op.name}_input_amax", 0.0, inputs * AMAX_SCAN_BYTES, False, runs_in="forward",
+                          kernels=AMAX_SCAN_KERNELS))
+        ops.append(Op(f"{op.name}_weight_amax", 0.0, weights * AMAX_SCAN_BYTES * casts.weight_casts_per_microbatch,
+                      False, runs_in="forward", kernels=AMAX_SCAN_KERNELS))
+        grad_elements = outputs / tp if op.name in ROW_PARALLEL and sequence_parallel and tp > 1 else outputs
+        ops.append(Op(f"{op.name}_grad_amax", 0.0, grad_elements * AMAX_SCAN_BYTES, False, runs_in="input_grad",
+                      kernels=AMAX_SCAN_KERNELS))
     return tuple(ops)
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 _EPS = 1e-12
 
 
@@ -54,33 +56,87 @@ class FlowNetwork:
     # ("slack") can never bind, so it neither couples flows into a component nor enters the max-min solve: the
     # rates are the same, and a fabric-wide spine no longer makes every transfer one component.
     demand: dict[int, float] = field(default_factory=dict)
+    lone: list[list[tuple[int, float, float, bool, float]]] = field(default_factory=list)  # register_lone's rows
+    lone_booked: list[int] = field(default_factory=list)  # book_lone's pending bookings, in order
+    lone_waiting: dict[int, list[int]] = field(default_factory=dict)  # link no flow crossed yet -> its bookings
+    lone_eager: set[int] = field(default_factory=set)  # bookings with a link some flow crossed: booked at once
 
     def _tight(self, link: int) -> bool:
         return self.demand.get(link, 0.0) > self.capacities[link] * (1 + _EPS)
 
     def add(self, key: int, loads: tuple[tuple[int, int], ...], nbytes: float, rate_cap: float,
             now: float) -> dict[int, float]:
-        self.flows[key] = _Flow(loads, nbytes, rate_cap, 0.0, now)
+        """Start a flow (``loads``: its distinct links, with how many of its hops cross each); the finish times of
+        the flows whose rate changed, its own included."""
+        flow = self.flows[key] = _Flow(loads, nbytes, rate_cap, 0.0, now)
+        users, demand, capacities, waiting = self.users, self.demand, self.capacities, self.lone_waiting
+        binds = False
+        crossed = []
         for link, count in loads:
-            self.users.setdefault(link, {})[key] = count
-            self.demand[link] = self.demand.get(link, 0.0) + rate_cap * count
-        return self._rebalance(self._component([key]), now)
+            if waiting and link in waiting:
+                crossed.append(link)
+            on = users.get(link)
+            if on is None:
+                on = users[link] = {}
+            on[key] = count
+            total = demand[link] = demand.get(link, 0.0) + rate_cap * count
+            if total > capacities[link] * (1 + _EPS):
+                binds = True
+        if crossed:
+            self._first_flow(crossed)
+        if binds:
+            return self._rebalance(self._component([key]), now)
+        # No link of the flow can bind: it is a component of its own, and progressive filling gives it its cap in
+        # one step from 0 (max_min_rates). The same floats as ``_rebalance([key], now)``, without its dicts.
+        rate = 0.0 + max(min(float("inf"), rate_cap - 0.0), 0.0)
+        flow.remaining = max(0.0, flow.remaining - 0.0 * (now - flow.since))
+        flow.since = now
+        flow.rate = rate
+        self._shift(loads, rate, now)
+        return {key: now + flow.remaining / rate if rate > 0 else float("inf")}
 
     def remove(self, key: int, now: float) -> dict[int, float]:
+        """End a flow; the finish times of the flows whose rate changed."""
         flow = self.flows.pop(key)
         neighbours: list[int] = []
+        users, demand, capacities = self.users, self.demand, self.capacities
+        cap = flow.rate_cap
         for link, count in flow.loads:
-            users = self.users[link]
-            del users[key]
-            if self._tight(link):  # only a link that could bind held the others back
-                neighbours.extend(users)
-            self.demand[link] = self.demand[link] - flow.rate_cap * count if users else 0.0
-        self._set_rate(key, flow, 0.0)
-        touched = {link for link, _ in flow.loads}
+            on = users[link]
+            del on[key]
+            if demand.get(link, 0.0) > capacities[link] * (1 + _EPS):  # only a link that could bind held
+                neighbours.extend(on)  # the others back
+            demand[link] = demand[link] - cap * count if on else 0.0
         if neighbours:
-            return self._rebalance(self._component(neighbours), now, touched)
-        self._account(touched, now)
+            self._set_rate(key, flow, 0.0)
+            return self._rebalance(self._component(neighbours), now, {link for link, _ in flow.loads})
+        delta, flow.rate = 0.0 - flow.rate, 0.0
+        self._shift(flow.loads, delta, now)
         return {}
+
+    def _shift(self, loads: tuple[tuple[int, int], ...], delta: float, now: float) -> None:
+        """One flow's rate changed by ``delta`` and no other's did: ``_set_rate``'s load update and ``_account``
+        per link of ``loads`` in one pass (each link's arithmetic as theirs: the links are independent)."""
+        usages, users, capacities, record = self.links, self.users, self.capacities, self.record_segments
+        for link, count in loads:
+            usage = usages.get(link)
+            if usage is None:
+                usage = usages[link] = LinkUsage(since=now)
+            pending = usage.pending = usage.pending + delta * count if users.get(link) else 0.0
+            load = usage.load
+            if load > 0:
+                elapsed = now - usage.since
+                if elapsed > 0:
+                    usage.bytes += load * elapsed
+                    usage.busy_s += elapsed
+                    if load >= capacities[link] * (1 - 1e-9):
+                        usage.saturated_s += elapsed
+            load = pending if pending > 0 else 0.0
+            usage.load, usage.since = load, now
+            if load > usage.peak_load:
+                usage.peak_load = load
+            if record:
+                self.segments.setdefault(link, []).append((now, load))
 
     def book_alone(self, loads: tuple[tuple[int, int], ...], nbytes: float, rate: float) -> None:
         """Usage of a flow that ran alone on its links at ``rate`` (the engine times such transfers itself)."""
@@ -91,13 +147,18 @@ class FlowNetwork:
         """What ``book_alone`` adds to each link, worked out once for a transfer that repeats: (the link's usage,
         bytes, busy seconds, whether it saturates the link, load). Creates the links' usage records in the order
         ``book_alone`` would."""
+        return [(self.links[link], nb, s, sat, load) for link, nb, s, sat, load in self.alone_rows(loads, nbytes, rate)]
+
+    def alone_rows(self, loads: tuple[tuple[int, int], ...], nbytes: float,
+                   rate: float) -> list[tuple[int, float, float, bool, float]]:
+        """``alone_bookings`` by link index: (link, bytes, busy seconds, saturates, load) per (link, hops) of
+        ``loads``, in their order; creates the links' usage records as ``book_alone`` would."""
         seconds = nbytes / rate
         out = []
         for link, count in loads:
-            usage = self.links.get(link)
-            if usage is None:
-                usage = self.links[link] = LinkUsage()
-            out.append((usage, nbytes * count, seconds, rate * count >= self.capacities[link] * (1 - 1e-9),
+            if link not in self.links:
+                self.links[link] = LinkUsage()
+            out.append((link, nbytes * count, seconds, rate * count >= self.capacities[link] * (1 - 1e-9),
                         rate * count))
         return out
 
@@ -111,8 +172,110 @@ class FlowNetwork:
                 usage.saturated_s += seconds
             usage.peak_load = max(usage.peak_load, load)
 
+    def register_lone(self, rows: list[tuple[int, float, float, bool, float]]) -> int:
+        """Register a transfer's ``alone_rows`` (its channels' rows concatenated) for ``book_lone``; its number."""
+        booking = len(self.lone)
+        self.lone.append(rows)
+        if any(link in self.users for link, *_ in rows):
+            self.lone_eager.add(booking)
+        else:
+            for link, *_ in rows:
+                waiting = self.lone_waiting.setdefault(link, [])
+                if not waiting or waiting[-1] != booking:
+                    waiting.append(booking)
+        return booking
+
+    def book_lone(self, booking: int) -> None:
+        """Book a registered transfer once more (``book`` of its rows). A TP collective repeats every layer and
+        micro-batch, and booking its rows one by one was a quarter of a 16,384-GPU replay (docs/scale.md): while
+        no flow has crossed its links, only its number is kept, and the sums are made when a flow first comes
+        onto one of them or at ``close``, in the order booked: the same floats as ``book`` each time."""
+        if booking in self.lone_eager:
+            self.book([(self.links[link], nb, s, sat, load) for link, nb, s, sat, load in self.lone[booking]])
+        else:
+            self.lone_booked.append(booking)
+
+    def _first_flow(self, crossed: list[int]) -> None:
+        """Before a flow's load is accounted on links with pending ``book_lone`` bookings (``crossed``): settle
+        them all, and book the transfers crossing those links at once from now on (their sums stay in time
+        order)."""
+        self._settle_lone()
+        for link in crossed:
+            self.lone_eager.update(self.lone_waiting.pop(link))
+
+    def _settle_lone(self) -> None:
+        """Add the ``book_lone`` bookings to their links: per link, the same additions in the same order as
+        ``book`` would have made one booking at a time (numpy's ``add.accumulate`` is sequential; a link a
+        booking does not cross adds 0.0, which leaves a sum unchanged), so the floats are identical. Bookings that
+        share a link form one class; a class's bookings expand to rows (one per repeated link within a booking,
+        kept in their order) and are accumulated together."""
+        if not self.lone_booked:
+            return
+        seq = np.asarray(self.lone_booked, dtype=np.int64)
+        self.lone_booked = []
+        parent = list(range(len(self.lone)))
+
+        def find(i: int) -> int:
+            while parent[i] != i:
+                parent[i] = parent[parent[i]]
+                i = parent[i]
+            return i
+
+        first: dict[int, int] = {}
+        for booking, rows in enumerate(self.lone):
+            for link, *_ in rows:
+                other = first.setdefault(link, booking)
+                parent[find(booking)] = find(other)
+        classes = np.array([find(i) for i in range(len(self.lone))], dtype=np.int64)
+        of_seq = classes[seq]
+        order = np.argsort(of_seq, kind="stable")  # per class, the bookings in the order they were made
+        bounds = np.flatnonzero(np.diff(of_seq[order])) + 1
+        for part in np.split(order, bounds):
+            self._settle_class(seq[part])
+
+    def _settle_class(self, seq: np.ndarray) -> None:
+        """``_settle_lone`` for bookings that share links (``seq``: their numbers in booking order)."""
+        ids = np.unique(seq)
+        column: dict[int, int] = {}
+        for booking in ids.tolist():
+            for link, *_ in self.lone[booking]:
+                column.setdefault(link, len(column))
+        width = len(column)
+        start = np.zeros(len(self.lone), dtype=np.int64)
+        height = np.zeros(len(self.lone), dtype=np.int64)
+        table: list[list[float]] = []  # rows of (bytes | busy | saturated seconds | load) x width
+        for booking in ids.tolist():
+            start[booking], used = len(table), 0
+            rows: list[list[float]] = []
+            repeat: dict[int, int] = {}
+            for link, nbytes, seconds, saturated, load in self.lone[booking]:
+                k = repeat[link] = repeat.get(link, -1) + 1  # the k-th time this booking crosses the link
+                while len(rows) <= k:
+                    rows.append([0.0] * (4 * width))
+                j = column[link]
+                row = rows[k]
+                row[j], row[width + j], row[3 * width + j] = nbytes, seconds, load
+                row[2 * width + j] = seconds if saturated else 0.0
+                used = max(used, k + 1)
+            height[booking] = used
+            table += rows
+        values = np.array(table, dtype=np.float64)
+        counts = height[seq]
+        offsets = np.repeat(start[seq] - (np.cumsum(counts) - counts), counts)
+        picked = values[offsets + np.arange(int(counts.sum()))]
+        links = list(column)
+        usages = [self.links[link] for link in links]
+        for field_, part in (("bytes", 0), ("busy_s", 1), ("saturated_s", 2)):
+            block = np.vstack([[getattr(u, field_) for u in usages], picked[:, part * width:(part + 1) * width]])
+            for usage, total in zip(usages, np.add.accumulate(block, axis=0)[-1].tolist(), strict=True):
+                setattr(usage, field_, total)
+        peaks = picked[:, 3 * width:].max(axis=0).tolist()
+        for usage, peak in zip(usages, peaks, strict=True):
+            usage.peak_load = max(usage.peak_load, peak)
+
     def close(self, now: float) -> None:
-        """End every link's last load segment at ``now`` (the end of the run)."""
+        """Settle the ``book_lone`` bookings and end every link's last load segment at ``now`` (the run's end)."""
+        self._settle_lone()
         self._account(set(self.links), now)
 
     def _component(self, seeds: list[int]) -> list[int]:

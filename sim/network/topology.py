@@ -20,10 +20,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from itertools import pairwise
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from sim.hardware import FabricSpec, LinkSpec
+
+if TYPE_CHECKING:  # imported where the graph is wired (0.1 CPU s): the closed-form models never read it
+    import networkx as nx
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,8 @@ def _route(topology: Topology, src: int, dst: int) -> tuple[int, ...]:
         hops += [f"nvswitch{topology.domain_of(src)}", f"gpu{_rail_gpu(topology, topology.node_of(src), out_rail)}"]
     in_rail = _healthy_rail(topology, topology.node_of(dst), rail)
     src_nic, dst_nic = f"nic{topology.node_of(src)}.{out_rail}", f"nic{topology.node_of(dst)}.{in_rail}"
+    import networkx as nx
+
     hops += nx.shortest_path(topology.graph, src_nic, dst_nic)
     if topology.rail_of(dst) != in_rail:  # the destination's own NIC failed: in by another, then NVLink
         hops += [f"gpu{_rail_gpu(topology, topology.node_of(dst), in_rail)}", f"nvswitch{topology.domain_of(dst)}"]
@@ -193,6 +197,8 @@ def build(nodes: int, gpus_per_node: int, intra_node: LinkSpec, inter_node: Link
 
 
 def _wire(topology: Topology) -> _Wiring:
+    import networkx as nx
+
     nodes, gpus_per_node = topology.nodes, topology.gpus_per_node
     intra_node, inter_node, pcie = topology.intra_node, topology.inter_node, topology.pcie
     nics, domain, fabric = topology.nics_per_node, topology.nvlink_domain, topology.fabric

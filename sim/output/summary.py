@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -225,7 +225,13 @@ def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nda
 
 
 def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -> float:
-    starts, ends = _merge(comm["start_s"].to_numpy(), comm["end_s"].to_numpy())
+    return _exposed_seconds(comm["start_s"].to_numpy(), comm["end_s"].to_numpy(), compute_union)
+
+
+def _exposed_seconds(comm_starts: np.ndarray, comm_ends: np.ndarray,
+                     compute_union: tuple[np.ndarray, np.ndarray]) -> float:
+    """Seconds of the intervals (comm_starts, comm_ends) outside the merged ``compute_union``."""
+    starts, ends = _merge(comm_starts, comm_ends)
     total = float(np.sum(ends - starts))
     hidden = _covered(ends, *compute_union) - _covered(starts, *compute_union)
     return total - float(np.sum(hidden))
@@ -254,6 +260,19 @@ def exposed_intervals(comm_starts: np.ndarray, comm_ends: np.ndarray, compute_st
 # -------------------------------------------------------------------------------------------------- summary
 
 
+def rank_rows(trace: pd.DataFrame) -> list[np.ndarray]:
+    """Each simulated rank's row positions in ``trace``, ranks ascending (``groupby("rank")``'s order), each
+    rank's rows in trace order."""
+    return rank_positions(trace["rank"].to_numpy())
+
+
+def rank_positions(rank: np.ndarray) -> list[np.ndarray]:
+    """``rank_rows`` of a column of ranks (one per task, in task order)."""
+    order = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.diff(rank[order])) + 1
+    return np.split(order, bounds) if len(order) else []
+
+
 def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
@@ -265,29 +284,23 @@ def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
-def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
-    """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
-    step = float(trace["end_s"].max())
-    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
-    pipeline_end = float(compute["end_s"].max())
-    bubbles: list[float] = []
-    busy_compute: list[float] = []
-    # A MoE model's dispatch/combine (``ep``) is reported beside tp/pp/dp; a dense model's summary keeps its keys.
-    comm_kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
-    comm_kinds += CP_COMM_KINDS if plan.cp > 1 else ()
-    exposed: dict[str, float] = {str(kind): 0.0 for kind in comm_kinds}
-    for _, rows in trace.groupby("rank"):
-        compute_rows = rows[rows["stream"] == Stream.COMPUTE]
-        union = _merge(compute_rows["start_s"].to_numpy(), compute_rows["end_s"].to_numpy())
-        busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
-        busy_rows = rows[rows["kind"].isin((*COMPUTE_KINDS, Kind.TP))]
-        busy_ends = np.minimum(busy_rows["end_s"].to_numpy(), pipeline_end)
-        busy_starts, busy_ends = _merge(busy_rows["start_s"].to_numpy(), busy_ends)
-        busy = float(np.sum(busy_ends - busy_starts))
-        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
-        for kind in comm_kinds:
-            exposed[str(kind)] = max(exposed[str(kind)], _exposed(rows[rows["kind"] == kind], union))
+@dataclass(frozen=True)
+class Rates:
+    """A step's throughput figures (``rates``): model FLOPs (the fixed-cost head rule applied), tokens/s,
+    TFLOP/s per GPU, MFU, the causal-attention MFU (None where the plan has none), executed TFLOP/s per GPU, HFU."""
 
+    model_flops: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    mfu_causal: float | None
+    hardware_tflops_per_gpu: float
+    hfu: float
+
+
+def rates(plan: Plan, step: float, hardware_flops_per_gpu: float) -> Rates:
+    """The throughput figures of a step of ``step`` seconds that executed ``hardware_flops_per_gpu`` FLOPs per GPU
+    (the mean over simulated ranks of their tasks' FLOPs)."""
     scenario = plan.scenario
     gpus = plan.num_gpus
     peak = scenario.cluster.gpu.peak(plan.dtype)
@@ -298,12 +311,81 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         # (pipeline-4x8: MFU 2.83% against HFU 2.21%, issue 27).
         head_passes = 3.0 if not plan.peft.active or plan.peft.head_trainable else 2.0
         model_flops -= head_passes * plan.global_batch * logits_forward_flops(plan.model, 1, plan.seq_len)
-    # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
-    hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
     tflops = model_flops / gpus / step / 1e12 if step > 0 else 0.0
     causal = plan.causal_model_flops_per_step
     if causal is not None:  # the same step's FLOPs with attention's causal half (and the fixed-cost head rule)
         causal -= plan.model_flops_per_step - model_flops
+    tokens = plan.model_tokens_per_step  # document tokens: padding does not count
+    return Rates(model_flops=model_flops, tokens_per_s=tokens / step if step > 0 else 0.0, tflops_per_gpu=tflops,
+                 mfu=tflops * 1e12 / peak,
+                 mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
+                 hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
+                 hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0)
+
+
+def exposed_kinds(plan: Plan) -> tuple[Kind, ...]:
+    """The kinds whose exposed seconds a summary reports: tp, pp, dp; a MoE model's dispatch/combine (``ep``)
+    beside them and ``cp`` with context parallelism (a dense model's summary keeps its keys)."""
+    kinds = COMM_KINDS + MOE_COMM_KINDS if plan.is_moe else COMM_KINDS
+    return kinds + (CP_COMM_KINDS if plan.cp > 1 else ())
+
+
+@dataclass(frozen=True)
+class PerRank:
+    """``per_rank``'s figures: each simulated rank's bubble fraction and share of the step its compute stream is
+    busy (rank order), and each reported kind's exposed seconds on the worst rank."""
+
+    bubbles: list[float]
+    busy_compute: list[float]
+    exposed: dict[str, float]
+
+
+def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.ndarray, kind_codes: np.ndarray,
+             kind_names: Sequence[str], on_compute_stream: np.ndarray, kinds: tuple[Kind, ...], step: float,
+             pipeline_end: float) -> PerRank:
+    """The per-rank figures of a step's tasks, given as columns (start, end, kind code with ``kind_names`` its
+    kinds, whether on the compute stream) and each rank's positions in them (``rank_positions``): the summary's
+    and a sweep's confirmation's (sim.explore.confirm) one rule. Per rank in rank order (groupby's), each rank's
+    rows in trace order, as numpy arrays: the same intervals in the same order as filtering the frame per rank
+    and kind (bit-identical sums), without copying every column per filter (pandas' take was most of this loop:
+    0.13 of 0.20 CPU s on 175B)."""
+    bubbles: list[float] = []
+    busy_compute: list[float] = []
+    exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
+    busy_kind = np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name in (*COMPUTE_KINDS, Kind.TP)])
+    comm_codes = {str(kind): [i for i, name in enumerate(kind_names) if name == kind] for kind in kinds}
+    for rows in positions:
+        starts, ends, codes = starts_all[rows], ends_all[rows], kind_codes[rows]
+        compute_rows = on_compute_stream[rows]
+        union = _merge(starts[compute_rows], ends[compute_rows])
+        busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
+        busy_rows = busy_kind[rows]
+        busy_ends = np.minimum(ends[busy_rows], pipeline_end)
+        busy_starts, busy_ends = _merge(starts[busy_rows], busy_ends)
+        busy = float(np.sum(busy_ends - busy_starts))
+        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
+        for kind, code in comm_codes.items():
+            of_kind = np.isin(codes, code)
+            exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union))
+    return PerRank(bubbles, busy_compute, exposed)
+
+
+def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
+    """The ``Summary`` of a trace, without the optional fields (the runner adds those)."""
+    step = float(trace["end_s"].max())
+    compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
+    pipeline_end = float(compute["end_s"].max())
+    kind_codes, kind_names = pd.factorize(trace["kind"].to_numpy())
+    ranks = per_rank(rank_rows(trace), trace["start_s"].to_numpy(), trace["end_s"].to_numpy(), kind_codes,
+                     list(kind_names), trace["stream"].to_numpy() == Stream.COMPUTE, exposed_kinds(plan), step,
+                     pipeline_end)
+    bubbles, busy_compute, exposed = ranks.bubbles, ranks.busy_compute, ranks.exposed
+
+    scenario = plan.scenario
+    gpus = plan.num_gpus
+    # Each simulated rank stands for its tp*dp replicas: executed FLOPs per GPU = mean over simulated ranks.
+    hardware_flops_per_gpu = float(trace.groupby("rank")["flops"].sum().mean())
+    figures = rates(plan, step, hardware_flops_per_gpu)
     memory = memory_timeline(trace, plan)
     peak_memory = max(m["total"] for m in memory.values())
     tokens = plan.model_tokens_per_step  # document tokens: padding does not count
@@ -316,15 +398,15 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         schedule=scenario.schedule,
         microbatches=plan.microbatches,
         step_time_s=step,
-        tokens_per_s=tokens / step if step > 0 else 0.0,
-        model_flops_per_step=model_flops,
+        tokens_per_s=figures.tokens_per_s,
+        model_flops_per_step=figures.model_flops,
         parameters_total=total_params(plan.model),
         parameters_active=active_params(plan.model) if plan.model.is_moe else None,
-        tflops_per_gpu=tflops,
-        mfu=tflops * 1e12 / peak,
-        mfu_causal=causal / gpus / step / peak if causal is not None and step > 0 else None,
-        hardware_tflops_per_gpu=hardware_flops_per_gpu / step / 1e12 if step > 0 else 0.0,
-        hfu=hardware_flops_per_gpu / step / peak if step > 0 else 0.0,
+        tflops_per_gpu=figures.tflops_per_gpu,
+        mfu=figures.mfu,
+        mfu_causal=figures.mfu_causal,
+        hardware_tflops_per_gpu=figures.hardware_tflops_per_gpu,
+        hfu=figures.hfu,
         bubble_fraction=float(np.mean(bubbles)),
         bubble_rate_stagewise=stagewise_bubble_rate(trace),
         exposed_comm_s=exposed,

@@ -17,6 +17,9 @@ sequence length and a layer's per-TP-rank attention widths. Out, as plain number
   the backward KV and dKV) overlapped with the step they feed; all_gather's all-gather of K and V (and the
   backward's re-gather and reduce-scatter of dK, dV); a2a's (DeepSpeed Ulysses) all-to-all of q, k, v before
   attention and of the output after it (the backward mirrors them).
+- ``ring_buffer_bytes``: the receive buffers CP attention allocates beside the stash while a layer's attention
+  runs (ring: all the forward's received KV blocks, the backward's two double-buffered KV + dKV blocks;
+  all_gather: the gathered K and V, and in the backward their gradients).
 - ``ring_makespan``: the time of a ring of compute blocks and sends, the schedule the task graph builds (a send is
   exposed only where it is longer than the block it overlaps).
 - ``check_context``: the rules of a CP layout, one line each.
@@ -142,6 +145,33 @@ def exchanges(comm_type: CpCommType, cp: int, direction: Literal["forward", "bac
     if direction == "forward":
         return CpExchange("all_to_all", qkv, "before"), CpExchange("all_to_all", out, "after")
     return CpExchange("all_to_all", out, "before"), CpExchange("all_to_all", qkv, "after")
+
+
+def ring_buffer_bytes(comm_type: CpCommType, cp: int, direction: Literal["forward", "backward"], micro_batch: int,
+                      local_seq: int, kv_width: float, elem_bytes: int) -> float:
+    """Bytes ring attention (``p2p``) allocates beyond the layer's stash while one layer's attention runs in
+    ``direction`` on one TP rank, in units of ``kv_bytes`` (a rank's K and V). Transformer Engine's
+    ``AttnFuncWithCPAndKVP2P`` (transformer_engine/pytorch/attention.py; dot_product_attention/context_parallel.py
+    in TE 2.x):
+
+    - forward: ``p2p_comm_buffers = [None for _ in range(cp_size)]``; step i allocates step i+1's receive buffer
+      (``p2p_comm_buffers[i + 1] = torch.empty_like(p2p_comm_buffers[i])``) and the list keeps every one until the
+      forward returns: cp - 1 received KV blocks (buffer 0, the rank's own K and V concatenated, is what
+      ``save_for_backward`` keeps in place of k and v, the stash);
+    - backward: ``p2p_comm_buffers = [torch.empty((2, *kv.shape)), torch.empty((2, *kv.shape))]``, two buffers
+      each holding a KV block and its dKV, reused in turn (double buffering): 4 KV blocks.
+
+    ``all_gather`` (``AttnFuncWithCPAndKVAllGather``) holds the gathered, reordered ``k_ag``, ``v_ag`` through the
+    attention: cp KV blocks in the forward; the backward gathers them again and accumulates dK, dV over the whole
+    sequence before their reduce-scatter: 2 cp blocks (the moment of ``index_select``'s reordered copy, before
+    the kernels, is not counted). 0 for cp = 1 and for ``a2a`` (Ulysses' all-to-all outputs replace q, k, v)."""
+    if cp == 1 or comm_type == "a2a":
+        return 0.0
+    if comm_type == "all_gather":
+        blocks = cp if direction == "forward" else 2 * cp
+    else:
+        blocks = cp - 1 if direction == "forward" else 4
+    return blocks * kv_bytes(micro_batch, local_seq, kv_width, elem_bytes)
 
 
 def ring_makespan(blocks: tuple[float, ...] | list[float], sends: tuple[float, ...] | list[float],

@@ -87,6 +87,8 @@ def check_rules(s: Scenario) -> None:
         raise ValueError(f"parallel.sequence_parallel: seq_len {d.seq_len} is not a multiple of tp = {p.tp}")
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+    if s.fsdp is not None and s.fsdp.reshard_after_forward is not None:
+        _check_reshard_after_forward(s.fsdp.sharding, s.fsdp.reshard_after_forward, p.pp)
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
     if d.zero_stage >= 2 and s.fsdp is None and p.pp > 1:
@@ -139,6 +141,22 @@ def check_rules(s: Scenario) -> None:
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+
+
+def _check_reshard_after_forward(sharding: str, reshard: bool, pp: int) -> None:
+    """``fsdp.reshard_after_forward`` set explicitly: what it contradicts or what is not modelled."""
+    if sharding == "NO_SHARD":
+        raise ValueError("fsdp.reshard_after_forward: NO_SHARD never shards the weights; leave it unset")
+    if sharding == "SHARD_GRAD_OP" and reshard:
+        raise ValueError("fsdp.reshard_after_forward: true contradicts fsdp.sharding SHARD_GRAD_OP (FSDP's strategy "
+                         "that keeps the weights gathered after the forward); use FULL_SHARD")
+    if sharding == "HYBRID_SHARD" and not reshard:
+        raise ValueError("fsdp.reshard_after_forward: false with HYBRID_SHARD is not modelled (use FULL_SHARD or "
+                         "SHARD_GRAD_OP)")
+    if pp > 1 and reshard:
+        raise ValueError(f"fsdp.reshard_after_forward: true with parallel.pp = {pp} (gathers per micro-batch under "
+                         "pipelining) is not modelled; FSDP + PP keeps each unit gathered for the step, "
+                         "TorchTitan's default")
 
 
 def _check_sm_contention(s: Scenario) -> None:

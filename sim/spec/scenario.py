@@ -82,6 +82,11 @@ class TrainingSpec(FrozenSpec):
         "with dtype fp8: Transformer Engine's cast/transpose kernels around each FP8 linear GEMM (input cast, "
         "weight cast, output-gradient cast, with the transposes the backward needs; delayed scaling). False: "
         "free casts (an FP8 model without them). docs/mechanisms/fp8.md"))
+    fp8_recipe: Literal["delayed", "current"] = Field(default="delayed", description=(
+        "with dtype fp8: per-tensor scaling recipe. delayed: Transformer Engine's DelayedScaling (the scale from "
+        "the amax history; the cast writes the amax as a by-product). current: the scale from the tensor's own "
+        "amax, scanned before the cast (TE Float8CurrentScaling; torchao's tensorwise dynamic scaling, "
+        "TorchTitan's FP8): one more read of every bf16 tensor cast (docs/mechanisms/fp8.md)"))
     fp8_weight_cache: bool = Field(default=True, description=(
         "with dtype fp8: weights are cast to FP8 once per step and cached for its other micro-batches "
         "(Megatron-LM passes is_first_microbatch to TE's modules); false: cast in every micro-batch's forward "
@@ -218,9 +223,25 @@ class FsdpSpec(FrozenSpec):
     unit_layers: int = Field(default=1, ge=1, description="transformer layers per FSDP unit")
     prefetch: bool = Field(default=True, description="backward prefetch (FSDP BACKWARD_PRE): issue the next unit's "
                            "gather before this unit's reduce-scatter; false = backward_prefetch=None")
+    version: Literal[1, 2] = Field(default=1, description=(
+        "1: torch.distributed.fsdp.FullyShardedDataParallel (flat parameters): each micro-batch's backward also "
+        "runs its gradient kernels, the copy of the parameters' gradients into the flat gradient, the cast to the "
+        "reduce dtype and the pre-division (docs/mechanisms/fsdp_grad_kernels.md); 2: fully_shard (FSDP2, "
+        "TorchTitan), per-parameter sharding, those kernels not priced"))
+    reshard_after_forward: bool | None = Field(default=None, description=(
+        "FSDP2's fully_shard(reshard_after_forward=...), TorchTitan's parallelism.fsdp_reshard_after_forward: "
+        "true frees each unit's gathered weights after its forward and gathers them again for its backward "
+        "(FULL_SHARD); false keeps them to the backward (SHARD_GRAD_OP: FULL_SHARD with false is the same; the "
+        "Llama 3 paper's 'no reshard after forward', Sec. 3.3.2). null: the framework's default, true with pp = 1 "
+        "and false with pp > 1 (TorchTitan's get_fsdp_reshard_after_forward_policy 'default': 'do not reshard "
+        "after forward to avoid per-microbatch all-gathers')"))
 
     @property
     def zero_stage(self) -> int:
+        """ZeRO stage the strategy amounts to: FULL_SHARD / HYBRID_SHARD 3, SHARD_GRAD_OP (or FULL_SHARD kept
+        gathered after the forward, ``reshard_after_forward: false``) 2, NO_SHARD 0."""
+        if self.sharding == "FULL_SHARD" and self.reshard_after_forward is False:
+            return 2
         return {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "HYBRID_SHARD": 3, "NO_SHARD": 0}[self.sharding]
 
 
@@ -289,6 +310,12 @@ class KernelCostsSpec(FrozenSpec):
     launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
         "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
         "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
+    fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
+        "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
+        "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "
+        "and the input- and weight-gradient GEMMs split (_2X_ACC_DGRAD/_2X_ACC_WGRAD); 1.15: the middle of the "
+        "1.1-1.2x that fast accumulation measured (pytorch/ao#2377); 1 = fast accumulation everywhere. "
+        "docs/mechanisms/fp8.md"))
 
 
 class RooflineCostsSpec(KernelCostsSpec):

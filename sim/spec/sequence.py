@@ -43,11 +43,15 @@ class SequenceSpec(FrozenSpec):
     min_len: int = Field(default=1, ge=1, description="lengths uniform: the shortest document")
     histogram: list[tuple[int, float]] = Field(default_factory=list, description=(
         "lengths histogram: [[tokens, weight], ...], weights relative (e.g. counts of a data set's documents)"))
+    split_across_pack: bool = Field(default=True, description=(
+        "packing: true: a document that overflows a row continues in the next (Megatron's GPT dataset, HF "
+        "group_texts), every row full; false: it starts the next row and the row's tail is padding (torchtune's "
+        "PackedDataset default, greedy in data order; the padding is one more sequence of the row)"))
 
     @property
     def default(self) -> bool:
         """Rows of one seq_len document each: nothing changes from the pretraining step."""
-        return not self.packing and self.lengths == "fixed" and self.length is None
+        return not self.packing and self.lengths == "fixed" and self.length is None and self.split_across_pack
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,87 @@ def length_stats(spec: SequenceSpec, seq_len: int) -> LengthStats:
     tiles = np.ceil(lengths / FLASH_TILE)
     causal = float(p @ (lengths**2 * (tiles + 1) / (2 * tiles))) / square  # sim.model.ops.causal_fraction
     return LengthStats(mean=float(p @ lengths), mean_square=square, causal_share=causal)
+
+
+@dataclass(frozen=True)
+class PackStats:
+    """A greedy packed row's long-run averages (``split_across_pack: false``): documents per row, and the padding
+    that ends it: its mean, mean square and its causal flash tiles' work (sum of pad^2 x causal_fraction(pad))."""
+
+    documents_per_row: float
+    pad_mean: float
+    pad_mean_square: float
+    pad_causal_work: float
+
+
+def pack_stats(spec: SequenceSpec, seq_len: int) -> PackStats:
+    """Greedy packing without splitting (torchtune ``PackedDataset``, ``split_across_pack=False``: documents are
+    appended in data order while they fit; the first that does not starts the next pack, and the pack is padded
+    to seq_len, the padding added as one more entry of its ``seq_lens``). With i.i.d. lengths p (truncated at
+    seq_len S), rows are renewal cycles: a row that starts with a document of length l visits level x with
+    probability f = r * u, where r is the first document's length distribution and u the renewal sequence
+    u = 1 / (1 - P(z)) up to z^S (the chance the partial sums hit x); from level x the row closes when the next
+    document is longer than S - x, with padding S - x, and that document starts the next row:
+    r'(l) = p(l) sum over x > S - l of f(x). r is the fixed point of r -> r' (iterated until it moves less than
+    1e-13). Then documents per row = sum f, and the padding's moments follow from f(x) P(L > S - x)."""
+    probabilities = _length_probabilities(spec, seq_len)
+    size = 1 << int(np.ceil(np.log2(2 * seq_len + 2)))
+    renewal = _renewal(probabilities, seq_len, size)
+    tail = np.concatenate([np.cumsum(probabilities[::-1])[::-1], [0.0]])  # tail[k] = P(L >= k)
+    levels = np.arange(seq_len + 1)
+    closes = tail[seq_len - levels + 1]  # P(L > S - x)
+    start = probabilities.copy()
+    visits = np.zeros(seq_len + 1)
+    renewal_spectrum = np.fft.rfft(renewal, size)
+    for _ in range(10_000):
+        visits = np.maximum(np.fft.irfft(np.fft.rfft(start, size) * renewal_spectrum, size), 0.0)[: seq_len + 1]
+        beyond = np.concatenate([np.cumsum(visits[::-1])[::-1], [0.0]])  # beyond[k] = sum of visits[x >= k]
+        following = probabilities * beyond[np.minimum(seq_len - levels + 1, seq_len + 1)]
+        following[0] = 0.0
+        following /= following.sum()
+        moved = float(np.abs(following - start).sum())
+        start = following
+        if moved < 1e-13:
+            break
+    closing = visits * closes
+    closing /= closing.sum()
+    pad = (seq_len - levels).astype(float)
+    tiles = np.maximum(np.ceil(pad / FLASH_TILE), 1)
+    return PackStats(documents_per_row=float(visits.sum()), pad_mean=float(closing @ pad),
+                     pad_mean_square=float(closing @ pad**2),
+                     pad_causal_work=float(closing @ (pad**2 * (tiles + 1) / (2 * tiles))))
+
+
+def _length_probabilities(spec: SequenceSpec, seq_len: int) -> np.ndarray:
+    """P(L = l) for l = 0..seq_len, lengths truncated at seq_len."""
+    probabilities = np.zeros(seq_len + 1)
+    if spec.lengths == "uniform":
+        low = min(spec.min_len, seq_len)
+        probabilities[low:] = 1.0
+    elif spec.lengths == "fixed":
+        probabilities[min(spec.length or seq_len, seq_len)] = 1.0
+    else:
+        for length, weight in spec.histogram:
+            probabilities[min(length, seq_len)] += weight
+    return probabilities / probabilities.sum()
+
+
+def _renewal(probabilities: np.ndarray, seq_len: int, size: int) -> np.ndarray:
+    """u[0..S] with u[0] = 1 and u[x] = sum_l p(l) u[x - l]: 1 / (1 - P(z)) as a power series, by Newton's
+    iteration g <- g (2 - (1 - P) g), doubling the correct terms each round (O(S log S))."""
+    one_minus = -probabilities.copy()
+    one_minus[0] += 1.0
+    inverse = np.array([1.0 / one_minus[0]])
+    terms = 1
+    while terms < seq_len + 1:
+        terms = min(2 * terms, seq_len + 1)
+        points = min(size, 1 << int(np.ceil(np.log2(2 * terms))))  # the round's products, without wrap-around
+        spectrum = np.fft.rfft(inverse, points)
+        product = np.fft.irfft(np.fft.rfft(one_minus[:terms], points) * spectrum, points)[:terms]
+        correction = -product
+        correction[0] += 2.0
+        inverse = np.fft.irfft(spectrum * np.fft.rfft(correction, points), points)[:terms]
+    return np.maximum(inverse, 0.0)
 
 
 def _uniform_stats(low: int, high: int) -> LengthStats:
@@ -105,6 +190,9 @@ def check_sequence(spec: SequenceSpec, seq_len: int) -> None:
             raise ValueError("training.sequence.histogram: the weights sum to 0")
     elif spec.histogram:
         raise ValueError(f"training.sequence.histogram: needs lengths: histogram (got {spec.lengths})")
+    if not spec.split_across_pack and not spec.packing:
+        raise ValueError("training.sequence.split_across_pack: false needs packing: true (padded rows hold one "
+                         "document each)")
     if spec.length is not None and spec.lengths != "fixed":
         raise ValueError(f"training.sequence.length: needs lengths: fixed (got {spec.lengths})")
     if spec.lengths == "uniform" and spec.min_len > seq_len:

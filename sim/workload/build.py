@@ -30,12 +30,13 @@ The graph's types live in sim.workload.ir (re-exported here).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, Literal
 
 from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
 from sim.parallel.chunks import upstream
-from sim.parallel.schedules import Action
+from sim.parallel.schedules import SCHEDULES, Action
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.cp_emit import ContextEmitter
@@ -56,6 +57,7 @@ from sim.workload.step import (
     context_attention,
     frozen_layer_blocks,
     make_costs,
+    offload_buffer_copy_seconds,
     overlaps_backward,
     tp_ops,
 )
@@ -400,12 +402,19 @@ class _StageEmitter:
         cpu_offload.py, AsyncDoubleBufferGroupOffloadHandler): a layer's activations are copied to the host after
         its forward, and the compute after the next layer's forward waits for that copy; in the backward a layer's
         activations are copied back from the start of the next layer's backward (its successor in the forward),
-        and its own backward waits for them. Returns the layer's last compute or TP task."""
+        and its own backward waits for them. Before its copy to the host, an offloaded layer's saved tensors are
+        copied into TE's GPU ping-pong buffer on the compute stream (``offload_buffer_copy_seconds``; the next
+        layer's forward follows it). Returns the layer's last compute or TP task."""
         if not self.offload:
             return self._layer_tasks(direction, mb, layer, after)
         plan = self.plan
         if direction == "forward":
             after = self._layer_tasks(direction, mb, layer, after)
+            if plan.offloads(layer):  # its saved tensors copied into TE's ping-pong buffer, on the compute stream
+                nbytes = 2 * plan.stash_bytes(layer)
+                after = self._add("compute", "forward", "activation_buffer_copy", mb, layer, after,
+                                  duration=offload_buffer_copy_seconds(plan, layer, self.costs) * self.jitter(),
+                                  nbytes=nbytes)
             if self.pending_offload is not None:
                 self.pending_deps.append(self.pending_offload)
                 self.pending_offload = None
@@ -440,25 +449,37 @@ class _StageEmitter:
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
             chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:  # TaskGraph.add, inlined
+        if chain is not None:  # TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build)
             graph, rank, stage = self.g, self.rank, self.stage
             tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
+            blocking_tp, tp_blocks = self.blocking_tp, self.tp_blocks
+            task_id = len(tasks)
+            after_stream = tasks[after].stream if after is not None else None
             for stream, kind, name, duration, op, nbytes, flops, group, skew, flags in chain:
-                task_id = len(tasks)
                 if flags is None:
-                    deps = [after] if after is not None and tasks[after].stream != stream else []
-                    blocking = self._blocking(stream, deps)
+                    deps = [after] if after is not None and after_stream != stream else []
+                    touch, blocking = True, False
                 else:
-                    prev, touch, extra, consumed = flags
-                    deps = [after] if prev and after is not None and tasks[after].stream != stream else []
-                    deps += [task_id - back for back in extra]
-                    blocking = (self._blocking(stream, deps) if touch else False) or consumed
+                    prev, touch, extra, blocking = flags  # a consumed collective blocks whatever the stream
+                    deps = [after] if prev and after is not None and after_stream != stream else []
+                    if extra:
+                        deps += [task_id - back for back in extra]
+                if touch:  # _blocking: a compute task waits for the blocking TP collective; a TP one may block
+                    if stream == "compute":
+                        if blocking_tp is not None:
+                            if blocking_tp not in deps:
+                                deps.append(blocking_tp)
+                            blocking_tp = None
+                    elif stream == "tp" and tp_blocks:
+                        blocking = True
                 tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
                                   flops, group, key(rank, kind, op, group) if op and meets else -1, skew))
                 orders[stream].append(task_id)
-                after = task_id
+                after, after_stream = task_id, stream
                 if blocking:
-                    self.blocking_tp = after
+                    blocking_tp = task_id
+                task_id += 1
+            self.blocking_tp = blocking_tp
             return after
         first = len(self.g.tasks)
         if direction == "forward":
@@ -548,6 +569,15 @@ def folds_tp(plan: Plan) -> bool:
             and not v.jitter and not v.links)
 
 
+@lru_cache(maxsize=64)
+def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+    """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
+    layouts of one pipeline shape in a process, and ZB-H2's order is a unit-time simulation of its own (about
+    0.4 s at p 16, m 96; 175B search, 2026-11-25). Actions are frozen; the tuples keep the orders from being
+    changed by a caller."""
+    return tuple(tuple(stage) for stage in SCHEDULES[schedule].actions(p, m, v))
+
+
 def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
     whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
@@ -558,7 +588,7 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     costs = make_costs(plan)
     grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
-    orders: list[list[Action]] = plan.schedule.actions(p, m, v)
+    orders = _actions(scenario.schedule, p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])
@@ -594,5 +624,10 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
         for emitter in emitters:
             for task_id, key in emitter.waits:
                 graph.add_dependency(task_id, sends[key])
+            # An emitter and its helpers (dp, moe, cp) point at each other, and it holds the graph: left as they
+            # are, the graph of a finished run waits for Python's cycle collector, whose pass over its 10^5 tasks
+            # cost a sweep ~0.1 s per point (175B layouts, 2026-11-25). Dropping the emitter's attributes breaks
+            # the cycles, so the graph is freed as soon as its last user lets go.
+            vars(emitter).clear()
     graph.freeze()  # last, after every edge (the cross-stage ones above included)
     return graph

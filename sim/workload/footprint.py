@@ -8,7 +8,8 @@ the allocator's overheads (``sim.model.memory.with_allocator``).
 The bound (``stage_memory``, ``memory_plan``). In: a ``Plan``. Out: for each pipeline stage, the bytes of weights,
 gradients and optimizer states (ZeRO sharding applied), activations (the schedule's in-flight bound x the bytes
 each layer of a chunk stashes), the weights ZeRO-3/FSDP gathers at once (two units: the forward gathers one ahead;
-all of them for SHARD_GRAD_OP) and the gradients not yet reduce-scattered (two units or a bucket), the total and
+FSDP's root unit, the embedding, final norm and LM head, beside them for the whole pass; all of them for
+SHARD_GRAD_OP) and the gradients not yet reduce-scattered (two units or a bucket), the total and
 whether it fits. ``sim run`` measures the same quantities from the trace; this is the upper bound a user checks
 first.
 
@@ -26,9 +27,11 @@ import numpy as np
 from sim.model.memory import ModelStates, comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
-from sim.workload.ir import COMPUTE_KINDS
+from sim.workload.ir import COMPUTE_KINDS, Kind
 
 if TYPE_CHECKING:  # the timeline reads a trace; the bound (``sim check``) runs without pandas
+    from collections.abc import Callable
+
     import pandas as pd
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients", "comm_buffers",
@@ -76,6 +79,23 @@ def offload_buffer_bytes(plan: Plan, stage: int) -> float:
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
     offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
     return min(len(offloaded), 2) * max(offloaded) if offloaded else 0.0
+
+
+def root_unit_bytes(plan: Plan) -> float:
+    """Bytes per rank of the weights FSDP's root unit keeps unsharded from the forward's start to the backward's
+    end: the parameters no per-layer ``fully_shard`` / auto-wrap unit owns (the input embedding, the final norm
+    and the LM head, at the compute dtype: QLoRA leaves them in bf16). Both FSDPs skip the reshard after forward
+    for the root: FSDP2 ``FSDPState._lazy_init`` ("For the root, do not reshard after forward since for
+    training, the parameters would be freed and all-gathered immediately": ``post_forward_mesh_info = None``),
+    FSDP1 ``_post_forward_reshard`` (``free_unsharded_flat_param = not state._is_root and ...``); its
+    post-backward runs at the end of the backward (the root's inputs, token ids, need no gradient, so FSDP2's
+    ``_root_post_backward_final_callback`` reshards it). torchtune's ``shard_model`` and TorchTitan wrap each
+    layer and then the whole model, which is this root. 0 where no such unit exists: ZeRO-3 without an ``fsdp``
+    section (DeepSpeed gathers and releases the embedding and the head module by module), SHARD_GRAD_OP (every
+    unit stays gathered) and FSDP + PP (``Plan.pipelined_fsdp``: everything stays gathered)."""
+    if plan.scenario.fsdp is None or plan.zero_stage < 3 or plan.pipelined_fsdp or not plan.data_parallel:
+        return 0.0
+    return (embedding_params(plan.model) + head_params(plan.model)) / plan.tp * plan.weight_bytes_per_param
 
 
 def stage_memory(plan: Plan, stage: int) -> dict[str, float]:
@@ -155,6 +175,14 @@ def sharded_buffers(plan: Plan, stage: int) -> tuple[float, float]:
         gathered = 2 * unit if plan.zero_stage >= 3 else stage_weights
         if plan.peft.active and plan.zero_stage >= 3:
             gathered = max(gathered, 2 * last_unit + layer_units)
+        if root := root_unit_bytes(plan):
+            # FSDP: the root unit (embedding, final norm, LM head) stays gathered from the forward's start to the
+            # backward's end, beside two layer units: the one computing and the one prefetched (FSDP2: implicit
+            # forward prefetch limited by its all-gather state, explicit backward prefetch of one; FSDP1's rate
+            # limiter). A unit's backward gather cannot overlap its own forward copy: FSDP2's all-gather stream
+            # waits for the reshard event (the timeline's rule too).
+            layers = [layer for chunk in plan.stage_chunks[stage] for layer in plan.chunk_layers(chunk)]
+            gathered = root + 2 * plan.unit_layers * max(plan.layer_weight_bytes(layer) for layer in layers)
         unreduced = 2 * unit_grads
         if plan.pipelined_fsdp:
             # FSDP + PP: the stage's units stay gathered from micro-batch 0's forward to the last backward, and
@@ -185,10 +213,18 @@ def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
         ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
 
 
+# The trace rows the timeline reads: the compute passes, activation offload's copies and the data-parallel
+# collectives (ZeRO-3/FSDP weight gathers, gradient reduce-scatters). ``memory_timeline`` keeps these alone, so a
+# trace of only these rows gives the same timeline (a sweep's confirmation builds no others: sim.explore.confirm).
+TIMELINE_KINDS: tuple[str, ...] = (*COMPUTE_KINDS, Kind.OFFLOAD, Kind.DP)
+
+
 def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
     """The timeline side: per simulated rank of a trace, the resident states and buffers (as the bound's), plus
     the peak of activations, gathered weights (ZeRO-3/FSDP) and not-yet-reduced gradients (ZeRO-2/3) over the
-    step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule."""
+    step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule. Reads only
+    the rows of ``TIMELINE_KINDS``."""
+    trace = trace[trace["kind"].isin(TIMELINE_KINDS)]
     # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
     stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
@@ -262,6 +298,8 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
                       index=gathers.index)
     gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
                 gathers["bytes"].to_numpy(float))
+    if root_unit_bytes(plan):
+        gathered = _with_root_unit(gathers, unit, phase, span, plan, gathered)
     backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
     freed = reduces["end_s"].to_numpy()
     if plan.zero_stage == 2 and not plan.flat_params:
@@ -272,3 +310,31 @@ def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
         freed = np.minimum(freed, backward["last"].to_numpy())
     grads = (backward["first"].to_numpy(), freed, reduces["bytes"].to_numpy(float))
     return {"gathered_weights": gathered, "unreduced_gradients": grads}
+
+
+def _with_root_unit(gathers: pd.DataFrame, unit: pd.Series, phase: pd.Series, span: Callable[..., pd.DataFrame],
+                    plan: Plan, gathered: tuple[np.ndarray, np.ndarray, np.ndarray]
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FSDP's gathered weights with the root unit apart (``root_unit_bytes``): the trace's gathers carry the
+    embedding in the first unit and the final norm and head in the last; here those bytes live once per
+    micro-batch, from its first gather to the end of its backward, and each gather keeps only its layers. A
+    unit's backward copy is allocated no earlier than its forward copy is freed (FSDP2's all-gather stream waits
+    for the reshard event, ``FSDPParamGroup`` all-gather state)."""
+    import pandas as pd
+
+    model, tp, size = plan.model, plan.tp, plan.weight_bytes_per_param
+    starts, ends, sizes = gathered
+    units = model.num_layers // plan.unit_layers
+    extra = (np.where(unit.to_numpy() == 0, embedding_params(model) / tp * size, 0.0)
+             + np.where(unit.to_numpy() == units - 1, head_params(model) / tp * size, 0.0))
+    backward = (phase == "bwd").to_numpy()
+    forward_copy_freed = span(gathers["microbatch"], "fwd", unit)["last"].to_numpy()
+    starts = np.where(backward & ~np.isnan(forward_copy_freed), np.fmax(starts, forward_copy_freed), starts)
+    # FSDP issues the gather that waits for a unit's compute after resharding that unit (FSDP2's post_forward /
+    # post_backward run before the next pre-forward's unshard; FSDP1's rate limiter frees first), so at equal
+    # times the free comes first: the copy is freed an ulp before its compute's end.
+    ends = np.nextafter(ends, -np.inf)
+    microbatches = gathers.groupby("microbatch")["start_s"].min()
+    last_backward = span(microbatches.index.to_series(), "bwd", pd.Series(0, index=microbatches.index))["last"]
+    return (np.concatenate([starts, microbatches.to_numpy()]), np.concatenate([ends, last_backward.to_numpy()]),
+            np.concatenate([sizes - extra, np.full(len(microbatches), root_unit_bytes(plan))]))

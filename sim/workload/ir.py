@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from operator import attrgetter
 
 
 class Stream(StrEnum):
@@ -155,11 +156,9 @@ class TaskGraph:
         if unknown:
             raise ValueError(f"task graph: unknown stream(s) {', '.join(sorted(unknown))}; "
                              f"streams are {', '.join(Stream)}")
-        kinds: set[str] = set()
         for task in self.tasks:
             task.deps = tuple(task.deps)
-            kinds.add(task.kind)
-        unknown = kinds - set(Kind)
+        unknown = set(map(attrgetter("kind"), self.tasks)) - set(Kind)
         if unknown:
             raise ValueError(f"task graph: unknown kind(s) {', '.join(sorted(unknown))}; kinds are {', '.join(Kind)}")
         self.frozen = True

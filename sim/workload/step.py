@@ -19,6 +19,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from sim.costs import profile as profiles
 from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
@@ -78,7 +79,7 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     floor, launch = spec.kernel_floor, 0.0 if training.cuda_graphs else spec.launch_overhead
     if isinstance(spec, CalibratedCostsSpec):
         return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention,  # type: ignore[arg-type]  # loaded
-                               spec.end_to_end_factor, floor, launch)
+                               spec.end_to_end_factor, floor, launch, spec.fp8_split_accumulation)
     profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
     # The GPU type's end-to-end factor comes with its default profile, curve or flat rate alike.
     factor = spec.end_to_end_factor
@@ -86,7 +87,7 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
         fitted = profile if profile is not None else profiles.default_for(gpu.name)
         factor = fitted.end_to_end_factor if fitted is not None else 1.0
     return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, spec.fp8_gemm,
-                         factor, floor, launch)
+                         factor, floor, launch, spec.fp8_split_accumulation)
 
 
 def fp8_casts(plan: Plan) -> Fp8Casts | None:
@@ -97,7 +98,7 @@ def fp8_casts(plan: Plan) -> Fp8Casts | None:
     t = plan.scenario.training
     if plan.dtype != "fp8" or not t.fp8_cast_kernels:
         return None
-    return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0)
+    return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0, t.fp8_recipe == "current")
 
 
 def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] | None:
@@ -124,6 +125,7 @@ def blocks(plan: Plan) -> Blocks:
         ops["attention"] = cp_attention_ops(plan)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
     ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    ops = {name: block_ops + fsdp_grad_ops(plan, block_ops) for name, block_ops in ops.items()}
     if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
         share, causal = plan.attention_work
         ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
@@ -137,6 +139,46 @@ def blocks(plan: Plan) -> Blocks:
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
     )
+
+
+def fsdp_predivide_factor(world_size: int) -> int:
+    """FSDP1's gradient pre-division factor: the largest power of two f dividing ``world_size`` with
+    world_size / f > f, doubling from 1 (torch/distributed/algorithms/_comm_hooks/default_hooks.py
+    DefaultState._get_gradient_predivide_factor; FSDP divides by f before the reduce-scatter, by world_size / f
+    after it)."""
+    factor = 1
+    while world_size % factor == 0 and world_size / factor > factor:
+        factor *= 2
+    return factor
+
+
+def fsdp_grad_ops(plan: Plan, block_ops: tuple[Op, ...]) -> tuple[Op, ...]:
+    """FSDP1's gradient kernels for a block's trainable weights, per micro-batch, in the backward
+    (docs/mechanisms/fsdp_grad_kernels.md). Under ``torch.distributed.fsdp.FullyShardedDataParallel`` a unit's
+    parameters are views into its flat parameter (``_flat_param.py`` ``_get_unflat_views_unaligned``:
+    ``torch.split`` + ``view``), so autograd concatenates their gradients into the flat gradient
+    (split_with_sizes' backward, a copy: read and write the gradient); the post-backward hook then casts the flat
+    gradient to the reduce dtype where it differs (``_runtime_utils.py`` ``_post_backward_hook``:
+    ``flat_param.grad.to(handle._reduce_dtype)``) and divides it in place by the pre-division factor before the
+    reduce-scatter (``_reduce_grad``: ``_div_if_needed``). Each is a memory-bound pass over every gradient element
+    of the unit; the hook's two run on FSDP's post-backward stream, beside the next unit's backward, and share its
+    HBM: priced on the compute stream. None under FSDP2 (``fsdp.version: 2``), without FSDP, and where FSDP
+    reduces once per step under pipeline parallelism (``Plan.pipelined_fsdp``)."""
+    fsdp = plan.scenario.fsdp
+    if fsdp is None or fsdp.version != 1 or plan.pipelined_fsdp or plan.dp <= 1:
+        return ()
+    weights = sum(op.shape[0] * op.shape[2] * op.shape[3] for op in block_ops
+                  if op.has_weights and op.trainable and op.shape is not None)
+    if not weights:
+        return ()
+    grad, reduce = plan.elem_bytes, plan.grad_bytes_per_param  # autograd's gradient dtype, FSDP's reduce dtype
+    ops = [Op("fsdp_grad_flatten", 0.0, weights * 2.0 * grad, False, runs_in="weight_grad")]
+    if reduce != grad:
+        ops.append(Op("fsdp_grad_cast", 0.0, weights * (grad + reduce), False, runs_in="weight_grad"))
+    # The factor of the whole data-parallel world (HYBRID_SHARD: shard x replica groups, _init_utils.py).
+    if fsdp_predivide_factor(len(plan.grid.dp_group(0))) > 1:
+        ops.append(Op("fsdp_grad_predivide", 0.0, weights * 2.0 * reduce, False, runs_in="weight_grad"))
+    return tuple(ops)
 
 
 def replayed(ops: tuple[Op, ...], modules: frozenset[str]) -> tuple[Op, ...]:
@@ -634,9 +676,16 @@ def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
     is sharded (the distributed optimizer; ZeRO and FSDP likewise reduce the norm over all shards)."""
     grid = plan.grid
     if plan.optimizer_shards > 1:
-        return tuple(range(grid.world_size))
+        return _every_rank(grid.world_size)
     here = grid.coord(rank)
     return tuple(sorted(grid.rank(t, here.dp, p, here.cp) for p in range(plan.pp) for t in range(plan.tp)))
+
+
+@lru_cache(maxsize=8)
+def _every_rank(world_size: int) -> tuple[int, ...]:
+    """``tuple(range(world_size))``, made once: every stage's optimizer step names the whole world (98,304 ranks
+    for the frontier scenario: 32 stages each built it anew, about 0.08 of a run's CPU seconds)."""
+    return tuple(range(world_size))
 
 
 def pcie_seconds(plan: Plan, nbytes: float) -> float:
@@ -650,6 +699,14 @@ def activation_copy_seconds(plan: Plan, layer: int) -> float:
     forward, back before its backward; Transformer Engine's CPU offload handler copies every saved tensor of the
     layer, which is what the layer stashes)."""
     return pcie_seconds(plan, plan.stash_bytes(layer))
+
+
+def offload_buffer_copy_seconds(plan: Plan, layer: int, costs: CostModel) -> float:
+    """Activation offload: the on-GPU copy of ``layer``'s saved tensors into Transformer Engine's ping-pong buffer
+    before the PCIe copy, on the compute stream (TE 1.x ``AsyncDoubleBufferGroupOffloadHandler.tensor_push``:
+    ``tensor_buf.copy_(tensor)`` as each tensor is saved): the stash read and written once through HBM, priced as
+    one memory-bound kernel (one per saved tensor in TE; their launches overlap the layer's own kernels)."""
+    return costs.memory_time(2 * plan.stash_bytes(layer))
 
 
 def host_adam_seconds(plan: Plan, params: float) -> float:

@@ -1,0 +1,121 @@
+"""A sweep's confirmation (sim.explore.confirm) against the full run it stands for.
+
+``confirm`` reads the replayed graph into arrays instead of building the trace and summary, so each of its figures
+must be the full run's summary field to the last bit (issue 25: the search confirms its best layouts with it, and
+a ranking must not depend on which path simulated a layout). Compared with ``==`` on every field, over the
+bundled scenarios small enough for the suite and over overrides that reach each branch of the figures: ZeRO 1-3
+and FSDP + PP (the timeline's gathered weights and unreduced gradients), activation offload (its copies), the
+interleaved and zero-bubble schedules, full and selective recomputation, context parallelism (a ``cp`` exposed
+column), a MoE model (``ep``), every rank simulated (many ranks, rendezvous), the contention network and NCCL's SM
+contention (stretched durations from repeated replays), jitter (unstamped layers).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import fields
+
+import pytest
+
+from sim import runner
+from sim.explore.confirm import Figures, confirm
+from sim.explore.sweep import METRICS, SweepSpec, run_point, shipped
+from sim.plan import resolve
+from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
+
+from conftest import ROOT
+
+SCENARIOS = ROOT / "scenarios"
+CASES = {
+    "tiny": ("tiny.yaml", []),
+    "tiny zero-1 dp 2": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=1"]),
+    "tiny zero-2 dp 2, pp 1": ("tiny.yaml", ["parallel.pp=1", "parallel.dp=2", "parallel.zero=2"]),
+    "tiny zero-3 dp 2, pp 1, full recompute": ("tiny.yaml", ["parallel.pp=1", "parallel.dp=2", "parallel.zero=3",
+                                                             "training.recompute=full"]),
+    "tiny FSDP + PP": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=3",
+                                     "fsdp.sharding=FULL_SHARD"]),
+    "tiny interleaved, selective, SP": ("tiny.yaml", ["schedule=interleaved", "parallel.vpp=2",
+                                                      "training.recompute=selective",
+                                                      "parallel.sequence_parallel=true"]),
+    "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1"]),
+    "tiny cp 2": ("tiny.yaml", ["parallel.tp=1", "parallel.cp=2", "training.flash_attention=true"]),
+    "tiny every rank": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "ranks=all"]),
+    "tiny contention, every rank": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "network.model=contention",
+                                                  "ranks=all"]),
+    "tiny NCCL SMs": ("tiny.yaml", ["network.nccl_sms=8"]),
+    "tiny jitter": ("tiny.yaml", ["variation.jitter=0.05", "ranks=all"]),
+    "pipeline-4x8 zb-h1": ("pipeline-4x8.yaml", ["schedule=zb-h1"]),
+    "pipeline-4x8 zb-v": ("pipeline-4x8.yaml", ["schedule=zb-v", "parallel.vpp=2"]),
+    "llama2-7b dp": ("llama2-7b_h100-8_dp.yaml", []),
+    "llama2-7b FSDP": ("llama2-7b_h100-16_fsdp.yaml", []),
+    "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),
+    "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),
+}
+
+
+def summary_figures(summary) -> dict:
+    """The full run's summary fields that ``Figures`` holds."""
+    return {f.name: summary.peak_memory_bytes.max if f.name == "peak_memory_bytes" else getattr(summary, f.name)
+            for f in fields(Figures)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_confirmation_equals_the_full_run_to_the_last_bit(case):
+    file, overrides = CASES[case]
+    scenario = load_scenario(SCENARIOS / file, overrides)
+    expected = summary_figures(runner.run(scenario).summary)
+    got = vars(confirm(scenario))
+    assert got == expected
+    assert [type(value) for value in got.values()] == [type(value) for value in expected.values()]
+
+
+def test_the_cases_reach_the_branches_they_name():
+    """Each case exercises what its name says (so the equality above is not vacuous there)."""
+    def result(case):
+        file, overrides = CASES[case]
+        return runner.run(load_scenario(SCENARIOS / file, overrides))
+
+    assert set(result("tiny cp 2").summary.exposed_comm_s) == {"tp", "pp", "dp", "cp"}
+    assert set(result("mixtral 8x7b, global batch 64").summary.exposed_comm_s) == {"tp", "pp", "dp", "ep"}
+    assert result("tiny NCCL SMs").summary.nccl_sm_stretch_s > 0
+    assert {"activation_offload", "activation_reload"} <= set(result("tiny activation offload").trace["name"])
+    names = set(result("tiny FSDP + PP").trace["name"])
+    assert {"param_gather_fwd", "grad_reduce_scatter"} <= names
+    assert len(result("tiny every rank").summary.peak_memory_bytes.per_rank) == 4  # dp 2 x pp 2, TP folded
+
+
+def test_a_sweep_row_is_the_full_runs_summary():
+    """``run_point``'s metrics (the results table's columns) come from the confirmation and equal the summary's."""
+    base = SCENARIOS / "tiny.yaml"
+    point = {"parallel.dp": 2, "cluster.nodes": 4, "parallel.zero": 1}
+    spec = SweepSpec(base, {}, [], explicit=[point])
+    shipped_base, overrides, files = shipped(spec, [point])
+    row = run_point(*shipped_base, overrides, point, spec.keys, None, files[0])
+    summary = runner.run(load_scenario(base, ["parallel.dp=2", "cluster.nodes=4", "parallel.zero=1"])).summary
+    exposed = summary.exposed_comm_s
+    expected = {**{k: getattr(summary, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
+                                                     "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
+                                                     "microbatches", "num_gpus", "tasks")},
+                "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
+                "exposed_ep_s": 0.0, "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": 8}
+    assert row["status"] == "ok"
+    assert {key: row[key] for key in METRICS} == expected
+
+
+def test_a_built_graph_is_freed_without_the_cycle_collector():
+    """The emitters that built a graph point at each other; ``build`` breaks those cycles, so a sweep's finished
+    graph (10^5 tasks) is freed by reference counting, not left for a collector pass per point."""
+    plan = resolve(load_scenario(SCENARIOS / "tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=3",
+                                                            "fsdp.sharding=FULL_SHARD"]))
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph = workload.build(plan)
+        alive = weakref.ref(graph)
+        del graph
+        assert alive() is None
+    finally:
+        if enabled:
+            gc.enable()
