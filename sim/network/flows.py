@@ -56,6 +56,9 @@ class FlowNetwork:
     # ("slack") can never bind, so it neither couples flows into a component nor enters the max-min solve: the
     # rates are the same, and a fabric-wide spine no longer makes every transfer one component.
     demand: dict[int, float] = field(default_factory=dict)
+    # flow key -> {link: hops} of its links that can bind now, kept up to date as links turn tight or slack, so that
+    # the component search and the solve never scan a flow's other links (a 128-rank ring crosses ~40,000)
+    binding: dict[int, dict[int, int]] = field(default_factory=dict)
     lone: list[list[tuple[int, float, float, bool, float]]] = field(default_factory=list)  # register_lone's rows
     lone_booked: list[int] = field(default_factory=list)  # book_lone's pending bookings, in order
     lone_waiting: dict[int, list[int]] = field(default_factory=dict)  # link no flow crossed yet -> its bookings
@@ -70,6 +73,8 @@ class FlowNetwork:
         the flows whose rate changed, its own included."""
         flow = self.flows[key] = _Flow(loads, nbytes, rate_cap, 0.0, now)
         users, demand, capacities, waiting = self.users, self.demand, self.capacities, self.lone_waiting
+        binding = self.binding
+        mine = binding[key] = {}
         binds = False
         crossed = []
         for link, count in loads:
@@ -79,9 +84,15 @@ class FlowNetwork:
             if on is None:
                 on = users[link] = {}
             on[key] = count
-            total = demand[link] = demand.get(link, 0.0) + rate_cap * count
-            if total > capacities[link] * (1 + _EPS):
+            before = demand.get(link, 0.0)
+            total = demand[link] = before + rate_cap * count
+            limit = capacities[link] * (1 + _EPS)
+            if total > limit:
                 binds = True
+                mine[link] = count
+                if not before > limit:  # the link turns tight: its other flows are bound by it too
+                    for other, hops in on.items():
+                        binding[other][link] = hops
         if crossed:
             self._first_flow(crossed)
         if binds:
@@ -101,12 +112,20 @@ class FlowNetwork:
         neighbours: list[int] = []
         users, demand, capacities = self.users, self.demand, self.capacities
         cap = flow.rate_cap
+        binding = self.binding
+        del binding[key]
         for link, count in flow.loads:
             on = users[link]
             del on[key]
-            if demand.get(link, 0.0) > capacities[link] * (1 + _EPS):  # only a link that could bind held
-                neighbours.extend(on)  # the others back
-            demand[link] = demand[link] - cap * count if on else 0.0
+            limit = capacities[link] * (1 + _EPS)
+            if demand[link] > limit:  # only a link that could bind held the others back
+                neighbours.extend(on)
+                left = demand[link] = demand[link] - cap * count if on else 0.0
+                if not left > limit:  # the link turns slack
+                    for other in on:
+                        del binding[other][link]
+            else:
+                demand[link] = demand[link] - cap * count if on else 0.0
         if neighbours:
             self._set_rate(key, flow, 0.0)
             return self._rebalance(self._component(neighbours), now, {link for link, _ in flow.loads})
@@ -281,16 +300,15 @@ class FlowNetwork:
     def _component(self, seeds: list[int]) -> list[int]:
         """The flows coupled to ``seeds`` through links that can bind."""
         seen, stack, order = set(seeds), list(seeds), []
-        demand, capacities, users = self.demand, self.capacities, self.users
+        binding, users = self.binding, self.users
         while stack:
             key = stack.pop()
             order.append(key)
-            for link, _ in self.flows[key].loads:
-                if demand[link] > capacities[link] * (1 + _EPS):
-                    for other in users[link]:
-                        if other not in seen:
-                            seen.add(other)
-                            stack.append(other)
+            for link in binding[key]:
+                for other in users[link]:
+                    if other not in seen:
+                        seen.add(other)
+                        stack.append(other)
         return sorted(order)
 
     def _set_rate(self, key: int, flow: _Flow, rate: float) -> None:
@@ -307,9 +325,8 @@ class FlowNetwork:
     def _rebalance(self, keys: list[int], now: float, touched: set[int] | None = None) -> dict[int, float]:
         """New max-min rates for a component; the finish times of the flows whose rate changed. ``touched``:
         links whose load already changed (a flow that left), accounted with the others."""
-        demand, capacities = self.demand, self.capacities
-        tight = {key: tuple((link, c) for link, c in self.flows[key].loads
-                            if demand[link] > capacities[link] * (1 + _EPS)) for key in keys}
+        binding = self.binding
+        tight = {key: tuple(binding[key].items()) for key in keys}
         rates = max_min_rates(tight,
                               {key: self.flows[key].rate_cap for key in keys}, self.capacities)
         touched = touched if touched is not None else set()
