@@ -72,8 +72,6 @@ def test_zero_stages_shard_what_the_paper_says():
     assert model_state_bytes(psi, "bf16", 3, n).total == pytest.approx(16 / n)
 
 
-@pytest.mark.xfail(strict=True, reason="full recompute keeps 2sbh per layer whatever SP; under sequence parallelism "
-                   "the checkpointed input is the [s/t, b, h] shard (review, not fixed: it moves SP + full rows)")
 def test_full_recompute_under_sequence_parallelism_keeps_the_sequence_shard():
     """Megatron-LM's TransformerBlock keeps the checkpoint's input whole only without SP
     (``distribute_saved_activations = config.distribute_saved_activations and not config.sequence_parallel``:

@@ -141,7 +141,11 @@ def activation_bytes_per_layer(
     s, b, h = seq_len, micro_batch, spec.hidden_size
     sbh = s * b * h
     if recompute == "full":
-        return 2.0 * sbh  # only the layer input is kept (Korthikanti Table 2, last row)
+        # Only the layer input is kept (Korthikanti Table 2, last row), and under sequence parallelism that input
+        # is already the [s/t, b, h] shard: Megatron-LM's TransformerBlock keeps it whole only without SP
+        # (distribute_saved_activations = config.distribute_saved_activations and not config.sequence_parallel),
+        # TorchTitan's SequenceParallel blocks take a Shard(1) input.
+        return 2.0 * sbh / tp if sequence_parallel else 2.0 * sbh
     if modules is None:
         modules = frozenset({"core_attn"}) if recompute == "selective" else frozenset()
     # Kept whole on every TP rank unless sequence parallel shards them: two norm inputs (4sbh), QKV and MLP
