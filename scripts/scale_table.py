@@ -139,7 +139,7 @@ ROWS = (
         r"\[startup\] sim run 175B / import numpy, pandas = (?P<value>[\d.]+)x wall.*", lambda v: v <= 4),
     Row("`sim --help`", "<= 0.3 s", "startup", r"\[startup\] sim --help: (?P<value>[\d.]+) s .*",
         lambda v: v <= 0.3),
-    Row("`sim check` 175B", "a few tenths", "startup", r"\[startup\] sim check 175B: (?P<value>[\d.]+) s .*",
+    Row("`sim check` 175B", "a few tenths (<= 0.5 s)", "startup", r"\[startup\] sim check 175B: (?P<value>[\d.]+) s .*",
         lambda v: v <= 0.5),
     Row("Gantt writer, 175B (158k tasks)", ">= 500,000 blocks/s", "gantt",
         r"\[gantt\] 175B, global batch 1536: .*= (?P<value>[\d,]+) blocks/s .*", lambda v: v >= 500_000),

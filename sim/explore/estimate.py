@@ -177,7 +177,12 @@ class Estimator:
             f, b, w = layers * (fwd_layer + fsdp_f), layers * (layer_bwd + fsdp_b), layers * layer_w
             if offloaded:  # activation offload: each copy hides under the next layer's pass, the rest is exposed
                 copy = step.activation_copy_seconds(plan, first_layer)
-                f += offloaded * max(0.0, copy - fwd_layer - fsdp_f)
+                # TE's on-GPU copy into its ping-pong buffer runs on the compute stream before each PCIe copy,
+                # so a copy hides under the next layer's forward and, when that layer offloads too (the first
+                # layers offload), under its buffer copy as well (sim.workload.build's _layer)
+                buffer = step.offload_buffer_copy_seconds(plan, first_layer, self.costs)
+                f += offloaded * buffer + max(0.0, copy - fwd_layer - fsdp_f)
+                f += (offloaded - 1) * max(0.0, copy - fwd_layer - fsdp_f - buffer)
                 b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", embedding), ("head", head)):
                 if holds:
