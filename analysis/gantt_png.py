@@ -182,7 +182,11 @@ class Canvas:
         key = (char, size)
         glyph = self.glyphs.get(key)
         if glyph is None:
-            loaded = font.load_char(ord(char), flags=hinting_flag())
+            index = font.get_char_index(ord(char))
+            # A character the font lacks (a scenario named in CJK, a tab in a title): the font's .notdef box,
+            # as Agg draws one (Matplotlib 3.11's load_char raises "No glyphs have been loaded" for it).
+            loaded = font.load_char(ord(char), flags=hinting_flag()) if index else \
+                font.load_glyph(0, flags=hinting_flag())
             bearing_x, bearing_y = loaded.horiBearingX // 64, loaded.horiBearingY // 64
             pad_x = 2 + max(0, -bearing_x)
             shape = (loaded.height // 64 + 4, loaded.width // 64 + bearing_x + pad_x + 4)
@@ -194,7 +198,7 @@ class Canvas:
                 font.draw_glyph_to_bitmap(image, pad_x, 2, loaded, antialiased=True)
             glyph = Glyph(np.asarray(image, dtype=np.float32) / 255, -pad_x, -bearing_y - 2, bearing_y,
                           (loaded.height - loaded.horiBearingY) // 64, loaded.horiAdvance,
-                          font.get_char_index(ord(char)))
+                          index)
             self.glyphs[key] = glyph
         return glyph
 

@@ -201,6 +201,23 @@ def test_plot_a_window_of_some_ranks(tmp_path, sim):
     assert missing.returncode == 2 and "no trace.parquet or trace.csv" in missing.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--ranks", "99", "-o", "x.svg"], "--ranks: rank 99 is not in the trace"),
+    (["--ranks", "99", "-o", "x.png"], "--ranks: rank 99 is not in the trace"),
+    (["--ranks", "zero", "-o", "x.png"], "--ranks: 'zero' is not a comma-separated list of ranks"),
+    (["--start", "2", "--end", "1", "-o", "x.svg"], "--end: 1.0 s is not after --start 2.0 s"),
+    (["--start", "100", "--end", "200", "-o", "x.svg"], "--start: the trace ends at"),
+])
+def test_plot_refuses_a_selection_with_nothing_in_it_in_one_line(tmp_path, sim, args, message):
+    """Ranks the run did not simulate, an empty or inverted window: one line naming the option (the SVG path
+    raised Matplotlib's 'Axis limits cannot be NaN or Inf' with a traceback, the PNG path drew an empty chart)."""
+    assert sim("run", TINY, "-o", str(tmp_path / "r"), "--no-plot").returncode == 0
+    args = [str(tmp_path / a) if a.startswith("x.") else a for a in args]
+    result = sim("plot", str(tmp_path / "r"), *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not list(tmp_path.glob("x.*"))
+
+
 def test_search_prints_the_best_layouts_and_writes_its_tables_and_plot(tmp_path, sim):
     out = tmp_path / "search"
     result = sim("search", str(SCENARIOS / "llama2-7b_h100-8_dp.yaml"), "--set", "model.num_layers=8",

@@ -140,6 +140,20 @@ def test_the_png_is_the_same_bytes_for_the_same_trace(tmp_path):
     assert np.array_equal(render(content, chart_size(4), "t"), np.asarray(Image.open(io.BytesIO(first))))
 
 
+def test_a_title_with_characters_the_font_lacks_is_drawn(tmp_path):
+    """A scenario named in Japanese (the run chart's title holds the name) or a tab: each missing character is
+    the font's .notdef box of its advance, as Agg draws it, instead of FreeType's "No glyphs have been loaded"."""
+    trace = _trace(TRACE)
+    canvas = Canvas(1, 1, DPI)
+    font = get_font(findfont(FontProperties(size=10)))
+    font.set_size(10, DPI)
+    notdef = font.load_glyph(0, flags=get_hinting_flag()).horiAdvance
+    a = font.load_char(ord("a"), flags=get_hinting_flag()).horiAdvance
+    assert canvas.text_bitmap("a\tスa", 10).width == (2 * notdef + 2 * a) / 64
+    path = write_gantt(trace, tmp_path / "g.png", title="ステップ\t7")
+    assert np.asarray(Image.open(path)).shape == render(gantt_content(trace), chart_size(4), "t").shape
+
+
 def test_the_legend_lists_the_colours_painted():
     rows = _trace(TRACE)
     assert [label for label, _ in gantt_content(rows).legend] == ["forward", "backward", "tp", "pp",

@@ -196,3 +196,20 @@ def test_a_dask_sweep_whose_workers_start_elsewhere_reads_the_scenarios_relative
     assert (local["status"] == "ok").all() and len(local) == 4, local["status"].tolist()
     pd.testing.assert_frame_equal(local, remote)
     assert local["model.hf_config"].tolist()[::2] == ["config.json", "Mistral-Nemo-Base-2407/config.json"]
+
+
+@pytest.mark.xfail(strict=True, reason="search.candidate replaces the base's fsdp section (None at pp = 1, a bare "
+                   "FsdpSpec(sharding) under a pipeline) and run_search sweeps with fsdp=null, so fsdp.version, "
+                   "reshard_after_forward, prefetch and unit_layers set on the base are dropped (review, not fixed)")
+@pytest.mark.parametrize("overrides", [[], ["fsdp.reshard_after_forward=false"], ["fsdp.prefetch=false"]])
+def test_the_bases_own_fsdp_layout_screens_as_the_base(overrides):
+    """The candidate of the base's own layout (Llama 2 7B, FSDP FULL_SHARD over 16 H100s) is the base: the screen
+    prices what ``sim run`` of the base runs. Measured at the review: FSDP1's gradient kernels dropped (0.713 ->
+    0.689 s), reshard_after_forward false's 54.2 GiB screened as 42.9 GiB, prefetch false's 0.788 s as 0.689 s."""
+    from sim.explore.estimate import Estimator
+
+    base = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-16_fsdp.yaml", overrides)
+    own = search.Layout(tp=1, pp=1, dp=16, vpp=1, micro_batch=2, schedule="1f1b", zero=base.fsdp.zero_stage,
+                        recompute="none", sequence_parallel=False)
+    expected, got = Estimator(base).estimate(base), Estimator(base).estimate(search.candidate(base, own))
+    assert (got.step_time_s, got.peak_memory_bytes) == (expected.step_time_s, expected.peak_memory_bytes)

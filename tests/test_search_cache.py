@@ -70,6 +70,30 @@ def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario
     _same(search.screen(base, space), _alone(base, space), len(space))
 
 
+@pytest.mark.parametrize(("scenario", "overrides", "stride"), [
+    # FP8 with the weight cache: a layer's cast kernels are 1/m per micro-batch (step.fp8_casts), so its
+    # pieces' prices depend on the micro-batch count, which layouts with the same micro-batch size, tp and SP
+    # but another dp do not share (current scaling and split accumulation on top)
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.dtype=fp8"], 17),
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.dtype=fp8", "training.fp8_recipe=current",
+                                     "costs.fp8_split_accumulation=1.15"], 17),
+    ("llama2-7b_h100-16_fsdp.yaml", ["fsdp.version=2", "fsdp.reshard_after_forward=false"], 17),
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.cpu_offloading_num_layers=2", "fsdp=null"], 17),
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.sequence.packing=true", "training.sequence.lengths=uniform",
+                                     "training.sequence.split_across_pack=false"], 17),
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.seq_len=16384", "model.max_seq_len=16384", "fsdp=null"], 11),
+    ("llama3-8b_h100-1_lora.yaml", ["cluster.gpus_per_node=8", "training.global_batch=64"], 7),
+])
+def test_the_shared_screen_equals_a_fresh_estimator_under_the_new_knobs(scenario: str, overrides: list[str],
+                                                                         stride: int) -> None:
+    """Bases that set FP8 (delayed and current scaling, split accumulation), FSDP2 without resharding, activation
+    offload, packing without splitting documents, context parallelism (16K tokens) and LoRA: the screen's shared
+    caches still give every layout the estimate a fresh Estimator gives it alone."""
+    base = load_scenario(ROOT / "scenarios" / scenario, overrides)
+    space = list(search.layouts(base))[::stride]
+    _same(search.screen(base, space), _alone(base, space), len(space))
+
+
 def test_skipping_tails_changes_no_layout_and_skips_most_of_a_deep_pipelines_tails(monkeypatch) -> None:
     """The screen skips the tails of stages that cannot set the step (an even pipeline's middle stages): the same
     table as with every tail worked out, on a thirteenth of the 175B space (pp up to 32), with most tails skipped."""

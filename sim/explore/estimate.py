@@ -106,7 +106,7 @@ class Estimator:
         t = plan.scenario.training
         shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
                  t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type, plan.attention_work,
-                 plan.peft.method, plan.dtype)
+                 plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -851,6 +851,16 @@ def _token(value: Any) -> Any:
     if isinstance(value, FsdpSpec):
         return ("fsdp", *(_token(v) for v in value.__dict__.values()))
     return id(value)
+
+
+def _fsdp_grad_key(plan: Plan) -> tuple[Any, ...] | None:
+    """What FSDP1's per-micro-batch gradient kernels (``step.fsdp_grad_ops``, inside ``step.blocks``) read beyond
+    ``Estimator._price``'s shape: None where there are none, else the gradient and reduce bytes and the
+    data-parallel world (its pre-division factor)."""
+    fsdp = plan.scenario.fsdp
+    if fsdp is None or fsdp.version != 1 or plan.pipelined_fsdp or plan.dp <= 1:
+        return None
+    return plan.elem_bytes, plan.grad_bytes_per_param, len(plan.grid.dp_group(0))
 
 
 def _blocking_sends(plan: Plan, stage: int) -> tuple[int, int]:
