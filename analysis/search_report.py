@@ -27,11 +27,12 @@ def report(scenario: Path | str = SCENARIO, overrides: list[str] | None = None, 
     return result.screened, result.simulated.head(show)
 
 
-def _layout(row: pd.Series) -> str:
+def _layout(row: pd.Series, moe: bool) -> str:
     text = f"tp {row['parallel.tp']} pp {row['parallel.pp']} dp {row['parallel.dp']}"
     if row["schedule"] == "interleaved":
         text += f" v {row['parallel.vpp']}"
-    if pd.notna(row.get("parallel.ep")) and row.get("parallel.ep"):  # MoE: expert parallel and expert TP degrees
+    # MoE only: expert parallel and expert TP degrees (a dense model's rows carry ep 1, etp 1, which say nothing)
+    if moe and pd.notna(row.get("parallel.ep")) and row.get("parallel.ep"):
         text += f" ep {int(row['parallel.ep'])} etp {int(row['parallel.etp'])}"
     return text
 
@@ -49,7 +50,7 @@ def to_markdown(screened: pd.DataFrame, best: pd.DataFrame, title: str = "") -> 
     for i, row in enumerate(best.to_dict("records"), 1):
         sp = "yes" if row["parallel.sequence_parallel"] else "no"
         lines.append(
-            f"| {i} | {_layout(pd.Series(row))} | {row['training.micro_batch']} | {row['schedule']} | "
+            f"| {i} | {_layout(pd.Series(row), moe)} | {row['training.micro_batch']} | {row['schedule']} | "
             f"{row['parallel.zero']} | {row['training.recompute']} | {sp} | "
             f"{row['step_time_s']:.2f} | {row['mfu']:.1%} | {row['bubble_fraction']:.1%} | "
             f"{row['exposed_tp_s']:.2f} | {row['exposed_pp_s']:.2f} | {row['exposed_dp_s']:.2f} | "
