@@ -198,9 +198,6 @@ def test_a_dask_sweep_whose_workers_start_elsewhere_reads_the_scenarios_relative
     assert local["model.hf_config"].tolist()[::2] == ["config.json", "Mistral-Nemo-Base-2407/config.json"]
 
 
-@pytest.mark.xfail(strict=True, reason="search.candidate replaces the base's fsdp section (None at pp = 1, a bare "
-                   "FsdpSpec(sharding) under a pipeline) and run_search sweeps with fsdp=null, so fsdp.version, "
-                   "reshard_after_forward, prefetch and unit_layers set on the base are dropped (review, not fixed)")
 @pytest.mark.parametrize("overrides", [[], ["fsdp.reshard_after_forward=false"], ["fsdp.prefetch=false"]])
 def test_the_bases_own_fsdp_layout_screens_as_the_base(overrides):
     """The candidate of the base's own layout (Llama 2 7B, FSDP FULL_SHARD over 16 H100s) is the base: the screen
@@ -213,3 +210,24 @@ def test_the_bases_own_fsdp_layout_screens_as_the_base(overrides):
                         recompute="none", sequence_parallel=False)
     expected, got = Estimator(base).estimate(base), Estimator(base).estimate(search.candidate(base, own))
     assert (got.step_time_s, got.peak_memory_bytes) == (expected.step_time_s, expected.peak_memory_bytes)
+
+
+@pytest.mark.parametrize(("zero", "pp"), [(0, 1), (1, 1), (2, 1), (3, 1), (1, 2), (2, 2), (3, 2)])
+def test_a_points_fsdp_section_is_its_candidates(zero, pp):
+    """What ``sim search`` simulates (the sweep point's overrides on the base) carries the fsdp section the screen
+    priced (``candidate``'s ``layout_fsdp``): the base's knobs kept, its sharding the layout's ZeRO stage's, none
+    below ZeRO-2."""
+    path = ROOT / "scenarios" / "llama2-7b_h100-16_fsdp.yaml"
+    knobs = ["fsdp.prefetch=false", "fsdp.version=2"]
+    base = load_scenario(path, knobs)
+    layout = search.Layout(tp=1, pp=pp, dp=16 // pp, vpp=1, micro_batch=2, schedule="1f1b", zero=zero,
+                           recompute="none", sequence_parallel=False)
+    overrides = [f"{key}={sweep._encode(value)}" for key, value in layout.point(base.fsdp).items()]
+    simulated = load_scenario(path, [*knobs, "training.microbatches=null", *overrides])
+    screened = search.candidate(base, layout)
+    assert simulated.fsdp == screened.fsdp
+    if zero >= 2:
+        assert screened.fsdp is not None and (screened.fsdp.prefetch, screened.fsdp.version) == (False, 2)
+        assert screened.fsdp.sharding == ("FULL_SHARD" if zero == 3 else "SHARD_GRAD_OP")
+    else:
+        assert screened.fsdp is None

@@ -77,12 +77,22 @@ class Layout:
     def fsdp_sharding(self) -> str | None:
         """With a pipeline, ZeRO-2/3 is FSDP (SHARD_GRAD_OP / FULL_SHARD; DeepSpeed's pipeline engine refuses them);
         None where ``parallel.zero`` alone says it."""
-        return {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}.get(self.zero) if self.pp > 1 else None
+        return _SHARDING.get(self.zero) if self.pp > 1 else None
 
-    def point(self) -> dict[str, Any]:
-        """The layout as sweep overrides (dotted scenario keys), with ``fsdp.sharding`` for FSDP + PP."""
+    def point(self, base_fsdp: FsdpSpec | None = None) -> dict[str, Any]:
+        """The layout as sweep overrides (dotted scenario keys), with ``fsdp.sharding`` for FSDP + PP. With
+        ``base_fsdp``, the base scenario's fsdp section, the overrides keep that section's knobs as ``candidate``
+        does (``layout_fsdp``): dropped below ZeRO-2, its sharding the layout's ZeRO stage's where they differ."""
         point = {LAYOUT_KEYS[name]: value for name, value in asdict(self).items()}
-        return point | ({"fsdp.sharding": self.fsdp_sharding} if self.fsdp_sharding else {})
+        if base_fsdp is None:
+            return point | ({"fsdp.sharding": self.fsdp_sharding} if self.fsdp_sharding else {})
+        sharding = _SHARDING.get(self.zero)
+        if sharding is None:
+            return point | {"fsdp": None}
+        if base_fsdp.zero_stage == self.zero:
+            return point
+        return point | {"fsdp.sharding": sharding} | (
+            {"fsdp.reshard_after_forward": None} if sharding == "SHARD_GRAD_OP" else {})
 
 
 Only = Mapping[str, frozenset[Any]]  # knob -> the values the search may use
@@ -188,8 +198,8 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -
     training = _updated(base.training, {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
         "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
-    fsdp = _fsdp(layout.fsdp_sharding) if layout.fsdp_sharding else None
-    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule, "fsdp": fsdp})
+    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
+                               "fsdp": layout_fsdp(base, layout)})
     check_rules(scenario)
     return scenario
 
@@ -211,7 +221,33 @@ def _updated(spec: _Spec, update: dict[str, Any]) -> _Spec:
     return copied
 
 
+_SHARDING = {2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}  # the FSDP sharding of a ZeRO stage
 _FSDP: dict[str, FsdpSpec] = {}
+_FSDP_LIKE: dict[tuple[int, str], tuple[FsdpSpec, FsdpSpec]] = {}
+
+
+def layout_fsdp(base: Scenario, layout: Layout) -> FsdpSpec | None:
+    """The fsdp section of ``candidate(base, layout)``. Without one in the base: ZeRO-2/3 under a pipeline is FSDP
+    (``Layout.fsdp_sharding``), else none. With one, its knobs (version, prefetch, reshard_after_forward,
+    unit_layers) are what the user runs, so they stay: the base's section where its ZeRO stage is the layout's
+    (HYBRID_SHARD included), its sharding replaced by the layout's ZeRO stage's otherwise (reshard_after_forward
+    back to its default under SHARD_GRAD_OP, which refuses true), none below ZeRO-2 (a candidate's rules then
+    refuse what contradicts, e.g. FULL_SHARD without resharding at ZeRO-3)."""
+    sharding = _SHARDING.get(layout.zero)
+    if sharding is None:
+        return None
+    if base.fsdp is None:
+        return _fsdp(sharding) if layout.pp > 1 else None
+    if base.fsdp.zero_stage == layout.zero:
+        return base.fsdp
+    key = (id(base.fsdp), sharding)
+    found = _FSDP_LIKE.get(key)
+    if found is None or found[0] is not base.fsdp:  # the base kept beside its copy, so its id stays its own
+        update: dict[str, Any] = {"sharding": sharding}
+        if sharding == "SHARD_GRAD_OP":
+            update["reshard_after_forward"] = None
+        found = _FSDP_LIKE[key] = (base.fsdp, FsdpSpec.model_validate(base.fsdp.model_dump() | update))
+    return found[1]
 
 
 def _fsdp(sharding: str) -> FsdpSpec:
@@ -240,7 +276,8 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
     layer = (id(base), layout.tp, layout.dp, *rest, layout.micro_batch, layout.recompute, layout.sequence_parallel,
              SCHEDULES[layout.schedule].splits_backward)
-    return LayoutKeys(activations + (layout.fsdp_sharding,), shape, activations, structure, layer, (id(base),), base)
+    fsdp = id(layout_fsdp(base, layout))  # FSDP's gathers, and FSDP1's gradient kernels in a layer's times
+    return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
@@ -297,8 +334,9 @@ def layout_of(row: pd.Series) -> Layout:
     return Layout(**{name: _native(row[name]) for name in LAYOUT_KEYS})
 
 
-def to_points(rows: pd.DataFrame) -> list[dict[str, Any]]:
-    return [layout_of(row).point() for _, row in rows.iterrows()]
+def to_points(rows: pd.DataFrame, base_fsdp: FsdpSpec | None = None) -> list[dict[str, Any]]:
+    """The rows' layouts as sweep points (``Layout.point``; ``base_fsdp``: the base scenario's fsdp section)."""
+    return [layout_of(row).point(base_fsdp) for _, row in rows.iterrows()]
 
 
 def _native(value: Any) -> Any:
@@ -340,8 +378,11 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)
-    fixed = [f"training.global_batch={degrees(base).global_batch}", "training.microbatches=null", "fsdp=null"]
-    points = to_points(chosen)
+    # Without an fsdp section in the base, each point names the FSDP + PP one it needs; with one, the points keep
+    # its knobs (candidate's layout_fsdp)
+    fixed = [f"training.global_batch={degrees(base).global_batch}", "training.microbatches=null"]
+    fixed += ["fsdp=null"] if base.fsdp is None else []
+    points = to_points(chosen, base.fsdp)
     spec = SweepSpec(base_path, {}, overrides + fixed, explicit=points)
     ours = {point_id(point) for point in points}  # a resumed directory may hold layouts an earlier --only searched
     # Waves let the bound prune with the best step found so far; without it, one batch keeps the workers busy.
