@@ -43,6 +43,20 @@ class LinkUsage:
     since: float = 0.0
     pending: float = 0.0  # the load from the flows' current rates (kept up to date as rates change)
 
+    def restart(self, now: float, capacity: float, load: float) -> None:
+        """Close the current load segment at ``now`` (its bytes, busy and saturated seconds on a link of
+        ``capacity``) and start one at ``load``."""
+        if self.load > 0:
+            elapsed = now - self.since
+            if elapsed > 0:
+                self.bytes += self.load * elapsed
+                self.busy_s += elapsed
+                if self.load >= capacity * (1 - 1e-9):
+                    self.saturated_s += elapsed
+        self.load, self.since = load, now
+        if load > self.peak_load:
+            self.peak_load = load
+
 
 @dataclass
 class FlowNetwork:
@@ -142,18 +156,8 @@ class FlowNetwork:
             if usage is None:
                 usage = usages[link] = LinkUsage(since=now)
             pending = usage.pending = usage.pending + delta * count if users.get(link) else 0.0
-            load = usage.load
-            if load > 0:
-                elapsed = now - usage.since
-                if elapsed > 0:
-                    usage.bytes += load * elapsed
-                    usage.busy_s += elapsed
-                    if load >= capacities[link] * (1 - 1e-9):
-                        usage.saturated_s += elapsed
             load = pending if pending > 0 else 0.0
-            usage.load, usage.since = load, now
-            if load > usage.peak_load:
-                usage.peak_load = load
+            usage.restart(now, capacities[link], load)
             if record:
                 self.segments.setdefault(link, []).append((now, load))
 
@@ -350,18 +354,8 @@ class FlowNetwork:
             usage = usages.get(link)
             if usage is None:
                 usage = usages[link] = LinkUsage(since=now)
-            load = usage.load
-            if load > 0:
-                elapsed = now - usage.since
-                if elapsed > 0:
-                    usage.bytes += load * elapsed
-                    usage.busy_s += elapsed
-                    if load >= capacities[link] * (1 - 1e-9):
-                        usage.saturated_s += elapsed
             load = usage.pending if usage.pending > 0 else 0.0
-            usage.load, usage.since = load, now
-            if load > usage.peak_load:
-                usage.peak_load = load
+            usage.restart(now, capacities[link], load)
             if record:
                 self.segments.setdefault(link, []).append((now, load))
 
