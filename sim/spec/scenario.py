@@ -466,7 +466,9 @@ def _field_name(part: int | str) -> str:
 
 def _format_error(error: ValidationError) -> str:
     first = error.errors()[0]
-    loc = ".".join(_field_name(part) for part in first["loc"] if part not in ("fixed", "roofline"))
+    # "fixed" / "roofline" after a field are a tagged union's tags, not keys; a top-level key of that name is one
+    loc = ".".join(_field_name(part) for i, part in enumerate(first["loc"])
+                   if i == 0 or part not in ("fixed", "roofline"))
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
