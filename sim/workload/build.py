@@ -461,7 +461,7 @@ class _StageEmitter:
                  append) in chain:
                 # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
                 # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
-                deps = (after,) if prev and after is not None and after_stream != stream else ()
+                deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
                 if extra:
                     deps += tuple([task_id - back for back in extra])
                 if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
