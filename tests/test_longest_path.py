@@ -76,5 +76,6 @@ def test_a_dependency_on_a_later_emitted_task_is_evaluated() -> None:
         assert evaluated.end == events.end
         assert evaluated.start[a] == evaluated.end[b] == 0.5
         assert evaluated.end[c] == evaluated.end[a] + 2.0 == 3.5
-        walked = longest_path._walk_ranks(graph, [task.duration for task in graph.tasks])
+        walked = longest_path._walk_ranks(graph, [task.duration for task in graph.tasks],
+                                          [task.deps for task in graph.tasks])
         assert (walked is None) is not between

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     # Read once per task, not once per visit: its dependencies, its rendezvous key (only where some collective has
     # several simulated members: slice mode has none but DualPipe's meetings) and its seconds, a communication
     # task's priced once per (op, bytes, group, skew): a step repeats a few transfers many times.
-    deps_of = [task.deps for task in tasks]
+    deps_of = list(map(attrgetter("deps"), tasks))
     key_of = [task.collective for task in tasks] if shared else []
     priced: dict[tuple[str, float, tuple[int, ...], float], float] = {}
     seconds: list[float] = list(seconds_of)  # type: ignore[arg-type]  # the Nones are replaced below
@@ -65,7 +66,7 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
         seconds[task_id] = priced[key]
 
     if not shared:
-        walked = _walk_ranks(graph, seconds)
+        walked = _walk_ranks(graph, seconds, deps_of)
         if walked is not None:
             return EngineResult(start=walked[0], end=walked[1], events=len(tasks), arrival=meets.arrival)
 
@@ -127,7 +128,8 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     return EngineResult(start=start, end=end, events=len(tasks), arrival=meets.arrival)
 
 
-def _walk_ranks(graph: TaskGraph, seconds: list[float]) -> tuple[list[float], list[float]] | None:
+def _walk_ranks(graph: TaskGraph, seconds: list[float], deps_of: list[Sequence[int]]
+                ) -> tuple[list[float], list[float]] | None:
     """Start and end of every task of a graph without rendezvous, walking each rank's tasks in emission order
     (see the module's docstring); None if the walk cannot finish (the stream walk then decides)."""
     tasks = graph.tasks
@@ -146,7 +148,6 @@ def _walk_ranks(graph: TaskGraph, seconds: list[float]) -> tuple[list[float], li
     cuts = (np.flatnonzero(np.diff(rank_of)) + 1).tolist()  # runs of one rank's consecutive tasks
     lows, highs = [0, *cuts], [*cuts, n]
     prev = previous.tolist()
-    deps_of = [task.deps for task in tasks]
     inf = math.inf
     start = [math.nan] * n
     end = [inf] * n + [0.0]  # +inf: not yet evaluated; end[n]: the sentinel

@@ -115,6 +115,8 @@ class TaskGraph:
     def shared_collectives(self) -> dict[int, int]:
         """Rendezvous key -> simulated members, for the collectives with more than one (the engines' meets)."""
         members: dict[int, int] = {}
+        if max(map(attrgetter("collective"), self.tasks), default=-1) < 0:  # slice mode: none (a C-level pass)
+            return members
         for task in self.tasks:
             if task.collective >= 0:
                 members[task.collective] = members.get(task.collective, 0) + 1
