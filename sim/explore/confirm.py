@@ -26,17 +26,16 @@ import numpy as np
 import pandas as pd
 
 from sim import runner
-from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, stagewise_bubble_rate
+from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, stagewise_bubble
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
-from sim.workload.footprint import TIMELINE_KINDS, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, Kind, Stream, TaskGraph
+from sim.workload.footprint import TIMELINE_KINDS, TimelineRows, memory_timeline
+from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
-_KINDS: tuple[Kind, ...] = tuple(Kind)
+_KINDS: tuple[Kind, ...] = KINDS  # the codes footprint.TimelineRows reads
 _KIND_CODE: dict[str, int] = {kind: code for code, kind in enumerate(_KINDS)}  # a Kind hashes as its string
 _KIND_NAMES = [str(kind) for kind in _KINDS]  # code -> the trace's plain string
-_KIND_NAME = np.array(_KIND_NAMES, dtype=object)
 _COMPUTE = np.array([_KIND_CODE[kind] for kind in COMPUTE_KINDS])
 _TIMELINE = np.array([_KIND_CODE[kind] for kind in TIMELINE_KINDS])
 
@@ -89,22 +88,26 @@ def _figures(simulated: runner.Simulated) -> Figures:
     hardware_flops_per_gpu = float(pd.Series(flops).groupby(rank).sum().mean())
     figures = rates(plan, step, hardware_flops_per_gpu)
 
-    timeline_rows = _timeline_frame(graph, rank, kind, start, end)
+    timeline_rows = _timeline_rows(graph, rank, kind, start, end)
     memory = memory_timeline(timeline_rows, plan)
     peak_memory = max(m["total"] for m in memory.values())
+    compute_rows = np.isin(timeline_rows.kind, _COMPUTE)
+    stagewise = stagewise_bubble(timeline_rows.rank[compute_rows], timeline_rows.start[compute_rows],
+                                 timeline_rows.end[compute_rows])
     runner.check_step(step, figures.mfu, plan.scenario)
     return Figures(step_time_s=step, tokens_per_s=figures.tokens_per_s, tflops_per_gpu=figures.tflops_per_gpu,
                    mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(ranks.bubbles)),
-                   bubble_rate_stagewise=stagewise_bubble_rate(timeline_rows), exposed_comm_s=ranks.exposed,
+                   bubble_rate_stagewise=stagewise, exposed_comm_s=ranks.exposed,
                    peak_memory_bytes=peak_memory,
                    fits_in_memory=bool(peak_memory <= plan.scenario.cluster.gpu.hbm_capacity),
                    microbatches=plan.microbatches, num_gpus=plan.num_gpus, tasks=n)
 
 
-def _timeline_frame(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start: np.ndarray,
-                    end: np.ndarray) -> pd.DataFrame:
+def _timeline_rows(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start: np.ndarray,
+                   end: np.ndarray) -> TimelineRows:
     """The trace's rows of ``TIMELINE_KINDS`` (compute passes among them, which is all the stage-wise bubble
-    rate reads), in task order, with the columns and dtypes of ``sim.output.trace.to_frame``."""
+    rate reads), in task order, as the columns ``TimelineRows.of_trace`` reads from a trace (bytes rounded to
+    the trace's integers)."""
     ids = np.flatnonzero(np.isin(kind, _TIMELINE))
     kept = list(map(graph.tasks.__getitem__, ids.tolist()))
     count = len(kept)
@@ -112,11 +115,8 @@ def _timeline_frame(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start:
     def column(field: str, dtype: str) -> np.ndarray:
         return np.fromiter(map(attrgetter(field), kept), dtype, count)
 
-    return pd.DataFrame({
-        "task": ids.astype("int64"), "rank": rank[ids].astype(TRACE_COLUMNS["rank"]),
-        "stage": column("stage", TRACE_COLUMNS["stage"]), "kind": pd.Series(_KIND_NAME[kind[ids]], dtype=object),
-        "name": pd.Series(list(map(attrgetter("name"), kept)), dtype=object),
-        "microbatch": column("microbatch", TRACE_COLUMNS["microbatch"]),
-        "layer": column("layer", TRACE_COLUMNS["layer"]), "start_s": start[ids], "end_s": end[ids],
-        "bytes": np.rint(column("nbytes", "float64")).astype(TRACE_COLUMNS["bytes"]),
-    }, copy=False)
+    return TimelineRows(rank=rank[ids], stage=column("stage", TRACE_COLUMNS["stage"]), kind=kind[ids],
+                        name=np.array(list(map(attrgetter("name"), kept)), dtype=object),
+                        microbatch=column("microbatch", TRACE_COLUMNS["microbatch"]),
+                        layer=column("layer", TRACE_COLUMNS["layer"]), start=start[ids], end=end[ids],
+                        nbytes=np.rint(column("nbytes", "float64")).astype(TRACE_COLUMNS["bytes"]))

@@ -52,6 +52,7 @@ class Kind(StrEnum):
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)
+KINDS: tuple[Kind, ...] = tuple(Kind)  # a kind's code in columnar readers (footprint.TimelineRows)
 NCCL_STREAM, REPLICA_STREAM = Stream.DP, Stream.DP_REPLICA
 OFFLOAD_STREAM, HOST_STREAM = Stream.OFFLOAD, Stream.HOST
 EP_STREAM, EXPERT_DP_STREAM = Stream.EP, Stream.EXPERT_DP
