@@ -72,9 +72,8 @@ def _figures(simulated: runner.Simulated) -> Figures:
     plan, graph = simulated.plan, simulated.graph
     tasks = graph.tasks
     n = len(tasks)
-    rank = np.fromiter(map(attrgetter("rank"), tasks), np.int64, n)
+    rank, on_compute = _rank_and_compute(graph)
     kind = np.fromiter(map(_KIND_CODE.__getitem__, map(attrgetter("kind"), tasks)), np.int8, n)
-    on_compute = np.fromiter(map(Stream.COMPUTE.__eq__, map(attrgetter("stream"), tasks)), bool, n)
     flops = np.fromiter(map(attrgetter("flops"), tasks), np.float64, n)
     start = np.asarray(simulated.result.start, dtype=np.float64)
     end = np.asarray(simulated.result.end, dtype=np.float64)
@@ -103,20 +102,43 @@ def _figures(simulated: runner.Simulated) -> Figures:
                    microbatches=plan.microbatches, num_gpus=plan.num_gpus, tasks=n)
 
 
+def _rank_and_compute(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
+    """Each task's rank and whether it runs on its rank's compute stream, from the graph's (rank, stream) lists
+    (a few numpy calls per stream instead of a pass over the tasks per column)."""
+    n = len(graph.tasks)
+    rank = np.empty(n, dtype=np.int64)
+    on_compute = np.zeros(n, dtype=bool)
+    for (owner, stream), order in graph.streams.items():
+        ids = np.array(order, dtype=np.int64)
+        rank[ids] = owner
+        if stream == Stream.COMPUTE:
+            on_compute[ids] = True
+    return rank, on_compute
+
+
 def _timeline_rows(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start: np.ndarray,
                    end: np.ndarray) -> TimelineRows:
     """The trace's rows of ``TIMELINE_KINDS`` (compute passes among them, which is all the stage-wise bubble
-    rate reads), in task order, as the columns ``TimelineRows.of_trace`` reads from a trace (bytes rounded to
-    the trace's integers)."""
+    rate reads), in task order, as the columns ``TimelineRows.of_trace`` reads from a trace. Read from the tasks
+    where the timeline needs them: micro-batch and layer on every row, name and bytes (rounded to the trace's
+    integers) on the offload and data-parallel rows only, the only ones whose names and bytes it reads (the
+    compute rows get "" and 0); a rank's stage is its tasks' (each emitter stamps its own on all of them)."""
+    tasks = graph.tasks
     ids = np.flatnonzero(np.isin(kind, _TIMELINE))
-    kept = list(map(graph.tasks.__getitem__, ids.tolist()))
+    kept = list(map(tasks.__getitem__, ids.tolist()))
     count = len(kept)
-
-    def column(field: str, dtype: str) -> np.ndarray:
-        return np.fromiter(map(attrgetter(field), kept), dtype, count)
-
-    return TimelineRows(rank=rank[ids], stage=column("stage", TRACE_COLUMNS["stage"]), kind=kind[ids],
-                        name=np.array(list(map(attrgetter("name"), kept)), dtype=object),
-                        microbatch=column("microbatch", TRACE_COLUMNS["microbatch"]),
-                        layer=column("layer", TRACE_COLUMNS["layer"]), start=start[ids], end=end[ids],
-                        nbytes=np.rint(column("nbytes", "float64")).astype(TRACE_COLUMNS["bytes"]))
+    rows_rank, rows_kind = rank[ids], kind[ids]
+    stage_of = {owner: tasks[order[0]].stage for (owner, _), order in graph.streams.items()}
+    ranks = np.unique(rows_rank)
+    stage = np.array([stage_of[owner] for owner in ranks.tolist()], dtype=TRACE_COLUMNS["stage"])[
+        np.searchsorted(ranks, rows_rank)]
+    other = np.flatnonzero(~np.isin(rows_kind, _COMPUTE))  # offload copies and data-parallel collectives
+    others = [kept[i] for i in other.tolist()]
+    name = np.full(count, "", dtype=object)
+    name[other] = list(map(attrgetter("name"), others))
+    nbytes = np.zeros(count, dtype=TRACE_COLUMNS["bytes"])
+    nbytes[other] = np.rint(np.fromiter(map(attrgetter("nbytes"), others), np.float64, len(others)))
+    return TimelineRows(rank=rows_rank, stage=stage, kind=rows_kind, name=name,
+                        microbatch=np.fromiter(map(attrgetter("microbatch"), kept), TRACE_COLUMNS["microbatch"], count),
+                        layer=np.fromiter(map(attrgetter("layer"), kept), TRACE_COLUMNS["layer"], count),
+                        start=start[ids], end=end[ids], nbytes=nbytes)

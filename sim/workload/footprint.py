@@ -219,7 +219,8 @@ class TimelineRows:
     """The trace rows the timeline reads (``TIMELINE_KINDS``; others may be there and are ignored), as columns in
     trace order: rank, stage, kind (its index in ``sim.workload.ir.KINDS``), name, micro-batch, layer, start and
     end (s) and the trace's integer bytes. ``of_trace`` reads them from a trace DataFrame; a sweep's confirmation
-    builds them from the task graph without one."""
+    builds them from the task graph without one. Names and bytes are read on the offload and data-parallel rows
+    only."""
 
     rank: np.ndarray
     stage: np.ndarray
