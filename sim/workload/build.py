@@ -451,32 +451,8 @@ class _StageEmitter:
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
             chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:  # TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build)
-            graph, rank, stage = self.g, self.rank, self.stage
-            tasks, key = graph.tasks, graph.rendezvous_key
-            blocking_tp = self.blocking_tp
-            task_id = len(tasks)
-            after_stream = tasks[after].stream if after is not None else None
-            for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, blocks, keyed,
-                 append) in chain:
-                # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
-                # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
-                deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
-                if extra:
-                    deps += tuple([task_id - back for back in extra])
-                if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
-                    if blocking_tp not in deps:
-                        deps += (blocking_tp,)
-                    blocking_tp = None
-                tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, key(rank, kind, op, group) if keyed else -1, skew))
-                append(task_id)
-                after, after_stream = task_id, stream
-                if blocks:
-                    blocking_tp = task_id
-                task_id += 1
-            self.blocking_tp = blocking_tp
-            return after
+        if chain is not None:
+            return self._stamp(chain, mb, layer, after)
         first = len(self.g.tasks)
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
@@ -505,6 +481,35 @@ class _StageEmitter:
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
             self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+        return after
+
+    def _stamp(self, chain: list[tuple], mb: int, layer: int, after: int | None) -> int | None:
+        """Emits a recorded chain (``_stamp_entry``) again for ``layer`` of micro-batch ``mb`` after ``after``:
+        TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build). Returns its last task."""
+        graph, rank, stage = self.g, self.rank, self.stage
+        tasks, key = graph.tasks, graph.rendezvous_key
+        blocking_tp = self.blocking_tp
+        task_id = len(tasks)
+        after_stream = tasks[after].stream if after is not None else None
+        for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
+             append) in chain:
+            # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
+            # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
+            deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
+            if extra:
+                deps += tuple([task_id - back for back in extra])
+            if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
+                if blocking_tp not in deps:
+                    deps += (blocking_tp,)
+                blocking_tp = None
+            tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
+                              flops, group, key(rank, kind, op, group) if keyed else -1, skew))
+            append(task_id)
+            after, after_stream = task_id, stream
+            if becomes:
+                blocking_tp = task_id
+            task_id += 1
+        self.blocking_tp = blocking_tp
         return after
 
     def _stamp_entry(self, task: Task) -> tuple:
@@ -548,22 +553,37 @@ class _StageEmitter:
         if g == last:
             after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
         for layer in reversed(self._layers(chunk)):
-            if self.moe_layers[layer]:  # the routed and shared experts' and the router's weight gradients
-                for name in ("moe_experts", "moe_shared", "moe_router"):
-                    after = self._compute("weight", name, mb, layer, self.moe.work[name], after, "weight_grad")
-                after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
-                                      "weight_grad")
-            else:
-                frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
-                work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
-                for block in ("mlp", "attention"):
-                    after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
-            self.grad_ready[layer] = after  # type: ignore[assignment]
+            after = self.grad_ready[layer] = self._weight_layer(mb, layer, after)  # type: ignore[assignment]
         if g == 0:
             after = self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
                                                         "weight_grad")  # type: ignore[assignment]
         self.tail = after
 
+    def _weight_layer(self, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's weight-gradient GEMMs, returning the last. Like a layer's forward and backward
+        (``_layer_tasks``), every layer of a kind (MoE or dense, frozen or trained) emits the same chain unless
+        pending dependencies or jitter tell layers apart, so the first is recorded and the others stamped (a
+        zero-bubble pass is a third of a stage's compute tasks)."""
+        moe = self.moe_layers[layer]
+        frozen = not moe and self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
+        chain_key = "weight" + ("+moe" if moe else "") + ("+frozen" if frozen else "")
+        stampable = not self.pending_deps and self.fixed_durations
+        chain = self.chains.get(chain_key) if stampable else None
+        if chain is not None:
+            return self._stamp(chain, mb, layer, after)
+        first = len(self.g.tasks)
+        if moe:  # the routed and shared experts' and the router's weight gradients
+            for name in ("moe_experts", "moe_shared", "moe_router"):
+                after = self._compute("weight", name, mb, layer, self.moe.work[name], after, "weight_grad")
+            after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
+                                  "weight_grad")
+        else:
+            work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
+            for block in ("mlp", "attention"):
+                after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
+        if stampable and not self.pending_deps:
+            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+        return after
 
 def folds_tp(plan: Plan) -> bool:
     """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same
