@@ -150,9 +150,8 @@ class TaskGraph:
         task = self.tasks[task_id]
         if isinstance(task.deps, list):
             task.deps.append(on)
-        else:  # a stamped task's (sim.workload.build): a tuple from the start
-            task.deps = [*task.deps, on]
-            self._lists.append(task_id)
+        else:  # a stamped task's (sim.workload.build): a tuple from the start, and still one
+            task.deps = (*task.deps, on)
 
     def freeze(self) -> None:
         """Ends the build: every task's dependencies become a tuple (no edge can be appended any more) and
@@ -162,17 +161,20 @@ class TaskGraph:
 
         ``Task`` itself stays a plain slots dataclass: a frozen one takes 6x as long to construct (3.8 vs 0.6 s
         per 10^6 tasks, measured), and a build makes 10^5..10^6 of them. Only the tasks ``add`` made (and those
-        ``add_dependency`` gave a list) are converted: a stamped layer's tasks carry tuples from the start
-        (``sim.workload.build``), which made this pass a fifth of a 175B layout's build (0.03 of 0.16 CPU s)."""
+        ``add_dependency`` gave a list) are read: a stamped layer's tasks carry tuples from the start and the kinds
+        of the tasks they were recorded from (``sim.workload.build``); a pass over every task was a fifth of a 175B
+        layout's build (0.03 of 0.16 CPU s)."""
         unknown = {stream for _, stream in self.streams} - set(Stream)
         if unknown:
             raise ValueError(f"task graph: unknown stream(s) {', '.join(sorted(unknown))}; "
                              f"streams are {', '.join(Stream)}")
-        tasks = self.tasks
-        for task_id in self._lists:  # the others' are tuples already (stamped layers)
-            tasks[task_id].deps = tuple(tasks[task_id].deps)
+        # The other tasks' are tuples already, and each repeats the kind of a task add() made (a stamped layer
+        # copies the one it recorded), so the kinds checked here are every kind in the graph.
+        added = list(map(self.tasks.__getitem__, self._lists))
+        for task in added:
+            task.deps = tuple(task.deps)
         self._lists = []
-        unknown = set(map(attrgetter("kind"), self.tasks)) - set(Kind)
+        unknown = set(map(attrgetter("kind"), added)) - set(Kind)
         if unknown:
             raise ValueError(f"task graph: unknown kind(s) {', '.join(sorted(unknown))}; kinds are {', '.join(Kind)}")
         self.frozen = True
