@@ -58,12 +58,13 @@ def evaluate(graph: TaskGraph, network: Network, durations: Sequence[float | Non
     key_of = [task.collective for task in tasks] if shared else []
     priced: dict[tuple[str, float, tuple[int, ...], float], float] = {}
     seconds: list[float] = list(seconds_of)  # type: ignore[arg-type]  # the Nones are replaced below
+    transfer = attrgetter("op", "nbytes", "group", "skew")
     for task_id in [i for i, duration in enumerate(seconds) if duration is None]:
-        task = tasks[task_id]
-        key = (task.op, task.nbytes, task.group, task.skew)
-        if key not in priced:
-            priced[key] = transfer_time(network, task.op, task.nbytes, task.group, task.skew)
-        seconds[task_id] = priced[key]
+        key = transfer(tasks[task_id])
+        value = priced.get(key)
+        if value is None:
+            value = priced[key] = transfer_time(network, *key)
+        seconds[task_id] = value
 
     if not shared:
         walked = _walk_ranks(graph, seconds, deps_of)
@@ -160,8 +161,9 @@ def _walk_ranks(graph: TaskGraph, seconds: list[float], deps_of: list[Sequence[i
         while i < high:
             ready = end[prev[i]]
             for dep in deps_of[i]:
-                if end[dep] > ready:
-                    ready = end[dep]
+                at = end[dep]
+                if at > ready:
+                    ready = at
             if ready == inf:  # waits on a task not yet evaluated (another rank's, or its own later one)
                 blocker = prev[i] if end[prev[i]] == inf else next(d for d in deps_of[i] if end[d] == inf)
                 waiting.setdefault(blocker, []).append(run)
