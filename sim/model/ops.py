@@ -47,8 +47,10 @@ class Op:
     trainable: bool = True
 
 
+# The fused attention kernel's op name (priced on an attention curve where the profile has one: sim.costs.models).
+FLASH_ATTENTION = "flash_attention"
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
-ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", FLASH_ATTENTION})
 # What each of Megatron-Core's --recompute-modules replays in the backward, by op name (transformer_config.py
 # recompute_modules; transformer_layer.py, multi_latent_attention.py, moe/experts.py, moe/shared_experts.py).
 # ``moe`` (the whole MoE layer under tensor_parallel.checkpoint, moe_layer.py) replays every op of the MoE part and
@@ -236,7 +238,7 @@ def attention_forward_ops(
             flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
             flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
         share = _executed_share(spec, s, causal) if executed is None else executed
-        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=share))
+        attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share))
     else:
         score_elems = b * heads * s * s
         attention += [
