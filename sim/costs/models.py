@@ -78,7 +78,10 @@ class Work:
     layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
 
     def flops(self, phase: ComputePhase) -> float:
-        return sum(op.flops * phase_scale(op, phase) for op in self.ops)
+        """The FLOPs ``phase`` runs: each op's ``executed_flops`` (the causal flash kernel's executed tiles, the
+        FLOPs its time is priced on) x ``phase_scale``. A task's FLOPs in the trace, summed into HFU; model FLOPs
+        (MFU, Megatron's full-matrix count) are the Plan's, not these."""
+        return sum(op.executed_flops * phase_scale(op, phase) for op in self.ops)
 
 
 class CostModel(Protocol):
@@ -189,7 +192,7 @@ class RooflineCosts:
         whose backward accumulates split: ``fp8_accumulation_scale``)."""
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op)
-        flops = op.flops * op.executed  # the FLOPs the kernel runs (causal flash attention: about half)
+        flops = op.executed_flops  # the FLOPs the kernel runs (causal flash attention: about half)
         compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
         if self.bf16 is not None and op.matmul and op.te_linear:
             compute *= self.fp8_accumulation_scale(phase)
