@@ -98,7 +98,7 @@ def _figures(simulated: runner.Simulated) -> Figures:
     compute_rows = np.isin(timeline_rows.kind, _COMPUTE)
     stagewise = stagewise_bubble(timeline_rows.rank[compute_rows], timeline_rows.start[compute_rows],
                                  timeline_rows.end[compute_rows])
-    runner.check_step(step, figures.mfu, plan.scenario)
+    runner.check_step(step, figures.hfu, plan.scenario)
     return Figures(step_time_s=step, tokens_per_s=figures.tokens_per_s, tflops_per_gpu=figures.tflops_per_gpu,
                    mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(ranks.bubbles)),
                    bubble_rate_stagewise=stagewise, exposed_comm_s=ranks.exposed,

@@ -40,15 +40,26 @@ class Op:
     runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
     te_linear: bool = False
     kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
-    # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
-    # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
+    # The share of ``flops`` the kernel executes: causal flash attention skips the tiles above the diagonal
+    # (causal_fraction), a sliding window those outside its band. ``flops`` keeps Megatron's full-matrix count,
+    # the unit of the share; ``executed_flops`` is what the kernel runs.
     executed: float = 1.0
     # False for a frozen weight (LoRA's base model, frozen layers: sim.model.peft): no weight-gradient GEMM.
     trainable: bool = True
 
+    @property
+    def executed_flops(self) -> float:
+        """The FLOPs the kernel runs (``flops`` x ``executed``; causal flash attention: about half): the one
+        number both its time is priced on (sim.costs.models.RooflineCosts.kernel_time) and the trace counts for
+        HFU (sim.costs.models.Work.flops). Before, the trace counted ``flops``, so at 509,712 causal tokens the
+        attention tasks ran at 110% of the H100's peak and HFU was 1.00008 (tests/test_executed_flops.py)."""
+        return self.flops * self.executed
 
+
+# The fused attention kernel's op name (priced on an attention curve where the profile has one: sim.costs.models).
+FLASH_ATTENTION = "flash_attention"
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
-ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", FLASH_ATTENTION})
 # What each of Megatron-Core's --recompute-modules replays in the backward, by op name (transformer_config.py
 # recompute_modules; transformer_layer.py, multi_latent_attention.py, moe/experts.py, moe/shared_experts.py).
 # ``moe`` (the whole MoE layer under tensor_parallel.checkpoint, moe_layer.py) replays every op of the MoE part and
@@ -95,11 +106,18 @@ def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int,
 
 
 # Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
-# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out:
-# cast to fp32 (2+4), pow (4+4), mean (4), multiply by rsqrt (4+4), cast back (4+2), multiply by weight (2+2).
-EAGER_RMSNORM_BYTES = 36.0
+# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out, as
+# the model's memory-bound time needs them: 52, measured. The kernels' ideal traffic is 36 (cast to fp32 2+4, pow
+# 4+4, mean 4, multiply by rsqrt 4+4, cast back 4+2, multiply by weight 2+2), but an H100 ran LlamaRMSNorm on
+# 8,192 x 4,096 bf16 in 522 us forward and 1,731 us forward + backward (kernel time, 2026-11-26,
+# sim/data/reference/gpu_eager_measurements.csv): at the H100 preset's 3.0 TB/s achieved bandwidth and the model's
+# backward of twice the forward, 1,731 us / 3 per pass is 52 bytes per element. Not all bandwidth: an H200 (43%
+# more) ran it in 1,383 us, 12% above the 52 bytes' price there (tests/test_eager_kernels.py).
+EAGER_RMSNORM_BYTES = 52.0
 # Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
-# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
+# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k. (Hugging
+# Face's bf16 apply_rotary_pos_emb moves less: an H100 ran it on Llama 3 8B's q and k at 8,192 tokens in 1,146 us
+# forward + backward, 27 bytes per element's price; the FMS count stays, unmeasured.)
 EAGER_ROPE_BYTES = 36.0
 # Kernel launches of those eager ops (what a launch floor counts): the RMSNorm's six kernels above plus the
 # eps add and rsqrt on the per-token mean; the rotary embedding's four kernels, once for q and once for k.
@@ -236,7 +254,7 @@ def attention_forward_ops(
             flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
             flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
         share = _executed_share(spec, s, causal) if executed is None else executed
-        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=share))
+        attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share))
     else:
         score_elems = b * heads * s * s
         attention += [
