@@ -161,16 +161,18 @@ class Estimator:
             if found is not None:
                 stages.append(found)
                 continue
-            (layers, moe_layers, recomputed, frozen_layers, offloaded, first_layer, embedding, head, sends,
-             pair_chunks) = shape
+            (layers, moe_layers, recomputed, recomputed_moe, frozen_layers, offloaded, first_layer, embedding, head,
+             sends, pair_chunks) = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
-            if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
+            # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
+            # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
+            rebuilt = fwd_layer * recomputed
+            if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed (and those it rebuilds)
                 n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
-            # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
-            # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
-            layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
+                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * moe[0]
+            layer_bwd = bwd_layer + rebuilt / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
                 share = frozen_layers / share_of
@@ -213,11 +215,14 @@ class Estimator:
         last = plan.pp * plan.vpp - 1
         for s in range(plan.pp):
             offloaded = plan.offloaded_layers(s)
+            recomputed = plan.recomputed_layers(s)
             pair_chunks = tuple((g == 0, g == last, tuple((plan.moe_layers[layer], plan.recomputes(layer))
                                                           for layer in plan.chunk_layers(g)))
                                 for g in plan.stage_chunks[s]) if pairs else ()
             shapes.append(_StageShape(
-                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, plan.recomputed_layers(s),
+                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, recomputed,
+                sum(plan.moe_layers[layer] and plan.recomputes(layer) for layer in step.stage_layer_ids(plan, s))
+                if plan.is_moe and recomputed else 0,
                 sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
                 offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
                 plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks))
@@ -849,6 +854,7 @@ class _StageShape(NamedTuple):
     layers: int
     moe_layers: int  # of them MoE layers (0 in a dense model)
     recomputed: int  # layers full recomputation rebuilds
+    recomputed_moe: int  # of them MoE layers (a MoE model's dense layers rebuild at their own price)
     frozen: int  # layers ``training.method: frozen`` freezes (0 unless that method)
     offloaded: int  # layers whose activations go to the host
     first_layer: int  # the first layer of the stage's first chunk where it offloads (its copy's size), else -1
