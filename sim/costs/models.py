@@ -96,7 +96,10 @@ class Work:
     layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
 
     def flops(self, phase: ComputePhase) -> float:
-        return sum(op.flops * phase_scale(op, phase) for op in self.ops)
+        """The FLOPs ``phase`` runs: each op's ``executed_flops`` (the causal flash kernel's executed tiles, the
+        FLOPs its time is priced on) x ``phase_scale``. A task's FLOPs in the trace, summed into HFU; model FLOPs
+        (MFU, Megatron's full-matrix count) are the Plan's, not these."""
+        return sum(op.executed_flops * phase_scale(op, phase) for op in self.ops)
 
 
 class CostModel(Protocol):
@@ -213,7 +216,7 @@ class RooflineCosts:
         whose backward accumulates split: ``fp8_accumulation_scale``)."""
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op, phase)
-        flops = op.flops * op.executed  # the FLOPs the kernel runs (causal flash attention: about half)
+        flops = op.executed_flops  # the FLOPs the kernel runs (causal flash attention: about half)
         if self.attention is not None and op.name == FLASH_ATTENTION and flops > 0:
             rate = self.attention.rate("forward" if phase == "forward" else "backward", flops) * self.scale
             compute = flops / rate

@@ -40,11 +40,20 @@ class Op:
     runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
     te_linear: bool = False
     kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
-    # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
-    # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
+    # The share of ``flops`` the kernel executes: causal flash attention skips the tiles above the diagonal
+    # (causal_fraction), a sliding window those outside its band. ``flops`` keeps Megatron's full-matrix count,
+    # the unit of the share; ``executed_flops`` is what the kernel runs.
     executed: float = 1.0
     # False for a frozen weight (LoRA's base model, frozen layers: sim.model.peft): no weight-gradient GEMM.
     trainable: bool = True
+
+    @property
+    def executed_flops(self) -> float:
+        """The FLOPs the kernel runs (``flops`` x ``executed``; causal flash attention: about half): the one
+        number both its time is priced on (sim.costs.models.RooflineCosts.kernel_time) and the trace counts for
+        HFU (sim.costs.models.Work.flops). Before, the trace counted ``flops``, so at 509,712 causal tokens the
+        attention tasks ran at 110% of the H100's peak and HFU was 1.00008 (tests/test_executed_flops.py)."""
+        return self.flops * self.executed
 
 
 # The fused attention kernel's op name (priced on an attention curve where the profile has one: sim.costs.models).
