@@ -16,6 +16,8 @@ The same cost model and network as the event simulation price the pieces; what d
 - ZeRO-3 / FSDP: the data-parallel group's collectives share one NCCL stream, so a unit's forward takes
   max(compute, all-gather) (the next unit's gather hides behind this one's compute) and its backward
   max(compute, all-gather + reduce-scatter) with backward prefetch, compute + all-gather + reduce-scatter without;
+- DualPipe's F&B pairs of MoE layers: the pair's span replayed block by block on the compute and ``ep`` streams
+  (sim.explore.pair_replay), less than its two passes run alone by what the interleaving hides;
 - the data-parallel tail: the step's gradient buckets (or units) replayed in the order the last backward frees
   them on a sequential stream, then the optimizer (on the GPU, or the host under offload) and ZeRO-1/2's weight
   all-gather; the step ends at the latest stage.
