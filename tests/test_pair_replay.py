@@ -50,6 +50,21 @@ def test_a_pass_with_fewer_blocks_leaves_the_rest_to_the_other():
     assert pair_span(f, b) == 4 + alone(b)
 
 
+def test_a_trailing_tp_collective_holds_the_tp_stream():
+    """F's first block: router 1 s, its dispatch (1 s) issued, the shared expert 0.5 s, then its SP reduce-scatter
+    3 s on the TP stream (1.5-4.5). B's one block starts with an all-gather (lead 0): it queues behind the
+    reduce-scatter on the one TP stream, so B runs 4.5-5; F's last block waits for its own reduce-scatter and the
+    compute stream: 5-6. Alone F is 1 + max(1, 0.5 + 3) + 1."""
+    f = [Block(1.0, 1.0, 0.5, 3.0), Block(1.0, None, 0.0)]
+    b = [Block(0.5, None, 0.0, 0.0, 0.0)]
+    assert pair_span(f, b) == 6.0
+    assert alone(f) == 5.5
+    # a block with no TP collective (lead None) does not wait for it: B 1.5-2, F's last 4.5-5.5
+    assert pair_span(f, [Block(0.5, None, 0.0)]) == 5.5
+    # joined pieces keep the first TP collective's offset: the dense piece's 2 s, then the all-gather
+    assert chain([(Block(2.0, None, 0.0),), (Block(1.0, 1.0, 0.0, 0.0, 0.0),)]) == [Block(3.0, 1.0, 0.0, 0.0, 2.0)]
+
+
 def _moe_scenario(**changes: Any) -> Scenario:
     """A small MoE under DualPipe (pp 4, 16 micro-batches of 2048 tokens, roofline costs, analytic network),
     with ``changes`` merged into its sections."""
@@ -83,12 +98,22 @@ CASES = {
     # DualPipeV: one copy in a V, the turn's two chunks on the last rank
     "dualpipev": {"schedule": "dualpipev", "parallel": {"vpp": 2},
                   "model": {"num_layers": 8, "moe_shared_expert_intermediate_size": 1024}},
+    # TP 2 with SP: the shared expert's reduce-scatter trails its block on the one TP stream, and the other pass's
+    # next all-gather waits for it; a dense first layer
+    "tp2": {"parallel": {"tp": 2, "sequence_parallel": True, "ep": 2},
+            "model": {"num_layers": 8, "moe_shared_expert_intermediate_size": 2048,
+                      "moe_layer_freq": [0, 1, 1, 1, 1, 1, 1, 1]}},
 }
+# On the end stages a forward's first all-gather may run on the TP stream under the previous unit's W pass, before
+# the pair: the pair there is shorter than the estimate's by that gather (tp2: +0.9%), so only the middle ones.
+MIDDLE_ONLY = {"tp2"}
 
 
 def _pair_spans(scenario: Scenario) -> dict[int, dict[tuple[int, int], float]]:
     """Per stage, per kind of pair (the forward's local chunk, the backward's): the seconds from the pair's
-    first compute task to its last in the simulation's trace (the median of that kind's pairs)."""
+    first task to its last on the compute and TP streams in the simulation's trace (the median of that kind's
+    pairs). A pass's tasks are emitted one after another; its first TP collective counts where the compute
+    waited for it."""
     plan = resolve(scenario)
     result = runner.run(scenario)
     trace = result.trace
@@ -96,8 +121,9 @@ def _pair_spans(scenario: Scenario) -> dict[int, dict[tuple[int, int], float]]:
     end = dict(zip(trace["task"], trace["end_s"], strict=True))
     # a task's model chunk: its layer's, the embedding's (chunk 0) or the head's (the last)
     chunk_of = {layer: g for g in range(plan.chunks) for layer in plan.chunk_layers(g)}
+    tasks = result.graph.tasks
     passes: dict[tuple[int, bool, int, int], list[int]] = {}
-    for task in result.graph.tasks:
+    for task in tasks:
         if task.stream == "compute" and task.kind != "weight":
             g = chunk_of.get(task.layer, 0 if task.name == "embedding" else plan.chunks - 1)
             passes.setdefault((task.rank, task.kind == "forward", task.microbatch, g), []).append(task.id)
@@ -107,9 +133,15 @@ def _pair_spans(scenario: Scenario) -> dict[int, dict[tuple[int, int], float]]:
         chunks = plan.stage_chunks[stage]
         for first, second in zip(actions[:-1], actions[1:], strict=True):
             if first.phase == "F" and first.with_next and second.phase == "B":
-                ids = (passes[(rank, True, first.microbatch, chunks[first.chunk])]
-                       + passes[(rank, False, second.microbatch, chunks[second.chunk])])
-                span = max(end[i] for i in ids) - min(start[i] for i in ids)
+                ids = []
+                for forward, action in ((True, first), (False, second)):
+                    compute = passes[(rank, forward, action.microbatch, chunks[action.chunk])]
+                    ids += [t for t in range(min(compute) - 1, max(compute) + 2)
+                            if tasks[t].rank == rank and tasks[t].stream in ("compute", "tp")
+                            and tasks[t].kind != "weight" and tasks[t].microbatch == action.microbatch]
+                begin = min(start[i] for i in ids if tasks[i].stream == "compute")
+                begin = min([begin] + [start[i] for i in ids if tasks[i].stream == "tp" and end[i] == begin])
+                span = max(end[i] for i in ids) - begin
                 spans.setdefault(stage, {}).setdefault((first.chunk, second.chunk), []).append(span)
     return {stage: {kind: statistics.median(seconds) for kind, seconds in kinds.items()}
             for stage, kinds in spans.items()}
@@ -129,6 +161,8 @@ def test_the_estimates_pairs_take_the_simulated_seconds(case):
     simulated = _pair_spans(scenario)
     assert sorted(simulated) == list(range(len(stages)))
     for stage, kinds in simulated.items():
+        if case in MIDDLE_ONLY and stage in (0, len(stages) - 1):
+            continue
         st = stages[stage]
         assert st.pair_overlap > 0
         assert (st.forward + st.backward - st.pair_overlap) / 2 == pytest.approx(statistics.mean(kinds.values()),

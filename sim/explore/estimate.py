@@ -145,7 +145,8 @@ class Estimator:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
-            pair = _PairBlocks(((Block(fwd_layer, None, 0.0),), (Block(bwd_layer, None, 0.0),)),
+            lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
+            pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
                                (moe_forward, moe_backward))
         layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair)
         self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
@@ -297,24 +298,33 @@ class Estimator:
         attention_b += self._price(plan, "recompute_attention", "forward")
         cp_f, cp_b = self._cp_exposed(plan, bwd)
         attention_f, attention_b = attention_f + cp_f, attention_b + cp_b
-        # the MoE part's forward: router -> dispatch beside the shared expert -> experts -> combine -> unpermute
+        # the MoE part's forward: router -> dispatch beside the shared expert -> experts -> combine -> unpermute.
+        # The shared expert's SP all-gather waits for the router and the expert for the gather; its
+        # reduce-scatter only the pass's experts wait for (MoeLayerEmitter.shared_expert).
+        gather, reduce = times if shared_tp > 0 else (0.0, 0.0)  # MoE with TP runs SP (Megatron-Core's rule)
         mlp_forward = (Block(price(plan, "moe_router", "forward"), dispatch,
-                             price(plan, "moe_shared", "forward") + shared_tp),
+                             gather + price(plan, "moe_shared", "forward"), reduce,
+                             price(plan, "moe_router", "forward") if shared_tp > 0 else None),
                        Block(price(plan, "moe_experts", "forward"), combine, 0.0),
                        Block(price(plan, "moe_combine", "forward"), None, 0.0))
-        forward_blocks = tuple(chain([(Block(attention_f, None, 0.0),), mlp_forward]))
+        lead = 0.0 if plan.tp > 1 else None  # the attention block starts with SP's all-gather (MoE with TP runs SP)
+        forward_blocks = tuple(chain([(Block(attention_f, None, 0.0, 0.0, lead),), mlp_forward]))
         # Selective recomputation (the emitter's _selective_recompute and _moe_backward): module moe runs the MoE
         # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert,
-        # the last beside the dispatch's gradient as the emitter issues it.
+        # the last beside the dispatch's gradient as the emitter issues it. The backward's first SP all-gather
+        # waits only for the unpermute's backward (its source), so on the TP stream it runs beside the combine's
+        # gradient exchange and the experts' backward; only what outlasts them is exposed.
         shared_again = price(plan, "recompute_moe_shared", "forward")
-        shared_b = (price(plan, "moe_shared", bwd) + shared_tp + (shared_again + shared_tp if shared_again > 0
-                                                                 else 0.0))
+        shared_b = (price(plan, "moe_shared", bwd) + (shared_again + reduce + gather if shared_again > 0 else 0.0)
+                    + max(0.0, gather - dispatch - price(plan, "recompute_moe_experts", "forward")
+                          - price(plan, "moe_experts", bwd)))
         replayed = mlp_forward if "moe" in plan.recompute_modules else ()
         backward_blocks = tuple(chain([replayed, (
             Block(price(plan, "recompute_moe_router", "forward") + price(plan, "moe_combine", bwd), dispatch, 0.0),
             Block(price(plan, "recompute_moe_experts", "forward") + price(plan, "moe_experts", bwd), combine,
-                  shared_b),
-            Block(price(plan, "moe_router", bwd) + attention_b, None, 0.0))]))
+                  shared_b, reduce),
+            Block(price(plan, "moe_router", bwd) + attention_b, None, 0.0, 0.0,
+                  None if lead is None else price(plan, "moe_router", bwd)))]))
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
