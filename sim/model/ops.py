@@ -106,9 +106,13 @@ def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int,
 
 
 # Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
-# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out:
-# cast to fp32 (2+4), pow (4+4), mean (4), multiply by rsqrt (4+4), cast back (4+2), multiply by weight (2+2).
-EAGER_RMSNORM_BYTES = 36.0
+# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out, as
+# the model's memory-bound time needs them: 59, measured. The kernels' ideal traffic is 36 (cast to fp32 2+4, pow
+# 4+4, mean 4, multiply by rsqrt 4+4, cast back 4+2, multiply by weight 2+2), but an H200 ran LlamaRMSNorm on
+# 8,192 x 4,096 bf16 in 435 us forward and 1,383 us forward + backward (kernel time, 2026-11-26,
+# sim/data/reference/gpu_eager_measurements.csv): at the preset's 4.3 TB/s achieved bandwidth and the model's
+# backward of twice the forward, 1,383 us / 3 per pass is 59 bytes per element (tests/test_eager_kernels.py).
+EAGER_RMSNORM_BYTES = 59.0
 # Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
 # rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
 EAGER_ROPE_BYTES = 36.0
