@@ -81,41 +81,59 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
     next unit once every input from outside the unit is done, else the sweep moves to the next stage, until
     no stage can issue (a deadlocked order stops there, as the replay would)."""
     # each stage's units, with their inputs from outside the unit, found once (a blocked unit is checked again
-    # on every sweep until its inputs are done)
-    pending: list[list[tuple[list[Pass], list[tuple[tuple[PassKind, int, int], bool]]]]] = []
+    # on every sweep until its inputs are done): (the passes' keys, their inputs, phases, phase indices, F&B pair,
+    # holds a B)
+    pending: list[list[tuple[tuple[tuple[PassKind, int, int], ...], list[tuple[tuple[PassKind, int, int], bool]],
+                             tuple[PassKind, ...], tuple[int, ...], bool, bool]]] = []
     for order in passes:
         grouped = []
-        start = 0
-        while start < len(order):
+        start, count = 0, len(order)
+        while start < count:
             end = start
             while order[end][4]:
                 end += 1
-            unit = order[start:end + 1]
-            inside = {key for _, key, _, _, _ in unit}
-            grouped.append((unit, [(dep, crosses) for _, _, dep, crosses, _ in unit
-                                   if dep is not None and dep not in inside]))
+            if end == start:  # one pass (every schedule's but DualPipe's F&B pairs)
+                phase, key, dep, crosses, _ = order[start]
+                grouped.append(((key,), [(dep, crosses)] if dep is not None else [], (phase,),
+                                ("FBW".index(phase),), False, phase == "B"))
+            else:
+                unit = order[start:end + 1]
+                inside = {key for _, key, _, _, _ in unit}
+                phases = tuple(phase for phase, _, _, _, _ in unit)
+                grouped.append((tuple(key for _, key, _, _, _ in unit),
+                                [(dep, crosses) for _, _, dep, crosses, _ in unit
+                                 if dep is not None and dep not in inside],
+                                phases, tuple("FBW".index(phase) for phase in phases), {"F", "B"} <= set(phases),
+                                "B" in phases))
             start = end + 1
         pending.append(grouped)
+    # Issue each stage's units in order, a stage that waits for a pass parked until that pass is issued: a
+    # topological order of the units (the sweep's may differ, but a unit's times depend only on its stage's
+    # previous unit and its inputs, so the replay's floats do not).
     slot: dict[tuple[PassKind, int, int], int] = {}
     units: list[Unit] = []
     position = [0] * len(passes)
-    progress = True
-    while progress:
-        progress = False
-        for s, grouped in enumerate(pending):
-            while position[s] < len(grouped):
-                unit, needs = grouped[position[s]]
-                if any(dep not in slot for dep, _ in needs):
-                    break
-                phases = tuple(phase for phase, _, _, _, _ in unit)
-                for _, key, _, _, _ in unit:
-                    slot[key] = len(slot)
-                units.append(Unit(s, phases, tuple("FBW".index(phase) for phase in phases),
-                                  tuple((slot[dep], crosses) for dep, crosses in needs),
-                                  tuple(slot[key] for _, key, _, _, _ in unit), {"F", "B"} <= set(phases),
-                                  "B" in phases))
-                position[s] += 1
-                progress = True
+    waiting: dict[tuple[PassKind, int, int], list[int]] = {}
+    runnable = list(range(len(passes) - 1, -1, -1))  # a stack: stage 0 first
+    while runnable:
+        s = runnable.pop()
+        grouped = pending[s]
+        at, count = position[s], len(grouped)
+        while at < count:
+            keys, needs, phases, index, pair, backward = grouped[at]
+            missing = next((dep for dep, _ in needs if dep not in slot), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(s)
+                break
+            for key in keys:
+                slot[key] = len(slot)
+                woken = waiting.pop(key, None)
+                if woken is not None:
+                    runnable += woken
+            units.append(Unit(s, phases, index, tuple((slot[dep], crosses) for dep, crosses in needs),
+                              tuple(slot[key] for key in keys), pair, backward))
+            at += 1
+        position[s] = at
     return units
 
 
