@@ -173,3 +173,21 @@ def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m:
         c = rng.uniform(0.0, 0.1)
         assert stage_level_replay(chunks, units, stages, c) == _sweep_replay(
             chunks, resolve_passes(orders, schedule.layout, last), stages, c)
+
+
+def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> None:
+    """``screen(jobs=2)``: two forked processes, each over its (pp, schedule) groups, give the table one process
+    gives, bit for bit and in the same order, and the progress still ends at the total."""
+    base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
+    space = list(search.layouts(base))[::7]  # 4,074 layouts, above SCREEN_PARALLEL_MIN
+    assert len(space) >= search.SCREEN_PARALLEL_MIN
+    seen: list[tuple[int, int]] = []
+    both = search.screen(base, space, jobs=2, on_progress=lambda done, total: seen.append((done, total)))
+    pd.testing.assert_frame_equal(both, search.screen(base, space), check_exact=True)
+    assert seen[-1] == (len(space), len(space))
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it only goes forward
+    shares = search._partition(space, 2)
+    assert sorted(i for share in shares for i in share) == list(range(len(space)))
+    groups = [{(space[i].pp, space[i].schedule) for i in share} for share in shares]
+    assert not groups[0] & groups[1]  # no pipeline and schedule priced in both processes
+    assert abs(len(shares[0]) - len(shares[1])) < len(space) / 4

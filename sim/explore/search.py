@@ -25,6 +25,10 @@ before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-
 from __future__ import annotations
 
 import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -281,21 +285,41 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
+# Below this many layouts the screen runs in this process whatever ``jobs`` says: starting the processes and
+# sending the rows back would cost more than the pricing.
+SCREEN_PARALLEL_MIN = 2000
+_ESTIMATE_COLUMNS = ("est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches",
+                     "hbm_capacity_bytes")
+_Columns = tuple[list[str], dict[str, list[Any]]]  # each layout's status, and the estimate's columns
 
 
 def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = None,
-           on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+           on_progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> pd.DataFrame:
     """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound.
-    ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
+    ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts (with ``jobs`` > 1, whenever
+    a process reports that many more) and at the end. ``jobs``: processes that price the layouts
+    (``_screen_in_processes``); every row is the one the screen gives in this process."""
     estimator = estimator or Estimator(base)
+    jobs = min(jobs, _usable_cpus())  # a Dask cluster's worker count need not fit this machine
+    if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods():
+        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs)
+    else:
+        status, estimates = _screen_columns(base, space, estimator, on_progress)
+    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
+                         | {"status": status} | estimates)
+    return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
+                             col.ne("ok"), kind="stable").reset_index(drop=True)
+
+
+def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
+                    on_progress: Callable[[int, int], None] | None = None) -> _Columns:
+    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``."""
     global_batch = degrees(base).global_batch
     hbm = base.cluster.gpu.hbm_capacity
     nan = float("nan")
     status: list[str] = []
     # the estimate's columns, NaN where a layout is invalid
-    estimates: dict[str, list[Any]] = {name: [] for name in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes",
-                                                               "bound_step_time_s", "microbatches",
-                                                               "hbm_capacity_bytes")}
+    estimates: dict[str, list[Any]] = {name: [] for name in _ESTIMATE_COLUMNS}
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
@@ -318,10 +342,97 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
         capacity.append(hbm)
     if on_progress is not None:
         on_progress(len(space), len(space))
-    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
-                         | {"status": status} | estimates)
-    return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
-                             col.ne("ok"), kind="stable").reset_index(drop=True)
+    return status, estimates
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _partition(space: list[Layout], parts: int) -> list[list[int]]:
+    """``space``'s indices in ``parts`` shares of about equal size, each (pp, schedule) in one share: the parts
+    an estimator keeps (a zero-bubble order and its replays, a stage's structure and activations) follow the
+    pipeline and its schedule, so no process prices what another one does. Largest groups first, each to the
+    share with the fewest layouts so far (``space``'s order within a share)."""
+    groups: dict[tuple[int, str], list[int]] = {}
+    for index, layout in enumerate(space):
+        groups.setdefault((layout.pp, layout.schedule), []).append(index)
+    shares: list[list[int]] = [[] for _ in range(parts)]
+    for indices in sorted(groups.values(), key=len, reverse=True):
+        min(shares, key=len).extend(indices)
+    return [sorted(share) for share in shares if share]
+
+
+def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
+                         on_progress: Callable[[int, int], None] | None, jobs: int) -> _Columns:
+    """``_screen_columns`` in ``jobs`` forked processes, each over one share of ``space`` (``_partition``) with a
+    copy of ``estimator`` (its topology and cost model built once, here); their rows put back in ``space``'s
+    order. Each process reports its progress every ``SCREEN_PROGRESS_EVERY`` layouts."""
+    context = multiprocessing.get_context("fork")
+    shares = _partition(space, jobs)
+    sys.stdout.flush()  # a forked child must not write this process's buffered output a second time
+    sys.stderr.flush()
+    workers, pipes = [], []
+    for share in shares:
+        receive, send = context.Pipe(duplex=False)
+        worker = context.Process(target=_screen_worker, args=(base, [space[i] for i in share], estimator, send),
+                                 daemon=True)
+        worker.start()
+        send.close()
+        workers.append(worker)
+        pipes.append(receive)
+    done = [0] * len(shares)
+    results: dict[int, _Columns] = {}
+    try:
+        while len(results) < len(shares):
+            for pipe in multiprocessing.connection.wait([p for i, p in enumerate(pipes) if i not in results]):
+                part = next(i for i, p in enumerate(pipes) if p is pipe)
+                try:
+                    message: tuple[str, Any] = pipes[part].recv()
+                except EOFError:
+                    raise RuntimeError(f"a screening process ended without its rows (exit code "
+                                       f"{workers[part].exitcode})") from None
+                kind, payload = message
+                if kind == "error":
+                    raise RuntimeError(f"a screening process failed: {payload}")
+                if kind == "done":
+                    results[part] = payload
+                    done[part] = len(shares[part])
+                else:
+                    done[part] = payload
+                if on_progress is not None and kind == "progress":
+                    on_progress(sum(done), len(space))
+    finally:
+        for worker in workers:
+            if worker.is_alive() and len(results) < len(shares):
+                worker.terminate()
+            worker.join()
+    status: list[str] = [""] * len(space)
+    estimates: dict[str, list[Any]] = {name: [0.0] * len(space) for name in _ESTIMATE_COLUMNS}
+    for part, share in enumerate(shares):
+        part_status, part_estimates = results[part]
+        for row, index in enumerate(share):
+            status[index] = part_status[row]
+        for name, column in estimates.items():
+            values = part_estimates[name]
+            for row, index in enumerate(share):
+                column[index] = values[row]
+    if on_progress is not None:
+        on_progress(len(space), len(space))
+    return status, estimates
+
+
+def _screen_worker(base: Scenario, space: list[Layout], estimator: Estimator,
+                   send: multiprocessing.connection.Connection) -> None:
+    """A screening process: ``_screen_columns`` over its share, its progress and then its rows sent back."""
+    try:
+        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)))
+        send.send(("done", columns))
+    except BaseException as error:  # noqa: BLE001 - any failure goes back to the parent as one line
+        send.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        send.close()
 
 
 def best(table: pd.DataFrame, top: int) -> pd.DataFrame:
@@ -374,7 +485,7 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     if not space:
         raise ConfigError(f"--only: no layout of {base.model.name} on {base.cluster.num_gpus} GPUs has "
                           + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
-    screened = screen(base, space, on_progress=on_screen)
+    screened = screen(base, space, on_progress=on_screen, jobs=jobs)
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)

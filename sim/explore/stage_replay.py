@@ -49,11 +49,10 @@ class Unit(NamedTuple):
 def pass_dependencies(orders: list[list[Action]], layout: Layout,
                       last: int | None = None) -> tuple[int, list[Unit]]:
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and the issued
-    units (``Unit``) in an order where each comes after the units it waits for (the order in which the
-    replay's stage-by-stage sweep first finds them ready; any such order gives the same times, since a unit's
-    times depend only on its stage's previous unit and its inputs), from the passes ``resolve_passes`` gives.
-    ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's two copies of p chunks end at
-    p-1)."""
+    units (``Unit``) in an order where each comes after the units it waits for (``_units``; any such order gives
+    the same times, since a unit's times depend only on its stage's previous unit and its inputs), from the
+    passes ``resolve_passes`` gives. ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's
+    two copies of p chunks end at p-1)."""
     v = 1 + max(action.chunk for order in orders for action in order)
     return v, _units(resolve_passes(orders, layout, last))
 
@@ -76,17 +75,22 @@ def resolve_passes(orders: list[list[Action]], layout: Layout, last: int | None 
     return resolved
 
 
+PassKey = tuple[PassKind, int, int]  # (phase, model chunk, micro-batch)
+# a unit as _units groups it: its passes' keys, their inputs from outside the unit (key, on another stage), its
+# phases, their indices into (F, B, W), whether it is an F&B pair, whether it holds a B
+_Grouped = tuple[tuple[PassKey, ...], list[tuple[PassKey, bool]], tuple[PassKind, ...], tuple[int, ...], bool, bool]
+
+
 def _units(passes: list[list[Pass]]) -> list[Unit]:
-    """The passes grouped into issued units, swept stage by stage as the replay runs them: a stage issues its
-    next unit once every input from outside the unit is done, else the sweep moves to the next stage, until
-    no stage can issue (a deadlocked order stops there, as the replay would)."""
-    # each stage's units, with their inputs from outside the unit, found once (a blocked unit is checked again
-    # on every sweep until its inputs are done): (the passes' keys, their inputs, phases, phase indices, F&B pair,
-    # holds a B)
-    pending: list[list[tuple[tuple[tuple[PassKind, int, int], ...], list[tuple[tuple[PassKind, int, int], bool]],
-                             tuple[PassKind, ...], tuple[int, ...], bool, bool]]] = []
+    """The passes grouped into issued units (a pass, or the passes ``Action.with_next`` chains: DualPipe's F&B
+    pairs), in an order where each unit comes after the units it waits for: each stage issues its units in its
+    order while their inputs from outside the unit are done, and a stage waiting for a pass resumes once that pass
+    is issued; units that wait for one another in a cycle (a deadlocked order) are never issued, as the replay
+    would never run them."""
+    # each stage's units with their inputs from outside the unit (_Grouped), found once
+    pending: list[list[_Grouped]] = []
     for order in passes:
-        grouped = []
+        grouped: list[_Grouped] = []
         start, count = 0, len(order)
         while start < count:
             end = start
@@ -110,10 +114,10 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
     # Issue each stage's units in order, a stage that waits for a pass parked until that pass is issued: a
     # topological order of the units (the sweep's may differ, but a unit's times depend only on its stage's
     # previous unit and its inputs, so the replay's floats do not).
-    slot: dict[tuple[PassKind, int, int], int] = {}
+    slot: dict[PassKey, int] = {}
     units: list[Unit] = []
     position = [0] * len(passes)
-    waiting: dict[tuple[PassKind, int, int], list[int]] = {}
+    waiting: dict[PassKey, list[int]] = {}
     runnable = list(range(len(passes) - 1, -1, -1))  # a stack: stage 0 first
     while runnable:
         s = runnable.pop()
