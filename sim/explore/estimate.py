@@ -90,7 +90,7 @@ class Estimator:
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._layers: dict[Any, tuple[_LayerTimes, Scenario]] = {}
-        self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._structures: dict[Any, tuple[tuple[list[_StageShape], list[int]], Scenario]] = {}
         self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
         self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
@@ -98,15 +98,20 @@ class Estimator:
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
+        self._shape_of: tuple[Plan | None, tuple[Any, ...]] = (None, ())  # the last plan _price saw, its shape
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a layer (a block, its column-parallel GEMMs ``<block>_column``, the
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
-        t = plan.scenario.training
-        shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type, plan.attention_work,
-                 plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
+        if plan is self._shape_of[0]:  # a layout's pieces are priced one after another: its shape found once
+            shape = self._shape_of[1]
+        else:
+            t = plan.scenario.training
+            shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
+                     t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
+                     plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
+            self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -152,13 +157,9 @@ class Estimator:
         split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap = self._layer_times(plan,
                                                                                                        keys.layer)
         c = self._p2p(plan)
-        priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
-        stages = []
-        for shape in self._stage_shapes(plan, keys.structure):
-            found = priced.get(shape)
-            if found is not None:
-                stages.append(found)
-                continue
+        shapes, of_stage = self._stage_shapes(plan, keys.structure)
+        priced: list[StageTimes] = []  # stages of one shape (most of an even pipeline's) priced once
+        for shape in shapes:
             layers, moe_layers, recomputed, frozen_layers, offloaded, first_layer, embedding, head, sends = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
@@ -191,28 +192,30 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
             overlap = pair_overlap * moe_layers if plan.is_moe else 0.0
-            found = priced[shape] = StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers,
-                                               overlap)
-            stages.append(found)
-        return stages
+            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
+        return [priced[index] for index in of_stage]
 
-    def _stage_shapes(self, plan: Plan, key: Any) -> list[_StageShape]:
-        """What sets each stage's times apart, per stage (``_StageShape``): kept per ``key``, which names the
-        pipeline's structure (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
+    def _stage_shapes(self, plan: Plan, key: Any) -> tuple[list[_StageShape], list[int]]:
+        """What sets each stage's times apart (``_StageShape``): the distinct shapes, in the order of the first
+        stage of each, and each stage's index into them; kept per ``key``, which names the pipeline's structure
+        (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
         found = self._structures.get(key)
         if found is not None:
             return found[0]
-        shapes = []
         frozen = step.frozen_layer_blocks(plan) is not None
+        shapes: dict[_StageShape, int] = {}
+        of_stage = []
         for s in range(plan.pp):
             offloaded = plan.offloaded_layers(s)
-            shapes.append(_StageShape(
+            shape = _StageShape(
                 plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, plan.recomputed_layers(s),
                 sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
                 offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
-                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s)))
-        self._structures[key] = (shapes, plan.scenario)  # the scenario keeps the objects the key names alive
-        return shapes
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s))
+            of_stage.append(shapes.setdefault(shape, len(shapes)))
+        # the scenario keeps the objects the key names alive
+        self._structures[key] = ((list(shapes), of_stage), plan.scenario)
+        return list(shapes), of_stage
 
     def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
         """Seconds selective recomputation adds to a dense layer's backward (the emitter's

@@ -150,7 +150,7 @@ def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
     the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
     times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
-    done = [0.0] * sum(len(unit.slots) for unit in units)
+    done = [0.0] * (units[-1].slots[-1] + 1 if units else 0)  # slots are numbered in issue order
     free, last_b = [0.0] * p, [0.0] * p
     for s, _, index, needs, slots, pair, backward in units:
         ready = free[s]
