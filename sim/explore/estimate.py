@@ -662,8 +662,8 @@ class Estimator:
             keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
                               stages_free, sc)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
-        # nothing per unit
-        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
+        # nothing per unit, or gathers once per step outside the stages' times (FSDP + PP, Plan.pipelined_fsdp)
+        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units and not plan.pipelined_fsdp else None)
         found = self._stage_times.get(stages_key)
         if found is None:
             stages = self._stages(plan, keys)

@@ -280,7 +280,10 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
     layer = (id(base), layout.tp, layout.dp, *rest, layout.micro_batch, layout.recompute, layout.sequence_parallel,
              SCHEDULES[layout.schedule].splits_backward)
-    fsdp = id(layout_fsdp(base, layout))  # FSDP's gathers, and FSDP1's gradient kernels in a layer's times
+    # FSDP's gathers, and FSDP1's gradient kernels in a layer's times; but under a pipeline a layout's FSDP section
+    # is FSDP + PP (Plan.pipelined_fsdp: gathered once per step, no per-micro-batch gradient kernels), which
+    # changes neither a layer's times nor a stage's per micro-batch, so ZeRO-2/3 share ZeRO-0/1's
+    fsdp = id(layout_fsdp(base, layout)) if layout.pp == 1 else None
     return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base)
 
 
