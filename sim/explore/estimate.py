@@ -98,6 +98,7 @@ class Estimator:
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
+        self._stashes: dict[Any, float] = {}
         self._shape_of: tuple[Plan | None, tuple[Any, ...]] = (None, ())  # the last plan _price saw, its shape
 
     # ---------------------------------------------------------------------------------------- pieces
@@ -748,7 +749,11 @@ class Estimator:
             activations_key = (keys.activations, s)
             activations = self._activations.get(activations_key)
             if activations is None:
-                activations = self._activations[activations_key] = footprint.stage_activations(plan, s)[0]
+                stash_key = (keys.activations if keys.stash is None else keys.stash, s)
+                stash = self._stashes.get(stash_key)
+                if stash is None:
+                    stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
+                activations = self._activations[activations_key] = footprint.stage_activations(plan, s, stash)[0]
             total = footprint.with_parts(plan, states[0], activations, states[1], states[2])["total"]
             if peak is None or total > peak:
                 peak = total
@@ -770,6 +775,9 @@ class LayoutKeys(NamedTuple):
     layer: tuple[Any, ...]  # what one layer's times depend on (_layer_times)
     base: tuple[Any, ...]  # the base without the layout (its global batch, sequence, model: the step's FLOPs)
     owner: Any
+    # what a stage's largest chunk stashes depends on (footprint.largest_chunk_stash): ``activations`` with the
+    # schedule's chunk placement for its name; None: ``activations``
+    stash: tuple[Any, ...] | None = None
 
 
 def _work_bound(stages: list[StageTimes]) -> float:

@@ -272,7 +272,8 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     gradients, buckets, optimizer and resident memory follow from which layers it holds, not from the order its
     passes run in (GPipe, 1F1B, ZB-H1 and ZB-H2 share them), ``layer`` what one layer's times depend on: its work
     and its TP, CP and expert collectives (on rank 0's groups, whatever pp), whether the schedule splits the
-    backward, and the micro-batches (dp, through MoE's token counts)."""
+    backward, and the micro-batches (dp, through MoE's token counts), ``stash`` ``activations`` with the chunk
+    placement for the schedule's name (a chunk's stash does not depend on the order its passes run in)."""
     degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp)
     rest = (layout.ep, layout.etp, layout.cp, layout.cp_comm_type)
     activations = (id(base), *degrees_, layout.schedule, *rest, layout.micro_batch, layout.recompute,
@@ -285,7 +286,10 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     # is FSDP + PP (Plan.pipelined_fsdp: gathered once per step, no per-micro-batch gradient kernels), which
     # changes neither a layer's times nor a stage's per micro-batch, so ZeRO-2/3 share ZeRO-0/1's
     fsdp = id(layout_fsdp(base, layout)) if layout.pp == 1 else None
-    return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base)
+    stash = (id(base), *degrees_, SCHEDULES[layout.schedule].layout, *rest, layout.micro_batch, layout.recompute,
+             layout.sequence_parallel)
+    return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base,
+                      stash)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
