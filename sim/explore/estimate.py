@@ -63,6 +63,11 @@ class Estimate:
     bound_s: float  # no layout's step is shorter: each stage runs its m micro-batches' work back to back
 
 
+# Schedules whose stage times and makespan the estimate prices alike (``Estimator._pipeline``): GPipe runs 1F1B's
+# passes (no split backward, one chunk per stage) and its makespan has the same form, only its memory differs.
+PRICED_AS = {"gpipe": "1f1b"}
+
+
 class Estimator:
     # Skip the tails of stages that cannot set the step (``estimate``); False works every stage's tail out (the
     # tests compare both).
@@ -412,7 +417,7 @@ class Estimator:
         slowest = max(work)
         f, b, w = (max(getattr(st, part) for st in stages) for part in ("forward", "backward", "weight"))
         name = plan.scenario.schedule
-        if name in ("gpipe", "1f1b"):
+        if PRICED_AS.get(name, name) == "1f1b":
             total = sum(work) + (m - 1) * slowest + 2 * (p - 1) * c
         elif name == "interleaved":
             total = m * slowest + (p - 1) * (f + b) / v + 2 * (p - 1) * c

@@ -40,7 +40,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from sim.errors import ConfigError
-from sim.explore.estimate import Estimator, LayoutKeys
+from sim.explore.estimate import PRICED_AS, Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
@@ -265,7 +265,8 @@ def _fsdp(sharding: str) -> FsdpSpec:
 def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
     its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
-    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``activations`` without
+    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies (none under a pipeline)
+    and with the schedule the estimate prices it as (``PRICED_AS``: GPipe as 1F1B), ``activations`` without
     the ZeRO stage and FSDP, ``structure`` the pipeline's alone (what each stage holds, recomputes, offloads and
     sends does not depend on tp, cp, dp, the micro-batch size, SP or ZeRO), ``shape`` without the micro-batch size,
     recomputation and SP, and with the schedule's chunk placement (``Schedule.layout``) for its name: a stage's
@@ -288,7 +289,9 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     fsdp = id(layout_fsdp(base, layout)) if layout.pp == 1 else None
     stash = (id(base), *degrees_, SCHEDULES[layout.schedule].layout, *rest, layout.micro_batch, layout.recompute,
              layout.sequence_parallel)
-    return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base,
+    times = (id(base), *degrees_, PRICED_AS.get(layout.schedule, layout.schedule), *rest, layout.micro_batch,
+             layout.recompute, layout.sequence_parallel, fsdp)  # GPipe's stage times and pipeline are 1F1B's
+    return LayoutKeys(times, shape, activations, structure, layer + (fsdp,), (id(base),), base,
                       stash)
 
 
