@@ -104,6 +104,7 @@ class Estimator:
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
         self._stashes: dict[Any, float] = {}
+        self._units: dict[Any, tuple[list[step.ChunkUnit], Scenario]] = {}
         self._shape_of: tuple[Plan | None, tuple[Any, ...]] = (None, ())  # the last plan _price saw, its shape
 
     # ---------------------------------------------------------------------------------------- pieces
@@ -526,7 +527,7 @@ class Estimator:
                 for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
                     unit_chunks.append(c)
                     sent += [(-10 - c, unit.grad_params * grad_elem)
-                             for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
+                             for unit in self._chunk_units(plan, plan.stage_chunks[stage][c], shape_key)]
             elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 sent = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
@@ -578,6 +579,15 @@ class Estimator:
                            optimizer, kind)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
+
+    def _chunk_units(self, plan: Plan, chunk: int, shape_key: tuple[Any, ...]) -> list[step.ChunkUnit]:
+        """``step.chunk_units`` of model ``chunk``, kept per ``shape_key`` (``_shape_key``): a stage's tail and its
+        first micro-batch's gathers both read them."""
+        key = (shape_key, chunk)
+        found = self._units.get(key)
+        if found is None:
+            found = self._units[key] = (step.chunk_units(plan, chunk), plan.scenario)  # keeps the key's objects
+        return found[0]
 
     def _expert_tail(self, plan: Plan, stage: int, when: dict[int, float], backward_end: float) -> float:
         """Exposed time of a MoE stage's expert-gradient reduction after its last backward: buckets over the
@@ -644,7 +654,7 @@ class Estimator:
         if found is None:
             group = plan.shard_group(0)
             ends, gathered = [], 0.0
-            for unit in step.chunk_units(plan, plan.stage_chunks[stage][0]):
+            for unit in self._chunk_units(plan, plan.stage_chunks[stage][0], shape_key):
                 gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
                                                 group)
                 ends.append(gathered)

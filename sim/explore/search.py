@@ -378,17 +378,25 @@ def _usable_cpus() -> int:
 
 
 def _partition(space: list[Layout], parts: int) -> list[list[int]]:
-    """``space``'s indices in ``parts`` shares of about equal size, each (pp, schedule) in one share: the parts
-    an estimator keeps (a zero-bubble order and its replays, a stage's structure and activations) follow the
-    pipeline and its schedule, so no process prices what another one does. Largest groups first, each to the
-    share with the fewest layouts so far (``space``'s order within a share)."""
-    groups: dict[tuple[int, str], list[int]] = {}
-    for index, layout in enumerate(space):
-        groups.setdefault((layout.pp, layout.schedule), []).append(index)
-    shares: list[list[int]] = [[] for _ in range(parts)]
-    for indices in sorted(groups.values(), key=len, reverse=True):
-        min(shares, key=len).extend(indices)
+    """``space``'s indices in ``parts`` shares of about equal size, each pipeline depth in one share: most parts
+    an estimator keeps follow the pipeline (a zero-bubble order and its replays, a stage's structure, tails and
+    activations; layouts of one depth on one cluster share their tp x dp), so a process seldom prices what another
+    one does. Where that leaves one share with more than ``_MOST`` of the layouts, each (pp, schedule) is a
+    group instead. Largest groups first, each to the share with the fewest layouts so far (``space``'s order
+    within a share)."""
+    for key in (lambda layout: layout.pp, lambda layout: (layout.pp, layout.schedule)):
+        groups: dict[Any, list[int]] = {}
+        for index, layout in enumerate(space):
+            groups.setdefault(key(layout), []).append(index)
+        shares: list[list[int]] = [[] for _ in range(parts)]
+        for indices in sorted(groups.values(), key=len, reverse=True):
+            min(shares, key=len).extend(indices)
+        if max(map(len, shares)) <= _MOST * len(space):
+            break
     return [sorted(share) for share in shares if share]
+
+
+_MOST = 0.6  # the largest share of the layouts _partition leaves to one process of two by pipeline depth alone
 
 
 def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
