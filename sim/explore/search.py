@@ -193,16 +193,23 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                             yield layout
 
 
-def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -> Scenario:
+def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
+              sections: Sections | None = None) -> Scenario:
     """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails.
-    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it."""
-    parallel = _updated(base.parallel, {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
-                                                "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
-                                                "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
-                                                "cp_comm_type": layout.cp_comm_type})
-    training = _updated(base.training, {
+    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it. ``sections``: where
+    the caller screens many layouts of this base, a dict in which the parallel and training sections (frozen)
+    are kept for the layouts that set them alike (one parallel section serves every micro-batch size, schedule
+    and recomputation)."""
+    degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.sequence_parallel, layout.ep,
+                layout.etp, layout.cp, layout.cp_comm_type)
+    parallel = _section(base, "parallel", degrees_, lambda: {
+        "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp, "zero": layout.zero,
+        "sequence_parallel": layout.sequence_parallel, "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
+        "cp_comm_type": layout.cp_comm_type}, sections)
+    batch = degrees(base).global_batch if global_batch is None else global_batch
+    training = _section(base, "training", (layout.micro_batch, layout.recompute, batch), lambda: {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
-        "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
+        "global_batch": batch}, sections)
     scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
                                "fsdp": layout_fsdp(base, layout)})
     check_rules(scenario)
@@ -210,6 +217,19 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -
 
 
 _Spec = TypeVar("_Spec", bound=BaseModel)
+Sections = dict[tuple[str, tuple[Any, ...]], Any]  # a base's sections copied for layouts (candidate's sections)
+
+
+def _section(base: Scenario, name: str, key: tuple[Any, ...], update: Callable[[], dict[str, Any]],
+             sections: Sections | None) -> Any:
+    """``base``'s section ``name`` with ``update()``; with ``sections``, one copy per ``key`` (what the update
+    sets) kept there."""
+    if sections is None:
+        return _updated(getattr(base, name), update())
+    found = sections.get((name, key))
+    if found is None:
+        found = sections[name, key] = _updated(getattr(base, name), update())
+    return found
 
 
 def _updated(spec: _Spec, update: dict[str, Any]) -> _Spec:
@@ -351,11 +371,12 @@ def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
     """``_screen_columns``' loop: each layout's status and estimate appended to ``status`` and ``estimates``."""
     nan = float("nan")
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
+    sections: Sections = {}
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
         try:
-            scenario = candidate(base, layout, global_batch)
+            scenario = candidate(base, layout, global_batch, sections)
         except ValueError as error:
             status.append(f"invalid: {error}")
             for column in estimates.values():
