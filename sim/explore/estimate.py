@@ -662,7 +662,7 @@ class Estimator:
         unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
         free, busy = start, 0.0
         for gathered in found[0]:
-            free = max(free, gathered) + unit_forward
+            free = (gathered if gathered > free else free) + unit_forward  # max(free, gathered), inline
             busy += unit_forward
         return max(0.0, free - start - busy)
 
@@ -737,14 +737,18 @@ class Estimator:
         """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
         step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
         their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
-        if not step.overlaps_param_gather(plan) and not (plan.pipelined_fsdp and plan.data_parallel):
+        buckets = step.overlaps_param_gather(plan)  # else _param_gather_delay is 0
+        units = plan.pipelined_fsdp and plan.data_parallel  # else _unit_gather_delay is 0
+        if not buckets and not units:
             return 0.0
-        hop = self._p2p(plan)
+        hop, chunks = self._p2p(plan), plan.local_chunks
         start = delay = 0.0
         for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start),
-                        self._unit_gather_delay(plan, s, st, start, shape_key))
-            start += st.forward / plan.local_chunks + hop
+            if buckets:
+                delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            if units:
+                delay = max(delay, self._unit_gather_delay(plan, s, st, start, shape_key))
+            start += st.forward / chunks + hop
         return delay
 
     def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
