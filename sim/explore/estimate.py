@@ -104,6 +104,7 @@ class Estimator:
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
         self._stashes: dict[Any, float] = {}
+        self._peak_stages: dict[Any, tuple[list[int], Any]] = {}  # the stages that may peak, per structure
         self._units: dict[Any, tuple[list[step.ChunkUnit], Scenario]] = {}
         self._shape_of: tuple[Plan | None, tuple[Any, ...]] = (None, ())  # the last plan _price saw, its shape
 
@@ -756,8 +757,12 @@ class Estimator:
         (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
         buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
         activations per layout without the ZeRO stage."""
-        uneven = len(set(plan.chunk_sizes)) > 1
-        candidates = range(plan.pp) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+        found = self._peak_stages.get(keys.structure)  # what the pipeline's structure decides
+        if found is None:
+            uneven = len(set(plan.chunk_sizes)) > 1
+            stages = list(range(plan.pp)) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+            found = self._peak_stages[keys.structure] = (stages, keys.owner)  # the owner keeps the key's objects
+        candidates = found[0]
         peak = None
         for s in candidates:
             states_key = (keys.shape, s)
