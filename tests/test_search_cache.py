@@ -176,7 +176,7 @@ def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m:
 
 
 def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> None:
-    """``screen(jobs=2)``: two forked processes, each over its pipeline depths, give the table one process
+    """``screen(jobs=2)``: two forked processes, each over its (pp, tp) groups, give the table one process
     gives, bit for bit and in the same order, and the progress still ends at the total."""
     base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
     space = list(search.layouts(base))[::7]  # 4,074 layouts, above SCREEN_PARALLEL_MIN
@@ -188,6 +188,6 @@ def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> N
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it only goes forward
     shares = search._partition(space, 2)
     assert sorted(i for share in shares for i in share) == list(range(len(space)))
-    depths = [{space[i].pp for i in share} for share in shares]
-    assert not depths[0] & depths[1]  # no pipeline depth priced in both processes
+    groups = [{(space[i].pp, space[i].tp) for i in share} for share in shares]
+    assert not groups[0] & groups[1]  # no (pp, tp) priced in both processes
     assert max(map(len, shares)) <= 0.6 * len(space)

@@ -399,25 +399,51 @@ def _usable_cpus() -> int:
 
 
 def _partition(space: list[Layout], parts: int) -> list[list[int]]:
-    """``space``'s indices in ``parts`` shares of about equal size, each pipeline depth in one share: most parts
-    an estimator keeps follow the pipeline (a zero-bubble order and its replays, a stage's structure, tails and
-    activations; layouts of one depth on one cluster share their tp x dp), so a process seldom prices what another
-    one does. Where that leaves one share with more than ``_MOST`` of the layouts, each (pp, schedule) is a
-    group instead. Largest groups first, each to the share with the fewest layouts so far (``space``'s order
-    within a share)."""
-    for key in (lambda layout: layout.pp, lambda layout: (layout.pp, layout.schedule)):
+    """``space``'s indices in ``parts`` shares of about equal work, each (pp, tp) in one share: most parts an
+    estimator keeps follow the pipeline and the TP degree (a stage's structure, tails, activations and layer
+    times; layouts of one (pp, tp) on one cluster share their dp), so a process seldom prices what another one
+    does (zero-bubble orders, per (schedule, pp, micro-batches), may be built in both). A layout's work is taken as
+    1 + pp/40 (the 175B and Mixtral screens, 2026-11-26: 60-104 us a layout at pp 2-8, 102-143 at pp 16, 167-183
+    at pp 32). Where that leaves one share more than ``_MOST`` of the work, each (pp, tp, schedule) is a group
+    instead. Two shares: the split of the groups with the least work in the larger share (every split tried, up
+    to ``_SPLITS_TRIED``); else largest groups first, each to the share with the least work so far. ``space``'s
+    order within a share. Split by (pp, tp), the 175B screen's two processes spent 1.78-1.81 and 1.79-1.87 CPU s
+    (3.65 in all against 3.26 in one process); by pp alone 1.33-1.40 and 1.84-1.93."""
+    for key in (lambda layout: (layout.pp, layout.tp), lambda layout: (layout.pp, layout.tp, layout.schedule)):
         groups: dict[Any, list[int]] = {}
         for index, layout in enumerate(space):
             groups.setdefault(key(layout), []).append(index)
-        shares: list[list[int]] = [[] for _ in range(parts)]
-        for indices in sorted(groups.values(), key=len, reverse=True):
-            min(shares, key=len).extend(indices)
-        if max(map(len, shares)) <= _MOST * len(space):
+        work = {name: len(indices) * (1 + space[indices[0]].pp / 40) for name, indices in groups.items()}
+        shares = _split(groups, work, parts)
+        total = sum(work.values())
+        if max(sum(work[name] for name in share) for share in shares) <= _MOST * total:
             break
-    return [sorted(share) for share in shares if share]
+    return [sorted(i for name in share for i in groups[name]) for share in shares if share]
 
 
-_MOST = 0.6  # the largest share of the layouts _partition leaves to one process of two by pipeline depth alone
+def _split(groups: dict[Any, list[int]], work: dict[Any, float], parts: int) -> list[list[Any]]:
+    """The groups' names in ``parts`` shares (``_partition``)."""
+    names = sorted(groups, key=lambda name: -work[name])
+    if parts == 2 and 2 ** len(names) <= _SPLITS_TRIED:
+        total = sum(work.values())
+        best, best_larger = names, total
+        for mask in range(2 ** (len(names) - 1)):  # the first group always in the first share
+            first = [name for bit, name in enumerate(names) if not mask >> bit & 1]
+            larger = max(sum(work[name] for name in first), total - sum(work[name] for name in first))
+            if larger < best_larger:
+                best, best_larger = first, larger
+        return [best, [name for name in names if name not in best]]
+    shares: list[list[Any]] = [[] for _ in range(parts)]
+    loads = [0.0] * parts
+    for name in names:
+        least = loads.index(min(loads))
+        shares[least].append(name)
+        loads[least] += work[name]
+    return shares
+
+
+_MOST = 0.6  # the largest share of the work _partition leaves to one process of two by (pp, tp) alone
+_SPLITS_TRIED = 2 ** 16
 
 
 def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
