@@ -332,7 +332,8 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     (``_screen_in_processes``); every row is the one the screen gives in this process."""
     estimator = estimator or Estimator(base)
     jobs = min(jobs, _usable_cpus())  # a Dask cluster's worker count need not fit this machine
-    if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods():
+    if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods() \
+            and not multiprocessing.current_process().daemon:  # a daemonic process may not start processes
         status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs)
     else:
         status, estimates = _screen_columns(base, space, estimator, on_progress)
