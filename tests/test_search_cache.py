@@ -191,3 +191,5 @@ def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> N
     groups = [{(space[i].pp, space[i].tp) for i in share} for share in shares]
     assert not groups[0] & groups[1]  # no (pp, tp) priced in both processes
     assert max(map(len, shares)) <= 0.6 * len(space)
+    three = search._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
+    assert len(three) == 3 and sorted(i for share in three for i in share) == list(range(len(space)))
