@@ -188,8 +188,8 @@ def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> N
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it only goes forward
     shares = search._partition(space, 2)
     assert sorted(i for share in shares for i in share) == list(range(len(space)))
-    groups = [{(space[i].pp, space[i].tp) for i in share} for share in shares]
-    assert not groups[0] & groups[1]  # no (pp, tp) priced in both processes
+    groups = [{search._group(space[i]) for i in share} for share in shares]
+    assert not groups[0] & groups[1]  # no (pp, tp), nor one pp's zero-bubble layouts, priced in both processes
     assert max(map(len, shares)) <= 0.6 * len(space)
     three = search._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
     assert len(three) == 3 and sorted(i for share in three for i in share) == list(range(len(space)))

@@ -400,17 +400,19 @@ def _usable_cpus() -> int:
 
 
 def _partition(space: list[Layout], parts: int) -> list[list[int]]:
-    """``space``'s indices in ``parts`` shares of about equal work, each (pp, tp) in one share: most parts an
-    estimator keeps follow the pipeline and the TP degree (a stage's structure, tails, activations and layer
-    times; layouts of one (pp, tp) on one cluster share their dp), so a process seldom prices what another one
-    does (zero-bubble orders, per (schedule, pp, micro-batches), may be built in both). A layout's work is taken as
+    """``space``'s indices in ``parts`` shares of about equal work, each group (``_group``: a (pp, tp), and the
+    zero-bubble layouts of one pp) in one share: most parts an estimator keeps follow the pipeline and the TP
+    degree (a stage's structure, tails, activations and layer times; layouts of one (pp, tp) on one cluster share
+    their dp) or, for zero-bubble schedules, the pipeline and the micro-batch count (the schedule's order), so a
+    process seldom prices what another one does. A layout's work is taken as
     1 + pp/40 (the 175B and Mixtral screens, 2026-11-26: 60-104 us a layout at pp 2-8, 102-143 at pp 16, 167-183
     at pp 32). Where that leaves one share more than ``_MOST`` of the work, each (pp, tp, schedule) is a group
     instead. Two shares: the split of the groups with the least work in the larger share (every split tried, up
     to ``_SPLITS_TRIED``); else largest groups first, each to the share with the least work so far. ``space``'s
-    order within a share. Split by (pp, tp), the 175B screen's two processes spent 1.78-1.81 and 1.79-1.87 CPU s
-    (3.65 in all against 3.26 in one process); by pp alone 1.33-1.40 and 1.84-1.93."""
-    for key in (lambda layout: (layout.pp, layout.tp), lambda layout: (layout.pp, layout.tp, layout.schedule)):
+    order within a share. The 175B screen's two shares, each priced alone one after the other (2026-11-26, load
+    5-8): 1.83-1.86 and 1.89-2.04 CPU s (3.60-4.11 in one process); by (pp, tp) alone 1.86-1.97 and 2.00-2.11;
+    by pp alone 1.50 and 2.15-2.17."""
+    for key in (_group, lambda layout: (layout.pp, layout.tp, layout.schedule)):
         groups: dict[Any, list[int]] = {}
         for index, layout in enumerate(space):
             groups.setdefault(key(layout), []).append(index)
@@ -420,6 +422,13 @@ def _partition(space: list[Layout], parts: int) -> list[list[int]]:
         if max(sum(work[name] for name in share) for share in shares) <= _MOST * total:
             break
     return [sorted(i for name in share for i in groups[name]) for share in shares if share]
+
+
+def _group(layout: Layout) -> tuple[int, int]:
+    """``_partition``'s group of a layout: (pp, tp), or (pp, 0) for every zero-bubble layout of that depth,
+    whatever its tp: their stage-level replays need the schedule's order per (schedule, pp, micro-batches), and
+    building it (ZB-V's tries every fill variant) costs more than what one (pp, tp) shares across schedules."""
+    return (layout.pp, 0) if layout.schedule.startswith(("zb", "dualpipe")) else (layout.pp, layout.tp)
 
 
 def _split(groups: dict[Any, list[int]], work: dict[Any, float], parts: int) -> list[list[Any]]:
