@@ -230,7 +230,7 @@ def _compute_shares(run_dir: Path) -> tuple[dict[tuple[str, str], dict[str, floa
             seconds: dict[str, float] = defaultdict(float)
             for op in block.ops:
                 # fixed costs price no kernel: FLOPs stand in for time
-                each = kernel_time(op) if kernel_time else op.flops * op.executed
+                each = kernel_time(op) if kernel_time else op.executed_flops
                 category = GEMM if op.matmul and op.has_weights else ATTENTION if op.name in ATTENTION_CORE else OTHER
                 seconds[category] += phase_scale(op, phase) * each  # type: ignore[arg-type]
             total = sum(seconds.values())

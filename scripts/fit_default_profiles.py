@@ -7,6 +7,11 @@ the rows within a factor sqrt(2), then pool-adjacent-violators: sim.calibrate.fi
 device-copy
 bandwidth of the preset (measured on H100/H200, ``measured_gpu_figures.csv``). A dtype any of whose rows beats
 the GPU's dense peak for it gets no curve (H100 fp8), and XLA's f32 rows are TF32 (``sim.calibrate.reference``).
+H100 (which H800 and H200 take too) also gets causal attention curves per backend (cuDNN fused attention and
+FlashAttention-2), fitted as ``sim calibrate`` fits them (sim.calibrate.run.fit_attention) on this project's own
+sweep (``gpu_attention_measurements.csv``, run ``sweep``: an H200, the same GH100 compute as the H100; the H100
+rows of run ``check`` agree within a few percent, tests/test_attention_kernels.py). A100 and B200 have none: their
+attention prices on the GEMM curve.
 A100: no GEMM sweep in the reference data, so the H100 curve scaled by the published MAMF ratio
 (271.2 / 794.5 TFLOP/s bf16, ml-engineering): the shape of the size dependence is assumed to carry over.
 Then one end-to-end calibration per GPU type, the same procedure for each: a single factor k on every
@@ -33,6 +38,7 @@ from pathlib import Path
 
 from sim.calibrate import reference
 from sim.calibrate.fitting import fit_log_curve
+from sim.calibrate.run import fit_attention
 from sim.costs.profile import DEFAULT_PROFILE_FOR_GPU, FORMAT, VERSION
 from sim.hardware import GPU_PRESETS
 
@@ -103,7 +109,7 @@ def shipped_curves_match(name: str, data: dict[str, object]) -> None:
     curves must be this fresh fit's: stop with a one-line message otherwise (write the curves first)."""
     path = OUT / f"{name}.json"
     shipped = json.loads(path.read_text()) if path.is_file() else {}
-    if shipped.get("gemm") != json.loads(json.dumps(data["gemm"])):
+    if any(shipped.get(key) != json.loads(json.dumps(data.get(key))) for key in ("gemm", "attention")):
         raise SystemExit(f"{name}: the shipped curves differ from the fresh fit; write them first")
 
 
@@ -173,7 +179,10 @@ def build() -> dict[str, dict[str, object]]:
             for dtype, curve in h100.items() if dtype in a100_peaks}
     a100_source = "H100 OpenXLA curve scaled by 271.2/794.5 (MAMF bf16, ml-engineering)"
     fitted: dict[str, dict[str, object]] = {}
-    for name, data in (("H100", profile("H100 SXM (OpenXLA sm_90 table)", "H100-SXM", h100, xla)),
+    h100_profile = {**profile("H100 SXM (OpenXLA sm_90 table)", "H100-SXM", h100, xla + "; attention: "
+                              "sim calibrate on an H200, 2026-11-26 (gpu_attention_measurements.csv)"),
+                    "attention": fit_attention(reference.gpu_attention("sweep"))}
+    for name, data in (("H100", h100_profile),
                        ("B200", profile("B200 (OpenXLA sm_100 table)", "B200", b200, xla)),
                        ("A100", profile("A100 80GB SXM (H100 curve x MAMF ratio)", "A100-80GB-SXM", a100,
                                         a100_source))):

@@ -126,7 +126,7 @@ def calibrated_tiny(profile_path):
 @pytest.mark.slow
 def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     names = {p.name for p in calibration.iterdir()}
-    assert {"gemm.csv", "copy.csv", "collectives.csv", "numerics.csv", "profile.json"} <= names
+    assert {"gemm.csv", "attention.csv", "copy.csv", "collectives.csv", "numerics.csv", "profile.json"} <= names
     gemm = pd.read_csv(calibration / "gemm.csv")
     assert set(gemm["dtype"]) == {"fp32", "bf16", "fp16"}
     assert (gemm["achieved_flops_per_s"] > 0).all() and (gemm["median_s"] > 0).all()
@@ -137,6 +137,12 @@ def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     import torch
     assert profile.device.kind == "cpu" and profile.device.versions["torch"] == torch.__version__
     assert profile.gemm_rate("bf16", 1e6) > 0 and profile.intra_node is not None
+    # The attention sweep (the CPU's math backend): forward and backward rows per shape, and their curves.
+    attention = pd.read_csv(calibration / "attention.csv")
+    assert set(attention["phase"]) == {"forward", "backward"} and set(attention["backend"]) == {"math"}
+    forward = attention[attention["phase"] == "forward"]
+    assert (forward["flops"] == 2.0 * forward["heads"] * forward["seq_len"] ** 2 * forward["head_dim"]).all()
+    assert profile.attention["math"].rate("backward", forward["flops"].max()) > 0
 
 
 @pytest.mark.slow

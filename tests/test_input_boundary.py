@@ -111,7 +111,7 @@ def test_zero_fixed_costs_are_refused(capsys):
 def test_fixed_costs_faster_than_the_peak_are_refused(tmp_path, capsys):
     line = one_error_line(capsys, "run", str(TINY), "-o", str(tmp_path / "o"), "--no-plot", "--set",
                           'costs={model: fixed, forward: "1 ns", backward: "1 ns"}', "--set", "network=ideal")
-    assert line.startswith("error: costs.forward: the given layer times run the model at MFU ")
+    assert line.startswith("error: costs.forward: the given layer times run the model's kernels at HFU ")
 
 
 def test_a_long_name_is_refused_quickly_by_its_bound(tmp_path, capsys):

@@ -27,7 +27,12 @@ _QWEN3_DROPLESS = ("Qwen3-235B dropless rows predicted too fast (pp 32: -22%, tp
                    "row but not half of the tp 4 one; no sourced imbalance to apply (no per-row factor)")
 _QWEN3_OVERLAP = ("Qwen3-235B '+1f1b overlap' row: moe.a2a_overlap (--overlap-moe-expert-parallel-comm, the merged "
                   "1F1B of MCore v0.14) is refused, not modelled")
+_FP8 = ("predicted too fast (-10.9%): FP8 Mixtral 8x22B under TE delayed scaling; its BF16 twin (Table 3) is -0.1%, so "
+        "the gap is FP8's: predicted speed-up 1.41x against the published 1.25x (test_fp8_speedup_over_bf16_on_the_"
+        "same_layout). The FP8 GEMMs are not it: on an H100 (docs/mechanisms/attention_kernels.md) FP8 linears ran "
+        "1.85x bf16 at transformer shapes, the model's 1.80x; what else TE FP8 loses in MoE layers is unsourced")
 OUTSIDE: dict[str, str] = {
+    "folding-t2-mixtral-8x22b-h100-128-fp8-mcore.yaml": _FP8,
     "mz-qwen3-235b-h100-256-deepep-ep32.yaml": _QWEN3_DEEPEP,
     "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml": _QWEN3_OVERLAP,
     "mz-qwen3-235b-h100-256-a2a-pp32.yaml": _QWEN3_DROPLESS,
@@ -71,10 +76,10 @@ def test_moe_section_reports_every_row_with_signed_errors(table: pd.DataFrame) -
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["mcore", "folding"])
 @pytest.mark.xfail(strict=True, reason=(
-    "FP8's speed-up over BF16 on one layout: predicted 1.43x (mcore) / 1.47x (folding) against the paper's 1.25x / "
+    "FP8's speed-up over BF16 on one layout: predicted 1.41x (mcore) / 1.44x (folding) against the paper's 1.25x / "
     "1.30x (Table 2, TE delayed scaling): FP8 GEMMs priced at twice the BF16 curve, the backward's split accumulation "
-    "(costs.fp8_split_accumulation 1.15) and TE's casts priced; what else TE FP8 loses in MoE layers has no sourced "
-    "mechanism yet (docs/mechanisms/fp8.md)"))
+    "(costs.fp8_split_accumulation 1.15: together 1.80x over a linear's three GEMMs, an H100 measured 1.85x) and TE's "
+    "casts priced; what else TE FP8 loses in MoE layers has no sourced mechanism yet (docs/mechanisms/fp8.md)"))
 def test_fp8_speedup_over_bf16_on_the_same_layout(table: pd.DataFrame, layout: str) -> None:
     """The paper ran one Mixtral 8x22B layout in BF16 (Table 3) and in FP8 (Table 2): the ratio of the two step
     times is free of the FLOP convention and of everything the two runs share."""

@@ -25,27 +25,23 @@ FOLDER = SCENARIOS / "validation"
 ROWS = list(published(FOLDER)["scenario"])
 # Rows still outside the 10% band after issue 22's mechanisms and the per-GPU-type calibration (signed error,
 # predicted / published - 1), each with what the evidence says; strict, so a row that comes inside says so.
-_LARGE_NEMO = ("predicted too slow (+17..+19%): the largest NeMo layouts (dp 16 or tp 8 pp 8 v 12) expose more "
+_LARGE_NEMO = ("predicted too slow (+15%): the largest NeMo layouts (dp 16 or tp 8 pp 8 v 12) expose more "
                "TP/PP/DP time in the model than NVIDIA measured; TE's userbuffers / FP8 all-gather are not modelled")
-_EAGER = ("predicted too fast (-12..-20%): eager PyTorch + FSDP1 (Composer for MPT, fms-fsdp for IBM) at one or few "
-          "micro-batches per step, 7B at 512 GPUs and the seq-4096 / FP8 3B runs; FSDP1's gradient kernels are priced "
-          "(docs/mechanisms/fsdp_grad_kernels.md) and H100's factor (1.41) is fitted on Megatron/TE rows; no sourced "
-          "mechanism covers the rest (the IBM A100 rows of the same code are within 9% on A100's factor)")
-_LLAMA3_8B_CP = ("predicted too fast (-11.1%): not the CP exchange, which hides under the ring steps on NVLink (16 MiB "
-                 "KV sends); CP's whole cost in the model (TE's per-step output corrections) was 3.6% when the row was "
-                 "added (the same recipe at cp 1, dp 8: 9.56 s against 9.91 s at H100 factor 1.5), and the Llama 2 "
-                 "7B row of the same recipe (a fit row) is already -4.2%; the 70B CP row is +10.0%, at the band's "
-                 "other edge")
+_EAGER = ("predicted too fast (-11..-14%): eager PyTorch + FSDP1 (Composer) at one or two micro-batches per step on "
+          "64-512 GPUs; FSDP1's gradient kernels and FlashAttention-2's measured rates are priced (docs/mechanisms/"
+          "fsdp_grad_kernels.md, attention_kernels.md) and H100's factor (1.325) is fitted on Megatron/TE rows; no "
+          "sourced mechanism covers the rest (the 8-GPU MPT rows of the same code are within 9%)")
+_LLAMA3_70B_CP = ("predicted too slow (+14.5%): since attention kernels run at their measured rates (docs/mechanisms/"
+                  "attention_kernels.md) the CP 2 ring's steps (2k-token blocks, 16 heads per rank at tp 4) price at "
+                  "cuDNN's small-kernel rates; the 8B row of the same recipe at cp 2 is -4.5% and the 70B row was "
+                  "+10.0% with attention on the GEMM curve; which part of tp 4 pp 4 v 5 cp 2 is over-priced is not "
+                  "known")
 OUTSIDE: dict[str, str] = {
-    "nemo2407-llama3-8b-8.yaml": _LLAMA3_8B_CP,
+    "nemo2407-llama3-70b-64.yaml": _LLAMA3_70B_CP,
     "nemo2407-gpt3-175b-512.yaml": _LARGE_NEMO,
     "nemo2407-nemotron-340b-128.yaml": _LARGE_NEMO,
-    "ibm-fsdp-llama2-7b-h100-96.yaml": _EAGER,
-    "mosaic-mpt-1b-h100-8-s2048.yaml": _EAGER,
-    "mosaic-mpt-3b-h100-8-s4096.yaml": _EAGER,
     "mosaic-mpt-13b-h100-64-s2048.yaml": _EAGER,
     "mosaic-mpt-7b-h100-512-s2048.yaml": _EAGER,
-    "mosaic-mpt-3b-h100-8-s2048-fp8.yaml": _EAGER,
 }
 
 
@@ -77,22 +73,24 @@ def test_iteration_time_within_10_percent(table: pd.DataFrame, scenario: str) ->
 
 def test_mfu_at_most_hfu_at_most_one_and_a_finite_step(table: pd.DataFrame) -> None:
     """Issue 27's trace invariant on every validation scenario: model FLOPs never exceed the executed FLOPs, which
-    never exceed the GPU's peak, and the step is a finite positive time."""
-    assert (table["predicted_mfu"] <= table["predicted_hfu"] * (1 + 1e-12)).all()
+    never exceed the GPU's peak, and the step is a finite positive time. Model FLOPs with causal attention's
+    s(s+1)/2 pairs where it is causal (the executed FLOPs count a causal flash kernel's tiles, Op.executed_flops)."""
+    model = table["predicted_mfu_causal"].fillna(table["predicted_mfu"])
+    assert (model <= table["predicted_hfu"] * (1 + 1e-12)).all()
     assert (table["predicted_hfu"] <= 1).all()
     assert np.isfinite(table["predicted_iteration_time_s"]).all() and (table["predicted_iteration_time_s"] > 0).all()
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="5.9% over 72 rows: the rows of OUTSIDE (eager FSDP runs on H100 -12..-20%, "
-                                       "the two largest NeMo layouts +17..+19%)")
+@pytest.mark.xfail(strict=True, reason="5.04% over 72 rows: the rows of OUTSIDE (two eager FSDP runs on H100 "
+                                       "-11..-14%, the two largest NeMo layouts +15%, Llama 3 70B CP 2 +14.5%)")
 def test_mean_absolute_error_under_5_percent(table: pd.DataFrame) -> None:
     assert error_stats(table.reset_index())["mean_abs"] <= 0.05  # validation rows only: fit rows are left out
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="-2.8%: A100 rows average -2.8% (Qi 1F1B/ZB-1p rows -4..-8%), the eager "
-                                       "FSDP rows on H100 -12..-20%")
+@pytest.mark.xfail(strict=True, reason="-2.1%: A100 rows average -2.8% (Qi 1F1B/ZB-1p rows -4..-8%), 72% of rows "
+                                       "too short")
 def test_no_systematic_optimism(table: pd.DataFrame) -> None:
     """Issue 22 must-show 1: the signed mean error within +-2% (the first version predicted too short a step on
     41 of 42 blind runs)."""

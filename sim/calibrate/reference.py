@@ -4,7 +4,8 @@ In: the CSVs copied from the project's reference set (each row names its source)
 tables, and nccl-tests results. Out: pandas DataFrames with one row per measurement and fixed columns:
 ``xla_collectives`` (platform, op, n, bytes, seconds; the ring collectives, or all-to-all), ``nccl_tests`` (H100
 rows with a time: setting, op, n, nodes, bytes, seconds), ``xla_gemms`` (platform, dtype, b, m, n, k, flops,
-flops_per_s, seconds).
+flops_per_s, seconds), ``gpu_attention`` (our own causal attention sweep, ``sim calibrate``'s attention.csv columns
+plus device, date, source and run: ``sweep`` fits the shipped curves, ``check`` is a second GPU's cross-check).
 The fitting scripts and the analysis reports read these, never the CSVs' own column names.
 """
 
@@ -56,3 +57,10 @@ def xla_gemms() -> pd.DataFrame:
                          "flops": table["flop_count(2*b*m*n*k)"].astype(float),
                          "flops_per_s": table["achieved_flops_per_s"].astype(float),
                          "seconds": table["implied_time_us"] * 1e-6}).reset_index(drop=True)
+
+
+def gpu_attention(run: str | None = None) -> pd.DataFrame:
+    """The attention kernels this project measured (``sim calibrate`` on an H200, 2026-11-26: run ``sweep``; and
+    scripts/measure_gpu_kernels.py on an H100 the same day: run ``check``), optionally one run's rows."""
+    table = pd.read_csv(FOLDER / "gpu_attention_measurements.csv")
+    return (table if run is None else table[table["run"] == run]).reset_index(drop=True)

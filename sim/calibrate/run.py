@@ -1,13 +1,15 @@
 """Run the microbenchmarks, fit a profile, write the files.
 
 In: ``CalibrationOptions`` (device, quick or full sweep, output directory, processes for the collectives, the
-model shape the GEMM shapes come from). Out: ``gemm.csv``, ``copy.csv``, ``collectives.csv``, ``numerics.csv``
-and ``profile.json`` in the output directory, and the ``Profile`` (sim.costs.profile) returned.
+model shape the GEMM and attention shapes come from). Out: ``gemm.csv``, ``attention.csv``, ``copy.csv``,
+``collectives.csv``, ``numerics.csv`` and ``profile.json`` in the output directory, and the ``Profile``
+(sim.costs.profile) returned.
 
 On the CPU the collectives run in ``procs`` gloo processes spawned here. On GPUs, run under torchrun (one
 process per GPU, ``torchrun --nproc-per-node 8 -m sim.calibrate -o DIR``): every rank joins the collectives,
-rank 0 also times the GEMMs and writes the files. Fitting: sim.calibrate.fitting (GEMM FLOP/s over size per dtype; the
-link tier's latencies and efficiency curve from all-reduce, all-gather and reduce-scatter).
+rank 0 also times the GEMMs and attention kernels and writes the files. Fitting: sim.calibrate.fitting (GEMM FLOP/s
+over size per dtype; attention FLOP/s over size per backend and pass; the link tier's latencies and efficiency curve
+from all-reduce, all-gather and reduce-scatter).
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ from typing import Any
 import pandas as pd
 
 from sim.calibrate.comm import OPS, bench_collectives
-from sim.calibrate.compute import bench_copy, bench_gemms, square_shapes, supports_fp8, transformer_shapes
+from sim.calibrate.compute import (
+    bench_attention,
+    bench_copy,
+    bench_gemms,
+    square_shapes,
+    supports_fp8,
+    transformer_shapes,
+)
 from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
 from sim.calibrate.numerics import numerics_report
 from sim.costs.profile import FORMAT, VERSION, Profile
@@ -70,12 +79,19 @@ def _plan(options: CalibrationOptions, device_kind: str) -> dict[str, Any]:
     if options.quick:
         return {"model": QUICK_MODEL, "seq_len": 128, "squares": [64, 128, 256], "copy": [2**20, 2**23],
                 "sizes": [2**e for e in range(10, 21, 2)], "warmup": 1, "reps": 3, "comm_reps": 5,
-                "dtypes": ["fp32", "bf16", "fp16"]}
+                "dtypes": ["fp32", "bf16", "fp16"], "attention_backends": ["math"],
+                "attention": [(2, 64, 32), (2, 128, 32)]}
     model = MODEL_PRESETS[options.model] if isinstance(options.model, str) else options.model
-    dtypes = ["fp32", "tf32", "fp16", "bf16"] if device_kind == "cuda" else ["fp32", "bf16"]
+    cuda = device_kind == "cuda"
+    dtypes = ["fp32", "tf32", "fp16", "bf16"] if cuda else ["fp32", "bf16"]
+    # Causal attention at the model's head dimension: 8 and 32 heads (a TP rank's share of a 64-head model at tp 8,
+    # and a whole 32-head one) from 1k to 32k tokens, so the two head counts overlap in FLOPs (the curve's axis).
+    seqs = [2**e for e in range(10, 16)] if cuda else [256, 512]
     return {"model": model, "seq_len": options.seq_len, "squares": [2**e for e in range(8, 15)],
             "copy": [2**e for e in range(20, 31, 2)], "sizes": [2**e for e in range(10, 31)], "warmup": 5,
-            "reps": 20, "comm_reps": 20, "dtypes": dtypes}
+            "reps": 20, "comm_reps": 20, "dtypes": dtypes,
+            "attention_backends": ["fused", "flash"] if cuda else ["math"],
+            "attention": [(heads, seq, model.head_dim) for heads in (8, 32) for seq in seqs]}
 
 
 def _gpu_preset(device_name: str) -> str | None:
@@ -190,8 +206,24 @@ def _torchrun_collectives(device: Any, plan: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fit_attention(attention: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per backend, the forward and backward rate curves over the forward's counted FLOPs (knots every factor 2;
+    non-decreasing, as GEMM curves: a longer sequence never runs the kernel's tiles less efficiently)."""
+    curves: dict[str, dict[str, Any]] = {}
+    for backend, rows in attention.groupby("backend", sort=True):
+        fields: dict[str, Any] = {"head_dim": int(rows["head_dim"].max())}
+        for phase, part in rows.groupby("phase"):
+            forward_flops = part["flops"] / (2.0 if phase == "backward" else 1.0)
+            knots = [2.0 ** e for e in range(int(forward_flops.min()).bit_length() - 1,
+                                             int(forward_flops.max()).bit_length() + 1)]
+            fields[str(phase)] = [(x, round(y, 1))
+                                  for x, y in fit_log_curve(forward_flops, part["achieved_flops_per_s"], knots)]
+        curves[str(backend)] = fields
+    return curves
+
+
 def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, comm: pd.DataFrame | None,
-                line_rates: Mapping[str, float | None]) -> Profile:
+                line_rates: Mapping[str, float | None], attention: pd.DataFrame | None = None) -> Profile:
     curves = {}
     for dtype, rows in gemm.groupby("dtype", sort=True):
         knots = [2.0 ** e for e in range(int(rows["flops"].min()).bit_length() - 1,
@@ -203,6 +235,8 @@ def fit_profile(info: dict[str, Any], gemm: pd.DataFrame, copy: pd.DataFrame, co
     largest = copy[copy["bytes"] == copy["bytes"].max()]
     fields: dict[str, Any] = {"format": FORMAT, "version": VERSION, "device": info, "gemm": curves,
                               "copy_bandwidth": float(largest["bandwidth_Bps"].median()),
+                              "attention": fit_attention(attention) if attention is not None and len(attention)
+                              else {},
                               "source": f"sim calibrate on {info['name']}, {info['date']}"}
     if comm is not None and len(comm):
         comm = comm if "tier" in comm else comm.assign(tier="intra_node")
@@ -247,14 +281,16 @@ def calibrate(options: CalibrationOptions) -> Calibration | None:
     dtypes = plan["dtypes"] + (["fp8"] if supports_fp8(device) and not options.quick else [])
     gemm = pd.DataFrame([row for dtype in dtypes
                          for row in bench_gemms(device, dtype, shapes, plan["warmup"], plan["reps"], peaks.get(dtype))])
+    attention = pd.DataFrame(bench_attention(device, plan["attention_backends"], plan["attention"], plan["warmup"],
+                                             plan["reps"]))
     copy = pd.DataFrame(bench_copy(device, plan["copy"], plan["warmup"], plan["reps"]))
     numerics = pd.DataFrame(numerics_report())
     node = NODE_PRESETS[DEFAULT_NODE_FOR_GPU[preset]] if preset else None
     # Inter-node: every GPU's ring leaves over its own NIC (one per GPU on the DGX presets).
     lines = {} if node is None else {"intra_node": node.intra_node.bandwidth,
                                      "inter_node": node.inter_node.bandwidth * node.nics_per_node / node.gpus_per_node}
-    measured = fit_profile(info, gemm, copy, comm, lines)
-    for name, frame in (("gemm", gemm), ("copy", copy), ("numerics", numerics)):
+    measured = fit_profile(info, gemm, copy, comm, lines, attention)
+    for name, frame in (("gemm", gemm), ("attention", attention), ("copy", copy), ("numerics", numerics)):
         frame.to_csv(options.output / f"{name}.csv", index=False)
     if comm is not None:
         comm.to_csv(options.output / "collectives.csv", index=False)

@@ -40,6 +40,13 @@ input- and weight-gradient GEMMs take that much longer than the fast-accumulatio
     fp8 linear GEMM = curve time x (fp8_split_accumulation in input_grad / weight_grad / backward, 1 in forward)
 A measured profile's fp8 curve is torch._scaled_mm's, whose default is split accumulation (use_fast_accum
 False): there the forward runs at curve time / fp8_split_accumulation instead.
+
+Attention kernels (docs/mechanisms/attention_kernels.md): where the profile has curves for the scenario's attention
+backend (``training.attention_backend``: cuDNN's fused attention or FlashAttention-2, ``resolve_attention_backend``),
+the flash attention op runs at the measured rate of its pass over its executed FLOPs, forward and backward each
+(``Profile.attention``); without them on the GEMM curve, as a GEMM of the same FLOPs. On an H100 the measured
+rates are far below a GEMM's: cuDNN at 32 heads x 8k tokens 616 TFLOP/s forward and 428 backward (counted as twice
+the forward's FLOPs), FlashAttention-2 318 and 226, against 800 for the GEMM curve.
 """
 
 from __future__ import annotations
@@ -47,15 +54,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sim.costs.profile import Profile
+from sim.costs.profile import AttentionCurves, Profile
 from sim.hardware import GpuSpec
-from sim.model.ops import Op
+from sim.model.ops import FLASH_ATTENTION, Op
 
 ComputePhase = Literal["forward", "backward", "input_grad", "weight_grad"]
 # How FP8 GEMMs are priced: ``scaled_bf16`` on the GPU's bf16 curve (RooflineCosts), ``profile`` on the profile's
 # own fp8 curve where it has one, else the flat large-GEMM efficiency of the FP8 peak.
 Fp8GemmRule = Literal["scaled_bf16", "profile"]
 ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient
+AttentionBackend = Literal["fused", "flash"]
+
+
+def resolve_attention_backend(requested: str, fused_kernels: bool) -> AttentionBackend:
+    """``training.attention_backend``: ``fused`` or ``flash`` as asked; ``auto`` is cuDNN's fused attention where
+    the layers run Megatron-LM's fused kernels on Transformer Engine (TE prefers FusedAttention on Hopper+:
+    transformer_engine/pytorch/attention/dot_product_attention/utils.py get_attention_backend), FlashAttention-2
+    in eager PyTorch (flash-attn, and PyTorch SDPA's priority order flash, efficient, math, cudnn: pytorch#138907)."""
+    if requested in ("fused", "flash"):
+        return requested  # type: ignore[return-value]
+    return "fused" if fused_kernels else "flash"
 
 
 def phase_scale(op: Op, phase: ComputePhase) -> float:
@@ -78,7 +96,10 @@ class Work:
     layer_share: float  # fraction of one transformer layer (0 for embedding, head, selective recompute)
 
     def flops(self, phase: ComputePhase) -> float:
-        return sum(op.flops * phase_scale(op, phase) for op in self.ops)
+        """The FLOPs ``phase`` runs: each op's ``executed_flops`` (the causal flash kernel's executed tiles, the
+        FLOPs its time is priced on) x ``phase_scale``. A task's FLOPs in the trace, summed into HFU; model FLOPs
+        (MFU, Megatron's full-matrix count) are the Plan's, not these."""
+        return sum(op.executed_flops * phase_scale(op, phase) for op in self.ops)
 
 
 class CostModel(Protocol):
@@ -131,7 +152,7 @@ class RooflineCosts:
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
                  fp8_attention: bool = False, fp8_gemm: Fp8GemmRule = "scaled_bf16",
                  factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
-                 fp8_split_accumulation: float = 1.0) -> None:
+                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend = "fused") -> None:
         # The GPU type's end-to-end calibration: every kernel's time x factor (default: the profile's).
         if factor is None:
             factor = profile.end_to_end_factor if profile is not None else 1.0
@@ -142,8 +163,9 @@ class RooflineCosts:
         # LayerNormLinear, LayerNormMLP: Op.te_linear); the attention core (no weights) stays bf16 unless fp8_dpa
         # (Megatron-LM's --fp8-dot-product-attention), and the LM head (Megatron's output_layer, not a TE module)
         # always does. Those kernels are priced on a bf16 model of the same GPU (``bf16``).
-        self.bf16: RooflineCosts | None = (RooflineCosts(gpu, "bf16", profile, factor=factor,
-                                                         kernel_floor=kernel_floor) if dtype == "fp8" else None)
+        self.bf16: RooflineCosts | None = (RooflineCosts(gpu, "bf16", profile, factor=factor, kernel_floor=kernel_floor,
+                                                         attention_backend=attention_backend)
+                                           if dtype == "fp8" else None)
         self.fp8_attention = fp8_attention
         self.bytes_rate = gpu.hbm_bandwidth * gpu.memory_efficiency
         # The curve's dtype, which may be the other 16-bit type's (profiled_dtype); peaks use the scenario's.
@@ -153,6 +175,11 @@ class RooflineCosts:
         if self.profile is not None:
             profiled_peak = self.profile.gemm[self.curve_dtype].peak_flops
             self.scale = gpu.peak(dtype) / profiled_peak if profiled_peak else 1.0
+        # The attention kernel's measured curves (bf16: an FP8 model's attention runs on its ``bf16`` model, and
+        # fp8_attention keeps the GEMM rule); None: the flash attention op prices on the GEMM curve.
+        self.attention: AttentionCurves | None = None
+        if self.profile is not None and dtype in ("bf16", "fp16"):
+            self.attention = self.profile.attention.get(attention_backend)
         # FP8 GEMMs on the bf16 curve (``fp8_gemm: scaled_bf16``): an FP8 GEMM of f FLOPs takes the time of a
         # bf16 GEMM of f / R FLOPs, R = FP8 peak / bf16 peak (2 on Hopper and Blackwell): the tensor cores do R
         # times the multiply-adds per cycle and the fixed costs (launch, tile ramp, wave tail) stay. On B200,
@@ -188,9 +215,13 @@ class RooflineCosts:
         """One forward-equivalent of ``op`` as run in ``phase`` (the phase matters only to FP8 linear GEMMs,
         whose backward accumulates split: ``fp8_accumulation_scale``)."""
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
-            return self.bf16.kernel_time(op)
-        flops = op.flops * op.executed  # the FLOPs the kernel runs (causal flash attention: about half)
-        compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
+            return self.bf16.kernel_time(op, phase)
+        flops = op.executed_flops  # the FLOPs the kernel runs (causal flash attention: about half)
+        if self.attention is not None and op.name == FLASH_ATTENTION and flops > 0:
+            rate = self.attention.rate("forward" if phase == "forward" else "backward", flops) * self.scale
+            compute = flops / rate
+        else:
+            compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
         if self.bf16 is not None and op.matmul and op.te_linear:
             compute *= self.fp8_accumulation_scale(phase)
         # The floor is a measured launch-to-end time, outside the end-to-end factor.
@@ -222,11 +253,11 @@ class CalibratedCosts(RooflineCosts):
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
                  factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
-                 fp8_split_accumulation: float = 1.0) -> None:
+                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend = "fused") -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
         super().__init__(gpu, dtype, profile, fp8_attention, fp8_gemm="profile",  # its own measured fp8 curve
                          factor=factor, kernel_floor=kernel_floor, launch_overhead=launch_overhead,
-                         fp8_split_accumulation=fp8_split_accumulation)
+                         fp8_split_accumulation=fp8_split_accumulation, attention_backend=attention_backend)
         self.scale = 1.0
         if profile.copy_bandwidth is not None:
             self.bytes_rate = profile.copy_bandwidth

@@ -49,12 +49,29 @@ class GemmCurve(FrozenSpec):
     peak_flops: float | None = Field(default=None, description="the device's dense peak, when known")
 
 
+class AttentionCurves(FrozenSpec):
+    """One attention kernel's achieved rate per pass, as knots over the forward's FLOPs as the simulator counts
+    them (causal: 2 b h s^2 d, ``sim.calibrate.compute.attention_flops``). The backward's rate is its counted FLOPs
+    (twice the forward's) over its measured time: whatever the kernel recomputes (FlashAttention's backward
+    recomputes the scores: 2.5x the forward's multiply-adds, Dao et al. 2022 Sec. 3.1) lands in that rate."""
+    forward: tuple[tuple[float, float], ...] = Field(description="knots (forward FLOPs, achieved FLOP/s)")
+    backward: tuple[tuple[float, float], ...] = Field(description="knots (forward FLOPs, backward FLOPs / s)")
+    head_dim: int = Field(default=128, description="the head dimension measured")
+
+    def rate(self, phase: str, forward_flops: float) -> float:
+        knots = self.forward if phase == "forward" else self.backward
+        return interpolate_log2(knots, forward_flops, log_y=True)
+
+
 class Profile(FrozenSpec):
     format: str = FORMAT
     version: int = VERSION
     device: DeviceInfo
     gemm: dict[str, GemmCurve] = Field(description="per dtype (fp32, tf32, fp16, bf16, fp8)")
     copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
+    attention: dict[str, AttentionCurves] = Field(default_factory=dict, description=(
+        "causal bf16 attention kernels per backend (fused: cuDNN / Transformer Engine FusedAttention; flash: "
+        "FlashAttention-2), measured by sim calibrate; a backend without curves prices on the GEMM curve"))
     end_to_end_factor: float = Field(default=1.0, gt=0, description=(
         "every kernel's time x this: the GPU type's one end-to-end calibration (what a burst microbenchmark does "
         "not see in a training run: sustained clocks, kernel gaps, shapes off the benchmark's best), fitted by "

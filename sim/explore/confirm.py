@@ -92,7 +92,7 @@ def _figures(simulated: runner.Simulated) -> Figures:
     timeline_rows = _timeline_frame(graph, rank, kind, start, end)
     memory = memory_timeline(timeline_rows, plan)
     peak_memory = max(m["total"] for m in memory.values())
-    runner.check_step(step, figures.mfu, plan.scenario)
+    runner.check_step(step, figures.hfu, plan.scenario)
     return Figures(step_time_s=step, tokens_per_s=figures.tokens_per_s, tflops_per_gpu=figures.tflops_per_gpu,
                    mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(ranks.bubbles)),
                    bubble_rate_stagewise=stagewise_bubble_rate(timeline_rows), exposed_comm_s=ranks.exposed,

@@ -214,6 +214,8 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
               "mapped" if "compile.enable" in flat else "default")
     draft.put("training.flash_attention", True, "(TorchTitan llama3)", "sdpa", "F.scaled_dot_product_attention "
               "(is_causal): PyTorch's flash kernel", "default")
+    draft.put("training.attention_backend", "flash", "(TorchTitan llama3)", "sdpa", "SDPA tries FlashAttention-2 "
+              "before cuDNN (pytorch#138907), compiled or not", "default")
     for key, value in flat.items():
         if key in read:
             continue

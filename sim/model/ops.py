@@ -40,15 +40,26 @@ class Op:
     runs_in: Literal["forward", "input_grad", "weight_grad"] | None = None
     te_linear: bool = False
     kernels: int = 1  # kernel launches the op's forward issues (an unfused eager op is several; see below)
-    # The share of ``flops`` the kernel executes (its time): causal flash attention skips the tiles above the
-    # diagonal (causal_fraction). ``flops`` keeps Megatron's full-matrix count, so MFU and HFU are unchanged.
+    # The share of ``flops`` the kernel executes: causal flash attention skips the tiles above the diagonal
+    # (causal_fraction), a sliding window those outside its band. ``flops`` keeps Megatron's full-matrix count,
+    # the unit of the share; ``executed_flops`` is what the kernel runs.
     executed: float = 1.0
     # False for a frozen weight (LoRA's base model, frozen layers: sim.model.peft): no weight-gradient GEMM.
     trainable: bool = True
 
+    @property
+    def executed_flops(self) -> float:
+        """The FLOPs the kernel runs (``flops`` x ``executed``; causal flash attention: about half): the one
+        number both its time is priced on (sim.costs.models.RooflineCosts.kernel_time) and the trace counts for
+        HFU (sim.costs.models.Work.flops). Before, the trace counted ``flops``, so at 509,712 causal tokens the
+        attention tasks ran at 110% of the H100's peak and HFU was 1.00008 (tests/test_executed_flops.py)."""
+        return self.flops * self.executed
 
+
+# The fused attention kernel's op name (priced on an attention curve where the profile has one: sim.costs.models).
+FLASH_ATTENTION = "flash_attention"
 # The attention core: what selective recomputation recomputes (Korthikanti et al. 2022 Sec. 5).
-ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", "flash_attention"})
+ATTENTION_CORE = frozenset({"attention_scores", "softmax_dropout", "attention_values", FLASH_ATTENTION})
 # What each of Megatron-Core's --recompute-modules replays in the backward, by op name (transformer_config.py
 # recompute_modules; transformer_layer.py, multi_latent_attention.py, moe/experts.py, moe/shared_experts.py).
 # ``moe`` (the whole MoE layer under tensor_parallel.checkpoint, moe_layer.py) replays every op of the MoE part and
@@ -236,7 +247,7 @@ def attention_forward_ops(
             flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
             flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
         share = _executed_share(spec, s, causal) if executed is None else executed
-        attention.append(Op("flash_attention", flash_flops, flash_bytes, True, executed=share))
+        attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share))
     else:
         score_elems = b * heads * s * s
         attention += [

@@ -11,10 +11,12 @@ every mode (an optional figure that does not apply is null), and ``Summary.from_
 ``json_schema()`` is its JSON Schema (docs/summary.schema.json, described in docs/summary.md).
 
 Definitions. MFU uses model FLOPs without recomputation (Korthikanti et al. 2022 eq. 7); HFU the FLOPs the
-trace executed. Bubble fraction of a rank = 1 - (time its compute stream or blocking TP collectives are busy)
-/ (time until the last forward/backward of the step ends), averaged over simulated ranks; with fixed costs
-and an ideal network it is (p-1)/(m+p-1). Exposed communication of a kind = time that kind's collectives run
-while the rank's compute stream is idle (worst rank reported).
+trace executed, each task's ``flops`` being what its kernels' time was priced on (``Op.executed_flops``: a causal
+flash kernel's executed tiles, not MFU's full matrix), so HFU <= 1 and may be below MFU. Bubble fraction of a
+rank = 1 - (time its compute stream or blocking TP collectives are busy) / (time until the last forward/backward
+of the step ends), averaged over simulated ranks; with fixed costs and an ideal network it is (p-1)/(m+p-1).
+Exposed communication of a kind = time that kind's collectives run while the rank's compute stream is idle (worst
+rank reported).
 """
 
 from __future__ import annotations

@@ -66,6 +66,13 @@ class TrainingSpec(FrozenSpec):
         "(router, dispatch, experts, combine: its all-to-alls run again). Default: [core_attn], Megatron's; read "
         "only with recompute: selective, as Megatron"))
     flash_attention: bool = False
+    attention_backend: Literal["auto", "fused", "flash"] = Field(default="auto", description=(
+        "which flash attention kernel runs, priced on its measured curves where the GPU's profile has them "
+        "(docs/mechanisms/attention_kernels.md). fused: cuDNN's fused attention, what Transformer Engine runs on "
+        "Hopper and later (it disables FlashAttention 'to give FusedAttention preference on Hopper+'; Megatron-LM "
+        "--attention-backend fused); flash: FlashAttention-2 (the flash-attn package, and PyTorch SDPA's default "
+        "backend, which tries flash before cuDNN). auto: fused with fused_kernels (Megatron-LM / NeMo on TE), "
+        "flash without (eager PyTorch: HF, FSDP scripts, TorchTitan's SDPA)"))
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
         "diagonal (model.ops.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "

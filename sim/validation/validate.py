@@ -64,7 +64,8 @@ def validate_row(folder: Path, row: pd.Series, overrides: list[str] | None = Non
         return {**out, "error": str(error)}
     tokens = summary.tokens_per_s / scenario.cluster.num_gpus
     out.update({"gpus": scenario.cluster.num_gpus, "gpu": scenario.cluster.gpu.name, "predicted_iteration_time_s":
-                summary.step_time_s, "predicted_mfu": summary.mfu, "predicted_hfu": summary.hfu,
+                summary.step_time_s, "predicted_mfu": summary.mfu,
+                "predicted_mfu_causal": summary.mfu_causal, "predicted_hfu": summary.hfu,
                 "predicted_tokens_per_s_per_gpu": tokens,
                 "peak_memory_gib": summary.peak_memory_bytes.max / 2**30,
                 "fits_in_memory": summary.fits_in_memory, "error": ""})

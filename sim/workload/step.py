@@ -22,7 +22,15 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from sim.costs import profile as profiles
-from sim.costs.models import ADAM_BYTES_PER_PARAM, CalibratedCosts, CostModel, FixedCosts, RooflineCosts, Work
+from sim.costs.models import (
+    ADAM_BYTES_PER_PARAM,
+    CalibratedCosts,
+    CostModel,
+    FixedCosts,
+    RooflineCosts,
+    Work,
+    resolve_attention_backend,
+)
 from sim.hardware import GpuSpec
 from sim.model.ops import (
     COLUMN_PARALLEL,
@@ -77,9 +85,10 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     fp8_attention = training.fp8_attention
     # Launch overheads (docs/mechanisms/kernel_launch.md): the CPU launches nothing one by one under CUDA graphs.
     floor, launch = spec.kernel_floor, 0.0 if training.cuda_graphs else spec.launch_overhead
+    attention = resolve_attention_backend(training.attention_backend, training.fused_kernels)
     if isinstance(spec, CalibratedCostsSpec):
         return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention,  # type: ignore[arg-type]  # loaded
-                               spec.end_to_end_factor, floor, launch, spec.fp8_split_accumulation)
+                               spec.end_to_end_factor, floor, launch, spec.fp8_split_accumulation, attention)
     profile = plan.profile if gpu.name == own.name else profiles.default_for(gpu.name)
     # The GPU type's end-to-end factor comes with its default profile, curve or flat rate alike.
     factor = spec.end_to_end_factor
@@ -87,7 +96,7 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
         fitted = profile if profile is not None else profiles.default_for(gpu.name)
         factor = fitted.end_to_end_factor if fitted is not None else 1.0
     return RooflineCosts(gpu, plan.dtype, profile if spec.shape_efficiency else None, fp8_attention, spec.fp8_gemm,
-                         factor, floor, launch, spec.fp8_split_accumulation)
+                         factor, floor, launch, spec.fp8_split_accumulation, attention)
 
 
 def fp8_casts(plan: Plan) -> Fp8Casts | None:
@@ -217,6 +226,7 @@ class ContextAttention:
     steps: tuple[Work, ...]
     forward: tuple[CpExchange, ...]
     backward: tuple[CpExchange, ...]
+    core: Work  # the whole core as one kernel: what the attention block's work prices (and the steps replace)
 
 
 def attention_parts(work: Work) -> tuple[Work, Work]:
@@ -243,8 +253,9 @@ def context_attention(plan: Plan) -> ContextAttention | None:
     else:
         steps = (Work((flash,), 0.0),)
     b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
-    return ContextAttention(steps, *(exchanges(plan.cp_comm_type, plan.cp, direction, b, s, q_width, kv_width, elem)
-                                     for direction in ("forward", "backward")))
+    forward, backward = (exchanges(plan.cp_comm_type, plan.cp, direction, b, s, q_width, kv_width, elem)
+                         for direction in ("forward", "backward"))
+    return ContextAttention(steps, forward, backward, Work((flash,), 0.0))
 
 
 def moe_blocks(plan: Plan) -> dict[str, Work]:
