@@ -708,8 +708,9 @@ class Estimator:
         if shapes is None:
             shapes = self._tail_lists[shape_key] = [self._tail_shape(plan, s, stat_reduce, shape_key)
                                                     for s in range(plan.pp)]
+        skip = self.skip_tails
         for s, (st, end, shape) in enumerate(zip(stages, ends, shapes, strict=True)):
-            seen = exposed_of.get((shape.kind, id(st))) if self.skip_tails else None
+            seen = exposed_of.get((shape.kind, id(st))) if skip else None
             if seen is not None:
                 most = max(seen, shape.per_microbatch - end)
                 most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
