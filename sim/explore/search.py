@@ -463,6 +463,8 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
     order. Each process reports its progress every ``SCREEN_PROGRESS_EVERY`` layouts."""
     context = multiprocessing.get_context("fork")
     shares = _partition(space, jobs)
+    if len(shares) < 2:  # one group: nothing to share out
+        return _screen_columns(base, space, estimator, on_progress)
     sys.stdout.flush()  # a forked child must not write this process's buffered output a second time
     sys.stderr.flush()
     workers, pipes = [], []
