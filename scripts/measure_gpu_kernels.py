@@ -163,6 +163,73 @@ def bench_layer(name: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq
     record("layer_fwd_bwd", name, 0.0, timed(lambda: layer(x).backward(grad), args.warmup, args.reps, 2), **fields)
 
 
+def kernel_seconds(fn: Callable[[], Any], args: argparse.Namespace) -> dict[str, float]:
+    """Median over ``reps`` of the GPU kernel time per call (PyTorch's profiler sums the CUDA kernels' durations,
+    so autograd's CPU side between small kernels is not counted)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(args.warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(args.reps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                fn()
+            torch.cuda.synchronize()
+        times.append(sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / 3)
+    times.sort()
+    return {"median_s": statistics.median(times), "p10_s": times[0], "p90_s": times[-1]}
+
+
+def bench_eager(tokens: int, hidden: int, heads: int, kv_heads: int, ffn: int, args: argparse.Namespace) -> None:
+    """A Hugging Face Llama's unfused element-wise ops (LlamaRMSNorm, apply_rotary_pos_emb, SwiGLU, residual add)
+    and PyTorch's own RMSNorm, forward and forward + backward, as kernel time."""
+    dim = hidden // heads
+    bf16 = torch.bfloat16
+
+    def hf_rmsnorm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        x32 = x.to(torch.float32)
+        variance = x32.pow(2).mean(-1, keepdim=True)
+        return w * (x32 * torch.rsqrt(variance + 1e-5)).to(bf16)
+
+    def rotate_half(t: torch.Tensor) -> torch.Tensor:
+        half = t.shape[-1] // 2
+        return torch.cat((-t[..., half:], t[..., :half]), dim=-1)
+
+    cos = torch.randn(1, 1, tokens, dim, device="cuda", dtype=bf16)
+    sin = torch.randn(1, 1, tokens, dim, device="cuda", dtype=bf16)
+
+    def hf_rope(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+    x = torch.randn(tokens, hidden, device="cuda", dtype=bf16, requires_grad=True)
+    y = torch.randn(tokens, hidden, device="cuda", dtype=bf16, requires_grad=True)
+    w = torch.ones(hidden, device="cuda", dtype=bf16, requires_grad=True)
+    q = torch.randn(1, heads, tokens, dim, device="cuda", dtype=bf16, requires_grad=True)
+    k = torch.randn(1, kv_heads, tokens, dim, device="cuda", dtype=bf16, requires_grad=True)
+    g = torch.randn(tokens, ffn, device="cuda", dtype=bf16, requires_grad=True)
+    u = torch.randn(tokens, ffn, device="cuda", dtype=bf16, requires_grad=True)
+    cases = {"hf_rmsnorm": (lambda: hf_rmsnorm(x, w), (x, w)),
+             "torch_rms_norm": (lambda: F.rms_norm(x, (hidden,), w, 1e-5), (x, w)),
+             "hf_rope_qk": (lambda: hf_rope(q, k), (q, k)),
+             "swiglu": (lambda: F.silu(g) * u, (g, u)),
+             "residual_add": (lambda: x + y, (x, y))}
+    for name, (fn, inputs) in cases.items():
+        fields = {"m": tokens, "n": hidden, "k": ffn, "groups": heads, "dtype": "bf16", "backend": "eager"}
+        with torch.no_grad():
+            record("eager_fwd", name, 0.0, kernel_seconds(fn, args), **fields)
+
+        first = fn()
+        grads = [torch.ones_like(o) for o in (first if isinstance(first, tuple) else (first,))]
+
+        def both(fn: Callable[[], Any] = fn, inputs: tuple[torch.Tensor, ...] = inputs,
+                 grads: list[torch.Tensor] = grads) -> None:
+            out = fn()
+            torch.autograd.grad(out if isinstance(out, tuple) else (out,), inputs, grads)
+        record("eager_fwd_bwd", name, 0.0, kernel_seconds(both, args), **fields)
+
+
 def device_info() -> dict[str, Any]:
     query = "name,driver_version,clocks.max.sm,clocks.sm,power.limit,temperature.gpu"
     smi = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,
@@ -178,7 +245,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--inner", type=int, default=10)
-    parser.add_argument("--only", default="gemm,grouped,attention,layer")
+    parser.add_argument("--only", default="gemm,grouped,attention,eager,layer")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(","))
@@ -212,6 +279,8 @@ def main() -> None:
     if "attention" in only:
         for seq in (2048, 4096, 8192, 16384):
             bench_attention(seq, 32, 128, 1, args)
+    if "eager" in only:
+        bench_eager(8192, 4096, 32, 8, 14336, args)
     if "layer" in only:
         bench_layer("llama3-8b_s8192", 4096, 32, 8, 14336, 8192, 1, args)
         bench_layer("llama3-8b_s4096_b2", 4096, 32, 8, 14336, 4096, 2, args)

@@ -135,10 +135,11 @@ def test_causal_flash_attention_computes_the_tiles_on_and_below_the_diagonal():
 
 def test_eager_layernorm_is_one_kernel_and_eager_rmsnorm_eight():
     """PyTorch's LayerNorm is one fused ATen kernel (layer_norm_kernel.cu); a Python RMSNorm (HF/FMS Llama) is
-    eight element-wise kernels (EAGER_RMSNORM_BYTES)."""
+    eight element-wise kernels moving 52 bytes per element as measured (EAGER_RMSNORM_BYTES,
+    tests/test_eager_kernels.py)."""
     llama = MODEL_PRESETS["llama2-7b"]
     gpt = llama.model_copy(update={"norm": "layernorm"})
     norm = {name: next(op for op in layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)
                        ["attention"] if op.name == "input_norm") for name, spec in (("rms", llama), ("ln", gpt))}
     assert norm["ln"].kernels == 1 and norm["ln"].bytes == 1024 * 4096 * 2 * 2
-    assert norm["rms"].kernels == 8 and norm["rms"].bytes == 1024 * 4096 * 36
+    assert norm["rms"].kernels == 8 and norm["rms"].bytes == 1024 * 4096 * 52

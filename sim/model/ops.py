@@ -106,11 +106,18 @@ def _elementwise(name: str, elements: float, elem: int, reads: int, writes: int,
 
 
 # Unfused element-wise kernels of a PyTorch eager Llama (IBM's foundation-model-stack and Hugging Face
-# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out:
-# cast to fp32 (2+4), pow (4+4), mean (4), multiply by rsqrt (4+4), cast back (4+2), multiply by weight (2+2).
-EAGER_RMSNORM_BYTES = 36.0
+# transformers' LlamaRMSNorm; no torch.compile). Bytes per element of the normalized tensor, 16-bit in and out, as
+# the model's memory-bound time needs them: 52, measured. The kernels' ideal traffic is 36 (cast to fp32 2+4, pow
+# 4+4, mean 4, multiply by rsqrt 4+4, cast back 4+2, multiply by weight 2+2), but an H100 ran LlamaRMSNorm on
+# 8,192 x 4,096 bf16 in 522 us forward and 1,731 us forward + backward (kernel time, 2026-11-26,
+# sim/data/reference/gpu_eager_measurements.csv): at the H100 preset's 3.0 TB/s achieved bandwidth and the model's
+# backward of twice the forward, 1,731 us / 3 per pass is 52 bytes per element. Not all bandwidth: an H200 (43%
+# more) ran it in 1,383 us, 12% above the 52 bytes' price there (tests/test_eager_kernels.py).
+EAGER_RMSNORM_BYTES = 52.0
 # Rotary embedding on q and k in fp32 (FMS RotaryEmbedding.adjusted_qk): cast up (2+4), multiply by the 2x2
-# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k.
+# rotation (4 read, 8 written), sum over the pair (8+4), cast back (4+2); per element of q and of k. (Hugging
+# Face's bf16 apply_rotary_pos_emb moves less: an H100 ran it on Llama 3 8B's q and k at 8,192 tokens in 1,146 us
+# forward + backward, 27 bytes per element's price; the FMS count stays, unmeasured.)
 EAGER_ROPE_BYTES = 36.0
 # Kernel launches of those eager ops (what a launch floor counts): the RMSNorm's six kernels above plus the
 # eps add and rsqrt on the per-token mean; the rotary embedding's four kernels, once for q and once for k.
