@@ -2,14 +2,15 @@
 estimate, and the wall time to confirm the best ``--top`` layouts by simulation on ``--jobs`` processes.
 
 1. Screen: ``search.screen`` over every layout of a bundled scenario (the 175B one, and the Mixtral MoE one),
-   in this process, ``--repeat`` times, each with a fresh ``Estimator`` (so no run reuses another's caches).
-   Layouts/s = layouts / the median time. Baseline in the same run: ``search.candidate`` alone over the same
-   layouts (building each layout's scenario and checking its rules, which every screened layout pays before
-   it is priced), and the first run's time (the caches start empty in every run, so the first is no colder
-   than the others except for imports).
+   ``--repeat`` times, each with a fresh ``Estimator`` (so no run reuses another's caches), with ``jobs=--jobs``
+   (forked processes, as ``sim search -j`` screens) and in this process alone. Layouts/s = layouts / the median
+   time; CPU seconds count the forked processes too. Baseline in the same run: ``search.candidate`` alone over
+   the same layouts (building each layout's scenario and checking its rules, which every screened layout pays
+   before it is priced).
 2. Confirm: ``python -m sim search SCENARIO --no-bound --top N -j J --no-plot`` as a whole process
    (``--confirm-repeat`` times), with the ``simulated N in S s`` it prints: the confirmation's own time.
-Peak RSS next to each time: this process's after the screens, the child's for the whole search.
+Peak RSS next to each time: the largest of this process and its screening processes after the screens, the
+child's for the whole search.
 Run: python benchmarks/bench_search.py [--repeat 3] [--top 1000] [--jobs 2] [--confirm-repeat 3] [--skip-confirm]
      [--skip-screen]
 """
@@ -33,7 +34,7 @@ SCENARIOS = {"GPT-3 175B, 1024 A100": "gpt3-175b_a100-1024.yaml", "Mixtral 8x7B,
 CONFIRMED = re.compile(r"simulated ([\d,]+) in ([\d.]+) s")
 
 
-def screen_rate(name: str, file: str, repeat: int) -> None:
+def screen_rate(name: str, file: str, repeat: int, jobs: int) -> None:
     base = load_scenario(ROOT / "scenarios" / file)
     space = list(search.layouts(base))
 
@@ -45,15 +46,20 @@ def screen_rate(name: str, file: str, repeat: int) -> None:
                 pass
 
     floor = timed_call(candidates, repeat)
-    timed = timed_call(lambda: search.screen(base, space), repeat)
+    alone = timed_call(lambda: search.screen(base, space), repeat)
+    timed = timed_call(lambda: search.screen(base, space, jobs=jobs), repeat)
     rate = len(space) / timed.seconds
-    print(f"[screen] {name}: {len(space):,} layouts in {timed.seconds:.3f} s = {rate:,.0f} layouts/s "
+    print(f"[screen] {name}: {len(space):,} layouts in {timed.seconds:.3f} s = {rate:,.0f} layouts/s with -j {jobs} "
           f"(runs {', '.join(f'{s:.3f}' for s in timed.runs)}; CPU {timed.cpu:.3f} s = {len(space) / timed.cpu:,.0f} "
-          f"per CPU second); process peak RSS {mib(timed.peak_rss)}")
+          f"per CPU second, its processes included); peak RSS {mib(timed.peak_rss)}")
+    print(f"[screen] {name}, one process: {len(space):,} layouts in {alone.seconds:.3f} s = "
+          f"{len(space) / alone.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in alone.runs)}; CPU "
+          f"{alone.cpu:.3f} s = {len(space) / alone.cpu:,.0f} per CPU second); -j {jobs} is "
+          f"{alone.seconds / timed.seconds:.2f}x its wall rate")
     print(f"[screen] {name}: baseline, building and rule-checking the layouts alone: {floor.seconds:.3f} s = "
           f"{len(space) / floor.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in floor.runs)}; "
-          f"CPU {floor.cpu:.3f} s = {len(space) / floor.cpu:,.0f} per CPU second); the screen takes "
-          f"{timed.seconds / floor.seconds:.1f}x that ({timed.cpu / floor.cpu:.1f}x in CPU time)")
+          f"CPU {floor.cpu:.3f} s = {len(space) / floor.cpu:,.0f} per CPU second); the screen in one process takes "
+          f"{alone.seconds / floor.seconds:.1f}x that ({alone.cpu / floor.cpu:.1f}x in CPU time)")
 
 
 def confirm(top: int, jobs: int, repeat: int) -> None:
@@ -90,14 +96,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--top", type=int, default=1000)
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=2, help="processes of the confirmation and of the screen")
     parser.add_argument("--confirm-repeat", type=int, default=3)
     parser.add_argument("--skip-confirm", action="store_true")
     parser.add_argument("--skip-screen", action="store_true", help="only the confirmation (scale_table's confirm log)")
     args = parser.parse_args()
     print(f"machine: {machine()}")
     for name, file in SCENARIOS.items() if not args.skip_screen else ():
-        screen_rate(name, file, args.repeat)
+        screen_rate(name, file, args.repeat, args.jobs)
     if not args.skip_confirm:
         confirm(args.top, args.jobs, args.confirm_repeat)
 

@@ -95,15 +95,23 @@ def interleaved(commands: dict[str, Sequence[str]], repeat: int) -> dict[str, Ti
 
 
 def timed_call(function: Callable[[], object], repeat: int) -> Timed:
-    """Median wall time of ``function()`` in this process, and this process's peak RSS after the runs."""
+    """Median wall time of ``function()`` in this process, and the peak RSS after the runs: this process's, or
+    the largest of the children it reaped (processes ``function`` forked) where that is larger. CPU: this
+    process's and its reaped children's."""
     runs, cpu = [], []
     for _ in range(repeat):
-        began, began_cpu = time.perf_counter(), time.process_time()
+        began, began_cpu = time.perf_counter(), _cpu_with_children()
         function()
         runs.append(time.perf_counter() - began)
-        cpu.append(time.process_time() - began_cpu)
-    return Timed(statistics.median(runs), tuple(runs), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                 statistics.median(cpu))
+        cpu.append(_cpu_with_children() - began_cpu)
+    peak = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return Timed(statistics.median(runs), tuple(runs), peak * 1024, statistics.median(cpu))
+
+
+def _cpu_with_children() -> float:
+    """User + system seconds of this process and the children it reaped so far."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def python() -> str:

@@ -173,3 +173,23 @@ def test_the_compiled_stage_replay_gives_the_sweeps_floats(name: str, p: int, m:
         c = rng.uniform(0.0, 0.1)
         assert stage_level_replay(chunks, units, stages, c) == _sweep_replay(
             chunks, resolve_passes(orders, schedule.layout, last), stages, c)
+
+
+def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> None:
+    """``screen(jobs=2)``: two forked processes, each over its (pp, tp) groups, give the table one process
+    gives, bit for bit and in the same order, and the progress still ends at the total."""
+    base = load_scenario(ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml")
+    space = list(search.layouts(base))[::7]  # 4,074 layouts, above SCREEN_PARALLEL_MIN
+    assert len(space) >= search.SCREEN_PARALLEL_MIN
+    seen: list[tuple[int, int]] = []
+    both = search.screen(base, space, jobs=2, on_progress=lambda done, total: seen.append((done, total)))
+    pd.testing.assert_frame_equal(both, search.screen(base, space), check_exact=True)
+    assert seen[-1] == (len(space), len(space))
+    assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it only goes forward
+    shares = search._partition(space, 2)
+    assert sorted(i for share in shares for i in share) == list(range(len(space)))
+    groups = [{search._group(space[i]) for i in share} for share in shares]
+    assert not groups[0] & groups[1]  # no (pp, tp), nor one pp's zero-bubble layouts, priced in both processes
+    assert max(map(len, shares)) <= 0.6 * len(space)
+    three = search._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
+    assert len(three) == 3 and sorted(i for share in three for i in share) == list(range(len(space)))

@@ -306,7 +306,8 @@ def limit_args(cmd: argparse.ArgumentParser) -> None:
 
 
 def executor_args(cmd: argparse.ArgumentParser) -> None:
-    cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel (processes or Dask workers)")
+    cmd.add_argument("-j", "--jobs", type=int, default=1, help="points run in parallel (processes or Dask workers); "
+                     "search also screens its layouts in this many local processes (at most the CPUs)")
     cmd.add_argument("--executor", choices=("process", "dask"), default="process",
                      help="process: local worker processes; dask: a Dask cluster (local unless --scheduler)")
     cmd.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://host:8786")

@@ -66,6 +66,11 @@ class Estimate:
     bound_s: float  # no layout's step is shorter: each stage runs its m micro-batches' work back to back
 
 
+# Schedules whose stage times and makespan the estimate prices alike (``Estimator._pipeline``): GPipe runs 1F1B's
+# passes (no split backward, one chunk per stage) and its makespan has the same form, only its memory differs.
+PRICED_AS = {"gpipe": "1f1b"}
+
+
 class Estimator:
     # Skip the tails of stages that cannot set the step (``estimate``); False works every stage's tail out (the
     # tests compare both).
@@ -93,7 +98,7 @@ class Estimator:
         self._stat_reduce: dict[Any, float] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._layers: dict[Any, tuple[_LayerTimes, Scenario]] = {}
-        self._structures: dict[Any, tuple[list[_StageShape], Scenario]] = {}
+        self._structures: dict[Any, tuple[tuple[list[_StageShape], list[int]], Scenario]] = {}
         self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
         self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
@@ -101,15 +106,23 @@ class Estimator:
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
         self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
+        self._stashes: dict[Any, float] = {}
+        self._peak_stages: dict[Any, tuple[list[int], Any]] = {}  # the stages that may peak, per structure
+        self._units: dict[Any, tuple[list[step.ChunkUnit], Scenario]] = {}
+        self._shape_of: tuple[Plan | None, tuple[Any, ...]] = (None, ())  # the last plan _price saw, its shape
 
     # ---------------------------------------------------------------------------------------- pieces
     def _price(self, plan: Plan, what: str, phase: ComputePhase) -> float:
         """Seconds of one piece of a layer (a block, its column-parallel GEMMs ``<block>_column``, the
         ``selective`` attention core) or the ``embedding`` / ``head`` (sim.workload.step.Blocks), cached by shape."""
-        t = plan.scenario.training
-        shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention, t.fused_kernels,
-                 t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type, plan.attention_work,
-                 plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
+        if plan is self._shape_of[0]:  # a layout's pieces are priced one after another: its shape found once
+            shape = self._shape_of[1]
+        else:
+            t = plan.scenario.training
+            shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
+                     t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
+                     plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
+            self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
             if shape not in self._blocks:  # one layer's ops per shape, for all its pieces and phases
@@ -157,13 +170,9 @@ class Estimator:
         layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
         split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair = self._layer_times(plan, keys.layer)
         c = self._p2p(plan)
-        priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
-        stages = []
-        for shape in self._stage_shapes(plan, keys.structure):
-            found = priced.get(shape)
-            if found is not None:
-                stages.append(found)
-                continue
+        shapes, of_stage = self._stage_shapes(plan, keys.structure)
+        priced: list[StageTimes] = []  # stages of one shape (most of an even pipeline's) priced once
+        for shape in shapes:
             (layers, moe_layers, recomputed, recomputed_moe, frozen_layers, offloaded, first_layer, embedding, head,
              sends, pair_chunks) = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
@@ -199,38 +208,40 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
             overlap = self._pair_overlap(plan, pair, pair_chunks) if pair is not None and pair_chunks else 0.0
-            found = priced[shape] = StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers,
-                                               overlap)
-            stages.append(found)
-        return stages
+            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
+        return [priced[index] for index in of_stage]
 
-    def _stage_shapes(self, plan: Plan, key: Any) -> list[_StageShape]:
-        """What sets each stage's times apart, per stage (``_StageShape``): kept per ``key``, which names the
-        pipeline's structure (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
+    def _stage_shapes(self, plan: Plan, key: Any) -> tuple[list[_StageShape], list[int]]:
+        """What sets each stage's times apart (``_StageShape``): the distinct shapes, in the order of the first
+        stage of each, and each stage's index into them; kept per ``key``, which names the pipeline's structure
+        (sim.explore.search keys it by pp, vpp, schedule and recomputation alone)."""
         found = self._structures.get(key)
         if found is not None:
             return found[0]
-        shapes = []
         frozen = step.frozen_layer_blocks(plan) is not None
         # DualPipe's F&B pairs interleave their MoE layers (Estimator._pair_overlap): what each local chunk runs,
         # as the emitter's forward and backward do (the embedding on model chunk 0, the head on the last)
         pairs = plan.is_moe and plan.scenario.schedule.startswith("dualpipe")
         last = plan.pp * plan.vpp - 1
+        shapes: dict[_StageShape, int] = {}
+        of_stage = []
         for s in range(plan.pp):
             offloaded = plan.offloaded_layers(s)
             recomputed = plan.recomputed_layers(s)
             pair_chunks = tuple((g == 0, g == last, tuple((plan.moe_layers[layer], plan.recomputes(layer))
                                                           for layer in plan.chunk_layers(g)))
                                 for g in plan.stage_chunks[s]) if pairs else ()
-            shapes.append(_StageShape(
+            shape = _StageShape(
                 plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, recomputed,
                 sum(plan.moe_layers[layer] and plan.recomputes(layer) for layer in step.stage_layer_ids(plan, s))
                 if plan.is_moe and recomputed else 0,
                 sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
                 offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
-                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks))
-        self._structures[key] = (shapes, plan.scenario)  # the scenario keeps the objects the key names alive
-        return shapes
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks)
+            of_stage.append(shapes.setdefault(shape, len(shapes)))
+        # the scenario keeps the objects the key names alive
+        self._structures[key] = ((list(shapes), of_stage), plan.scenario)
+        return list(shapes), of_stage
 
     def _selective_dense(self, plan: Plan, tp_comm: float) -> float:
         """Seconds selective recomputation adds to a dense layer's backward (the emitter's
@@ -466,7 +477,7 @@ class Estimator:
         slowest = max(work)
         f, b, w = (max(getattr(st, part) for st in stages) for part in ("forward", "backward", "weight"))
         name = plan.scenario.schedule
-        if name in ("gpipe", "1f1b"):
+        if PRICED_AS.get(name, name) == "1f1b":
             total = sum(work) + (m - 1) * slowest + 2 * (p - 1) * c
         elif name == "interleaved":
             total = m * slowest + (p - 1) * (f + b) / v + 2 * (p - 1) * c
@@ -575,7 +586,7 @@ class Estimator:
                 for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
                     unit_chunks.append(c)
                     sent += [(-10 - c, unit.grad_params * grad_elem)
-                             for unit in step.chunk_units(plan, plan.stage_chunks[stage][c])]
+                             for unit in self._chunk_units(plan, plan.stage_chunks[stage][c], shape_key)]
             elif per_unit and zero >= 3:  # the reductions a micro-batch's backward issues (step.reduce_buckets)
                 sent = [(layer, params * grad_elem) for layer, params in step.reduce_buckets(plan)]
             elif per_unit:  # one reduction per unit, as its backward ends
@@ -627,6 +638,15 @@ class Estimator:
                            optimizer, kind)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
+
+    def _chunk_units(self, plan: Plan, chunk: int, shape_key: tuple[Any, ...]) -> list[step.ChunkUnit]:
+        """``step.chunk_units`` of model ``chunk``, kept per ``shape_key`` (``_shape_key``): a stage's tail and its
+        first micro-batch's gathers both read them."""
+        key = (shape_key, chunk)
+        found = self._units.get(key)
+        if found is None:
+            found = self._units[key] = (step.chunk_units(plan, chunk), plan.scenario)  # keeps the key's objects
+        return found[0]
 
     def _expert_tail(self, plan: Plan, stage: int, when: dict[int, float], backward_end: float) -> float:
         """Exposed time of a MoE stage's expert-gradient reduction after its last backward: buckets over the
@@ -693,7 +713,7 @@ class Estimator:
         if found is None:
             group = plan.shard_group(0)
             ends, gathered = [], 0.0
-            for unit in step.chunk_units(plan, plan.stage_chunks[stage][0]):
+            for unit in self._chunk_units(plan, plan.stage_chunks[stage][0], shape_key):
                 gathered += self._dp_collective(plan, "all_gather", unit.weight_params * plan.weight_bytes_per_param,
                                                 group)
                 ends.append(gathered)
@@ -701,7 +721,7 @@ class Estimator:
         unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
         free, busy = start, 0.0
         for gathered in found[0]:
-            free = max(free, gathered) + unit_forward
+            free = (gathered if gathered > free else free) + unit_forward  # max(free, gathered), inline
             busy += unit_forward
         return max(0.0, free - start - busy)
 
@@ -717,8 +737,8 @@ class Estimator:
             keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
                               stages_free, sc)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
-        # nothing per unit
-        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units else None)
+        # nothing per unit, or gathers once per step outside the stages' times (FSDP + PP, Plan.pipelined_fsdp)
+        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units and not plan.pipelined_fsdp else None)
         found = self._stage_times.get(stages_key)
         if found is None:
             stages = self._stages(plan, keys)
@@ -745,8 +765,9 @@ class Estimator:
         if shapes is None:
             shapes = self._tail_lists[shape_key] = [self._tail_shape(plan, s, stat_reduce, shape_key)
                                                     for s in range(plan.pp)]
+        skip = self.skip_tails
         for s, (st, end, shape) in enumerate(zip(stages, ends, shapes, strict=True)):
-            seen = exposed_of.get((shape.kind, id(st))) if self.skip_tails else None
+            seen = exposed_of.get((shape.kind, id(st))) if skip else None
             if seen is not None:
                 most = max(seen, shape.per_microbatch - end)
                 most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
@@ -776,14 +797,18 @@ class Estimator:
         """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
         step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
         their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
-        if not step.overlaps_param_gather(plan) and not (plan.pipelined_fsdp and plan.data_parallel):
+        buckets = step.overlaps_param_gather(plan)  # else _param_gather_delay is 0
+        units = plan.pipelined_fsdp and plan.data_parallel  # else _unit_gather_delay is 0
+        if not buckets and not units:
             return 0.0
-        hop = self._p2p(plan)
+        hop, chunks = self._p2p(plan), plan.local_chunks
         start = delay = 0.0
         for s, st in enumerate(stages):
-            delay = max(delay, self._param_gather_delay(plan, s, st, start),
-                        self._unit_gather_delay(plan, s, st, start, shape_key))
-            start += st.forward / plan.local_chunks + hop
+            if buckets:
+                delay = max(delay, self._param_gather_delay(plan, s, st, start))
+            if units:
+                delay = max(delay, self._unit_gather_delay(plan, s, st, start, shape_key))
+            start += st.forward / chunks + hop
         return delay
 
     def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
@@ -791,8 +816,12 @@ class Estimator:
         (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
         buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
         activations per layout without the ZeRO stage."""
-        uneven = len(set(plan.chunk_sizes)) > 1
-        candidates = range(plan.pp) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+        found = self._peak_stages.get(keys.structure)  # what the pipeline's structure decides
+        if found is None:
+            uneven = len(set(plan.chunk_sizes)) > 1
+            stages = list(range(plan.pp)) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
+            found = self._peak_stages[keys.structure] = (stages, keys.owner)  # the owner keeps the key's objects
+        candidates = found[0]
         peak = None
         for s in candidates:
             states_key = (keys.shape, s)
@@ -803,7 +832,11 @@ class Estimator:
             activations_key = (keys.activations, s)
             activations = self._activations.get(activations_key)
             if activations is None:
-                activations = self._activations[activations_key] = footprint.stage_activations(plan, s)[0]
+                stash_key = (keys.activations if keys.stash is None else keys.stash, s)
+                stash = self._stashes.get(stash_key)
+                if stash is None:
+                    stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
+                activations = self._activations[activations_key] = footprint.stage_activations(plan, s, stash)[0]
             total = footprint.with_parts(plan, states[0], activations, states[1], states[2])["total"]
             if peak is None or total > peak:
                 peak = total
@@ -825,6 +858,9 @@ class LayoutKeys(NamedTuple):
     layer: tuple[Any, ...]  # what one layer's times depend on (_layer_times)
     base: tuple[Any, ...]  # the base without the layout (its global batch, sequence, model: the step's FLOPs)
     owner: Any
+    # what a stage's largest chunk stashes depends on (footprint.largest_chunk_stash): ``activations`` with the
+    # schedule's chunk placement for its name; None: ``activations``
+    stash: tuple[Any, ...] | None = None
 
 
 def _work_bound(stages: list[StageTimes]) -> float:

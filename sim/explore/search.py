@@ -24,7 +24,12 @@ before its distributed optimizer; ``--only schedule=1f1b,interleaved``: no zero-
 
 from __future__ import annotations
 
+import gc
 import itertools
+import multiprocessing
+import multiprocessing.connection
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
@@ -35,7 +40,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from sim.errors import ConfigError
-from sim.explore.estimate import Estimator, LayoutKeys
+from sim.explore.estimate import PRICED_AS, Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
@@ -188,16 +193,23 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                             yield layout
 
 
-def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -> Scenario:
+def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
+              sections: Sections | None = None) -> Scenario:
     """The base scenario with this layout (no re-validation of the unchanged fields); ValueError if a rule fails.
-    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it."""
-    parallel = _updated(base.parallel, {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp,
-                                                "zero": layout.zero, "sequence_parallel": layout.sequence_parallel,
-                                                "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
-                                                "cp_comm_type": layout.cp_comm_type})
-    training = _updated(base.training, {
+    ``global_batch``: the base's (``degrees(base).global_batch``), where the caller has it. ``sections``: where
+    the caller screens many layouts of this base, a dict in which the parallel and training sections (frozen)
+    are kept for the layouts that set them alike (one parallel section serves every micro-batch size, schedule
+    and recomputation)."""
+    degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.sequence_parallel, layout.ep,
+                layout.etp, layout.cp, layout.cp_comm_type)
+    parallel = _section(base, "parallel", degrees_, lambda: {
+        "tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "vpp": layout.vpp, "zero": layout.zero,
+        "sequence_parallel": layout.sequence_parallel, "ep": layout.ep, "etp": layout.etp, "cp": layout.cp,
+        "cp_comm_type": layout.cp_comm_type}, sections)
+    batch = degrees(base).global_batch if global_batch is None else global_batch
+    training = _section(base, "training", (layout.micro_batch, layout.recompute, batch), lambda: {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
-        "global_batch": degrees(base).global_batch if global_batch is None else global_batch})
+        "global_batch": batch}, sections)
     scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
                                "fsdp": layout_fsdp(base, layout)})
     check_rules(scenario)
@@ -205,6 +217,19 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None) -
 
 
 _Spec = TypeVar("_Spec", bound=BaseModel)
+Sections = dict[tuple[str, tuple[Any, ...]], Any]  # a base's sections copied for layouts (candidate's sections)
+
+
+def _section(base: Scenario, name: str, key: tuple[Any, ...], update: Callable[[], dict[str, Any]],
+             sections: Sections | None) -> Any:
+    """``base``'s section ``name`` with ``update()``; with ``sections``, one copy per ``key`` (what the update
+    sets) kept there."""
+    if sections is None:
+        return _updated(getattr(base, name), update())
+    found = sections.get((name, key))
+    if found is None:
+        found = sections[name, key] = _updated(getattr(base, name), update())
+    return found
 
 
 def _updated(spec: _Spec, update: dict[str, Any]) -> _Spec:
@@ -260,14 +285,16 @@ def _fsdp(sharding: str) -> FsdpSpec:
 def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     """The estimator's cache keys of ``candidate(base, layout)``, from the layout's fields (a candidate differs from
     its base in them alone, so the base's identity stands for the rest; the base, kept with the cached parts,
-    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies, ``activations`` without
+    stays alive): ``stages`` without the ZeRO stage but with the FSDP section it implies (none under a pipeline)
+    and with the schedule the estimate prices it as (``PRICED_AS``: GPipe as 1F1B), ``activations`` without
     the ZeRO stage and FSDP, ``structure`` the pipeline's alone (what each stage holds, recomputes, offloads and
     sends does not depend on tp, cp, dp, the micro-batch size, SP or ZeRO), ``shape`` without the micro-batch size,
     recomputation and SP, and with the schedule's chunk placement (``Schedule.layout``) for its name: a stage's
     gradients, buckets, optimizer and resident memory follow from which layers it holds, not from the order its
     passes run in (GPipe, 1F1B, ZB-H1 and ZB-H2 share them), ``layer`` what one layer's times depend on: its work
     and its TP, CP and expert collectives (on rank 0's groups, whatever pp), whether the schedule splits the
-    backward, and the micro-batches (dp, through MoE's token counts)."""
+    backward, and the micro-batches (dp, through MoE's token counts), ``stash`` ``activations`` with the chunk
+    placement for the schedule's name (a chunk's stash does not depend on the order its passes run in)."""
     degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp)
     rest = (layout.ep, layout.etp, layout.cp, layout.cp_comm_type)
     activations = (id(base), *degrees_, layout.schedule, *rest, layout.micro_batch, layout.recompute,
@@ -276,32 +303,81 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
     structure = (id(base), layout.pp, layout.vpp, layout.schedule, layout.recompute)
     layer = (id(base), layout.tp, layout.dp, *rest, layout.micro_batch, layout.recompute, layout.sequence_parallel,
              SCHEDULES[layout.schedule].splits_backward)
-    fsdp = id(layout_fsdp(base, layout))  # FSDP's gathers, and FSDP1's gradient kernels in a layer's times
-    return LayoutKeys(activations + (fsdp,), shape, activations, structure, layer + (fsdp,), (id(base),), base)
+    # FSDP's gathers, and FSDP1's gradient kernels in a layer's times; but under a pipeline a layout's FSDP section
+    # is FSDP + PP (Plan.pipelined_fsdp: gathered once per step, no per-micro-batch gradient kernels), which
+    # changes neither a layer's times nor a stage's per micro-batch, so ZeRO-2/3 share ZeRO-0/1's
+    fsdp = id(layout_fsdp(base, layout)) if layout.pp == 1 else None
+    stash = (id(base), *degrees_, SCHEDULES[layout.schedule].layout, *rest, layout.micro_batch, layout.recompute,
+             layout.sequence_parallel)
+    times = (id(base), *degrees_, PRICED_AS.get(layout.schedule, layout.schedule), *rest, layout.micro_batch,
+             layout.recompute, layout.sequence_parallel, fsdp)  # GPipe's stage times and pipeline are 1F1B's
+    return LayoutKeys(times, shape, activations, structure, layer + (fsdp,), (id(base),), base,
+                      stash)
 
 
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
+# Below this many layouts the screen runs in this process whatever ``jobs`` says: starting the processes and
+# sending the rows back would cost more than the pricing.
+SCREEN_PARALLEL_MIN = 2000
+_ESTIMATE_COLUMNS = ("est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches",
+                     "hbm_capacity_bytes")
+_Columns = tuple[list[str], dict[str, list[Any]]]  # each layout's status, and the estimate's columns
 
 
 def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = None,
-           on_progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+           on_progress: Callable[[int, int], None] | None = None, jobs: int = 1) -> pd.DataFrame:
     """One row per layout: status, estimated step time / MFU / peak memory, and the step's lower bound.
-    ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts and at the end."""
+    ``on_progress(done, total)`` is called every ``SCREEN_PROGRESS_EVERY`` layouts (with ``jobs`` > 1, whenever
+    a process reports that many more) and at the end. ``jobs``: processes that price the layouts
+    (``_screen_in_processes``); every row is the one the screen gives in this process."""
     estimator = estimator or Estimator(base)
+    jobs = min(jobs, _usable_cpus())  # a Dask cluster's worker count need not fit this machine
+    if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods() \
+            and not multiprocessing.current_process().daemon:  # a daemonic process may not start processes
+        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs)
+    else:
+        status, estimates = _screen_columns(base, space, estimator, on_progress)
+    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
+                         | {"status": status} | estimates)
+    return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
+                             col.ne("ok"), kind="stable").reset_index(drop=True)
+
+
+def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
+                    on_progress: Callable[[int, int], None] | None = None) -> _Columns:
+    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``."""
     global_batch = degrees(base).global_batch
     hbm = base.cluster.gpu.hbm_capacity
-    nan = float("nan")
     status: list[str] = []
     # the estimate's columns, NaN where a layout is invalid
-    estimates: dict[str, list[Any]] = {name: [] for name in ("est_step_time_s", "est_mfu", "est_peak_memory_bytes",
-                                                               "bound_step_time_s", "microbatches",
-                                                               "hbm_capacity_bytes")}
+    estimates: dict[str, list[Any]] = {name: [] for name in _ESTIMATE_COLUMNS}
+    # The pricing allocates millions of short-lived tuples and floats and frees them by reference counting; the
+    # cyclic collector, run every 700 allocations, would traverse them and every cached part (10-15% of the 175B
+    # screen's CPU, 2026-11-26). It is paused for the loop (the loop's few cycles are collected after it).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _price_layouts(base, space, estimator, on_progress, global_batch, hbm, status, estimates)
+    finally:
+        if collecting:
+            gc.enable()
+    if on_progress is not None:
+        on_progress(len(space), len(space))
+    return status, estimates
+
+
+def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
+                   on_progress: Callable[[int, int], None] | None, global_batch: int, hbm: float, status: list[str],
+                   estimates: dict[str, list[Any]]) -> None:
+    """``_screen_columns``' loop: each layout's status and estimate appended to ``status`` and ``estimates``."""
+    nan = float("nan")
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
+    sections: Sections = {}
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
         try:
-            scenario = candidate(base, layout, global_batch)
+            scenario = candidate(base, layout, global_batch, sections)
         except ValueError as error:
             status.append(f"invalid: {error}")
             for column in estimates.values():
@@ -316,12 +392,148 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
         # micro-batches per pipeline as degrees() counts them where only the global batch is given (candidate)
         microbatches.append(global_batch // (layout.dp * layout.micro_batch))
         capacity.append(hbm)
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _partition(space: list[Layout], parts: int) -> list[list[int]]:
+    """``space``'s indices in ``parts`` shares of about equal work, each group (``_group``: a (pp, tp), and the
+    zero-bubble layouts of one pp) in one share: most parts an estimator keeps follow the pipeline and the TP
+    degree (a stage's structure, tails, activations and layer times; layouts of one (pp, tp) on one cluster share
+    their dp) or, for zero-bubble schedules, the pipeline and the micro-batch count (the schedule's order), so a
+    process seldom prices what another one does. A layout's work is taken as
+    1 + pp/40 (the 175B and Mixtral screens, 2026-11-26: 60-104 us a layout at pp 2-8, 102-143 at pp 16, 167-183
+    at pp 32). Where that leaves one share more than ``_MOST`` of the work, each (pp, tp, schedule) is a group
+    instead. Two shares: the split of the groups with the least work in the larger share (every split tried, up
+    to ``_SPLITS_TRIED``); else largest groups first, each to the share with the least work so far. ``space``'s
+    order within a share. The 175B screen's two shares, each priced alone one after the other (2026-11-26, load
+    5-8): 1.83-1.86 and 1.89-2.04 CPU s (3.60-4.11 in one process); by (pp, tp) alone 1.86-1.97 and 2.00-2.11;
+    by pp alone 1.50 and 2.15-2.17."""
+    for key in (_group, lambda layout: (layout.pp, layout.tp, layout.schedule)):
+        groups: dict[Any, list[int]] = {}
+        for index, layout in enumerate(space):
+            groups.setdefault(key(layout), []).append(index)
+        work = {name: len(indices) * (1 + space[indices[0]].pp / 40) for name, indices in groups.items()}
+        shares = _split(groups, work, parts)
+        total = sum(work.values())
+        if max(sum(work[name] for name in share) for share in shares) <= _MOST * total:
+            break
+    return [sorted(i for name in share for i in groups[name]) for share in shares if share]
+
+
+def _group(layout: Layout) -> tuple[int, int]:
+    """``_partition``'s group of a layout: (pp, tp), or (pp, 0) for every zero-bubble layout of that depth,
+    whatever its tp: their stage-level replays need the schedule's order per (schedule, pp, micro-batches), and
+    building it (ZB-V's tries every fill variant) costs more than what one (pp, tp) shares across schedules."""
+    return (layout.pp, 0) if layout.schedule.startswith(("zb", "dualpipe")) else (layout.pp, layout.tp)
+
+
+def _split(groups: dict[Any, list[int]], work: dict[Any, float], parts: int) -> list[list[Any]]:
+    """The groups' names in ``parts`` shares (``_partition``)."""
+    names = sorted(groups, key=lambda name: -work[name])
+    if parts == 2 and 2 ** len(names) <= _SPLITS_TRIED:
+        total = sum(work.values())
+        best, best_larger = names, total
+        for mask in range(2 ** (len(names) - 1)):  # the first group always in the first share
+            first = [name for bit, name in enumerate(names) if not mask >> bit & 1]
+            larger = max(sum(work[name] for name in first), total - sum(work[name] for name in first))
+            if larger < best_larger:
+                best, best_larger = first, larger
+        return [best, [name for name in names if name not in best]]
+    shares: list[list[Any]] = [[] for _ in range(parts)]
+    loads = [0.0] * parts
+    for name in names:
+        least = loads.index(min(loads))
+        shares[least].append(name)
+        loads[least] += work[name]
+    return shares
+
+
+_MOST = 0.6  # the largest share of the work _partition leaves to one process of two by (pp, tp) alone
+_SPLITS_TRIED = 2 ** 16
+
+
+def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
+                         on_progress: Callable[[int, int], None] | None, jobs: int) -> _Columns:
+    """``_screen_columns`` in ``jobs`` forked processes, each over one share of ``space`` (``_partition``) with a
+    copy of ``estimator`` (its topology and cost model built once, here); their rows put back in ``space``'s
+    order. Each process reports its progress every ``SCREEN_PROGRESS_EVERY`` layouts."""
+    context = multiprocessing.get_context("fork")
+    shares = _partition(space, jobs)
+    if len(shares) < 2:  # one group: nothing to share out
+        return _screen_columns(base, space, estimator, on_progress)
+    sys.stdout.flush()  # a forked child must not write this process's buffered output a second time
+    sys.stderr.flush()
+    workers, pipes = [], []
+    # The children's collector leaves what they inherit alone (Python's gc.freeze advice for fork): a collection
+    # in a child would traverse this process's whole heap (after an earlier screen in this process, 0.7 CPU s more
+    # for the 175B screen's two children, 2026-11-26) and copy the pages it touches.
+    gc.freeze()
+    try:
+        for share in shares:
+            receive, send = context.Pipe(duplex=False)
+            worker = context.Process(target=_screen_worker, daemon=True,
+                                     args=(base, [space[i] for i in share], estimator, send))
+            worker.start()
+            send.close()
+            workers.append(worker)
+            pipes.append(receive)
+    finally:
+        gc.unfreeze()
+    done = [0] * len(shares)
+    results: dict[int, _Columns] = {}
+    try:
+        while len(results) < len(shares):
+            for pipe in multiprocessing.connection.wait([p for i, p in enumerate(pipes) if i not in results]):
+                part = next(i for i, p in enumerate(pipes) if p is pipe)
+                try:
+                    message: tuple[str, Any] = pipes[part].recv()
+                except EOFError:
+                    raise RuntimeError(f"a screening process ended without its rows (exit code "
+                                       f"{workers[part].exitcode})") from None
+                kind, payload = message
+                if kind == "error":
+                    raise RuntimeError(f"a screening process failed: {payload}")
+                if kind == "done":
+                    results[part] = payload
+                    done[part] = len(shares[part])
+                else:
+                    done[part] = payload
+                if on_progress is not None and kind == "progress":
+                    on_progress(sum(done), len(space))
+    finally:
+        for worker in workers:
+            if worker.is_alive() and len(results) < len(shares):
+                worker.terminate()
+            worker.join()
+    status: list[str] = [""] * len(space)
+    estimates: dict[str, list[Any]] = {name: [0.0] * len(space) for name in _ESTIMATE_COLUMNS}
+    for part, share in enumerate(shares):
+        part_status, part_estimates = results[part]
+        for row, index in enumerate(share):
+            status[index] = part_status[row]
+        for name, column in estimates.items():
+            values = part_estimates[name]
+            for row, index in enumerate(share):
+                column[index] = values[row]
     if on_progress is not None:
         on_progress(len(space), len(space))
-    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
-                         | {"status": status} | estimates)
-    return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
-                             col.ne("ok"), kind="stable").reset_index(drop=True)
+    return status, estimates
+
+
+def _screen_worker(base: Scenario, space: list[Layout], estimator: Estimator,
+                   send: multiprocessing.connection.Connection) -> None:
+    """A screening process: ``_screen_columns`` over its share, its progress and then its rows sent back."""
+    try:
+        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)))
+        send.send(("done", columns))
+    except BaseException as error:  # noqa: BLE001 - any failure goes back to the parent as one line
+        send.send(("error", f"{type(error).__name__}: {error}"))
+    finally:
+        send.close()
 
 
 def best(table: pd.DataFrame, top: int) -> pd.DataFrame:
@@ -374,7 +586,7 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     if not space:
         raise ConfigError(f"--only: no layout of {base.model.name} on {base.cluster.num_gpus} GPUs has "
                           + " and ".join(f"{knob} in {sorted(values)}" for knob, values in (only or {}).items()))
-    screened = screen(base, space, on_progress=on_screen)
+    screened = screen(base, space, on_progress=on_screen, jobs=jobs)
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)

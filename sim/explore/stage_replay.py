@@ -49,11 +49,10 @@ class Unit(NamedTuple):
 def pass_dependencies(orders: list[list[Action]], layout: Layout,
                       last: int | None = None) -> tuple[int, list[Unit]]:
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and the issued
-    units (``Unit``) in an order where each comes after the units it waits for (the order in which the
-    replay's stage-by-stage sweep first finds them ready; any such order gives the same times, since a unit's
-    times depend only on its stage's previous unit and its inputs), from the passes ``resolve_passes`` gives.
-    ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's two copies of p chunks end at
-    p-1)."""
+    units (``Unit``) in an order where each comes after the units it waits for (``_units``; any such order gives
+    the same times, since a unit's times depend only on its stage's previous unit and its inputs), from the
+    passes ``resolve_passes`` gives. ``last``: the last model chunk (default p x chunks per stage - 1; DualPipe's
+    two copies of p chunks end at p-1)."""
     v = 1 + max(action.chunk for order in orders for action in order)
     return v, _units(resolve_passes(orders, layout, last))
 
@@ -76,46 +75,69 @@ def resolve_passes(orders: list[list[Action]], layout: Layout, last: int | None 
     return resolved
 
 
+PassKey = tuple[PassKind, int, int]  # (phase, model chunk, micro-batch)
+# a unit as _units groups it: its passes' keys, their inputs from outside the unit (key, on another stage), its
+# phases, their indices into (F, B, W), whether it is an F&B pair, whether it holds a B
+_Grouped = tuple[tuple[PassKey, ...], list[tuple[PassKey, bool]], tuple[PassKind, ...], tuple[int, ...], bool, bool]
+
+
 def _units(passes: list[list[Pass]]) -> list[Unit]:
-    """The passes grouped into issued units, swept stage by stage as the replay runs them: a stage issues its
-    next unit once every input from outside the unit is done, else the sweep moves to the next stage, until
-    no stage can issue (a deadlocked order stops there, as the replay would)."""
-    # each stage's units, with their inputs from outside the unit, found once (a blocked unit is checked again
-    # on every sweep until its inputs are done)
-    pending: list[list[tuple[list[Pass], list[tuple[tuple[PassKind, int, int], bool]]]]] = []
+    """The passes grouped into issued units (a pass, or the passes ``Action.with_next`` chains: DualPipe's F&B
+    pairs), in an order where each unit comes after the units it waits for: each stage issues its units in its
+    order while their inputs from outside the unit are done, and a stage waiting for a pass resumes once that pass
+    is issued; units that wait for one another in a cycle (a deadlocked order) are never issued, as the replay
+    would never run them."""
+    # each stage's units with their inputs from outside the unit (_Grouped), found once
+    pending: list[list[_Grouped]] = []
     for order in passes:
-        grouped = []
-        start = 0
-        while start < len(order):
+        grouped: list[_Grouped] = []
+        start, count = 0, len(order)
+        while start < count:
             end = start
             while order[end][4]:
                 end += 1
-            unit = order[start:end + 1]
-            inside = {key for _, key, _, _, _ in unit}
-            grouped.append((unit, [(dep, crosses) for _, _, dep, crosses, _ in unit
-                                   if dep is not None and dep not in inside]))
+            if end == start:  # one pass (every schedule's but DualPipe's F&B pairs)
+                phase, key, dep, crosses, _ = order[start]
+                grouped.append(((key,), [(dep, crosses)] if dep is not None else [], (phase,),
+                                ("FBW".index(phase),), False, phase == "B"))
+            else:
+                unit = order[start:end + 1]
+                inside = {key for _, key, _, _, _ in unit}
+                phases = tuple(phase for phase, _, _, _, _ in unit)
+                grouped.append((tuple(key for _, key, _, _, _ in unit),
+                                [(dep, crosses) for _, _, dep, crosses, _ in unit
+                                 if dep is not None and dep not in inside],
+                                phases, tuple("FBW".index(phase) for phase in phases), {"F", "B"} <= set(phases),
+                                "B" in phases))
             start = end + 1
         pending.append(grouped)
-    slot: dict[tuple[PassKind, int, int], int] = {}
+    # Issue each stage's units in order, a stage that waits for a pass parked until that pass is issued: a
+    # topological order of the units (the sweep's may differ, but a unit's times depend only on its stage's
+    # previous unit and its inputs, so the replay's floats do not).
+    slot: dict[PassKey, int] = {}
     units: list[Unit] = []
     position = [0] * len(passes)
-    progress = True
-    while progress:
-        progress = False
-        for s, grouped in enumerate(pending):
-            while position[s] < len(grouped):
-                unit, needs = grouped[position[s]]
-                if any(dep not in slot for dep, _ in needs):
-                    break
-                phases = tuple(phase for phase, _, _, _, _ in unit)
-                for _, key, _, _, _ in unit:
-                    slot[key] = len(slot)
-                units.append(Unit(s, phases, tuple("FBW".index(phase) for phase in phases),
-                                  tuple((slot[dep], crosses) for dep, crosses in needs),
-                                  tuple(slot[key] for _, key, _, _, _ in unit), {"F", "B"} <= set(phases),
-                                  "B" in phases))
-                position[s] += 1
-                progress = True
+    waiting: dict[PassKey, list[int]] = {}
+    runnable = list(range(len(passes) - 1, -1, -1))  # a stack: stage 0 first
+    while runnable:
+        s = runnable.pop()
+        grouped = pending[s]
+        at, count = position[s], len(grouped)
+        while at < count:
+            keys, needs, phases, index, pair, backward = grouped[at]
+            missing = next((dep for dep, _ in needs if dep not in slot), None)
+            if missing is not None:
+                waiting.setdefault(missing, []).append(s)
+                break
+            for key in keys:
+                slot[key] = len(slot)
+                woken = waiting.pop(key, None)
+                if woken is not None:
+                    runnable += woken
+            units.append(Unit(s, phases, index, tuple((slot[dep], crosses) for dep, crosses in needs),
+                              tuple(slot[key] for key in keys), pair, backward))
+            at += 1
+        position[s] = at
     return units
 
 
@@ -128,7 +150,7 @@ def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
     the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
     times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
-    done = [0.0] * sum(len(unit.slots) for unit in units)
+    done = [0.0] * (units[-1].slots[-1] + 1 if units else 0)  # slots are numbered in issue order
     free, last_b = [0.0] * p, [0.0] * p
     for s, _, index, needs, slots, pair, backward in units:
         ready = free[s]

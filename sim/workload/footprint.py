@@ -118,17 +118,22 @@ def with_parts(plan: Plan, resident: dict[str, float], activations: float, gathe
     return with_allocator(parts, memory.reserved, memory.allocator_overhead)
 
 
-def stage_activations(plan: Plan, stage: int) -> tuple[float, float]:
+def largest_chunk_stash(plan: Plan, stage: int) -> float:
+    """Bytes the largest of ``stage``'s model chunks stashes per micro-batch (``Plan.stash_bytes`` over its layers):
+    it stands for each chunk in flight (a stage's chunks differ with uneven stages under interleaving, the
+    embedding's or the loss's chunk one layer short, or dense and MoE layers mixed). It depends on where the
+    chunks sit, not on the order the schedule runs them in."""
+    return max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk)) for chunk in plan.stage_chunks[stage])
+
+
+def stage_activations(plan: Plan, stage: int, stash: float | None = None) -> tuple[float, float]:
     """(GPU bytes of activations a rank of ``stage`` holds at its peak, host bytes activation offload takes): the
-    schedule's chunks in flight x the largest chunk's stash, offload's buffers, and the transient rebuild or loss
-    logits (``Plan.transient_bytes``)."""
+    schedule's chunks in flight x the largest chunk's stash (``largest_chunk_stash``; ``stash``: its value, where
+    the caller keeps it), offload's buffers, and the transient rebuild or loss logits (``Plan.transient_bytes``)."""
     host = 0.0
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
-    # The largest chunk's stash stands for each chunk in flight (a stage's chunks differ with uneven stages
-    # under interleaving, the embedding's or the loss's chunk one layer short, or dense and MoE layers mixed).
-    activations = chunks_in_flight * max(sum(plan.stash_bytes(layer) for layer in plan.chunk_layers(chunk))
-                                         for chunk in plan.stage_chunks[stage])
+    activations = chunks_in_flight * (largest_chunk_stash(plan, stage) if stash is None else stash)
     offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
     if offloaded:
         # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
