@@ -362,6 +362,9 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         draft.put("training.flash_attention", True, args.source(dest), args.raw(dest) if args.has(dest) else "auto",
                   "Transformer Engine's flash/fused attention (attention backend auto)",
                   "mapped" if args.has(dest) else "default")
+        if backend in ("flash", "fused"):  # the kernel asked for: its measured curve prices it (attention_kernels.md)
+            put("training.attention_backend", "attention_backend", backend,
+                "FlashAttention-2" if backend == "flash" else "cuDNN fused attention (TE FusedAttention)")
     elif backend in ("unfused", "local"):
         put("training.flash_attention", "attention_backend", False)
     else:
