@@ -244,6 +244,13 @@ def test_nemo2_layout_and_contradiction(tmp_path: Path) -> None:
     assert s.parallel.overlap_param_gather and s.parallel.sequence_parallel
     assert (s.training.dtype, s.training.seq_len, s.training.global_batch) == ("bf16", 8192, 128)
     assert (s.model.mlp, s.model.num_kv_heads, s.model.vocab_size) == ("swiglu", 8, 128256)
+    assert s.training.attention_backend == "auto"
+    for written, backend in (("flash", "flash"), ("AttnBackend.fused", "fused"), ("unfused", "auto")):
+        config["model"]["config"]["attention_backend"] = written  # Megatron-Core TransformerConfig's field
+        path.write_text(yaml.safe_dump(config))
+        s = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b")).scenario()
+        assert (s.training.attention_backend, s.training.flash_attention) == (backend, written != "unfused")
+    del config["model"]["config"]["attention_backend"]
     config["trainer"]["plugins"]["precision"] = "fp8-mixed"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):

@@ -356,8 +356,9 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         draft.row(args.source("recompute_method"), method, "ignored", "no --recompute-granularity: Megatron-LM "
                   "does not recompute")
     # Attention kernel: TE's flash/fused attention unless the unfused path is asked for.
-    backend = str(args.get("attention_backend", "auto"))
-    if args.flag("use_flash_attn") or backend in ("auto", "flash", "fused", "AttnBackend.auto"):
+    # NeMo 2.0 configs write Megatron-Core's enum member (AttnBackend.flash); the flag its name.
+    backend = str(args.get("attention_backend", "auto")).removeprefix("AttnBackend.")
+    if args.flag("use_flash_attn") or backend in ("auto", "flash", "fused"):
         dest = "use_flash_attn" if args.flag("use_flash_attn") else "attention_backend"
         draft.put("training.flash_attention", True, args.source(dest), args.raw(dest) if args.has(dest) else "auto",
                   "Transformer Engine's flash/fused attention (attention backend auto)",
