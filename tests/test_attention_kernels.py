@@ -154,3 +154,13 @@ def test_a_bad_backend_is_one_line_naming_the_field():
         load_scenario(SCENARIOS / "tiny.yaml", ["training.attention_backend=sdpa"])
     message = str(error.value)
     assert "training.attention_backend" in message and "\n" not in message
+
+
+def test_attention_curves_off_prices_the_flash_kernel_as_a_gemm():
+    """costs.attention_curves: false is the rule before the curves (the validation's mechanism ablation)."""
+    path = SCENARIOS / "llama2-7b_h100-8_dp.yaml"
+    on = runner.run(load_scenario(path)).summary
+    off = runner.run(load_scenario(path, ["costs.attention_curves=false"])).summary
+    gemm = runner.run(load_scenario(path, ["costs.attention_curves=false", "training.attention_backend=flash"]))
+    assert off.step_time_s < on.step_time_s
+    assert gemm.summary.step_time_s == off.step_time_s  # without curves the backend does not matter

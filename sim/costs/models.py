@@ -152,7 +152,7 @@ class RooflineCosts:
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile | None = None,
                  fp8_attention: bool = False, fp8_gemm: Fp8GemmRule = "scaled_bf16",
                  factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
-                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend = "fused") -> None:
+                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend | None = "fused") -> None:
         # The GPU type's end-to-end calibration: every kernel's time x factor (default: the profile's).
         if factor is None:
             factor = profile.end_to_end_factor if profile is not None else 1.0
@@ -179,7 +179,7 @@ class RooflineCosts:
         # fp8_attention on those curves at the FP8 peak ratio, kernel_time); None: the flash attention op prices
         # on the GEMM curve.
         self.attention: AttentionCurves | None = None
-        if self.profile is not None and dtype in ("bf16", "fp16"):
+        if self.profile is not None and dtype in ("bf16", "fp16") and attention_backend is not None:
             self.attention = self.profile.attention.get(attention_backend)
         # FP8 GEMMs on the bf16 curve (``fp8_gemm: scaled_bf16``): an FP8 GEMM of f FLOPs takes the time of a
         # bf16 GEMM of f / R FLOPs, R = FP8 peak / bf16 peak (2 on Hopper and Blackwell): the tensor cores do R
@@ -263,7 +263,7 @@ class CalibratedCosts(RooflineCosts):
 
     def __init__(self, gpu: GpuSpec, dtype: str, profile: Profile, fp8_attention: bool = False,
                  factor: float | None = None, kernel_floor: float = 0.0, launch_overhead: float = 0.0,
-                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend = "fused") -> None:
+                 fp8_split_accumulation: float = 1.0, attention_backend: AttentionBackend | None = "fused") -> None:
         profile.gemm_rate(dtype, 1.0)  # a clear error now if the profile lacks the scenario's dtype
         super().__init__(gpu, dtype, profile, fp8_attention, fp8_gemm="profile",  # its own measured fp8 curve
                          factor=factor, kernel_floor=kernel_floor, launch_overhead=launch_overhead,

@@ -16,6 +16,8 @@ The same cost model and network as the event simulation price the pieces; what d
 - ZeRO-3 / FSDP: the data-parallel group's collectives share one NCCL stream, so a unit's forward takes
   max(compute, all-gather) (the next unit's gather hides behind this one's compute) and its backward
   max(compute, all-gather + reduce-scatter) with backward prefetch, compute + all-gather + reduce-scatter without;
+- DualPipe's F&B pairs of MoE layers: the pair's span replayed block by block on the compute and ``ep`` streams
+  (sim.explore.pair_replay), less than its two passes run alone by what the interleaving hides;
 - the data-parallel tail: the step's gradient buckets (or units) replayed in the order the last backward frees
   them on a sequential stream, then the optimizer (on the GPU, or the host under offload) and ZeRO-1/2's weight
   all-gather; the step ends at the latest stage.
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sim.costs.models import ComputePhase, CostModel, Work
+from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
 from sim.model.transformer import layer_params
 from sim.network import models as network_models
@@ -137,20 +140,22 @@ class Estimator:
         w_layer = sum(self._price(plan, b, "weight_grad") for b in step.BLOCKS) if split else 0.0
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
-        pair_overlap = 0.0
+        pair = None
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
-            moe_f, moe_b, moe_w, pair_overlap = self._moe_layer(plan, times, overlapped)
+            moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
-        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap)
+            lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
+            pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
+                               (moe_forward, moe_backward))
+        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair)
         self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
         return layer
 
     def _stages(self, plan: Plan, keys: LayoutKeys) -> list[StageTimes]:
         """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``), from its
         layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
-        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair_overlap = self._layer_times(plan,
-                                                                                                       keys.layer)
+        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair = self._layer_times(plan, keys.layer)
         c = self._p2p(plan)
         priced: dict[_StageShape, StageTimes] = {}  # stages of one shape (most of an even pipeline's) priced once
         stages = []
@@ -159,15 +164,18 @@ class Estimator:
             if found is not None:
                 stages.append(found)
                 continue
-            layers, moe_layers, recomputed, frozen_layers, offloaded, first_layer, embedding, head, sends = shape
+            (layers, moe_layers, recomputed, recomputed_moe, frozen_layers, offloaded, first_layer, embedding, head,
+             sends, pair_chunks) = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
-            if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed
+            # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
+            # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
+            rebuilt = fwd_layer * recomputed
+            if plan.is_moe:  # the stage's average layer, its dense and MoE layers mixed (and those it rebuilds)
                 n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
-            # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
-            # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
-            layer_bwd = bwd_layer + fwd_layer * recomputed / share_of
+                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * moe[0]
+            layer_bwd = bwd_layer + rebuilt / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
                 share = frozen_layers / share_of
@@ -190,7 +198,7 @@ class Estimator:
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
-            overlap = pair_overlap * moe_layers if plan.is_moe else 0.0
+            overlap = self._pair_overlap(plan, pair, pair_chunks) if pair is not None and pair_chunks else 0.0
             found = priced[shape] = StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers,
                                                overlap)
             stages.append(found)
@@ -204,13 +212,23 @@ class Estimator:
             return found[0]
         shapes = []
         frozen = step.frozen_layer_blocks(plan) is not None
+        # DualPipe's F&B pairs interleave their MoE layers (Estimator._pair_overlap): what each local chunk runs,
+        # as the emitter's forward and backward do (the embedding on model chunk 0, the head on the last)
+        pairs = plan.is_moe and plan.scenario.schedule.startswith("dualpipe")
+        last = plan.pp * plan.vpp - 1
         for s in range(plan.pp):
             offloaded = plan.offloaded_layers(s)
+            recomputed = plan.recomputed_layers(s)
+            pair_chunks = tuple((g == 0, g == last, tuple((plan.moe_layers[layer], plan.recomputes(layer))
+                                                          for layer in plan.chunk_layers(g)))
+                                for g in plan.stage_chunks[s]) if pairs else ()
             shapes.append(_StageShape(
-                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, plan.recomputed_layers(s),
+                plan.stage_layers(s), plan.stage_moe_layers(s) if plan.is_moe else 0, recomputed,
+                sum(plan.moe_layers[layer] and plan.recomputes(layer) for layer in step.stage_layer_ids(plan, s))
+                if plan.is_moe and recomputed else 0,
                 sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
                 offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
-                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s)))
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks))
         self._structures[key] = (shapes, plan.scenario)  # the scenario keeps the objects the key names alive
         return shapes
 
@@ -255,17 +273,18 @@ class Estimator:
         return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
                                                 ex.skew) for ex in exchanges)
 
-    def _moe_layer(self, plan: Plan, times: list[float], overlapped: bool) -> tuple[float, float, float, float]:
-        """(forward, backward, weight-gradient pass, pair overlap) of one MoE layer, as the workload emits it
-        (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then router ->
-        dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts -> combine ->
-        unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's backward.
+    def _moe_layer(self, plan: Plan, times: list[float],
+                   overlapped: bool) -> tuple[float, float, float, tuple[Block, ...], tuple[Block, ...]]:
+        """(forward, backward, weight-gradient pass, forward blocks, backward blocks) of one MoE layer, as the
+        workload emits it (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then
+        router -> dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts ->
+        combine -> unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's
+        backward (and selective recomputation's replay of it).
 
-        The pair overlap: the seconds of its dispatch/combine a DualPipe F&B pair hides
-        (``_StageEmitter._interleave_pair``): each exchange runs under the other pass's next compute block, F's
-        dispatch under B's unpermute+router+attention backward, B's combine gradient under F's experts, F's
-        combine under B's experts, B's dispatch gradient under F's unpermute+attention+router; what the shared
-        expert already hides is not counted twice."""
+        The blocks (sim.explore.pair_replay.Block) are the layer's passes cut where a DualPipe F&B pair cuts them
+        (``_StageEmitter._interleave_pair``: before each compute task that waits for an ``ep`` exchange), for
+        ``_pair_overlap``: forward attention+router | experts | unpermute, backward [module moe's replayed forward]
+        unpermute | experts | router+attention; each pass is its blocks run alone (``pair_replay.alone``)."""
         split = plan.splits_backward
         bwd: ComputePhase = "input_grad" if split else "backward"
         tp_comm = sum(times) if times else 0.0
@@ -279,28 +298,66 @@ class Estimator:
         attention_b += self._price(plan, "recompute_attention", "forward")
         cp_f, cp_b = self._cp_exposed(plan, bwd)
         attention_f, attention_b = attention_f + cp_f, attention_b + cp_b
-        moe_forward = (price(plan, "moe_router", "forward")
-                       + max(dispatch, price(plan, "moe_shared", "forward") + shared_tp)
-                       + price(plan, "moe_experts", "forward") + combine + price(plan, "moe_combine", "forward"))
-        forward = attention_f + moe_forward
+        # the MoE part's forward: router -> dispatch beside the shared expert -> experts -> combine -> unpermute.
+        # The shared expert's SP all-gather waits for the router and the expert for the gather; its
+        # reduce-scatter only the pass's experts wait for (MoeLayerEmitter.shared_expert).
+        gather, reduce = times if shared_tp > 0 else (0.0, 0.0)  # MoE with TP runs SP (Megatron-Core's rule)
+        mlp_forward = (Block(price(plan, "moe_router", "forward"), dispatch,
+                             gather + price(plan, "moe_shared", "forward"), reduce,
+                             price(plan, "moe_router", "forward") if shared_tp > 0 else None),
+                       Block(price(plan, "moe_experts", "forward"), combine, 0.0),
+                       Block(price(plan, "moe_combine", "forward"), None, 0.0))
+        lead = 0.0 if plan.tp > 1 else None  # the attention block starts with SP's all-gather (MoE with TP runs SP)
+        forward_blocks = tuple(chain([(Block(attention_f, None, 0.0, 0.0, lead),), mlp_forward]))
         # Selective recomputation (the emitter's _selective_recompute and _moe_backward): module moe runs the MoE
-        # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert.
+        # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert,
+        # the last beside the dispatch's gradient as the emitter issues it. The backward's first SP all-gather
+        # waits only for the unpermute's backward (its source), so on the TP stream it runs beside the combine's
+        # gradient exchange and the experts' backward; only what outlasts them is exposed.
         shared_again = price(plan, "recompute_moe_shared", "forward")
-        recompute = moe_forward if "moe" in plan.recompute_modules else (
-            price(plan, "recompute_moe_router", "forward") + price(plan, "recompute_moe_experts", "forward")
-            + (shared_again + shared_tp if shared_again > 0 else 0.0))
-        backward = (price(plan, "moe_combine", bwd) + dispatch + price(plan, "moe_experts", bwd)
-                    + max(combine, price(plan, "moe_shared", bwd) + shared_tp) + price(plan, "moe_router", bwd)
-                    + attention_b + recompute)
+        shared_b = (price(plan, "moe_shared", bwd) + (shared_again + reduce + gather if shared_again > 0 else 0.0)
+                    + max(0.0, gather - dispatch - price(plan, "recompute_moe_experts", "forward")
+                          - price(plan, "moe_experts", bwd)))
+        replayed = mlp_forward if "moe" in plan.recompute_modules else ()
+        backward_blocks = tuple(chain([replayed, (
+            Block(price(plan, "recompute_moe_router", "forward") + price(plan, "moe_combine", bwd), dispatch, 0.0),
+            Block(price(plan, "recompute_moe_experts", "forward") + price(plan, "moe_experts", bwd), combine,
+                  shared_b, reduce),
+            Block(price(plan, "moe_router", bwd) + attention_b, None, 0.0, 0.0,
+                  None if lead is None else price(plan, "moe_router", bwd)))]))
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        outer_f = attention_f + price(plan, "moe_router", "forward") + price(plan, "moe_combine", "forward")
-        outer_b = attention_b + price(plan, "moe_router", bwd) + price(plan, "moe_combine", bwd)
-        pair = (min(max(0.0, dispatch - price(plan, "moe_shared", "forward") - shared_tp), outer_b)
-                + min(dispatch, price(plan, "moe_experts", "forward")) + min(combine, price(plan, "moe_experts", bwd))
-                + min(max(0.0, combine - price(plan, "moe_shared", bwd) - shared_tp), outer_f))
-        return forward, backward, weight, pair
+        return alone(forward_blocks), alone(backward_blocks), weight, forward_blocks, backward_blocks
+
+    def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...]) -> float:
+        """What a stage's DualPipe F&B pairs hide, as ``stage_level_replay`` subtracts it (``pair_overlap /
+        chunks`` per pair): the pair's passes run alone less their span replayed as the emitter interleaves them
+        (sim.explore.pair_replay.pair_span), averaged over the pairs the schedule issues (a forward of one local
+        chunk with a backward of the other: DualPipe's F0B1 and F1B0, about as many of each), times the chunks.
+        Each pass is its chunk's layers as blocks (``_PairBlocks``): the forward from the embedding to the head,
+        the backward from the head down, a layer full recomputation rebuilds running its forward again first."""
+        bwd: ComputePhase = "input_grad" if plan.splits_backward else "backward"
+        passes = []
+        for embedding, head, layers in chunks:
+            forward: list[tuple[Block, ...]] = []
+            backward: list[tuple[Block, ...]] = []
+            if embedding:
+                forward.append((Block(self._price(plan, "embedding", "forward"), None, 0.0),))
+            if head:
+                backward.append((Block(self._price(plan, "head", bwd), None, 0.0),))
+            for moe, recomputed in reversed(layers):
+                blocks = pair.moe if moe else pair.dense
+                backward += [blocks[0], blocks[1]] if recomputed else [blocks[1]]
+            forward += [pair.moe[0] if moe else pair.dense[0] for moe, _ in layers]
+            if head:
+                forward.append((Block(self._price(plan, "head", "forward"), None, 0.0),))
+            if embedding:
+                backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
+            passes.append((chain(forward), chain(backward)))
+        hidden = [alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1])
+                  for a in range(len(passes)) for b in range(len(passes)) if a != b]
+        return len(passes) * sum(hidden) / len(hidden) if hidden else 0.0
 
     def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
         """(forward, backward) seconds one layer's context parallelism adds to its attention block's flash kernel,
@@ -787,7 +844,20 @@ class _LayerTimes(NamedTuple):
     frozen: tuple[float, float] | None  # (backward, weight) of a layer ``training.method: frozen`` freezes
     dense: tuple[float, float, float]  # a MoE model's dense layer: (forward, backward, weight); zeros if dense
     moe: tuple[float, float, float]  # its MoE layer's; zeros in a dense model
-    pair_overlap: float  # the MoE exchanges a DualPipe F&B pair hides (Estimator._moe_layer)
+    pair: _PairBlocks | None  # a MoE model's layers as DualPipe's F&B pairs cut them (Estimator._pair_overlap)
+
+
+class _PairBlocks(NamedTuple):
+    """A MoE model's layers as blocks (sim.explore.pair_replay.Block), (forward, backward) each, for
+    ``Estimator._pair_overlap``: a dense layer is one block per pass, a MoE layer is cut at its exchanges
+    (``Estimator._moe_layer``)."""
+
+    dense: tuple[tuple[Block, ...], tuple[Block, ...]]
+    moe: tuple[tuple[Block, ...], tuple[Block, ...]]
+
+
+# A local chunk as a DualPipe pair runs it: (embedding, head, (MoE layer, recomputed) per layer in forward order)
+_ChunkLayers = tuple[bool, bool, tuple[tuple[bool, bool], ...]]
 
 
 class _StageShape(NamedTuple):
@@ -796,12 +866,14 @@ class _StageShape(NamedTuple):
     layers: int
     moe_layers: int  # of them MoE layers (0 in a dense model)
     recomputed: int  # layers full recomputation rebuilds
+    recomputed_moe: int  # of them MoE layers (a MoE model's dense layers rebuild at their own price)
     frozen: int  # layers ``training.method: frozen`` freezes (0 unless that method)
     offloaded: int  # layers whose activations go to the host
     first_layer: int  # the first layer of the stage's first chunk where it offloads (its copy's size), else -1
     embedding: bool
     head: bool
     sends: tuple[int, int]  # blocking sends per micro-batch, forward and backward (_blocking_sends)
+    pair_chunks: tuple[_ChunkLayers, ...]  # per local chunk, under DualPipe with MoE layers (else empty)
 
 
 @dataclass(frozen=True)

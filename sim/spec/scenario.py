@@ -323,6 +323,10 @@ class KernelCostsSpec(FrozenSpec):
         "and the input- and weight-gradient GEMMs split (_2X_ACC_DGRAD/_2X_ACC_WGRAD); 1.15: the middle of the "
         "1.1-1.2x that fast accumulation measured (pytorch/ao#2377); 1 = fast accumulation everywhere. "
         "docs/mechanisms/fp8.md"))
+    attention_curves: bool = Field(default=True, description=(
+        "price the flash attention kernel at the profile's measured attention rates for training.attention_backend "
+        "where the profile has them (the shipped H100 profile: cuDNN fused and FlashAttention-2; "
+        "docs/mechanisms/attention_kernels.md); false: as a GEMM of the same FLOPs on the GEMM curve"))
 
 
 class RooflineCostsSpec(KernelCostsSpec):

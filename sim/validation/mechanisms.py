@@ -24,6 +24,26 @@ class Mechanism:
 
 MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
+        name="attention kernels at their measured rates",
+        off=("costs.attention_curves=false",),
+        knob="costs.attention_curves (default true), training.attention_backend (auto: cuDNN fused under TE, "
+             "FlashAttention-2 in eager PyTorch)",
+        source="this project's H100/H200 kernel times (sim calibrate, 2026-11-26: gpu_attention_measurements.csv); "
+               "TE get_attention_backend prefers FusedAttention on Hopper+; PyTorch SDPA tries flash first "
+               "(pytorch#138907)",
+        doc="mechanisms/attention_kernels.md",
+    ),
+    Mechanism(
+        name="eager RMSNorm at its measured traffic",
+        off=(),  # a constant of the eager kernels (sim.model.ops.EAGER_RMSNORM_BYTES), not a scenario knob
+        knob="sim.model.ops.EAGER_RMSNORM_BYTES (52 bytes per element; fused_kernels false with RMSNorm)",
+        source="an H100's LlamaRMSNorm on 8,192 x 4,096 bf16: 1,731 us forward + backward (kernel time, "
+               "gpu_eager_measurements.csv)",
+        doc="mechanisms/attention_kernels.md",
+        note="36 -> 52 bytes per element moved every IBM FSDP row +3..+4% (A100 7B -6.0% -> -2.8%, 70B +8.1% -> "
+             "+10.2%; H100 7B -7.1% -> -3.0%)",
+    ),
+    Mechanism(
         name="end-to-end factor per GPU type",
         off=("costs.end_to_end_factor=1",),
         knob="costs.end_to_end_factor (default: the GPU type's fitted factor, Profile.end_to_end_factor)",

@@ -85,7 +85,9 @@ def make_costs(plan: Plan, gpu: GpuSpec | None = None) -> CostModel:
     fp8_attention = training.fp8_attention
     # Launch overheads (docs/mechanisms/kernel_launch.md): the CPU launches nothing one by one under CUDA graphs.
     floor, launch = spec.kernel_floor, 0.0 if training.cuda_graphs else spec.launch_overhead
-    attention = resolve_attention_backend(training.attention_backend, training.fused_kernels)
+    # None: costs.attention_curves off, the flash kernel on the GEMM curve
+    attention = (resolve_attention_backend(training.attention_backend, training.fused_kernels)
+                 if spec.attention_curves else None)
     if isinstance(spec, CalibratedCostsSpec):
         return CalibratedCosts(gpu, plan.dtype, plan.profile, fp8_attention,  # type: ignore[arg-type]  # loaded
                                spec.end_to_end_factor, floor, launch, spec.fp8_split_accumulation, attention)
