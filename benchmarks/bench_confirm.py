@@ -8,7 +8,9 @@ every ``--every``-th is confirmed in this process, ``--repeat`` times, by the tw
 - ``full run``: the same layouts through ``sim.runner.run`` (trace frame and summary), the baseline in the same run.
 Each layout's figures from the two paths are checked equal (every results-table column) before anything is
 printed. CPU seconds per layout = the median run's CPU time / the layouts; a topology is built by a first
-untimed layout, as in a worker process.
+untimed layout, as in a worker process. ``[confirm-split]`` then times a confirmation's phases on the same layouts
+(process time, the median of the repeats, per layout): plan and size check, the task graph's build, the replay,
+the figures read from it, and freeing the graph, so what is left to cut is printed beside the total.
 Run: python benchmarks/bench_confirm.py [--top 1000] [--every 50] [--repeat 3]
 """
 
@@ -17,15 +19,20 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import time
 
 from measure import ROOT, machine, mib, timed_call
 
 from sim import runner
-from sim.explore import search
+from sim.explore import confirm, search
 from sim.explore.sweep import METRICS, SweepSpec, run_point, shipped
+from sim.network import models as network
 from sim.output.summary import Summary
+from sim.plan import resolve
 from sim.spec.degrees import degrees
 from sim.spec.scenario import load_scenario
+from sim.workload import build as workload
+from sim.workload.size import Limits, check_limits
 
 SCENARIO = ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml"
 SUMMARY_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
@@ -84,6 +91,42 @@ def main() -> None:
           f"(runs {', '.join(f'{c / n:.3f}' for c in cpu['full run'])}) = {per['full run'] / per['confirm']:.2f}x; "
           f"the target's 1,000 in 60 s with -j 2 needs 0.120; {len(METRICS)} columns equal on every layout; "
           f"process peak RSS {mib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)}")
+    phases = [split(scenarios) for _ in range(args.repeat)]
+    median = {name: statistics.median(run[name] for run in phases) / n for name in phases[0]}
+    print(f"[confirm-split] GPT-3 175B, same {n} layouts, CPU s per layout (median of {args.repeat}): "
+          + ", ".join(f"{name} {value:.3f}" for name, value in median.items())
+          + f"; sum {sum(median.values()):.3f}; {sum(median.values()) / tasks * 1e6:.2f} us per task")
+
+
+def split(scenarios: list) -> dict[str, float]:
+    """CPU seconds of each phase of ``confirm`` (as ``runner.simulate`` and ``confirm._figures`` run them, the
+    cycle collector paused as there), summed over the layouts."""
+    spent = dict.fromkeys(("plan", "build", "replay", "figures", "free"), 0.0)
+    with runner.without_gc():
+        for scenario in scenarios:
+            clock = time.process_time()
+
+            def lap(name: str) -> None:
+                nonlocal clock
+                now = time.process_time()
+                spent[name] += now - clock
+                clock = now
+
+            plan = resolve(scenario)
+            check_limits(plan, Limits())
+            net = network.make(scenario.network.model, runner.build_topology(plan), scenario.network.algorithm,
+                               scenario.network.protocol)
+            lap("plan")
+            graph = workload.build(plan)
+            lap("build")
+            result = runner.replay(scenario, graph, net)
+            lap("replay")
+            simulated = runner.Simulated(plan, runner.build_topology(plan), graph, result, 0.0)
+            confirm._figures(simulated)
+            lap("figures")
+            del simulated, graph, result
+            lap("free")
+    return spent
 
 
 if __name__ == "__main__":

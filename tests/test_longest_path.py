@@ -55,3 +55,27 @@ def test_deadlock_names_the_stuck_tasks() -> None:
         longest_path.evaluate(graph, network.IdealNetwork())
     with pytest.raises(ScheduleDeadlock, match="2 stream\\(s\\) never finished"):
         engine.simulate(graph, network.IdealNetwork())
+
+
+def test_a_dependency_on_a_later_emitted_task_is_evaluated() -> None:
+    """The rank walk takes a rank's tasks in emission order; a task that waits on its own rank's later task (on
+    another stream) stops it, and the stream walk evaluates the graph: the same times as the event replay. With
+    another rank's task emitted between them, the rank's tasks are two runs and the rank walk finishes itself."""
+    for between in (False, True):
+        graph = TaskGraph(match_collectives=False)
+        a = graph.add(0, 0, "compute", "forward", "a", 0, 0, [], duration=1.0)
+        if between:
+            graph.add(1, 1, "compute", "forward", "x", 0, 0, [a], duration=0.25)
+        b = graph.add(0, 0, "tp", "tp", "b", 0, 0, [], duration=0.5)
+        graph.tasks[a].deps.append(b)
+        c = graph.add(0, 0, "compute", "forward", "c", 0, 0, [b], duration=2.0)
+        graph.freeze()
+        net = network.IdealNetwork()
+        events, evaluated = engine.simulate(graph, net), longest_path.evaluate(graph, net)
+        assert evaluated.start == events.start
+        assert evaluated.end == events.end
+        assert evaluated.start[a] == evaluated.end[b] == 0.5
+        assert evaluated.end[c] == evaluated.end[a] + 2.0 == 3.5
+        walked = longest_path._walk_ranks(graph, [task.duration for task in graph.tasks],
+                                          [task.deps for task in graph.tasks])
+        assert (walked is None) is not between

@@ -95,6 +95,8 @@ def test_trace_flops_add_up_to_the_model_flops():
     ["training.recompute=full"], ["training.recompute=none", "parallel.sequence_parallel=false"],
     ["ranks=all"], ["ranks=all", "fold_tp=false"], ["parallel.tp_comm_overlap=true"],
     ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true", "training.recompute=selective"],
+    ["schedule=zb-v", "parallel.vpp=2"], ["schedule=dualpipev", "parallel.vpp=2"],
+    ["schedule=zb-h1", "ranks=all", "parallel.dp=2", "cluster.nodes=4"],
 ], ids=lambda o: ",".join(o) or "base")
 def test_stamping_a_layer_chain_builds_the_same_graph(overrides):
     from pathlib import Path
@@ -132,6 +134,24 @@ def test_a_backward_waits_for_the_tp_collective_it_reads_even_when_tp_communicat
             assert before[1].id in task.deps, task
             reads += 1
     assert reads == 4 * GPT["num_layers"] * (2 if sp else 1)  # micro-batches x layers x blocks read
+
+
+@pytest.mark.parametrize("name, overrides", [
+    ("mixtral-8x7b_h100-64", ["training.global_batch=64", "schedule=zb-h1", "parallel.vpp=1"]),
+    ("mixtral-8x7b_h100-64", ["training.global_batch=128", "schedule=dualpipev", "parallel.vpp=2"]),
+    ("llama3-8b_h100-1_lora", ["schedule=zb-h1"]),
+], ids=["mixtral zb-h1", "mixtral dualpipev", "lora zb-h1"])
+def test_stamping_the_weight_gradient_pass(name, overrides):
+    """Zero-bubble passes (W) are stamped like a layer's forward and backward: MoE layers (the experts' and the
+    router's weight gradients; DualPipe interleaves a pair's stamped tasks), frozen LoRA layers."""
+    from pathlib import Path
+
+    from sim.spec.scenario import load_scenario
+    scenario = load_scenario(Path(__file__).resolve().parent.parent / "scenarios" / f"{name}.yaml", overrides)
+    stamped, emitted = workload.build(resolve(scenario)), workload.build(resolve(scenario), stamp=False)
+    assert any(task.kind == "weight" for task in stamped.tasks)
+    assert stamped.tasks == emitted.tasks
+    assert stamped.streams == emitted.streams
 
 
 @pytest.mark.parametrize("name", ["gpt3-175b_a100-1024", "llama2-7b_h100-16_fsdp", "llama2-7b_h100-8_dp"])

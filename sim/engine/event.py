@@ -24,6 +24,7 @@ import functools
 import itertools
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import simpy
@@ -85,7 +86,7 @@ def task_durations(graph: TaskGraph, durations: Sequence[float | None] | None) -
     """Seconds per task id for the tasks that carry their own time (None: the network times it): ``durations``
     when given (one entry per task), else the graph's. Raises ValueError on a length mismatch."""
     if durations is None:
-        return [task.duration for task in graph.tasks]
+        return list(map(attrgetter("duration"), graph.tasks))
     if len(durations) != len(graph.tasks):
         raise ValueError(f"durations: {len(durations)} entries for a graph of {len(graph.tasks)} tasks")
     return durations

@@ -280,9 +280,19 @@ def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
     bubble there: their optimizer step does not synchronize the stages)."""
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
-    spans = compute.groupby("rank").agg(first=("start_s", "min"), last=("end_s", "max"))
-    cost = float((spans["last"] - spans["first"]).max())
-    busy = float((compute["end_s"] - compute["start_s"]).groupby(compute["rank"]).sum().max())
+    return stagewise_bubble(compute["rank"].to_numpy(), compute["start_s"].to_numpy(), compute["end_s"].to_numpy())
+
+
+def stagewise_bubble(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> float:
+    """``stagewise_bubble_rate`` of the compute tasks given as columns (rank, start, end; in trace order). Each
+    rank's first start and last end in numpy (exact); the busy seconds summed by pandas' grouped sum, whose
+    compensated summation the summary has always used."""
+    if not len(rank):
+        return 0.0
+    order = np.argsort(rank, kind="stable")
+    firsts = np.flatnonzero(np.r_[True, np.diff(rank[order]) != 0])
+    cost = float(np.max(np.fmax.reduceat(end[order], firsts) - np.fmin.reduceat(start[order], firsts)))
+    busy = float(pd.Series(end - start).groupby(rank).sum().max())
     return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 

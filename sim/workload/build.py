@@ -97,8 +97,7 @@ class _StageEmitter:
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
         self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
-        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (see _layer)
-        self.orders: dict[str, list[int]] = {}  # stream -> this rank's ordered task list on it
+        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
@@ -276,11 +275,14 @@ class _StageEmitter:
             task = tasks[task_id]
             if task_id >= backward:
                 moved = [dep for dep in task.deps if forward <= dep < backward and position[dep] > position[task_id]]
-                for dep in moved:
-                    task.deps.remove(dep)  # type: ignore[attr-defined]  # a list until freeze()
-                    earlier = last_on.get(tasks[dep].stream)
-                    if earlier is not None and earlier not in task.deps:
-                        task.deps.append(earlier)  # type: ignore[attr-defined]
+                if moved:
+                    deps = list(task.deps)  # a stamped task's are a tuple already
+                    for dep in moved:
+                        deps.remove(dep)
+                        earlier = last_on.get(tasks[dep].stream)
+                        if earlier is not None and earlier not in deps:
+                            deps.append(earlier)
+                    task.deps = tuple(deps)
             else:
                 last_on[task.stream] = task_id
         for (rank, _), stream_order in self.g.streams.items():
@@ -449,38 +451,8 @@ class _StageEmitter:
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
             chain_key += "+frozen" if frozen else ""
         chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:  # TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build)
-            graph, rank, stage = self.g, self.rank, self.stage
-            tasks, orders, key, meets = graph.tasks, self.orders, graph.rendezvous_key, graph.match_collectives
-            blocking_tp, tp_blocks = self.blocking_tp, self.tp_blocks
-            task_id = len(tasks)
-            after_stream = tasks[after].stream if after is not None else None
-            for stream, kind, name, duration, op, nbytes, flops, group, skew, flags in chain:
-                if flags is None:
-                    deps = [after] if after is not None and after_stream != stream else []
-                    touch, blocking = True, False
-                else:
-                    prev, touch, extra, blocking = flags  # a consumed collective blocks whatever the stream
-                    deps = [after] if prev and after is not None and after_stream != stream else []
-                    if extra:
-                        deps += [task_id - back for back in extra]
-                if touch:  # _blocking: a compute task waits for the blocking TP collective; a TP one may block
-                    if stream == "compute":
-                        if blocking_tp is not None:
-                            if blocking_tp not in deps:
-                                deps.append(blocking_tp)
-                            blocking_tp = None
-                    elif stream == "tp" and tp_blocks:
-                        blocking = True
-                tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                                  flops, group, key(rank, kind, op, group) if op and meets else -1, skew))
-                orders[stream].append(task_id)
-                after, after_stream = task_id, stream
-                if blocking:
-                    blocking_tp = task_id
-                task_id += 1
-            self.blocking_tp = blocking_tp
-            return after
+        if chain is not None:
+            return self._stamp(chain, mb, layer, after)
         first = len(self.g.tasks)
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
@@ -508,10 +480,49 @@ class _StageEmitter:
                     after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [(t.stream, t.kind, t.name, t.duration, t.op, t.nbytes, t.flops, t.group, t.skew,
-                                       self.flags.get(t.id)) for t in self.g.tasks[first:]]
-            self.orders.update({t.stream: self.g.streams[(self.rank, t.stream)] for t in self.g.tasks[first:]})
+            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
         return after
+
+    def _stamp(self, chain: list[tuple], mb: int, layer: int, after: int | None) -> int | None:
+        """Emits a recorded chain (``_stamp_entry``) again for ``layer`` of micro-batch ``mb`` after ``after``:
+        TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build). Returns its last task."""
+        graph, rank, stage = self.g, self.rank, self.stage
+        tasks, key = graph.tasks, graph.rendezvous_key
+        blocking_tp = self.blocking_tp
+        task_id = len(tasks)
+        after_stream = tasks[after].stream if after is not None else None
+        for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
+             append) in chain:
+            # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
+            # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
+            deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
+            if extra:
+                deps += tuple([task_id - back for back in extra])
+            if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
+                if blocking_tp not in deps:
+                    deps += (blocking_tp,)
+                blocking_tp = None
+            tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
+                              flops, group, key(rank, kind, op, group) if keyed else -1, skew))
+            append(task_id)
+            after, after_stream = task_id, stream
+            if becomes:
+                blocking_tp = task_id
+            task_id += 1
+        self.blocking_tp = blocking_tp
+        return after
+
+    def _stamp_entry(self, task: Task) -> tuple:
+        """What stamping repeats of a recorded task: its fields, then its chain rule (``_flagged``; default: after
+        the task before it on another stream, takes the blocking TP collective) decided once: ``prev``, the
+        ``extra`` offsets, whether it waits for the blocking TP collective (a compute task that ``touch``-es it),
+        whether it becomes the blocking one (a consumed collective, or any TP collective when Megatron's are
+        synchronous), whether it needs a rendezvous key, and its stream list's ``append``."""
+        prev, touch, extra, blocking = self.flags.get(task.id, (True, True, (), False))
+        blocks = blocking or (touch and task.stream == "tp" and self.tp_blocks)
+        return (task.stream, task.kind, task.name, task.duration, task.op, task.nbytes, task.flops, task.group,
+                task.skew, prev, extra, touch and task.stream == "compute", blocks,
+                bool(task.op) and self.g.match_collectives, self.g.streams[(self.rank, task.stream)].append)
 
     def _selective_recompute(self, block: str, moe: bool, mb: int, layer: int, after: int | None) -> int | None:
         """What selective recomputation replays before ``block``'s backward (``training.recompute_modules``,
@@ -542,22 +553,37 @@ class _StageEmitter:
         if g == last:
             after = self._compute("weight", "lm_head", mb, -1, self.head_work, after, "weight_grad")
         for layer in reversed(self._layers(chunk)):
-            if self.moe_layers[layer]:  # the routed and shared experts' and the router's weight gradients
-                for name in ("moe_experts", "moe_shared", "moe_router"):
-                    after = self._compute("weight", name, mb, layer, self.moe.work[name], after, "weight_grad")
-                after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
-                                      "weight_grad")
-            else:
-                frozen = self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
-                work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
-                for block in ("mlp", "attention"):
-                    after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
-            self.grad_ready[layer] = after  # type: ignore[assignment]
+            after = self.grad_ready[layer] = self._weight_layer(mb, layer, after)  # type: ignore[assignment]
         if g == 0:
             after = self.grad_ready[-1] = self._compute("weight", "embedding", mb, -1, self.embed_work, after,
                                                         "weight_grad")  # type: ignore[assignment]
         self.tail = after
 
+    def _weight_layer(self, mb: int, layer: int, after: int | None) -> int | None:
+        """One layer's weight-gradient GEMMs, returning the last. Like a layer's forward and backward
+        (``_layer_tasks``), every layer of a kind (MoE or dense, frozen or trained) emits the same chain unless
+        pending dependencies or jitter tell layers apart, so the first is recorded and the others stamped (a
+        zero-bubble pass is a third of a stage's compute tasks)."""
+        moe = self.moe_layers[layer]
+        frozen = not moe and self.frozen_work is not None and self.plan.peft.layer_frozen(layer)
+        chain_key = "weight" + ("+moe" if moe else "") + ("+frozen" if frozen else "")
+        stampable = not self.pending_deps and self.fixed_durations
+        chain = self.chains.get(chain_key) if stampable else None
+        if chain is not None:
+            return self._stamp(chain, mb, layer, after)
+        first = len(self.g.tasks)
+        if moe:  # the routed and shared experts' and the router's weight gradients
+            for name in ("moe_experts", "moe_shared", "moe_router"):
+                after = self._compute("weight", name, mb, layer, self.moe.work[name], after, "weight_grad")
+            after = self._compute("weight", "attention", mb, layer, self.block_work["attention"], after,
+                                  "weight_grad")
+        else:
+            work = self.frozen_work[0] if self.frozen_work is not None and frozen else self.trained_work[0]
+            for block in ("mlp", "attention"):
+                after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
+        if stampable and not self.pending_deps:
+            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+        return after
 
 def folds_tp(plan: Plan) -> bool:
     """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same

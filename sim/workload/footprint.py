@@ -20,6 +20,7 @@ it; ``sim.output.summary`` reports it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,11 +28,9 @@ import numpy as np
 from sim.model.memory import ModelStates, comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
-from sim.workload.ir import COMPUTE_KINDS, Kind
+from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind
 
-if TYPE_CHECKING:  # the timeline reads a trace; the bound (``sim check``) runs without pandas
-    from collections.abc import Callable
-
+if TYPE_CHECKING:  # the timeline reads a trace's columns; neither it nor the bound (``sim check``) imports pandas
     import pandas as pd
 
 PARTS = ("weights", "gradients", "optimizer", "activations", "gathered_weights", "unreduced_gradients", "comm_buffers",
@@ -205,136 +204,229 @@ def memory_plan(plan: Plan) -> list[dict[str, float]]:
 
 
 # ------------------------------------------------------------------------------------------------ timeline
-def _unit_spans(trace: pd.DataFrame, unit_layers: int) -> pd.DataFrame:
-    """First start and last end of each (rank, micro-batch, phase, FSDP unit)'s compute."""
-    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(COMPUTE_KINDS)]
-    phase = np.where(layered["kind"] == "forward", "fwd", "bwd")
-    return layered.assign(phase=phase, unit=layered["layer"] // unit_layers).groupby(
-        ["rank", "microbatch", "phase", "unit"]).agg(first=("start_s", "min"), last=("end_s", "max"))
-
-
 # The trace rows the timeline reads: the compute passes, activation offload's copies and the data-parallel
 # collectives (ZeRO-3/FSDP weight gathers, gradient reduce-scatters). ``memory_timeline`` keeps these alone, so a
 # trace of only these rows gives the same timeline (a sweep's confirmation builds no others: sim.explore.confirm).
 TIMELINE_KINDS: tuple[str, ...] = (*COMPUTE_KINDS, Kind.OFFLOAD, Kind.DP)
+_CODE = {kind: code for code, kind in enumerate(KINDS)}
+_FORWARD, _BACKWARD, _WEIGHT = _CODE[Kind.FORWARD], _CODE[Kind.BACKWARD], _CODE[Kind.WEIGHT]
+_COMPUTE = [_CODE[kind] for kind in COMPUTE_KINDS]
+_FWD, _BWD = 0, 1  # a unit span's phase: the forward's compute, or the backward's (recompute and W included)
 
 
-def memory_timeline(trace: pd.DataFrame, plan: Plan) -> dict[int, dict[str, float]]:
+@dataclass(frozen=True)
+class TimelineRows:
+    """The trace rows the timeline reads (``TIMELINE_KINDS``; others may be there and are ignored), as columns in
+    trace order: rank, stage, kind (its index in ``sim.workload.ir.KINDS``), name, micro-batch, layer, start and
+    end (s) and the trace's integer bytes. ``of_trace`` reads them from a trace DataFrame; a sweep's confirmation
+    builds them from the task graph without one. Names and bytes are read on the offload and data-parallel rows
+    only."""
+
+    rank: np.ndarray
+    stage: np.ndarray
+    kind: np.ndarray
+    name: np.ndarray
+    microbatch: np.ndarray
+    layer: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    nbytes: np.ndarray
+
+    @classmethod
+    def of_trace(cls, trace: pd.DataFrame) -> TimelineRows:
+        rows = trace[trace["kind"].isin(TIMELINE_KINDS)]
+        kind = np.fromiter(map(_CODE.__getitem__, rows["kind"].to_numpy()), np.int8, len(rows))
+        return cls(rows["rank"].to_numpy(), rows["stage"].to_numpy(), kind, rows["name"].to_numpy(),
+                   rows["microbatch"].to_numpy(), rows["layer"].to_numpy(), rows["start_s"].to_numpy(),
+                   rows["end_s"].to_numpy(), rows["bytes"].to_numpy())
+
+
+def _groups(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The rows sorted by ``keys`` (the first the primary, as a pandas groupby sorts its keys; stable) and the
+    positions in that order where each group starts."""
+    order = np.lexsort(keys[::-1])
+    if not len(order):
+        return order, order
+    new = np.zeros(len(order), dtype=bool)
+    new[0] = True
+    for key in keys:
+        ordered = key[order]
+        new[1:] |= ordered[1:] != ordered[:-1]
+    return order, np.flatnonzero(new)
+
+
+def _lookup(table: tuple[np.ndarray, ...], values: np.ndarray, query: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``values`` at the row of ``table`` whose key equals each ``query`` key, NaN where none (pandas' reindex on
+    a unique index)."""
+    found = np.full(len(query[0]), np.nan)
+    if not len(values) or not len(found):
+        return found
+    table_key = np.zeros(len(values), dtype=np.int64)
+    query_key = np.zeros(len(found), dtype=np.int64)
+    for t, q in zip(table, query, strict=True):  # one integer per key: each part offset to >= 0, mixed radix
+        low = min(int(t.min()), int(q.min()))
+        span = max(int(t.max()), int(q.max())) - low + 1
+        table_key = table_key * span + (t.astype(np.int64) - low)
+        query_key = query_key * span + (q.astype(np.int64) - low)
+    order = np.argsort(table_key, kind="stable")
+    at = np.minimum(np.searchsorted(table_key[order], query_key), len(order) - 1)
+    hit = table_key[order[at]] == query_key
+    found[hit] = values[order[at[hit]]]
+    return found
+
+
+@dataclass(frozen=True)
+class _UnitSpans:
+    """First start and last end of each (rank, micro-batch, phase, FSDP unit)'s compute."""
+
+    keys: tuple[np.ndarray, ...]
+    first: np.ndarray
+    last: np.ndarray
+
+    @classmethod
+    def of(cls, rows: TimelineRows, unit_layers: int) -> _UnitSpans:
+        layered = np.flatnonzero((rows.layer >= 0) & np.isin(rows.kind, _COMPUTE))
+        phase = np.where(rows.kind[layered] == _FORWARD, _FWD, _BWD)
+        keys = (rows.rank[layered], rows.microbatch[layered], phase, rows.layer[layered] // unit_layers)
+        order, starts = _groups(keys)
+        if not len(starts):
+            return cls(keys, np.empty(0), np.empty(0))
+        return cls(tuple(key[order][starts] for key in keys), np.fmin.reduceat(rows.start[layered][order], starts),
+                   np.fmax.reduceat(rows.end[layered][order], starts))
+
+    def at(self, rank: int, mb: np.ndarray, phase: int | np.ndarray, unit: np.ndarray | int
+           ) -> tuple[np.ndarray, np.ndarray]:
+        """(first, last) of each queried span of ``rank``, NaN where it has no compute."""
+        n = len(mb)
+        low, high = np.searchsorted(self.keys[0], [rank, rank + 1])  # the spans are sorted by rank first
+        table = tuple(key[low:high] for key in self.keys[1:])
+        query = (np.asarray(mb), np.broadcast_to(phase, n), np.broadcast_to(unit, n))
+        return _lookup(table, self.first[low:high], query), _lookup(table, self.last[low:high], query)
+
+
+def memory_timeline(trace: pd.DataFrame | TimelineRows, plan: Plan) -> dict[int, dict[str, float]]:
     """The timeline side: per simulated rank of a trace, the resident states and buffers (as the bound's), plus
     the peak of activations, gathered weights (ZeRO-3/FSDP) and not-yet-reduced gradients (ZeRO-2/3) over the
     step, each allocated and freed when the trace's tasks say, with the plan's per-layer stash rule. Reads only
-    the rows of ``TIMELINE_KINDS``."""
-    trace = trace[trace["kind"].isin(TIMELINE_KINDS)]
+    the rows of ``TIMELINE_KINDS``, as numpy columns (``TimelineRows``): the maxima, minima and lookups pandas'
+    groupby and reindex took, in the same order (its filters and MultiIndex lookups were three quarters of a
+    175B confirmation's figures, 2026-11-26)."""
+    rows = trace if isinstance(trace, TimelineRows) else TimelineRows.of_trace(trace)
     # Per layer, the bytes it stashes (the plan's partial-recompute rule), and the layer being rebuilt.
     stash_bytes = np.array([plan.stash_bytes(layer) for layer in range(plan.model.num_layers)])
     # A layer's activations are stashed at the end of its forward and freed by its last backward pass (the
-    # weight-gradient pass W when the schedule splits the backward).
-    layered = trace[(trace["layer"] >= 0) & trace["kind"].isin(("forward", "backward", "weight"))]
-    layered = layered.assign(kind=layered["kind"].replace({"weight": "backward"}))
-    ends = layered.groupby(["rank", "kind", "microbatch", "layer"])["end_s"].max()
-    spans = _unit_spans(trace, plan.unit_layers) if plan.zero_stage >= 2 else None
+    # weight-gradient pass W when the schedule splits the backward): the last end per (rank, pass, mb, layer).
+    layered = np.flatnonzero((rows.layer >= 0) & np.isin(rows.kind, (_FORWARD, _BACKWARD, _WEIGHT)))
+    keys = (rows.rank[layered], (rows.kind[layered] == _FORWARD).astype(np.int8), rows.microbatch[layered],
+            rows.layer[layered])  # the pass: 0 backward (W included), 1 forward, in the names' order
+    order, starts = _groups(keys)
+    rank_of, forward_of, mb_of, layer_of = (key[order][starts] for key in keys)
+    last_end = np.fmax.reduceat(rows.end[layered][order], starts) if len(starts) else np.empty(0)
+    spans = _UnitSpans.of(rows, plan.unit_layers) if plan.zero_stage >= 2 else None
+    group_of = rank_of.astype(np.int64) * 2 + forward_of  # ascending: the groups are sorted by rank, then pass
+    ranks, first_row = np.unique(rows.rank, return_index=True)
+    by_rank = np.argsort(rows.rank, kind="stable")
     result: dict[int, dict[str, float]] = {}
-    for rank, stage in trace.groupby("rank")["stage"].first().items():
-        rows = trace[trace["rank"] == rank]
-        resident, host = states_and_buffers(plan, int(stage))
-        stash = ends.loc[(rank, "forward")]
-        free = ends.loc[(rank, "backward")].to_numpy()
-        sizes = stash_bytes[stash.index.get_level_values("layer").to_numpy()]
-        parts = {"activations": _offloaded(rows, stash, free, sizes)}
+    for rank, stage, mine in zip(ranks.tolist(), rows.stage[first_row].tolist(),
+                                 np.split(by_rank, np.flatnonzero(np.diff(rows.rank[by_rank])) + 1), strict=True):
+        resident, host = states_and_buffers(plan, stage)
+        # This rank's groups, backward then forward, each by (micro-batch, layer): the stash and its free.
+        low, middle, high = np.searchsorted(group_of, [rank * 2, rank * 2 + 1, rank * 2 + 2])
+        stashed = slice(middle, high)
+        free = last_end[low:middle]
+        sizes = stash_bytes[layer_of[stashed]]
+        parts = {"activations": _offloaded(rows, mine, (mb_of[stashed], layer_of[stashed]), last_end[stashed], free,
+                                           sizes)}
         if spans is not None:
-            parts |= _gather_and_grad_buffers(rows, spans.loc[rank], plan)
+            parts |= _gather_and_grad_buffers(rows, mine, rank, spans, plan)
         dynamic = peak_usage(parts)
-        dynamic["activations"] += plan.transient_bytes(int(stage)) + offload_buffer_bytes(plan, int(stage))
+        dynamic["activations"] += plan.transient_bytes(stage) + offload_buffer_bytes(plan, stage)
         entry = resident | {name: value for name, value in dynamic.items() if name != "total"}
         memory = plan.scenario.memory
-        host += offloaded_host_bytes(plan, int(stage))
-        result[int(rank)] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
+        host += offloaded_host_bytes(plan, stage)
+        result[rank] = with_allocator(entry, memory.reserved, memory.allocator_overhead) | {"host": host}
     return result
 
 
-def _offloaded(rows: pd.DataFrame, stash: pd.Series, free: np.ndarray,
-               sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _offloaded(rows: TimelineRows, mine: np.ndarray, at: tuple[np.ndarray, np.ndarray], stash: np.ndarray,
+               free: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The activations' (alloc, free, bytes) with activation offload: an offloaded layer's stash is freed when
-    its copy to the host ends and allocated again when its copy back starts, until its backward ends."""
-    offload = rows[rows["name"] == "activation_offload"]
-    if offload.empty:
-        return stash.to_numpy(), free, sizes
-    reload = rows[rows["name"] == "activation_reload"]
-    at = stash.index  # (microbatch, layer), in the order of ``free`` and ``sizes``
-    gone = offload.set_index(["microbatch", "layer"])["end_s"].reindex(at).to_numpy()
-    back = reload.set_index(["microbatch", "layer"])["start_s"].reindex(at).to_numpy()
+    its copy to the host ends and allocated again when its copy back starts, until its backward ends. ``at``:
+    the stashes' (micro-batch, layer), in the order of ``stash``, ``free`` and ``sizes``."""
+    names = rows.name[mine]
+    offload = mine[names == "activation_offload"]
+    if not len(offload):
+        return stash, free, sizes
+    reload = mine[names == "activation_reload"]
+    gone = _lookup((rows.microbatch[offload], rows.layer[offload]), rows.end[offload], at)
+    back = _lookup((rows.microbatch[reload], rows.layer[reload]), rows.start[reload], at)
     moved = ~np.isnan(gone) & ~np.isnan(back)
-    starts = np.concatenate([stash.to_numpy(), back[moved]])
+    starts = np.concatenate([stash, back[moved]])
     ends = np.concatenate([np.where(moved, gone, free), free[moved]])
     return starts, ends, np.concatenate([sizes, sizes[moved]])
 
 
-def _gather_and_grad_buffers(rows: pd.DataFrame, spans: pd.DataFrame,
+def _gather_and_grad_buffers(rows: TimelineRows, mine: np.ndarray, rank: int, spans: _UnitSpans,
                              plan: Plan) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Gathered weights live from their all-gather's start until the unit's compute in that phase ends (until
     its backward for SHARD_GRAD_OP's forward gather); a unit's full gradients from the start of its backward
     until their reduce-scatter ends (DeepSpeed ZeRO-2: until its backward ends, see below)."""
-    import pandas as pd
-
-    def span(mb: pd.Series, phase: str | pd.Series, unit: pd.Series) -> pd.DataFrame:
-        keys = pd.MultiIndex.from_arrays([mb, pd.Series(phase, index=mb.index) if isinstance(phase, str) else phase,
-                                          unit])
-        return spans.reindex(keys)
-
     unit_layers = plan.unit_layers
-    gathers = rows[rows["name"].isin(("param_gather_fwd", "param_gather_bwd"))]
-    reduces = rows[rows["name"] == "grad_reduce_scatter"]
+    names = rows.name[mine]
+    backward_gather = names == "param_gather_bwd"
+    is_gather = (names == "param_gather_fwd") | backward_gather
+    gathers, reduces = mine[is_gather], mine[names == "grad_reduce_scatter"]
+    gather_bytes, reduce_bytes = rows.nbytes[gathers].astype(float), rows.nbytes[reduces].astype(float)
     if plan.pipelined_fsdp:
         # FSDP + PP: a unit's gathered weights live until its post_backward reshards them as its reduce-scatter is
         # issued; its unsharded gradients from the rank's first backward until that reduce-scatter ends.
-        resharded = reduces.set_index("layer")["start_s"].reindex(gathers["layer"]).to_numpy()
-        first_backward = rows[rows["kind"] == "backward"]["start_s"].min()
-        return {"gathered_weights": (gathers["start_s"].to_numpy(), resharded, gathers["bytes"].to_numpy(float)),
-                "unreduced_gradients": (np.full(len(reduces), first_backward), reduces["end_s"].to_numpy(),
-                                        reduces["bytes"].to_numpy(float))}
-    unit = gathers["layer"] // unit_layers
+        resharded = _lookup((rows.layer[reduces],), rows.start[reduces], (rows.layer[gathers],))
+        backward_starts = rows.start[mine[rows.kind[mine] == _BACKWARD]]
+        first_backward = backward_starts.min() if len(backward_starts) else np.nan
+        return {"gathered_weights": (rows.start[gathers], resharded, gather_bytes),
+                "unreduced_gradients": (np.full(len(reduces), first_backward), rows.end[reduces], reduce_bytes)}
+    unit = rows.layer[gathers] // unit_layers
     keep_to_backward = plan.zero_stage < 3
-    phase = pd.Series(np.where((gathers["name"] == "param_gather_bwd") | keep_to_backward, "bwd", "fwd"),
-                      index=gathers.index)
-    gathered = (gathers["start_s"].to_numpy(), span(gathers["microbatch"], phase, unit)["last"].to_numpy(),
-                gathers["bytes"].to_numpy(float))
+    phase = np.where(backward_gather[is_gather] | keep_to_backward, _BWD, _FWD)
+    gathered = (rows.start[gathers], spans.at(rank, rows.microbatch[gathers], phase, unit)[1], gather_bytes)
     if root_unit_bytes(plan):
-        gathered = _with_root_unit(gathers, unit, phase, span, plan, gathered)
-    backward = span(reduces["microbatch"], "bwd", reduces["layer"] // unit_layers)
-    freed = reduces["end_s"].to_numpy()
+        gathered = _with_root_unit(rows, gathers, rank, unit, phase, spans, plan, gathered)
+    first, last = spans.at(rank, rows.microbatch[reduces], _BWD, rows.layer[reduces] // unit_layers)
+    freed = rows.end[reduces]
     if plan.zero_stage == 2 and not plan.flat_params:
         # DeepSpeed ZeRO-2 (contiguous_gradients): a gradient is copied into one of the two reduction buckets,
         # counted as comm_buffers, as soon as its layer's backward produces it, and autograd's copy is freed
         # (stage_1_and_2.py, reduce_independent_p_g_buckets_and_remove_grads). However far the reduce-scatters
         # lag, fresh gradients do not pile up.
-        freed = np.minimum(freed, backward["last"].to_numpy())
-    grads = (backward["first"].to_numpy(), freed, reduces["bytes"].to_numpy(float))
+        freed = np.minimum(freed, last)
+    grads = (first, freed, reduce_bytes)
     return {"gathered_weights": gathered, "unreduced_gradients": grads}
 
 
-def _with_root_unit(gathers: pd.DataFrame, unit: pd.Series, phase: pd.Series, span: Callable[..., pd.DataFrame],
-                    plan: Plan, gathered: tuple[np.ndarray, np.ndarray, np.ndarray]
+def _with_root_unit(rows: TimelineRows, gathers: np.ndarray, rank: int, unit: np.ndarray, phase: np.ndarray,
+                    spans: _UnitSpans, plan: Plan, gathered: tuple[np.ndarray, np.ndarray, np.ndarray]
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FSDP's gathered weights with the root unit apart (``root_unit_bytes``): the trace's gathers carry the
     embedding in the first unit and the final norm and head in the last; here those bytes live once per
     micro-batch, from its first gather to the end of its backward, and each gather keeps only its layers. A
     unit's backward copy is allocated no earlier than its forward copy is freed (FSDP2's all-gather stream waits
     for the reshard event, ``FSDPParamGroup`` all-gather state)."""
-    import pandas as pd
-
     model, tp, size = plan.model, plan.tp, plan.weight_bytes_per_param
     starts, ends, sizes = gathered
     units = model.num_layers // plan.unit_layers
-    extra = (np.where(unit.to_numpy() == 0, embedding_params(model) / tp * size, 0.0)
-             + np.where(unit.to_numpy() == units - 1, head_params(model) / tp * size, 0.0))
-    backward = (phase == "bwd").to_numpy()
-    forward_copy_freed = span(gathers["microbatch"], "fwd", unit)["last"].to_numpy()
+    extra = (np.where(unit == 0, embedding_params(model) / tp * size, 0.0)
+             + np.where(unit == units - 1, head_params(model) / tp * size, 0.0))
+    backward = phase == _BWD
+    microbatch = rows.microbatch[gathers]
+    forward_copy_freed = spans.at(rank, microbatch, _FWD, unit)[1]
     starts = np.where(backward & ~np.isnan(forward_copy_freed), np.fmax(starts, forward_copy_freed), starts)
     # FSDP issues the gather that waits for a unit's compute after resharding that unit (FSDP2's post_forward /
     # post_backward run before the next pre-forward's unshard; FSDP1's rate limiter frees first), so at equal
     # times the free comes first: the copy is freed an ulp before its compute's end.
     ends = np.nextafter(ends, -np.inf)
-    microbatches = gathers.groupby("microbatch")["start_s"].min()
-    last_backward = span(microbatches.index.to_series(), "bwd", pd.Series(0, index=microbatches.index))["last"]
-    return (np.concatenate([starts, microbatches.to_numpy()]), np.concatenate([ends, last_backward.to_numpy()]),
+    order, first = _groups((microbatch,))  # each micro-batch's first gather, micro-batches ascending
+    microbatches = microbatch[order][first]
+    first_gather = np.fmin.reduceat(rows.start[gathers][order], first) if len(first) else np.empty(0)
+    last_backward = spans.at(rank, microbatches, _BWD, 0)[1]
+    return (np.concatenate([starts, first_gather]), np.concatenate([ends, last_backward]),
             np.concatenate([sizes - extra, np.full(len(microbatches), root_unit_bytes(plan))]))
