@@ -229,8 +229,10 @@ def _compute_shares(run_dir: Path) -> tuple[dict[tuple[str, str], dict[str, floa
         for phase in ("forward", "backward", "input_grad", "weight_grad"):
             seconds: dict[str, float] = defaultdict(float)
             for op in block.ops:
-                # fixed costs price no kernel: FLOPs stand in for time
-                each = kernel_time(op) if kernel_time else op.executed_flops
+                # fixed costs price no kernel: FLOPs stand in for time. The phase is the kernel's own: a flash
+                # kernel's backward runs at its measured backward rate, not twice its forward's time
+                # (RooflineCosts.kernel_time), and an FP8 GEMM's backward accumulates split.
+                each = kernel_time(op, phase) if kernel_time else op.executed_flops
                 category = GEMM if op.matmul and op.has_weights else ATTENTION if op.name in ATTENTION_CORE else OTHER
                 seconds[category] += phase_scale(op, phase) * each  # type: ignore[arg-type]
             total = sum(seconds.values())

@@ -25,6 +25,7 @@ from sim.calibrate.run import LOOPBACK, gloo_environment, listening_socket, reso
 from sim.cli.commands import main  # noqa: E402
 from sim.costs.profile import load  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
+from sim.model.ops import causal_fraction  # noqa: E402
 from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
 
@@ -141,7 +142,10 @@ def test_quick_cpu_run_writes_raw_measurements_and_a_profile(calibration):
     attention = pd.read_csv(calibration / "attention.csv")
     assert set(attention["phase"]) == {"forward", "backward"} and set(attention["backend"]) == {"math"}
     forward = attention[attention["phase"] == "forward"]
-    assert (forward["flops"] == 2.0 * forward["heads"] * forward["seq_len"] ** 2 * forward["head_dim"]).all()
+    # the executed tiles' count the cost model prices (Op.executed_flops): 4 h s^2 d x causal_fraction(s)
+    tiles = forward["seq_len"].map(causal_fraction)
+    counted = 4.0 * forward["heads"] * forward["seq_len"] ** 2 * forward["head_dim"] * tiles
+    assert ((forward["flops"] / counted - 1).abs() < 1e-12).all()
     assert profile.attention["math"].rate("backward", forward["flops"].max()) > 0
 
 

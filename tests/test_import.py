@@ -102,6 +102,39 @@ def test_megatron_arguments_and_vocabulary_padding() -> None:
     assert _status(draft, "--some-new-flag") == "unknown"
 
 
+
+@pytest.mark.parametrize("flags, flash, backend", [
+    ("", True, "auto"),
+    ("--attention-backend auto", True, "auto"),
+    ("--attention-backend flash", True, "flash"),
+    ("--attention-backend fused", True, "fused"),
+    ("--attention-backend unfused", False, "auto"),
+    ("--use-flash-attn", True, "auto"),
+])
+def test_megatron_attention_backend_picks_the_priced_kernel(flags: str, flash: bool, backend: str) -> None:
+    """--attention-backend flash runs FlashAttention-2 and fused cuDNN's fused attention (Megatron-Core
+    AttnBackend; TE's DotProductAttention with NVTE_FLASH_ATTN / NVTE_FUSED_ATTN): the scenario's
+    training.attention_backend, which picks the measured curve the kernel is priced on (an H100's cuDNN forward
+    runs ~2x FlashAttention-2's rate). auto stays auto (TE picks fused on Hopper: resolve_attention_backend)."""
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+    s = import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert (s.training.flash_attention, s.training.attention_backend) == (flash, backend)
+
+
+@pytest.mark.parametrize("backend", ["flash", "fused", "auto"])
+def test_megatron_emit_keeps_the_attention_backend(backend: str, tmp_path: Path) -> None:
+    """`sim search --emit megatron` writes the scenario's attention backend, so the script runs (and imports
+    back to) the kernel the layout was priced on."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.flash_attention=true",
+                                                                f"training.attention_backend={backend}"])
+    path = tmp_path / "emitted.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert (back.training.flash_attention, back.training.attention_backend) == (True, backend)
+
 @pytest.mark.parametrize("args, message", [
     ("--fp16 --bf16", "--fp16: cannot be combined with --bf16"),
     ("--num-layers-per-virtual-pipeline-stage 2 --num-virtual-stages-per-pipeline-rank 2",
@@ -211,6 +244,13 @@ def test_nemo2_layout_and_contradiction(tmp_path: Path) -> None:
     assert s.parallel.overlap_param_gather and s.parallel.sequence_parallel
     assert (s.training.dtype, s.training.seq_len, s.training.global_batch) == ("bf16", 8192, 128)
     assert (s.model.mlp, s.model.num_kv_heads, s.model.vocab_size) == ("swiglu", 8, 128256)
+    assert s.training.attention_backend == "auto"
+    for written, backend in (("flash", "flash"), ("AttnBackend.fused", "fused"), ("unfused", "auto")):
+        config["model"]["config"]["attention_backend"] = written  # Megatron-Core TransformerConfig's field
+        path.write_text(yaml.safe_dump(config))
+        s = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b")).scenario()
+        assert (s.training.attention_backend, s.training.flash_attention) == (backend, written != "unfused")
+    del config["model"]["config"]["attention_backend"]
     config["trainer"]["plugins"]["precision"] = "fp8-mixed"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ConfigError, match=r"^trainer.plugins.precision: 'fp8-mixed' is not modelled"):

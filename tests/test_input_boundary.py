@@ -137,6 +137,23 @@ def test_a_profile_path_that_is_not_a_profile_names_the_field(capsys, profile, r
     assert line.startswith("error: costs.profile: ") and rule in line
 
 
+@pytest.mark.parametrize("attention, rule", [
+    ({"Flash": {"forward": [[1e9, 1e14]], "backward": [[1e9, 1e14]]}}, "attention.Flash.[key]: Input should be"),
+    ({"flash": {"forward": [], "backward": [[1e9, 1e14]]}}, "attention.flash.forward: Tuple should have at least 1"),
+    ({"fused": {"forward": [[1e9, 0.0]], "backward": [[1e9, 1e14]]}}, "attention.fused.forward.0.1: Input should be "
+                                                                       "greater than 0"),
+])
+def test_a_profiles_attention_curves_are_checked(tmp_path, capsys, attention, rule):
+    """A misspelt backend was ignored (its kernel priced on the GEMM curve without a word), and an empty curve
+    read 1 FLOP/s: a 1 TFLOP forward priced at 6.6e11 s on an H100."""
+    import json
+
+    data = json.loads((ROOT / "sim" / "data" / "profiles" / "H100.json").read_text()) | {"attention": attention}
+    path = write(tmp_path / "profile.json", json.dumps(data).encode())
+    line = one_error_line(capsys, "check", str(TINY), "--set", f"costs={{model: calibrated, profile: {path}}}")
+    assert line.startswith("error: costs.profile: ") and rule in line
+
+
 def test_rich_markup_in_a_name_or_path_is_printed_as_text(tmp_path, capsys):
     out = tmp_path / "o[/x]"
     assert main(["run", str(TINY), "-o", str(out), "--no-plot", "--set", 'name="[/oops]"']) == 0

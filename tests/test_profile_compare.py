@@ -96,10 +96,38 @@ def test_the_simulated_rank_splits_its_tasks_by_the_priced_kernels(tiny_run):
     total = sum(phase_scale(op, "forward") * costs.kernel_time(op) for op in attention.ops)
     forward = compute[(compute["name"] == "attention") & (compute["kind"] == "forward")]["duration"].sum()
     backward = compute[(compute["name"] == "attention") & (compute["kind"] == "backward")]["duration"].sum()
-    core_b = sum(phase_scale(op, "backward") * costs.kernel_time(op) for op in attention.ops
+    core_b = sum(phase_scale(op, "backward") * costs.kernel_time(op, "backward") for op in attention.ops
                  if op.name in ATTENTION_CORE)
-    total_b = sum(phase_scale(op, "backward") * costs.kernel_time(op) for op in attention.ops)
+    total_b = sum(phase_scale(op, "backward") * costs.kernel_time(op, "backward") for op in attention.ops)
     assert categories[ATTENTION] == pytest.approx(forward * core / total + backward * core_b / total_b)
+
+
+def test_the_backward_attention_share_is_priced_at_the_kernels_backward_rate(tmp_path):
+    """On an H100 with flash attention the kernel is priced on its measured curves, forward and backward apart
+    (at tiny's size the backward costs 1.44x the forward's time per counted FLOP: sim/data/profiles/H100.json).
+    The backward attention block's share of attention must use the backward rate: at the forward's (kernel_time
+    without its phase, the old split) the core's share of tiny's backward block read 29.8% against the priced
+    38.0%."""
+    out = tmp_path / "h100"
+    assert main(["run", str(SCENARIOS / "tiny.yaml"), "-o", str(out), "--no-plot", "--set",
+                 "cluster.gpu=H100-SXM", "--set", "training.flash_attention=true"]) == 0
+    _, categories, _ = simulated_step(out, rank=0)
+    compute = pd.read_parquet(out / "trace.parquet").pipe(lambda t: t[(t["rank"] == 0) & (t["stream"] == "compute")])
+    duration = compute["end_s"] - compute["start_s"]
+    plan = resolve(load_scenario(out / "scenario.resolved.yaml"))
+    costs, attention = make_costs(plan), blocks(plan).block["attention"]
+    flash = next(op for op in attention.ops if op.name == "flash_attention")
+    assert costs.kernel_time(flash, "backward") > 1.2 * costs.kernel_time(flash)  # the curves are in use
+
+    def share(phase):
+        priced = {op.name: phase_scale(op, phase) * costs.kernel_time(op, phase) for op in attention.ops}
+        return sum(v for k, v in priced.items() if k in ATTENTION_CORE) / sum(priced.values())
+
+    is_attention = compute["name"] == "attention"
+    forward = duration[is_attention & (compute["kind"] == "forward")].sum()
+    backward = duration[is_attention & (compute["kind"] == "backward")].sum()
+    assert backward > 0
+    assert categories[ATTENTION] == pytest.approx(forward * share("forward") + backward * share("backward"))
 
 
 def test_the_table_holds_measured_against_simulated(tiny_run, tmp_path, capsys):

@@ -29,7 +29,7 @@ _LARGE_NEMO = ("predicted too slow (+15%): the largest NeMo layouts (dp 16 or tp
                "TP/PP/DP time in the model than NVIDIA measured; TE's userbuffers / FP8 all-gather are not modelled")
 _EAGER = ("predicted too fast (-11..-14%): eager PyTorch + FSDP1 (Composer) at one or two micro-batches per step on "
           "64-512 GPUs; FSDP1's gradient kernels and FlashAttention-2's measured rates are priced (docs/mechanisms/"
-          "fsdp_grad_kernels.md, attention_kernels.md) and H100's factor (1.325) is fitted on Megatron/TE rows; no "
+          "fsdp_grad_kernels.md, attention_kernels.md) and H100's factor (1.33) is fitted on Megatron/TE rows; no "
           "sourced mechanism covers the rest (the 8-GPU MPT rows of the same code are within 9%)")
 _LLAMA3_70B_CP = ("predicted too slow (+14.5%): since attention kernels run at their measured rates (docs/mechanisms/"
                   "attention_kernels.md) the CP 2 ring's steps (2k-token blocks, 16 heads per rank at tp 4) price at "

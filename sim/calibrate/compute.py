@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
-from sim.model.ops import layer_forward_ops
+from sim.model.ops import causal_fraction, layer_forward_ops
 from sim.model.transformer import ModelSpec
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -165,10 +165,13 @@ ATTENTION_BACKENDS = {"fused": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "m
 
 
 def attention_flops(heads: int, seq_len: int, head_dim: int, batch: int = 1) -> float:
-    """The forward FLOPs of causal flash attention as the simulator counts them (sim.model.ops: Megatron's
-    full-matrix 4 b h s^2 d, of which the kernel executes about half, ``causal_fraction``): 2 b h s^2 d. The
-    backward is counted as twice the forward (sim.costs.models.phase_scale), whatever the kernel recomputes."""
-    return 2.0 * batch * heads * seq_len * seq_len * head_dim
+    """The forward FLOPs of causal flash attention as the simulator prices them (``Op.executed_flops``: Megatron's
+    full-matrix 4 b h s^2 d x ``causal_fraction``, the score tiles on and below the diagonal; 2 b h s^2 d x
+    (n+1)/n for n tiles per row). The backward is counted as twice the forward (sim.costs.models.phase_scale),
+    whatever the kernel recomputes. The attention curves' axis and rates are in this count, so the op priced at a
+    measured shape takes the measured time (counted on exactly 2 b h s^2 d, every price read (n+1)/n too long:
+    +12.5% at 1,024 tokens)."""
+    return 4.0 * batch * heads * seq_len * seq_len * head_dim * causal_fraction(seq_len)
 
 
 def bench_attention(device: Any, backends: Iterable[str], shapes: Iterable[tuple[int, int, int]], warmup: int,

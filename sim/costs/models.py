@@ -176,7 +176,8 @@ class RooflineCosts:
             profiled_peak = self.profile.gemm[self.curve_dtype].peak_flops
             self.scale = gpu.peak(dtype) / profiled_peak if profiled_peak else 1.0
         # The attention kernel's measured curves (bf16: an FP8 model's attention runs on its ``bf16`` model, and
-        # fp8_attention keeps the GEMM rule); None: the flash attention op prices on the GEMM curve.
+        # fp8_attention on those curves at the FP8 peak ratio, kernel_time); None: the flash attention op prices
+        # on the GEMM curve.
         self.attention: AttentionCurves | None = None
         if self.profile is not None and dtype in ("bf16", "fp16") and attention_backend is not None:
             self.attention = self.profile.attention.get(attention_backend)
@@ -186,6 +187,8 @@ class RooflineCosts:
         # the one GPU whose OpenXLA table has both curves within the dense peak, this predicts the measured
         # FP8/bf16 ratio within 0.15 from 3e8 to 1e13 FLOPs (1.0 small, 1.4 at 1e10, 2.0 large; tests/test_fp8.py).
         self.fp8_ratio = 0.0
+        # FP8 peak / bf16 peak: what an FP8 attention kernel gains on the bf16 one's measured curve (kernel_time)
+        self.fp8_peak_ratio = gpu.peak("fp8") / gpu.peak("bf16") if self.bf16 is not None else 1.0
         if self.bf16 is not None and fp8_gemm == "scaled_bf16":
             self.fp8_ratio = gpu.peak("fp8") / gpu.peak("bf16")
         # Split over fast FP8 accumulation (module docstring): the backward's FP8 linear GEMMs x this.
@@ -217,9 +220,16 @@ class RooflineCosts:
         if self.bf16 is not None and op.matmul and not (op.te_linear or (self.fp8_attention and not op.has_weights)):
             return self.bf16.kernel_time(op, phase)
         flops = op.executed_flops  # the FLOPs the kernel runs (causal flash attention: about half)
-        if self.attention is not None and op.name == FLASH_ATTENTION and flops > 0:
-            rate = self.attention.rate("forward" if phase == "forward" else "backward", flops) * self.scale
-            compute = flops / rate
+        attention = self.bf16.attention if self.bf16 is not None else self.attention
+        if attention is not None and op.name == FLASH_ATTENTION and flops > 0:
+            curve_pass = "forward" if phase == "forward" else "backward"
+            if self.bf16 is None:
+                compute = flops / (attention.rate(curve_pass, flops) * self.scale)
+            else:  # fp8_attention: the measured bf16 kernel's time at flops / R, as FP8 GEMMs on the bf16 curve
+                # (fp8_gemm: scaled_bf16): the tensor cores run R x the multiply-adds, the softmax's exponentials
+                # and the fixed costs do not speed up; at most R x the bf16 kernel (tests/test_attention_kernels.py)
+                ratio = self.fp8_peak_ratio
+                compute = flops / (ratio * attention.rate(curve_pass, flops / ratio) * self.bf16.scale)
         else:
             compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
         if self.bf16 is not None and op.matmul and op.te_linear:

@@ -19,9 +19,9 @@ import json
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, PositiveFloat, ValidationError
 
 from sim.hardware import FrozenSpec, LinkSpec, interpolate_log2
 
@@ -50,12 +50,16 @@ class GemmCurve(FrozenSpec):
 
 
 class AttentionCurves(FrozenSpec):
-    """One attention kernel's achieved rate per pass, as knots over the forward's FLOPs as the simulator counts
-    them (causal: 2 b h s^2 d, ``sim.calibrate.compute.attention_flops``). The backward's rate is its counted FLOPs
+    """One attention kernel's achieved rate per pass, as knots over the forward's FLOPs as the simulator prices
+    them (``Op.executed_flops``; causal: 4 b h s^2 d x causal_fraction, ``sim.calibrate.compute.attention_flops``).
+    The backward's rate is its counted FLOPs
     (twice the forward's) over its measured time: whatever the kernel recomputes (FlashAttention's backward
     recomputes the scores: 2.5x the forward's multiply-adds, Dao et al. 2022 Sec. 3.1) lands in that rate."""
-    forward: tuple[tuple[float, float], ...] = Field(description="knots (forward FLOPs, achieved FLOP/s)")
-    backward: tuple[tuple[float, float], ...] = Field(description="knots (forward FLOPs, backward FLOPs / s)")
+    # At least one knot of positive numbers each: an empty curve read 1 FLOP/s (interpolate_log2), a day per GFLOP.
+    forward: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
+        min_length=1, description="knots (forward FLOPs, achieved FLOP/s)")
+    backward: tuple[tuple[PositiveFloat, PositiveFloat], ...] = Field(
+        min_length=1, description="knots (forward FLOPs, backward FLOPs / s)")
     head_dim: int = Field(default=128, description="the head dimension measured")
 
     def rate(self, phase: str, forward_flops: float) -> float:
@@ -69,7 +73,9 @@ class Profile(FrozenSpec):
     device: DeviceInfo
     gemm: dict[str, GemmCurve] = Field(description="per dtype (fp32, tf32, fp16, bf16, fp8)")
     copy_bandwidth: float | None = Field(default=None, description="achieved device-copy bytes/s")
-    attention: dict[str, AttentionCurves] = Field(default_factory=dict, description=(
+    # The backends sim calibrate measures (sim.calibrate.compute.ATTENTION_BACKENDS): a misspelt one was ignored,
+    # its kernel priced on the GEMM curve without a word.
+    attention: dict[Literal["fused", "flash", "math"], AttentionCurves] = Field(default_factory=dict, description=(
         "causal bf16 attention kernels per backend (fused: cuDNN / Transformer Engine FusedAttention; flash: "
         "FlashAttention-2), measured by sim calibrate; a backend without curves prices on the GEMM curve"))
     end_to_end_factor: float = Field(default=1.0, gt=0, description=(

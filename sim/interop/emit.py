@@ -110,6 +110,8 @@ def _megatron(s: Scenario) -> Emitted:
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
     if not t.flash_attention:
         flags += ["--attention-backend", "unfused"]
+    elif t.attention_backend != "auto":  # the kernel the scenario was priced on (TE picks fused under auto)
+        flags += ["--attention-backend", t.attention_backend]
     if t.clip_grad != 1.0:
         flags += ["--clip-grad", f"{t.clip_grad:g}"]
     lines = [f"    {flag}" + (f" {value}" if not value.startswith("--") else "")

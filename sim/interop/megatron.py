@@ -356,12 +356,16 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         draft.row(args.source("recompute_method"), method, "ignored", "no --recompute-granularity: Megatron-LM "
                   "does not recompute")
     # Attention kernel: TE's flash/fused attention unless the unfused path is asked for.
-    backend = str(args.get("attention_backend", "auto"))
-    if args.flag("use_flash_attn") or backend in ("auto", "flash", "fused", "AttnBackend.auto"):
+    # NeMo 2.0 configs write Megatron-Core's enum member (AttnBackend.flash); the flag its name.
+    backend = str(args.get("attention_backend", "auto")).removeprefix("AttnBackend.")
+    if args.flag("use_flash_attn") or backend in ("auto", "flash", "fused"):
         dest = "use_flash_attn" if args.flag("use_flash_attn") else "attention_backend"
         draft.put("training.flash_attention", True, args.source(dest), args.raw(dest) if args.has(dest) else "auto",
                   "Transformer Engine's flash/fused attention (attention backend auto)",
                   "mapped" if args.has(dest) else "default")
+        if backend in ("flash", "fused"):  # the kernel asked for: its measured curve prices it (attention_kernels.md)
+            put("training.attention_backend", "attention_backend", backend,
+                "FlashAttention-2" if backend == "flash" else "cuDNN fused attention (TE FusedAttention)")
     elif backend in ("unfused", "local"):
         put("training.flash_attention", "attention_backend", False)
     else:

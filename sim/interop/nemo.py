@@ -37,7 +37,7 @@ SAME = frozenset({
     "kv_channels", "make_vocab_size_divisible_by", "moe_router_topk", "moe_token_dispatcher_type",
     "moe_shared_expert_intermediate_size", "overlap_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",
     "align_param_gather", "use_distributed_optimizer", "qk_layernorm", "vocab_size", "bf16", "fp16",
-    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_layer_freq",
+    "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_layer_freq", "attention_backend",
 })
 # Sections and keys that do not change one step (paths, logging, checkpoints, data, schedules, init, seeds).
 HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data.", "model.nsys_profile.",
