@@ -66,9 +66,13 @@ PR_SET_PDEATHSIG = 1
 
 
 def _worker_init() -> None:
-    """In each local worker: leave SIGINT to the parent, and die with it (Linux; elsewhere the parent's
-    ``_terminate`` on an interrupt is what stops the workers)."""
+    """In each local worker: leave SIGINT to the parent, die of SIGTERM, and die with the parent (Linux; elsewhere
+    the parent's ``_terminate`` on an interrupt is what stops the workers). SIGTERM back to its default: a forked
+    worker inherits the parent's ``stop_on_sigterm`` handler, which turned ``_terminate``'s SIGTERM into a
+    KeyboardInterrupt that the pool's worker loop catches as the running point's result, so a worker busy with a
+    point outlived an interrupted sweep and the parent's exit waited for it (the SIGINT sweep test's hang)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         import ctypes
 
