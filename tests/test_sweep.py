@@ -181,10 +181,10 @@ def _sigterm_is_default(_: int) -> bool:
 
 def test_pool_workers_die_of_sigterm_under_the_clis_sigterm_handler():
     """The hang the SIGINT sweep test hit now and then under load (at load 5 the 8th try of a SIGINT-ed sweep hung
-    at exit, twice; none of 25 tries after the fix): within ``stop_on_sigterm`` (the CLI's sweep and search) a forked worker inherited the
-    parent's SIGTERM handler, so ``_terminate``'s SIGTERM raised a KeyboardInterrupt that the pool's worker loop
-    catches as the running point's result; the worker lived on, and the parent's exit waited on the pool. Every
-    worker must take SIGTERM's default (death)."""
+    at exit, twice; none of 25 tries after the fix): within ``stop_on_sigterm`` (the CLI's sweep and search) a
+    forked worker inherited the parent's SIGTERM handler, so ``_terminate``'s SIGTERM raised a KeyboardInterrupt
+    that the pool's worker loop catches as the running point's result; the worker lived on, and the parent's exit
+    waited on the pool. Every worker must take SIGTERM's default (death)."""
     from sim.explore.executors import run_all, stop_on_sigterm
 
     with stop_on_sigterm():
