@@ -1,21 +1,24 @@
 """Time the kernels clustersim prices on a real GPU: bf16 and FP8 GEMMs (fast and split accumulation), grouped
-GEMMs, causal flash attention and one eager Llama layer. Needs a CUDA GPU and PyTorch; nothing of ``sim``.
+GEMMs, causal flash attention, eager element-wise ops and one eager Llama layer. Needs a CUDA GPU, PyTorch and this
+checkout on the path (the timing is ``sim calibrate``'s).
 
 In: ``-o DIR``. Out: ``DIR/kernels.csv``, one row per measurement (kind, name, shape fields, dtype, backend,
-median/p10/p90 seconds over ``--reps`` timed groups of ``--inner`` calls each, FLOPs), and ``DIR/device.json``
-(torch, CUDA, device name, clocks). The rows that the shipped data keeps are copied into
-``sim/data/reference/gpu_kernel_measurements.csv`` by hand with the date and device (that file's header says so).
+median/p10/p90 seconds over ``--reps`` timed groups, FLOPs), and ``DIR/device.json`` (torch, CUDA, device name,
+clocks). The rows the shipped data keeps are copied by hand, with the date and device, into
+``sim/data/reference/gpu_gemm_measurements.csv`` and ``gpu_eager_measurements.csv``.
 
-Timing: CUDA events around ``inner`` back-to-back calls (so launch gaps of small kernels are not counted twice),
-after ``warmup`` calls; the median of ``reps`` such groups. Random normal inputs (tensor cores draw more power on
-random data than on zeros: the measurement should be the one training sees).
+Timing: ``sim.calibrate.compute.time_repeated`` (CUDA events around back-to-back calls lasting about a
+millisecond, after ``--warmup`` calls; the median of ``--reps`` groups), and for the eager ops, whose autograd CPU
+side can outlast their kernels, ``kernel_time_repeated`` (the kernels' own time by PyTorch's profiler). The
+2026-11-26 GEMM rows were taken by an earlier copy of this script with groups of 10 calls (fewer above 2e12 FLOPs)
+instead. Random normal inputs (tensor cores draw more power on random data than on zeros: the measurement should
+be the one training sees).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -24,25 +27,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from sim.calibrate.compute import kernel_time_repeated, spread, time_repeated
+
 ROWS: list[dict[str, Any]] = []
 
 
-def timed(fn: Callable[[], Any], warmup: int, reps: int, inner: int) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / inner)
-    times.sort()
-    return {"median_s": statistics.median(times), "p10_s": times[len(times) // 10],
-            "p90_s": times[min(len(times) - 1, (9 * len(times)) // 10)]}
+def timed(fn: Callable[[], Any], args: argparse.Namespace) -> dict[str, float]:
+    """Seconds per call of ``fn`` on the GPU, back to back (``sim calibrate``'s timing)."""
+    return spread(time_repeated(fn, torch.device("cuda"), args.warmup, args.reps))
 
 
 def record(kind: str, name: str, flops: float, stats: dict[str, float], **fields: Any) -> None:
@@ -62,8 +54,7 @@ def bench_gemm(name: str, m: int, n: int, k: int, args: argparse.Namespace) -> N
     with fast and with split (FP32-promoted) accumulation."""
     a, w = gemm_inputs(m, n, k)
     flops = 2.0 * m * n * k
-    inner = max(1, min(args.inner, int(2e12 // flops)))
-    record("gemm", name, flops, timed(lambda: a @ w.t(), args.warmup, args.reps, inner),
+    record("gemm", name, flops, timed(lambda: a @ w.t(), args),
            m=m, n=n, k=k, dtype="bf16", backend="cublas")
     if m % 16 or n % 16 or k % 16:
         return
@@ -74,7 +65,7 @@ def bench_gemm(name: str, m: int, n: int, k: int, args: argparse.Namespace) -> N
             return torch._scaled_mm(a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
                                     use_fast_accum=fast)
 
-        record("gemm", name, flops, timed(fn, args.warmup, args.reps, inner), m=m, n=n, k=k,
+        record("gemm", name, flops, timed(fn, args), m=m, n=n, k=k,
                dtype="fp8", backend="cublas_fast_accum" if fast else "cublas_split_accum")
 
 
@@ -87,12 +78,12 @@ def bench_grouped(name: str, experts: int, tokens: int, hidden: int, ffn: int, a
     flops = 2.0 * per * experts * hidden * ffn
     fields = {"m": per, "n": ffn, "k": hidden, "groups": experts, "dtype": "bf16"}
     chunks = a.split(per)
-    record("grouped_gemm", name, flops, timed(lambda: [c @ w[i] for i, c in enumerate(chunks)], args.warmup,
-                                              args.reps, 5), backend="loop", **fields)
+    loop = timed(lambda: [c @ w[i] for i, c in enumerate(chunks)], args)
+    record("grouped_gemm", name, flops, loop, backend="loop", **fields)
     offs = torch.arange(per, per * experts + 1, per, device="cuda", dtype=torch.int32)
     try:
-        record("grouped_gemm", name, flops, timed(lambda: torch._grouped_mm(a, w, offs=offs), args.warmup,
-                                                  args.reps, 5), backend="torch_grouped_mm", **fields)
+        grouped = timed(lambda: torch._grouped_mm(a, w, offs=offs), args)
+        record("grouped_gemm", name, flops, grouped, backend="torch_grouped_mm", **fields)
     except (RuntimeError, AttributeError, TypeError) as error:
         print(f"grouped_mm: {error}"[:300], flush=True)
 
@@ -114,12 +105,12 @@ def bench_attention(seq: int, heads: int, head_dim: int, batch: int, args: argpa
                 def fwd() -> torch.Tensor:
                     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-                record("attention_fwd", f"causal_s{seq}", fwd_flops, timed(fwd, args.warmup, args.reps, 3), **fields)
+                record("attention_fwd", f"causal_s{seq}", fwd_flops, timed(fwd, args), **fields)
                 out = fwd()
 
                 def both() -> None:
                     torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad)
-                record("attention_fwd_bwd", f"causal_s{seq}", 3.5 * fwd_flops, timed(both, args.warmup, args.reps, 3),
+                record("attention_fwd_bwd", f"causal_s{seq}", 3.5 * fwd_flops, timed(both, args),
                        **fields)
                 del out
         except RuntimeError as error:
@@ -159,27 +150,13 @@ def bench_layer(name: str, hidden: int, heads: int, kv_heads: int, ffn: int, seq
     grad = torch.randn_like(x)
     fields = {"m": batch * seq, "n": hidden, "k": ffn, "groups": heads, "dtype": "bf16", "backend": "eager"}
     with torch.no_grad():
-        record("layer_fwd", name, 0.0, timed(lambda: layer(x), args.warmup, args.reps, 2), **fields)
-    record("layer_fwd_bwd", name, 0.0, timed(lambda: layer(x).backward(grad), args.warmup, args.reps, 2), **fields)
+        record("layer_fwd", name, 0.0, timed(lambda: layer(x), args), **fields)
+    record("layer_fwd_bwd", name, 0.0, timed(lambda: layer(x).backward(grad), args), **fields)
 
 
 def kernel_seconds(fn: Callable[[], Any], args: argparse.Namespace) -> dict[str, float]:
-    """Median over ``reps`` of the GPU kernel time per call (PyTorch's profiler sums the CUDA kernels' durations,
-    so autograd's CPU side between small kernels is not counted)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(args.warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(args.reps):
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                fn()
-            torch.cuda.synchronize()
-        times.append(sum(e.self_device_time_total for e in prof.key_averages()) / 1e6 / 3)
-    times.sort()
-    return {"median_s": statistics.median(times), "p10_s": times[0], "p90_s": times[-1]}
+    """Seconds of GPU kernels per call of ``fn`` (the profiler's sum: autograd's CPU side is not counted)."""
+    return spread(kernel_time_repeated(fn, torch.device("cuda"), args.warmup, args.reps))
 
 
 def bench_eager(tokens: int, hidden: int, heads: int, kv_heads: int, ffn: int, args: argparse.Namespace) -> None:
@@ -244,7 +221,6 @@ def main() -> None:
     parser.add_argument("-o", "--output", type=Path, required=True)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--inner", type=int, default=10)
     parser.add_argument("--only", default="gemm,grouped,attention,eager,layer")
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)

@@ -86,7 +86,8 @@ def time_repeated(fn: Callable[[], Any], device: Any, warmup: int, reps: int) ->
     return times
 
 
-def _spread(times: list[float]) -> dict[str, float]:
+def spread(times: list[float]) -> dict[str, float]:
+    """The median, 10th and 90th percentile of repeated times, and their count."""
     ordered = sorted(times)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"median_s": statistics.median(ordered), "p10_s": pick(0.1), "p90_s": pick(0.9), "reps": len(ordered)}
@@ -123,7 +124,7 @@ def bench_gemms(device: Any, dtype: str, shapes: list[tuple[str, tuple[int, ...]
     for name, (b, m, n, k) in shapes:
         if dtype == "fp8" and (m % 16 or n % 16 or k % 16):
             continue  # FP8 GEMMs need dimensions that are multiples of 16
-        stats = _spread(time_repeated(_gemm_call(device, dtype, b, m, n, k, generator), device, warmup, reps))
+        stats = spread(time_repeated(_gemm_call(device, dtype, b, m, n, k, generator), device, warmup, reps))
         flops = 2.0 * b * m * n * k
         rate = flops / stats["median_s"]
         rows.append({"dtype": dtype, "name": name, "b": b, "m": m, "n": n, "k": k, "flops": flops, **stats,
@@ -202,8 +203,8 @@ def bench_attention(device: Any, backends: Iterable[str], shapes: Iterable[tuple
             timer = kernel_time_repeated if device.type == "cuda" else time_repeated
             try:
                 with sdpa_kernel([getattr(SDPBackend, ATTENTION_BACKENDS[backend])]):
-                    fwd = _spread(timer(forward, device, warmup, reps))
-                    total = _spread(timer(both, device, warmup, reps))
+                    fwd = spread(timer(forward, device, warmup, reps))
+                    total = spread(timer(both, device, warmup, reps))
             except RuntimeError:  # "No available kernel": this backend does not run this shape here
                 continue
             flops = attention_flops(heads, seq, dim)
@@ -223,6 +224,6 @@ def bench_copy(device: Any, sizes: Iterable[int], warmup: int, reps: int) -> lis
     for size in sizes:
         src = torch.empty(size, dtype=torch.uint8, device=device)
         dst = torch.empty_like(src)
-        stats = _spread(time_repeated(partial(dst.copy_, src), device, warmup, reps))
+        stats = spread(time_repeated(partial(dst.copy_, src), device, warmup, reps))
         rows.append({"bytes": size, **stats, "bandwidth_Bps": 2 * size / stats["median_s"]})
     return rows
