@@ -12,7 +12,8 @@ from sim import runner
 from sim.calibrate.nccl_tests import NcclTestsError, import_logs, parse, tier_of
 from sim.cli.commands import main
 from sim.costs.profile import Profile, default_for, load
-from sim.hardware import NODE_PRESETS, interpolate_log2
+from sim.hardware.links import interpolate_log2
+from sim.hardware.nodes import NODE_PRESETS
 from sim.network.collectives import ring_time
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario

@@ -49,7 +49,9 @@ import numpy as np
 from sim.calibrate.fitting import LinkFit, Measurement, fit_latency, fit_link
 from sim.costs.profile import Profile
 from sim.errors import ConfigError
-from sim.hardware import GPU_PRESETS, LinkSpec, NodeSpec
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.links import LinkSpec
+from sim.hardware.nodes import NodeSpec
 from sim.network.collectives import bus_factor, bytes_moved, latency_steps, ring_latency
 
 # nccl-tests binary -> the simulator's collective (sim.network.collectives.OPS).
@@ -347,7 +349,7 @@ def fit_tier(tier: str, logs: Sequence[NcclTestsLog], link: LinkSpec, node: Node
 def node_for(logs: Sequence[NcclTestsLog], node_name: str | None) -> NodeSpec | None:
     """The node preset: ``node_name``, else the default node of the GPU the rank lines name (None if unknown)."""
     from sim.calibrate.run import _gpu_preset
-    from sim.hardware import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
+    from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
 
     if node_name is not None:
         if node_name not in NODE_PRESETS:
@@ -365,7 +367,7 @@ def base_profile(logs: Sequence[NcclTestsLog], node_name: str | None = None) -> 
     ``node_name``; NcclTestsError when neither names one."""
     from sim.calibrate.run import _gpu_preset
     from sim.costs.profile import default_for
-    from sim.hardware import DEFAULT_NODE_FOR_GPU
+    from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU
 
     names = [preset for log in logs if log.gpu and (preset := _gpu_preset(log.gpu))]
     names += [gpu for gpu, node in DEFAULT_NODE_FOR_GPU.items() if node == node_name]
