@@ -118,7 +118,8 @@ def cmd_import_nccl_tests(args: argparse.Namespace, console: Console) -> int:
     """``sim calibrate --from-nccl-tests LOG...``: the logs' link tiers fitted into DIR/profile.json."""
     from rich.table import Table
 
-    from sim.calibrate.nccl_tests import base_profile, import_logs, node_for, parse
+    from sim.calibrate.nccl_tests_fit import base_profile, import_logs, node_for
+    from sim.calibrate.nccl_tests_log import parse
     from sim.costs import profile as profiles
 
     output = Path(args.output)
