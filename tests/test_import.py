@@ -17,7 +17,8 @@ import yaml
 from sim.cli.commands import main
 from sim.errors import ConfigError
 from sim.interop.draft import Draft, Options
-from sim.interop.megatron import import_megatron, script_tokens
+from sim.interop.megatron import import_megatron
+from sim.interop.megatron_args import script_tokens
 
 from conftest import ROOT
 
