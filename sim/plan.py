@@ -24,7 +24,15 @@ from typing import Any, Generic, TypeVar, overload
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
-from sim.model.memory import Recompute, activation_bytes_per_layer, loss_bytes, model_state_bytes, rank_params
+from sim.model.memory import (
+    Recompute,
+    activation_bytes_per_layer,
+    adam_step_bytes_per_param,
+    loss_bytes,
+    model_state_bytes,
+    optimizer_bytes_per_param,
+    rank_params,
+)
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
@@ -181,13 +189,15 @@ class Plan:
         (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
         fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the parameters' dtype.
         FP8 training (Transformer Engine) runs only the GEMMs in FP8: the parameters and their gradients are
-        bf16, so Megatron-LM keeps fp32 main gradients as for bf16 (issue 22: fp8 had dropped them)."""
+        bf16, so Megatron-LM keeps fp32 main gradients as for bf16 (issue 22: fp8 had dropped them).
+        Without master weights (``training.master_weights: false``, pure 16-bit training as torchtune's) autograd
+        accumulates into the parameters' own .grad, in their dtype."""
         t = self.scenario.training
         if t.grad_dtype != "auto":
             return t.grad_dtype
         params = parameter_dtype(t.dtype)
-        if params == "fp32":
-            return "fp32"
+        if params == "fp32" or not t.master_weights:
+            return params
         sharded_grads = self.scenario.fsdp is not None or self.zero_stage >= 2
         return "fp32" if params == "bf16" and not sharded_grads else params
 
@@ -200,6 +210,20 @@ class Plan:
     @cached_property
     def grad_bytes_per_param(self) -> int:
         return bytes_per_element(self.grad_dtype)
+
+    @cached_property
+    def optimizer_bytes_per_param(self) -> int:
+        """Bytes of optimizer states per trained parameter (``training.master_weights``, ``optimizer_dtype``;
+        sim.model.memory.optimizer_bytes_per_param): 12 in mixed precision, 4 in pure bf16."""
+        t = self.scenario.training
+        return optimizer_bytes_per_param(self.dtype, t.master_weights, t.optimizer_dtype)
+
+    @cached_property
+    def optimizer_step_bytes_per_param(self) -> float:
+        """HBM bytes the Adam step moves per trained parameter (sim.model.memory.adam_step_bytes_per_param): 28
+        in mixed precision with 16-bit gradients, 30 with fp32 ones, 14 in pure bf16."""
+        t = self.scenario.training
+        return adam_step_bytes_per_param(self.dtype, self.grad_bytes_per_param, t.master_weights, t.optimizer_dtype)
 
     @cached_property
     def main_grad_buffer(self) -> bool:

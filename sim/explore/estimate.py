@@ -615,7 +615,7 @@ class Estimator:
             optimizer = step.host_adam_seconds(plan, shard) \
                 + step.pcie_seconds(plan, step.weights_to_gpu_bytes(plan, shard))
         else:
-            optimizer = self.costs.optimizer_time(shard, grad_elem)
+            optimizer = self.costs.optimizer_time(shard, plan.optimizer_step_bytes_per_param)
         for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)

@@ -136,6 +136,12 @@ def check_rules(s: Scenario) -> None:
                          "(offload.optimizer); set one of them false")
     if s.offload.optimizer and d.zero_stage < 1 and d.dp > 1:
         raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
+    if not t.master_weights and t.dtype in ("fp32", "tf32"):
+        raise ValueError(f"training.master_weights: false needs 16-bit weights (training.dtype {t.dtype}: fp32 "
+                         "weights are their own master)")
+    if s.offload.optimizer and (not t.master_weights or t.optimizer_dtype != "fp32"):
+        raise ValueError("offload.optimizer: the host Adam is modelled with an fp32 master and fp32 moments "
+                         "(DeepSpeed's CPUAdam); set training.master_weights: true and optimizer_dtype: fp32")
     if s.costs.model == "calibrated":
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
         if t.dtype not in measured.gemm:

@@ -81,6 +81,17 @@ class TrainingSpec(FrozenSpec):
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
         "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
         "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
+    master_weights: bool = Field(default=True, description=(
+        "the optimizer keeps an fp32 master copy of each trained 16-bit parameter (mixed precision: Megatron-LM, "
+        "DeepSpeed, PyTorch AMP, TorchTitan's fp32 FSDP shards), 4 bytes per trained parameter, updated and cast "
+        "back each step. false: pure 16-bit training, the optimizer updates the bf16 weights in place "
+        "(torchtune's dtype: bf16: 'all activations, gradients and optimizer states are in bfloat16'). "
+        "sim.model.memory.optimizer_bytes_per_param"))
+    optimizer_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description=(
+        "dtype of Adam's moments (exp_avg, exp_avg_sq): 2 x 4 bytes per trained parameter in fp32, 2 x 2 in bf16 "
+        "(Megatron-Core's --exp-avg-dtype / --exp-avg-sq-dtype; torch.optim.AdamW allocates them like the "
+        "parameter, so pure bf16 training such as torchtune's sets master_weights: false, optimizer_dtype: bf16: "
+        "2 + 2 + 4 = 8 bytes per trained parameter instead of 16)"))
     fp8_attention: bool = Field(default=False, description=(
         "with dtype fp8: also run the attention core (QK^T, softmax-V; flash attention) in FP8, as Megatron-LM's "
         "--fp8-dot-product-attention (Transformer Engine's fp8_dpa). Default false: fp8_autocast makes only the "
