@@ -36,6 +36,7 @@ from sim.model.memory import (
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
+    dequant_buffer_bytes,
     embedding_split,
     head_split,
     layer_frozen_bytes,
@@ -755,8 +756,11 @@ class Plan:
         head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
         head's backward ends before the first layer is rebuilt); plus, under context parallelism (p2p, all_gather),
         the larger of the forward's and the backward's KV buffers (``sim.parallel.context.ring_buffer_bytes``),
-        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt)."""
+        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt). Under
+        QLoRA the layer's backward also holds its largest linear dequantised to bf16
+        (sim.model.peft.dequant_buffer_bytes), with or without recomputation."""
         rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 or self.recompute_modules else 0.0
+        rebuilding += dequant_buffer_bytes(self.model, self.peft, self.tp, self.elem_bytes)
         mode = self.scenario.training.cross_entropy
         ring = max(ring_buffer_bytes(self.cp_comm_type, self.cp, direction, self.micro_batch, self.local_seq_len,
                                      self.model.kv_dim / self.tp, self.elem_bytes)
