@@ -547,3 +547,24 @@ def test_megatron_emit_keeps_the_optimizer_states(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as error:
             emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overrides), framework)
         assert str(error.value).startswith(message)
+
+
+def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
+    """TorchTitan's [training] dtype = "bfloat16" (pytorch/torchtitan#1646: "all parameters, gradients, and optimizer
+    states in bfloat16, without an extra copy of fp32 weights") is pure bf16: no master, bf16 Adam moments, so the
+    FSDP2 shards hold 2 + 4 + 4 bytes per parameter (its fp32 reduce_dtype kept for the gradients) where mixed
+    precision holds 2 + 4 + 12."""
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+
+    path = tmp_path / "job.toml"
+    head = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n[training]\n'
+    path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\n')
+    draft = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
+    s = draft.scenario()
+    assert (s.training.dtype, s.training.master_weights, s.training.optimizer_dtype) == ("bf16", False, "bf16")
+    assert _status(draft, "training.dtype") == "mapped"
+    assert resolve(s).optimizer_bytes_per_param == 4
+    path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\nmixed_precision_param = "float32"\n')
+    with pytest.raises(ConfigError, match=r"^training.mixed_precision_param: float32 with training.dtype bfloat16"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
