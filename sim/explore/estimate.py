@@ -281,8 +281,7 @@ class Estimator:
 
     def _exchanges(self, plan: Plan, exchanges: tuple[step.Exchange, ...]) -> float:
         """A MoE layer's dispatch or combine: its collectives one after another on the ``ep`` stream."""
-        return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
-                                                ex.skew) for ex in exchanges)
+        return sum(step.exchange_seconds(plan, self.net, ex) for ex in exchanges)
 
     def _moe_layer(self, plan: Plan, times: list[float],
                    overlapped: bool) -> tuple[float, float, float, tuple[Block, ...], tuple[Block, ...]]:

@@ -275,6 +275,9 @@ def _check_experts(s: Scenario, d: Degrees) -> None:
                          "ZeRO-1 (Megatron's distributed optimizer)")
     if moe.pad_to_capacity and moe.capacity_factor is None:
         raise ValueError("moe.pad_to_capacity: padding to capacity needs moe.capacity_factor")
+    if moe.token_dispatcher == "flex" and d.etp > 1:
+        raise ValueError(f"moe.token_dispatcher: flex (DeepEP) with parallel.etp = {d.etp} is not modelled; use "
+                         "etp 1 or the alltoall dispatcher")
     if moe.a2a_overlap:
         raise ValueError("moe.a2a_overlap: overlapping dispatch/combine with another micro-batch is not modelled "
                          "yet; set it false")

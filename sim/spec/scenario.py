@@ -205,10 +205,20 @@ class ParallelSpec(FrozenSpec):
 class MoeSpec(FrozenSpec):
     """How a MoE model's tokens reach their experts (Megatron-Core's MoE knobs; used only with a MoE model)."""
 
-    token_dispatcher: Literal["alltoall", "allgather"] = Field(default="alltoall", description=(
+    token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(default="alltoall", description=(
         "--moe-token-dispatcher-type: alltoall: tokens go to their experts' ranks by an all-to-all over the EP "
         "group (and come back by another); allgather: every rank all-gathers the tokens of the etp x ep group and "
-        "reduce-scatters the outputs"))
+        "reduce-scatters the outputs; flex: DeepEP's normal kernels (--moe-flex-dispatcher-backend deepep): a "
+        "token sent once per destination node over RDMA and forwarded once per destination rank over NVLink "
+        "(sim.network.deepep, docs/mechanisms/deepep.md)"))
+    deepep_rdma_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved RDMA bandwidth per GPU, counted as DeepEP's tests count it (tokens x distinct "
+        "destination nodes x hidden x bytes / time); None: the DeepEP README's H800 table by nodes in the EP group "
+        "(2: 43, 4: 58, 8+: 51 GB/s dispatch; 43/57/50 combine), scaled by the GPU's NIC line rate / 50 GB/s"))
+    deepep_nvlink_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved NVLink bandwidth per GPU (tokens received per rank x hidden x bytes / time); "
+        "None: the README's intranode EP 8 row (153 GB/s dispatch, 158 combine on H800's 200 GB/s NVLink) as a "
+        "fraction of this node's NVLink line rate"))
     capacity_factor: float | None = Field(default=None, gt=0, description=(
         "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
         "(the rest are dropped); None: dropless"))

@@ -321,16 +321,18 @@ class _StageEmitter:
     # ---------------------------------------------------------------------------------- tasks with exact edges
     def _exact_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
                     also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
-                    exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
+                    exchange: tuple[str, float, tuple[int, ...], float] | None = None,
+                    seconds: float | None = None) -> int:
         """One task of a MoE layer's MLP part or a CP attention core (sim.workload.moe_emit, cp_emit): after
         ``prev`` (the task emitted just before it, None: no edge to it) and the tasks in ``also``; compute priced
-        from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew). Flagged for stamping
+        from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew), timed by the network
+        unless ``seconds`` gives its time (DeepEP's kernels, ``step.Exchange.seconds``). Flagged for stamping
         with exactly these edges (see ``_layer``)."""
         assert prev is None or prev == len(self.g.tasks) - 1
         if exchange is not None:
             op, nbytes, group, skew = exchange
             task = self._add(stream, kind, f"{name}_{op}" if name else op, mb, layer, prev, also, op=op,
-                             nbytes=nbytes, group=group, skew=skew)
+                             nbytes=nbytes, group=group, skew=skew, duration=seconds)
         else:
             assert work is not None
             duration, flops = self._price(work, phase)
