@@ -39,7 +39,7 @@ from sim.network import deepep
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
-from sim.parallel.schedules import SCHEDULES, Schedule
+from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
@@ -211,7 +211,17 @@ class Plan:
     # ------------------------------------------------------------------------------------------ pipeline
     @cached_property
     def schedule(self) -> Schedule:
+        """The pipeline schedule's orders; with ``moe.a2a_overlap`` (a MoE model), Megatron-Core's combined 1F1B
+        (sim.parallel.schedules.A2A_OVERLAP: F&B pairs issued as units, whose MoE exchanges the emitter and the
+        estimate overlap with the other pass's compute)."""
+        if self.scenario.moe.a2a_overlap and self.model.is_moe:
+            return A2A_OVERLAP[self.scenario.schedule]
         return SCHEDULES[self.scenario.schedule]
+
+    @cached_property
+    def a2a_overlap(self) -> bool:
+        """Megatron-Core's EP A2A overlap (--overlap-moe-expert-parallel-comm): F&B pairs of the steady state."""
+        return self.scenario.moe.a2a_overlap and self.model.is_moe
 
     @cached_property
     def layout(self) -> Layout:

@@ -228,8 +228,11 @@ class MoeSpec(FrozenSpec):
         "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
         "pace of the all-to-all and the expert GEMMs (1: even routing)"))
     a2a_overlap: bool = Field(default=False, description=(
-        "--overlap-moe-expert-parallel-comm (dispatch/combine under the other micro-batch's compute): not "
-        "modelled yet, refused"))
+        "--overlap-moe-expert-parallel-comm --delay-wgrad-compute (Megatron-Core's combined 1F1B): one more "
+        "warm-up forward, then each steady forward issued with a backward of another micro-batch, the two "
+        "interleaved layer by layer so each one's dispatch/combine runs under the other's compute "
+        "(docs/mechanisms/a2a_overlap.md); needs ep > 1, the alltoall or flex dispatcher, the interleaved "
+        "schedule when pp > 1, no full recomputation and no recompute module moe"))
 
 
 class FsdpSpec(FrozenSpec):

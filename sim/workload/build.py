@@ -36,7 +36,7 @@ from typing import Any, Literal
 from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
 from sim.parallel.chunks import upstream
-from sim.parallel.schedules import SCHEDULES, Action
+from sim.parallel.schedules import Action, Schedule
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.cp_emit import ContextEmitter
@@ -598,12 +598,12 @@ def folds_tp(plan: Plan) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+def _actions(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
     layouts of one pipeline shape in a process, and ZB-H2's order is a unit-time simulation of its own (about
     0.4 s at p 16, m 96; 175B search, 2026-11-25). Actions are frozen; the tuples keep the orders from being
     changed by a caller."""
-    return tuple(tuple(stage) for stage in SCHEDULES[schedule].actions(p, m, v))
+    return tuple(tuple(stage) for stage in schedule.actions(p, m, v))
 
 
 def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
@@ -616,7 +616,7 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     costs = make_costs(plan)
     grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
-    orders = _actions(scenario.schedule, p, m, v)
+    orders = _actions(plan.schedule, p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])
