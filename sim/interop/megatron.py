@@ -500,6 +500,11 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
                   args.source("moe_expert_capacity_factor"))
     if args.flag("moe_pad_expert_input_to_capacity"):
         draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
+    # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order
+    # inside each layer is part of what moe.a2a_overlap models)
+    if args.flag("overlap_moe_expert_parallel_comm"):
+        draft.put("moe.a2a_overlap", True, args.source("overlap_moe_expert_parallel_comm"))
+        args.flag("delay_wgrad_compute")
 
 
 def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PREFIXES,
