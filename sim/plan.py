@@ -484,6 +484,15 @@ class Plan:
         return out[0], out[1]
 
     @cached_property
+    def deepep_sms(self) -> int:
+        """SMs a DeepEP exchange holds while it runs (``moe.deepep_sms`` with the flex dispatcher; 0 otherwise, or
+        where the ideal network makes the exchanges free)."""
+        moe = self.scenario.moe
+        if not self.is_moe or moe.token_dispatcher != "flex" or self.scenario.network.model == "ideal":
+            return 0
+        return moe.deepep_sms
+
+    @cached_property
     def expert_params_per_layer(self) -> float:
         """Routed-expert parameters of one MoE layer on one rank: all experts / (ep * etp)."""
         return self.moe_layer_params.experts_per_rank(self.ep, self.etp)

@@ -12,6 +12,7 @@ import pytest
 from sim import runner
 from sim.api import estimate
 from sim.errors import SimError
+from sim.explore.pair_replay import Block, pair_span
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, interleaved
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
@@ -43,7 +44,8 @@ def test_the_combined_1f1b_order(p: int, m: int, v: int) -> None:
 
 def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
     """One MoE layer, no pipeline, ep 8 over one node, the flex dispatcher with its NVLink bandwidth set (so an
-    exchange is exactly bytes / bandwidth), 8 micro-batches of 4096 tokens."""
+    exchange is exactly bytes / bandwidth) and no SMs held by it (``deepep_sms`` 0, tested on its own below),
+    8 micro-batches of 4096 tokens."""
     doc: dict[str, Any] = {
         "name": "a2a", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
         "model": {"name": "moe-one", "num_layers": 1, "hidden_size": 2048, "num_attention_heads": 16,
@@ -52,7 +54,8 @@ def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
                   "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
         "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
-        "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a},
+        "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a,
+                "deepep_sms": 0},
         "schedule": "1f1b",
     }
     for section, values in changes.items():
@@ -106,17 +109,34 @@ def test_an_exchange_bound_pair_exposes_the_a2a_less_the_compute_under_it() -> N
     assert span - (sum(f.values()) + sum(b.values())) == pytest.approx(max(0.0, exchanges - overlapped), rel=1e-9)
 
 
+def test_deepeps_sms_slow_the_compute_under_the_exchanges() -> None:
+    """DeepEP holds n = 20 of the H100's S = 132 SMs while it runs. In a compute-bound pair every exchange runs
+    under compute, and a compute task overlapped by H SM-seconds of it takes d + H/S at the fixed point
+    (sim.engine.sm_contention): the pair is its base compute plus (n/S) x its four exchanges."""
+    base = runner.run(_small(True, "2000 GB/s"))
+    held = runner.run(_small(True, "2000 GB/s", moe={"deepep_sms": 20}))
+    assert held.plan.deepep_sms == 20 and base.plan.deepep_sms == 0
+    a_dispatch, a_combine = held.plan.deepep_seconds
+    span, _, _ = _pair(held.trace, 4)
+    base_span, f, b = _pair(base.trace, 4)
+    assert base_span == pytest.approx(sum(f.values()) + sum(b.values()), rel=1e-9)
+    assert span == pytest.approx(base_span + 20 / 132 * 2 * (a_dispatch + a_combine), rel=1e-4)
+
+
 @pytest.mark.parametrize("bandwidth", ["2000 GB/s", "100 GB/s", "5 GB/s"])
-def test_the_estimate_prices_the_pairs_as_the_simulation_does(bandwidth: str) -> None:
+@pytest.mark.parametrize("sms", [0, 20])
+def test_the_estimate_prices_the_pairs_as_the_simulation_does(bandwidth: str, sms: int) -> None:
     """What the overlap saves, estimated (the stage-level replay of the combined order, each pair less what its
-    interleaving hides: sim.explore.pair_replay) = simulated; the whole step within 3% (the estimate's
-    data-parallel tail of this one-layer model is 1.6 ms short with or without the overlap)."""
+    interleaving hides, DeepEP's SMs slowing the compute under its exchanges: sim.explore.pair_replay) =
+    simulated; the whole step within 3% (the estimate's data-parallel tail of this one-layer model is 1.6 ms
+    short with or without the overlap)."""
     steps = {}
     for a2a in (False, True):
-        scenario = _small(a2a, bandwidth)
+        scenario = _small(a2a, bandwidth, moe={"deepep_sms": sms})
         steps[a2a] = estimate(scenario).step_time_s, runner.run(scenario).summary.step_time_s
         assert steps[a2a][0] == pytest.approx(steps[a2a][1], rel=0.03)
-    assert steps[False][0] - steps[True][0] == pytest.approx(steps[False][1] - steps[True][1], rel=1e-3)
+    # to 0.1%, or to a few microseconds: the SM stretch settles each task to 1 us (sim.engine.sm_contention)
+    assert steps[False][0] - steps[True][0] == pytest.approx(steps[False][1] - steps[True][1], rel=1e-3, abs=5e-6)
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -139,3 +159,15 @@ def test_the_plan_picks_the_combined_schedule_only_for_a_moe_model_with_the_knob
     assert resolve(_small(False, "100 GB/s")).schedule is SCHEDULES["1f1b"]
     plan = resolve(load_scenario(QWEN3_OVERLAP))
     assert plan.a2a_overlap and plan.schedule is A2A_OVERLAP["interleaved"]
+
+
+def test_a_pair_span_with_sms_held_by_the_exchanges() -> None:
+    """pair_span with ``held`` = n/S: F's first block (2 s) issues a 1 s exchange, which runs 2-3 s under B's block
+    (4 s of work): that block does 0.75 s of work in that second and ends at 3 + 3.25 = 6.25 s; F's last block
+    (3 s) then ends at 9.25 = F + B + 0.25 x the exchange. An exchange under no compute costs nothing more."""
+    f = [Block(2.0, 1.0, 0.0), Block(3.0, None, 0.0)]
+    b = [Block(4.0, None, 0.0)]
+    assert pair_span(f, b, held=0.25) == pytest.approx(2 + 4 + 3 + 0.25 * 1.0, rel=1e-12)
+    assert pair_span(f, b) == 9.0
+    alone_exchange = [Block(1.0, 5.0, 0.0), Block(1.0, None, 0.0)]
+    assert pair_span(alone_exchange, [], held=0.25) == pair_span(alone_exchange, []) == 7.0

@@ -372,8 +372,12 @@ class Estimator:
             if embedding:
                 backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
             passes.append((chain(forward), chain(backward)))
+        # DeepEP's kernels hold n of the GPU's S SMs (Plan.deepep_sms): compute under an exchange runs on the rest
+        # (pair_span's ``held``; sim.engine.sm_contention in the simulation)
+        held = plan.deepep_sms / (plan.scenario.cluster.gpu.sms or 1) if plan.deepep_sms else 0.0
+
         def hides(a: int, b: int) -> float:
-            return alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1])
+            return alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1], held)
 
         if mix:
             return len(passes) * sum(count * hides(a, b) for a, b, count in mix) / sum(count for _, _, count in mix)

@@ -219,6 +219,10 @@ class MoeSpec(FrozenSpec):
         "flex: DeepEP's achieved NVLink bandwidth per GPU (tokens received per rank x hidden x bytes / time); "
         "None: the README's intranode EP 8 row (153 GB/s dispatch, 158 combine on H800's 200 GB/s NVLink) as a "
         "fraction of this node's NVLink line rate"))
+    deepep_sms: int = Field(default=20, ge=0, description=(
+        "flex: SMs DeepEP's kernels hold while they run (Megatron-Core --moe-flex-dispatcher-num-sms, None -> 20, "
+        "'DeepEP's historical mcore default'): compute overlapping a dispatch or combine (moe.a2a_overlap's pairs, "
+        "a shared expert) runs on the rest (sim.engine.sm_contention); 0: off"))
     capacity_factor: float | None = Field(default=None, gt=0, description=(
         "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
         "(the rest are dropped); None: dropless"))
