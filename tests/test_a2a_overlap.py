@@ -13,7 +13,7 @@ from sim import runner
 from sim.api import estimate
 from sim.errors import SimError
 from sim.explore.pair_replay import Block, pair_span
-from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, interleaved
+from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, combined_pairs, interleaved
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
@@ -171,3 +171,17 @@ def test_a_pair_span_with_sms_held_by_the_exchanges() -> None:
     assert pair_span(f, b) == 9.0
     alone_exchange = [Block(1.0, 5.0, 0.0), Block(1.0, None, 0.0)]
     assert pair_span(alone_exchange, [], held=0.25) == pair_span(alone_exchange, []) == 7.0
+
+
+@pytest.mark.parametrize(("p", "v"), [(1, 1), (4, 2), (8, 4), (32, 3)])
+def test_the_steady_state_pairs_the_estimate_weights_by(p: int, v: int) -> None:
+    """combined_pairs: one period of p x v pairs, each (F chunk, B chunk) as often as in the schedule's steady
+    state: counted from the order itself over its first p x v pairs (m = 4 p micro-batches)."""
+    m = 4 * p
+    orders = A2A_OVERLAP["interleaved"].actions(p, m, v)
+    for s in range(p):
+        pairs = [(f.chunk, b.chunk) for f, b in zip(orders[s], orders[s][1:], strict=False) if f.with_next]
+        period = pairs[:p * v]
+        mix = combined_pairs(p, v, s)
+        assert sum(n for _, _, n in mix) == p * v
+        assert {(a, b): n for a, b, n in mix} == {pair: period.count(pair) for pair in set(period)}

@@ -36,7 +36,6 @@ alone (tests/test_search_cache.py).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -48,7 +47,7 @@ from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
-from sim.parallel.schedules import Action
+from sim.parallel.schedules import combined_pairs
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import FsdpSpec, Scenario
@@ -225,7 +224,7 @@ class Estimator:
         # (Estimator._pair_overlap): what each local chunk runs, as the emitter's forward and backward do (the
         # embedding on model chunk 0, the head on the last)
         pairs = plan.is_moe and (plan.scenario.schedule.startswith("dualpipe") or plan.a2a_overlap)
-        mixes = _pair_mixes(plan.schedule.actions(plan.pp, plan.microbatches, plan.vpp)) if plan.a2a_overlap else None
+        mixes = [combined_pairs(plan.pp, plan.vpp, s) for s in range(plan.pp)] if plan.a2a_overlap else None
         last = plan.pp * plan.vpp - 1
         shapes: dict[_StageShape, int] = {}
         of_stage = []
@@ -351,7 +350,8 @@ class Estimator:
         pair): the pair's passes run alone less their span replayed as the emitter interleaves them
         (sim.explore.pair_replay.pair_span), averaged over the pairs the schedule issues, times the chunks: under
         DualPipe a forward of one local chunk with a backward of the other (F0B1 and F1B0, about as many of each);
-        under moe.a2a_overlap the stage's own (forward chunk, backward chunk, count) ``mix`` (``_pair_mixes``).
+        under moe.a2a_overlap the stage's own (forward chunk, backward chunk, count) ``mix``
+        (sim.parallel.schedules.combined_pairs).
         Each pass is its chunk's layers as blocks (``_PairBlocks``): the forward from the embedding to the head,
         the backward from the head down, a layer full recomputation rebuilds running its forward again first."""
         bwd: ComputePhase = "input_grad" if plan.splits_backward else "backward"
@@ -925,18 +925,9 @@ class _StageShape(NamedTuple):
     head: bool
     sends: tuple[int, int]  # blocking sends per micro-batch, forward and backward (_blocking_sends)
     pair_chunks: tuple[_ChunkLayers, ...]  # per local chunk, under DualPipe / a2a_overlap with MoE layers (else empty)
-    pair_mix: tuple[tuple[int, int, int], ...]  # a2a_overlap: (F chunk, B chunk, pairs) the stage issues (_pair_mixes)
+    pair_mix: tuple[tuple[int, int, int], ...]  # a2a_overlap: (F chunk, B chunk, pairs) of the stage's steady state
+    # (sim.parallel.schedules.combined_pairs)
 
-
-def _pair_mixes(orders: list[list[Action]]) -> list[tuple[tuple[int, int, int], ...]]:
-    """Per stage, the F&B pairs its order issues (a forward ``with_next`` a backward: Megatron's combined 1F1B) as
-    (forward's local chunk, backward's local chunk, how many), sorted."""
-    mixes = []
-    for order in orders:
-        counts = Counter((f.chunk, b.chunk) for f, b in zip(order, order[1:], strict=False)
-                         if f.with_next and f.phase == "F" and b.phase == "B")
-        mixes.append(tuple((a, b, n) for (a, b), n in sorted(counts.items())))
-    return mixes
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,19 @@ def interleaved_a2a_overlap(p: int, m: int, v: int) -> list[list[Action]]:
     return interleaved(p, m, v, a2a_overlap=True)
 
 
+def combined_pairs(p: int, v: int, stage: int) -> tuple[tuple[int, int, int], ...]:
+    """The F&B pairs ``interleaved_a2a_overlap`` issues on ``stage`` in its steady state, as (forward's local
+    chunk, backward's local chunk, how many) over one period of p x v pairs (the pairs pair virtual forward
+    k + warm-up with virtual backward k; the chunks repeat every p x v), for any m large enough to reach the
+    steady state: what the estimate weights each kind of pair by."""
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + 1
+    counts: dict[tuple[int, int], int] = {}
+    for k in range(p * v):
+        pair = (((k + warmup) // p) % v, v - 1 - (k // p) % v)
+        counts[pair] = counts.get(pair, 0) + 1
+    return tuple((a, b, n) for (a, b), n in sorted(counts.items()))
+
+
 def zb_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
     stages: list[list[Action]] = []
     for s in range(p):
