@@ -101,3 +101,19 @@ def test_the_exchanges_and_the_trace_carry_those_seconds() -> None:
 def test_flex_with_expert_tensor_parallelism_is_refused_in_one_line() -> None:
     with pytest.raises(SimError, match=r"moe\.token_dispatcher: flex \(DeepEP\) with parallel\.etp = 2"):
         load_scenario(QWEN3_EP32, overrides=["moe.token_dispatcher=flex", "parallel.etp=2", "parallel.ep=16"])
+
+
+def test_sim_import_maps_the_flex_dispatcher_and_the_a2a_overlap() -> None:
+    """Megatron flags -> scenario: --moe-token-dispatcher-type flex (the deepep backend, Megatron-Core's default)
+    and --overlap-moe-expert-parallel-comm --delay-wgrad-compute; another flex backend is refused in one line."""
+    from sim.interop.draft import Options
+    from sim.interop.megatron import import_megatron
+
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+            "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 4 --moe-token-dispatcher-type flex ")
+    s = import_megatron((base + "--overlap-moe-expert-parallel-comm --delay-wgrad-compute").split(),
+                        Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert (s.moe.token_dispatcher, s.moe.a2a_overlap, s.parallel.ep) == ("flex", True, 4)
+    with pytest.raises(SimError) as error:
+        import_megatron((base + "--moe-flex-dispatcher-backend hybridep").split(), Options(gpu="H100-SXM", gpus=8))
+    assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)
