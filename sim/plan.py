@@ -44,10 +44,11 @@ from sim.model.peft import (
 )
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
+from sim.network import deepep
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
-from sim.parallel.schedules import SCHEDULES, Schedule
+from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
@@ -235,7 +236,17 @@ class Plan:
     # ------------------------------------------------------------------------------------------ pipeline
     @cached_property
     def schedule(self) -> Schedule:
+        """The pipeline schedule's orders; with ``moe.a2a_overlap`` (a MoE model), Megatron-Core's combined 1F1B
+        (sim.parallel.schedules.A2A_OVERLAP: F&B pairs issued as units, whose MoE exchanges the emitter and the
+        estimate overlap with the other pass's compute)."""
+        if self.scenario.moe.a2a_overlap and self.model.is_moe:
+            return A2A_OVERLAP[self.scenario.schedule]
         return SCHEDULES[self.scenario.schedule]
+
+    @cached_property
+    def a2a_overlap(self) -> bool:
+        """Megatron-Core's EP A2A overlap (--overlap-moe-expert-parallel-comm): F&B pairs of the steady state."""
+        return self.scenario.moe.a2a_overlap and self.model.is_moe
 
     @cached_property
     def layout(self) -> Layout:
@@ -460,6 +471,51 @@ class Plan:
         """The allgather dispatcher's all-gather (and reduce-scatter) over the etp x ep group, gathered size:
         every member's tokens x hidden x dtype."""
         return self.dispatch_tokens * self.ep * self.etp * self.model.hidden_size * self.elem_bytes
+
+    @cached_property
+    def deepep_shape(self) -> tuple[int, int]:
+        """flex (DeepEP): the EP group's (NVLink domains, ranks per domain), from rank 0's group (Megatron-Core
+        lays the EP group out alike on every stage)."""
+        domain = self.scenario.cluster.nvlink_domain
+        group = self.grid.ep_group(0)
+        domains = len({rank // domain for rank in group})
+        return domains, len(group) // domains
+
+    @cached_property
+    def deepep_bytes(self) -> tuple[float, float]:
+        """flex: (RDMA, NVLink) bytes one rank's dispatch (and combine) moves as DeepEP counts them: its tokens x
+        distinct destination nodes (or ranks) x hidden x dtype (sim.network.deepep.deepep_bytes)."""
+        domains, per_domain = self.deepep_shape
+        return deepep.deepep_bytes(self.dispatch_tokens, self.model.hidden_size, self.elem_bytes,
+                                   self.model.num_moe_experts or 1, self.model.moe_router_topk, domains, per_domain)
+
+    @cached_property
+    def deepep_seconds(self) -> tuple[float, float]:
+        """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
+        DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
+        DeepEP's README table), x the routing skew; 0 on the ideal network."""
+        if self.scenario.network.model == "ideal":
+            return 0.0, 0.0
+        moe, cluster = self.scenario.moe, self.scenario.cluster
+        domains, _ = self.deepep_shape
+        nic = cluster.inter_node.bandwidth * cluster.nics_per_node / cluster.gpus_per_node
+        rdma, nvlink = self.deepep_bytes
+        out = []
+        for combine in (False, True):
+            rdma_bw = moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
+            nvlink_bw = moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
+                                                                                    combine)
+            out.append(deepep.deepep_time(rdma, nvlink, rdma_bw, nvlink_bw, self.dispatch_skew))
+        return out[0], out[1]
+
+    @cached_property
+    def deepep_sms(self) -> int:
+        """SMs a DeepEP exchange holds while it runs (``moe.deepep_sms`` with the flex dispatcher; 0 otherwise, or
+        where the ideal network makes the exchanges free)."""
+        moe = self.scenario.moe
+        if not self.is_moe or moe.token_dispatcher != "flex" or self.scenario.network.model == "ideal":
+            return 0
+        return moe.deepep_sms
 
     @cached_property
     def expert_params_per_layer(self) -> float:

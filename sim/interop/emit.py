@@ -126,6 +126,10 @@ def _megatron(s: Scenario) -> Emitted:
     if m.num_moe_experts:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
+        if s.moe.token_dispatcher == "flex":
+            flags += ["--moe-flex-dispatcher-backend", "deepep"]
+        if s.moe.a2a_overlap:
+            flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if not t.flash_attention:
         flags += ["--attention-backend", "unfused"]
     elif t.attention_backend != "auto":  # the kernel the scenario was priced on (TE picks fused under auto)

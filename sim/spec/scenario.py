@@ -216,10 +216,24 @@ class ParallelSpec(FrozenSpec):
 class MoeSpec(FrozenSpec):
     """How a MoE model's tokens reach their experts (Megatron-Core's MoE knobs; used only with a MoE model)."""
 
-    token_dispatcher: Literal["alltoall", "allgather"] = Field(default="alltoall", description=(
+    token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(default="alltoall", description=(
         "--moe-token-dispatcher-type: alltoall: tokens go to their experts' ranks by an all-to-all over the EP "
         "group (and come back by another); allgather: every rank all-gathers the tokens of the etp x ep group and "
-        "reduce-scatters the outputs"))
+        "reduce-scatters the outputs; flex: DeepEP's normal kernels (--moe-flex-dispatcher-backend deepep): a "
+        "token sent once per destination node over RDMA and forwarded once per destination rank over NVLink "
+        "(sim.network.deepep, docs/mechanisms/deepep.md)"))
+    deepep_rdma_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved RDMA bandwidth per GPU, counted as DeepEP's tests count it (tokens x distinct "
+        "destination nodes x hidden x bytes / time); None: the DeepEP README's H800 table by nodes in the EP group "
+        "(2: 43, 4: 58, 8+: 51 GB/s dispatch; 43/57/50 combine), scaled by the GPU's NIC line rate / 50 GB/s"))
+    deepep_nvlink_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved NVLink bandwidth per GPU (tokens received per rank x hidden x bytes / time); "
+        "None: the README's intranode EP 8 row (153 GB/s dispatch, 158 combine on H800's 200 GB/s NVLink) as a "
+        "fraction of this node's NVLink line rate"))
+    deepep_sms: int = Field(default=20, ge=0, description=(
+        "flex: SMs DeepEP's kernels hold while they run (Megatron-Core --moe-flex-dispatcher-num-sms, None -> 20, "
+        "'DeepEP's historical mcore default'): compute overlapping a dispatch or combine (moe.a2a_overlap's pairs, "
+        "a shared expert) runs on the rest (sim.engine.sm_contention); 0: off"))
     capacity_factor: float | None = Field(default=None, gt=0, description=(
         "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
         "(the rest are dropped); None: dropless"))
@@ -229,8 +243,11 @@ class MoeSpec(FrozenSpec):
         "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
         "pace of the all-to-all and the expert GEMMs (1: even routing)"))
     a2a_overlap: bool = Field(default=False, description=(
-        "--overlap-moe-expert-parallel-comm (dispatch/combine under the other micro-batch's compute): not "
-        "modelled yet, refused"))
+        "--overlap-moe-expert-parallel-comm --delay-wgrad-compute (Megatron-Core's combined 1F1B): one more "
+        "warm-up forward, then each steady forward issued with a backward of another micro-batch, the two "
+        "interleaved layer by layer so each one's dispatch/combine runs under the other's compute "
+        "(docs/mechanisms/a2a_overlap.md); needs ep > 1, the alltoall or flex dispatcher, the interleaved "
+        "schedule when pp > 1, no full recomputation and no recompute module moe"))
 
 
 class FsdpSpec(FrozenSpec):
