@@ -131,12 +131,20 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
             raise refuse(f"{args.source('moe_layer_freq')}: only an integer frequency is read (got {freq!r})")
     if args.has("moe_token_dispatcher_type"):
         kind = str(args.get("moe_token_dispatcher_type"))
-        if kind not in ("alltoall", "allgather"):
-            raise refuse(f"{args.source('moe_token_dispatcher_type')}: {kind!r} is not modelled (alltoall or "
-                         "allgather)")
+        if kind not in ("alltoall", "allgather", "flex"):
+            raise refuse(f"{args.source('moe_token_dispatcher_type')}: {kind!r} is not modelled (alltoall, "
+                         "allgather or flex)")
+        backend = str(args.get("moe_flex_dispatcher_backend")) if args.has("moe_flex_dispatcher_backend") else "deepep"
+        if kind == "flex" and backend != "deepep":  # Megatron-Core's default backend is deepep
+            raise refuse(f"{args.source('moe_flex_dispatcher_backend')}: {backend!r} is not modelled (deepep)")
         draft.put("moe.token_dispatcher", kind, args.source("moe_token_dispatcher_type"))
     if args.has("moe_expert_capacity_factor"):
         draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
                   args.source("moe_expert_capacity_factor"))
     if args.flag("moe_pad_expert_input_to_capacity"):
         draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
+    # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order
+    # inside each layer is part of what moe.a2a_overlap models)
+    if args.flag("overlap_moe_expert_parallel_comm"):
+        draft.put("moe.a2a_overlap", True, args.source("overlap_moe_expert_parallel_comm"))
+        args.flag("delay_wgrad_compute")
