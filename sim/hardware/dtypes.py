@@ -1,12 +1,10 @@
-"""Training dtypes: which exist, what an element of one weighs, which dtype parameters are kept in.
+"""Training dtypes: what an element of one weighs, which dtype parameters are kept in.
 
 In: a dtype name (``fp32``, ``tf32``, ``fp16``, ``bf16``, ``fp8``). Out: bytes per element, and the dtype of the
 working parameters and their gradients.
 """
 
 from __future__ import annotations
-
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 
 
 def parameter_dtype(dtype: str) -> str:
