@@ -125,6 +125,7 @@ def _units(passes: list[list[Pass]]) -> Units:
     # previous unit and its inputs, so the replay's floats do not).
     slot: dict[PassKey, int] = {}
     units = Units()
+    single: list[tuple[int, int, int, bool, bool]] | None = []  # Units.single, while every unit is one pass
     position = [0] * len(passes)
     waiting: dict[PassKey, list[int]] = {}
     runnable = list(range(len(passes) - 1, -1, -1))  # a stack: stage 0 first
@@ -134,7 +135,11 @@ def _units(passes: list[list[Pass]]) -> Units:
         at, count = position[s], len(grouped)
         while at < count:
             keys, needs, phases, index, pair, backward = grouped[at]
-            missing = next((dep for dep, _ in needs if dep not in slot), None)
+            missing = None
+            for dep, _ in needs:
+                if dep not in slot:
+                    missing = dep
+                    break
             if missing is not None:
                 waiting.setdefault(missing, []).append(s)
                 break
@@ -143,13 +148,18 @@ def _units(passes: list[list[Pass]]) -> Units:
                 woken = waiting.pop(key, None)
                 if woken is not None:
                     runnable += woken
-            units.append(Unit(s, phases, index, tuple((slot[dep], crosses) for dep, crosses in needs),
-                              tuple(slot[key] for key in keys), pair, backward))
+            resolved = tuple((slot[dep], crosses) for dep, crosses in needs) if needs else ()
+            if len(keys) == 1:
+                units.append(Unit(s, phases, index, resolved, (slot[keys[0]],), pair, backward))
+                if single is not None:
+                    single.append((s, 3 * s + index[0], resolved[0][0] if resolved else -1,
+                                   bool(resolved) and resolved[0][1], backward))
+            else:
+                units.append(Unit(s, phases, index, resolved, tuple(slot[key] for key in keys), pair, backward))
+                single = None
             at += 1
         position[s] = at
-    if all(len(unit.slots) == 1 and not unit.pair for unit in units):
-        units.single = [(unit.stage, 3 * unit.stage + unit.phase_index[0], unit.needs[0][0] if unit.needs else -1,
-                         bool(unit.needs) and unit.needs[0][1], unit.backward) for unit in units]
+    units.single = single
     return units
 
 
