@@ -48,6 +48,9 @@ CASES = {
     "tiny jitter": ("tiny.yaml", ["variation.jitter=0.05", "ranks=all"]),
     "pipeline-4x8 zb-h1": ("pipeline-4x8.yaml", ["schedule=zb-h1"]),
     "pipeline-4x8 zb-v": ("pipeline-4x8.yaml", ["schedule=zb-v", "parallel.vpp=2"]),
+    "pipeline-4x8 zb-h2": ("pipeline-4x8.yaml", ["schedule=zb-h2"]),
+    "pipeline-4x8 dualpipe (meetings: materialized)": ("pipeline-4x8.yaml", [
+        "schedule=dualpipe", "parallel.dp=2", "cluster.nodes=2"]),
     "llama2-7b dp": ("llama2-7b_h100-8_dp.yaml", []),
     "llama2-7b FSDP": ("llama2-7b_h100-16_fsdp.yaml", []),
     "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),

@@ -47,6 +47,7 @@ from sim.workload.ir import (
     NCCL_STREAM,
     OFFLOAD_STREAM,
     REPLICA_STREAM,
+    Chain,
     Task,
     TaskGraph,
 )
@@ -97,7 +98,7 @@ class _StageEmitter:
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
         self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
-        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
+        self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
@@ -480,37 +481,20 @@ class _StageEmitter:
                     after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+            self.chains[chain_key] = self._record(first)
         return after
 
-    def _stamp(self, chain: list[tuple], mb: int, layer: int, after: int | None) -> int | None:
-        """Emits a recorded chain (``_stamp_entry``) again for ``layer`` of micro-batch ``mb`` after ``after``:
-        TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build). Returns its last task."""
-        graph, rank, stage = self.g, self.rank, self.stage
-        tasks, key = graph.tasks, graph.rendezvous_key
-        blocking_tp = self.blocking_tp
-        task_id = len(tasks)
-        after_stream = tasks[after].stream if after is not None else None
-        for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
-             append) in chain:
-            # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
-            # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
-            deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
-            if extra:
-                deps += tuple([task_id - back for back in extra])
-            if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
-                if blocking_tp not in deps:
-                    deps += (blocking_tp,)
-                blocking_tp = None
-            tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                              flops, group, key(rank, kind, op, group) if keyed else -1, skew))
-            append(task_id)
-            after, after_stream = task_id, stream
-            if becomes:
-                blocking_tp = task_id
-            task_id += 1
-        self.blocking_tp = blocking_tp
+    def _stamp(self, chain: Chain, mb: int, layer: int, after: int | None) -> int | None:
+        """Emits a recorded chain again for ``layer`` of micro-batch ``mb`` after ``after`` (``Chain.stamp``; a lazy
+        graph keeps a record instead). Returns its last task."""
+        after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
         return after
+
+    def _record(self, first: int) -> Chain:
+        """The chain of the tasks emitted from task ``first`` on (one layer), to stamp for the next layers."""
+        protos, chains = self.g.tasks[first:], self.g.chains
+        chains.append(Chain([self._stamp_entry(task) for task in protos], protos, self.rank, self.stage, len(chains)))
+        return chains[-1]
 
     def _stamp_entry(self, task: Task) -> tuple:
         """What stamping repeats of a recorded task: its fields, then its chain rule (``_flagged``; default: after
@@ -582,7 +566,7 @@ class _StageEmitter:
             for block in ("mlp", "attention"):
                 after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+            self.chains[chain_key] = self._record(first)
         return after
 
 def folds_tp(plan: Plan) -> bool:
@@ -595,6 +579,17 @@ def folds_tp(plan: Plan) -> bool:
             and not v.jitter and not v.links)
 
 
+def lazy_builds(plan: Plan) -> bool:
+    """Whether ``build(plan, lazy=True)`` keeps stamped chains as records: in slice mode (``ranks: all`` hands out
+    rendezvous keys in stamping order) unless a DualPipe F&B pair of MoE layers is interleaved, which reorders
+    its tasks in their stream lists after they are emitted (``_StageEmitter._interleave_pair``)."""
+    scenario = plan.scenario
+    if scenario.ranks == "all":
+        return False
+    orders = _actions(scenario.schedule, plan.pp, plan.microbatches, plan.vpp)
+    return not (plan.is_moe and any(action.with_next for actions in orders for action in actions))
+
+
 @lru_cache(maxsize=64)
 def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
@@ -604,17 +599,20 @@ def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...],
     return tuple(tuple(stage) for stage in SCHEDULES[schedule].actions(p, m, v))
 
 
-def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
+def build(plan: Plan, fold: bool | None = None, stamp: bool = True, lazy: bool = False) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
     whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
-    every layer one by one instead of stamping the first layer's chain (the same graph; for tests)."""
+    every layer one by one instead of stamping the first layer's chain (the same graph; for tests). ``lazy``
+    keeps stamped chains as records (``TaskGraph.lazy``; ``materialize`` makes their tasks) where ``lazy_builds``
+    allows it, else builds eagerly."""
     scenario = plan.scenario
     fold = folds_tp(plan) if fold is None else fold and folds_tp(plan)
-    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=plan.tp if fold else 1)
-    costs = make_costs(plan)
-    grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
     orders = _actions(scenario.schedule, p, m, v)
+    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=plan.tp if fold else 1,
+                      lazy=lazy and lazy_builds(plan))
+    costs = make_costs(plan)
+    grid = plan.grid
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])
