@@ -58,7 +58,7 @@ def _graphs(file: str, overrides: list[str]):
 def test_a_lazy_graph_replays_and_materializes_as_the_eager_one(case):
     plan, net, eager, lazy = _graphs(*CASES[case])
     assert lazy.lazy and lazy.stamps, "the case stamps no chain: the comparison would not reach the lazy walk"
-    stamped = sum(len(lazy.chains[chain].entries) for _, chain, *_ in lazy.stamps)
+    stamped = sum(len(lazy.chains[chain].entries) for _, chain, *_ in lazy.records())
     assert len(lazy.tasks) == len(eager.tasks) and stamped > len(eager.tasks) / 3
     expected = longest_path.evaluate(eager, net)
     got = longest_path.evaluate(lazy, net)
@@ -75,7 +75,7 @@ def test_edges_added_to_stamped_tasks_are_kept_until_materialized():
     that task is stamped, the lazy graph keeps the edge in ``late``, and the walk and materialize both read it."""
     _, net, eager, lazy = _graphs("pipeline-4x8.yaml", [])
     assert lazy.late
-    firsts = {first for first, *_ in lazy.stamps}
+    firsts = {first for first, *_ in lazy.records()}
     assert set(lazy.late) <= firsts
     for task_id, ons in lazy.late.items():
         assert eager.tasks[task_id].deps[-len(ons):] == tuple(ons)

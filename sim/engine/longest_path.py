@@ -49,7 +49,7 @@ import numpy as np
 from sim.engine.event import EngineResult, deadlock_error, task_durations
 from sim.engine.rendezvous import Rendezvous
 from sim.network.models import Network, transfer_time
-from sim.workload.ir import STREAMS, Chain, TaskGraph
+from sim.workload.ir import STAMP_FIELDS, STREAMS, Chain, TaskGraph
 
 _STREAM_CODE = {stream: code for code, stream in enumerate(STREAMS)}  # a Stream hashes as its string
 
@@ -209,7 +209,8 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     finish."""
     tasks, stamps, late = graph.tasks, graph.stamps, graph.late
     n = len(tasks)
-    records = np.array(stamps, dtype=np.int64).reshape(len(stamps), 6)
+    count = len(stamps) // STAMP_FIELDS
+    records = np.array(stamps, dtype=np.int64).reshape(count, STAMP_FIELDS)
     firsts = records[:, 0]
     if late and not set(late) <= set(firsts.tolist()):
         return None
@@ -222,7 +223,8 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                                          for _, _, _, duration, op, nbytes, _, group, skew, *_ in chain.entries)))
     chain_size = np.array([len(chain.entries) for chain in graph.chains], dtype=np.int64)
     chain_rank = np.array([chain.rank for chain in graph.chains], dtype=np.int64)
-    # The tasks no stamp covers, then every rank's items (a task id, or ~k for stamp k) in task order.
+    # The tasks no stamp covers, then every rank's items (a task id, or ~k for the stamp whose record starts at
+    # stamps[k]) in task order.
     inside = np.zeros(n + 1, dtype=np.int64)
     inside[firsts] += 1
     inside[firsts + chain_size[records[:, 1]]] -= 1
@@ -231,7 +233,7 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     if max(map(attrgetter("collective"), plain_tasks), default=-1) >= 0:  # a rendezvous (DualPipe's meetings)
         return None
     position = np.concatenate([plain, firsts])
-    item = np.concatenate([plain, ~np.arange(len(stamps), dtype=np.int64)])
+    item = np.concatenate([plain, ~np.arange(0, len(stamps), STAMP_FIELDS, dtype=np.int64)])
     rank = np.concatenate([np.fromiter(map(attrgetter("rank"), plain_tasks), np.int64, len(plain_tasks)),
                            chain_rank[records[:, 1]]])
     order = np.lexsort((position, rank))
@@ -273,8 +275,9 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                 if waiting and code in waiting:
                     work.extend(waiting.pop(code))
             else:
-                first, chain, _, _, after, blocking = stamps[~code]
-                function, seconds_of = compiled[chain]
+                at_record = ~code
+                first = stamps[at_record]
+                function, seconds_of = compiled[stamps[at_record + 1]]
                 upstream = 0.0
                 if late:
                     for dep in late.get(first, ()):
@@ -284,7 +287,8 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                     if upstream == inf:
                         blocker = next(d for d in late[first] if end[d] == inf)
                         break
-                function(fa, end[after], end[blocking], upstream, first, start, end, seconds_of)
+                function(fa, end[stamps[at_record + 4]], end[stamps[at_record + 5]], upstream, first, start, end,
+                         seconds_of)
                 if stamped_waits:
                     last = first + len(seconds_of)
                     for task_id in [task_id for task_id in waiting if first <= task_id < last]:

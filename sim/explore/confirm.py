@@ -30,7 +30,7 @@ from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, s
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, TimelineRows, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, KINDS, STAMP_FIELDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = KINDS  # the codes footprint.TimelineRows reads
@@ -135,7 +135,7 @@ class _Columns:
         flops = np.empty(n, dtype=np.float64)
         microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
         layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
-        records = np.array(graph.stamps, dtype=np.int64).reshape(len(graph.stamps), 6)
+        records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
         chain_of = records[:, 1]
         by_chain = np.argsort(chain_of, kind="stable")
         bounds = np.searchsorted(chain_of[by_chain], np.arange(len(graph.chains) + 1))

@@ -99,6 +99,7 @@ class _StageEmitter:
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
         self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
         self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
+        self.chain_keys: dict[str, dict[int, str]] = {"forward": {}, "backward": {}}  # layer -> ``_chain_key``
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
@@ -444,16 +445,19 @@ class _StageEmitter:
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and (self.dp_inert or self.dp.inert(mb, direction)) and self.fixed_durations
+        keys = self.chain_keys[direction]
+        chain_key = keys.get(layer)
+        if chain_key is None:
+            chain_key = keys[layer] = self._chain_key(direction, layer)
+        chain = self.chains.get(chain_key) if stampable else None
+        if chain is not None:  # the hot path (10^4..10^5 layers per build): straight to the graph
+            after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+            return after
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
-        chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")
         if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
             frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
-            chain_key += "+frozen" if frozen else ""
-        chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:
-            return self._stamp(chain, mb, layer, after)
         first = len(self.g.tasks)
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
@@ -483,6 +487,14 @@ class _StageEmitter:
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+    def _chain_key(self, direction: str, layer: int) -> str:
+        """Which recorded chain a layer's pass repeats: its direction, with full recomputation, MoE, frozen."""
+        recomputes = direction == "backward" and self.plan.recomputes(layer)
+        key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if self.moe_layers[layer] else "")
+        if self.frozen_work is not None and direction == "backward" and self.plan.peft.layer_frozen(layer):
+            key += "+frozen"
+        return key
 
     def _stamp(self, chain: Chain, mb: int, layer: int, after: int | None) -> int | None:
         """Emits a recorded chain again for ``layer`` of micro-batch ``mb`` after ``after`` (``Chain.stamp``; a lazy
