@@ -221,21 +221,40 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
             return None
         compiled.append((function, tuple(duration if duration is not None else price((op, nbytes, group, skew))
                                          for _, _, _, duration, op, nbytes, _, group, skew, *_ in chain.entries)))
-    chain_size = np.array([len(chain.entries) for chain in graph.chains], dtype=np.int64)
-    chain_rank = np.array([chain.rank for chain in graph.chains], dtype=np.int64)
-    # The tasks no stamp covers, then every rank's items (a task id, or ~k for the stamp whose record starts at
-    # stamps[k]) in task order.
+    chains = graph.chains
+    chain_size = np.array([len(chain.entries) for chain in chains], dtype=np.int64)
+    chain_rank = np.array([chain.rank for chain in chains], dtype=np.int64)
+    # The tasks no stamp covers.
+    chain_of, sizes = records[:, 1], chain_size[records[:, 1]]
     inside = np.zeros(n + 1, dtype=np.int64)
     inside[firsts] += 1
-    inside[firsts + chain_size[records[:, 1]]] -= 1
+    inside[firsts + sizes] -= 1
     plain = np.flatnonzero(np.cumsum(inside[:n]) == 0)
+    # Runs of stamps a chain function evaluates in one call (its loop): the same chain stamped layer after layer,
+    # each stamp after the one before it and taking the blocking collective it left, as TaskGraph.stamp recorded
+    # them, and no edge added to a later one's first task.
+    links = np.array([chain.follows and chain.entries[-1][0] != chain.stream for chain in chains], dtype=bool)
+    leaves = np.array([chain.leaves if chain.consumer >= 0 and chain.leaves >= 0 else -1 for chain in chains],
+                      dtype=np.int64)
+    follows = np.where(links[chain_of], firsts + sizes - 1, -1)
+    takes = np.where(leaves[chain_of] >= 0, firsts + leaves[chain_of], -1)
+    continues = np.zeros(count, dtype=bool)
+    continues[1:] = ((chain_of[1:] == chain_of[:-1]) & (firsts[1:] == firsts[:-1] + sizes[:-1])
+                     & (records[1:, 4] == follows[:-1]) & (records[1:, 5] == takes[:-1]))
+    if late:
+        continues &= ~np.isin(firsts, list(late))
+    heads = np.flatnonzero(~continues)
+    length = np.zeros(count, dtype=np.int64)
+    length[heads] = np.diff(np.append(heads, count))
+    lengths = length.tolist()
     plain_tasks = list(map(tasks.__getitem__, plain.tolist()))
     if max(map(attrgetter("collective"), plain_tasks), default=-1) >= 0:  # a rendezvous (DualPipe's meetings)
         return None
-    position = np.concatenate([plain, firsts])
-    item = np.concatenate([plain, ~np.arange(0, len(stamps), STAMP_FIELDS, dtype=np.int64)])
+    # Every rank's items in task order: a task id, or ~k for the run of stamps from record k.
+    position = np.concatenate([plain, firsts[heads]])
+    item = np.concatenate([plain, ~heads])
     rank = np.concatenate([np.fromiter(map(attrgetter("rank"), plain_tasks), np.int64, len(plain_tasks)),
-                           chain_rank[records[:, 1]]])
+                           chain_rank[chain_of[heads]]])
     order = np.lexsort((position, rank))
     cuts = (np.flatnonzero(np.diff(rank[order])) + 1).tolist()
     runs = [part.tolist() for part in np.split(item[order], cuts)] if n else []
@@ -275,7 +294,7 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                 if waiting and code in waiting:
                     work.extend(waiting.pop(code))
             else:
-                at_record = ~code
+                at_record = ~code * STAMP_FIELDS
                 first = stamps[at_record]
                 function, seconds_of = compiled[stamps[at_record + 1]]
                 upstream = 0.0
@@ -287,10 +306,11 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                     if upstream == inf:
                         blocker = next(d for d in late[first] if end[d] == inf)
                         break
+                stamped = lengths[~code]
                 function(fa, end[stamps[at_record + 4]], end[stamps[at_record + 5]], upstream, first, start, end,
-                         seconds_of)
+                         seconds_of, stamped)
                 if stamped_waits:
-                    last = first + len(seconds_of)
+                    last = first + stamped * len(seconds_of)
                     for task_id in [task_id for task_id in waiting if first <= task_id < last]:
                         stamped_waits -= 1
                         work.extend(waiting.pop(task_id))
@@ -320,17 +340,21 @@ def _chain_rule(chain: Chain) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[
 def _chain_function(streams: tuple[int, ...], prevs: tuple[bool, ...], extras: tuple[tuple[int, ...], ...],
                     waits: tuple[bool, ...], becomes: tuple[bool, ...]) -> Callable[..., None] | None:
     """A chain's evaluation as straight-line Python, compiled once per rule (a search's layouts share a few):
-    ``function(fa, A, B, L, first, start, end, d)`` with ``fa`` the rank's stream ends (updated), ``A`` the end of
-    the task the stamp follows (0.0 where ``Chain.stamp`` gives its first task no edge to it), ``B`` the end of
-    the blocking TP collective before it, ``L`` the latest end of the edges added to its first task, ``d`` the
-    entries' seconds; it writes the chain's start and end times at ``first``. Each task's start is the maximum of
-    its stream's end and its dependencies' ends, in ``Chain.stamp``'s edges, as the rank walk takes it; its end
-    that plus its seconds. None for a chain with an edge out of it other than these."""
+    ``function(fa, A, B, L, first, start, end, d, count)`` evaluates ``count`` stamps of the chain one after the
+    other from task ``first``, with ``fa`` the rank's stream ends (updated), ``A`` the end of the task the first
+    stamp follows (0.0 where ``Chain.stamp`` gives its first task no edge to it), ``B`` the end of the blocking
+    TP collective before it, ``L`` the latest end of the edges added to its first task, ``d`` the entries'
+    seconds; it writes their start and end times. Each task's start is the maximum of its stream's end and its
+    dependencies' ends, in ``Chain.stamp``'s edges, as the rank walk takes it; its end that plus its seconds. A
+    later stamp follows the one before it (its last task, where the first entry takes an edge to it on another
+    stream) and takes the blocking collective that one left. None for a chain with an edge out of it other than
+    these."""
     count = len(streams)
     used = list(dict.fromkeys(streams))
-    lines = ["def run(fa, A, B, L, first, start, end, d):",
+    lines = ["def run(fa, A, B, L, first, start, end, d, count):",
              f"    {', '.join(f'd{k}' for k in range(count))}, = d",
-             *(f"    f{j} = fa[{code}]" for j, code in enumerate(used))]
+             *(f"    f{j} = fa[{code}]" for j, code in enumerate(used)),
+             f"    for first in range(first, first + count * {count}, {count}):"]
     blocking: int | None = -1  # -1: the one given at the stamp (B); k: entry k; None: no blocking collective
     for k in range(count):
         j = used.index(streams[k])
@@ -349,14 +373,19 @@ def _chain_function(streams: tuple[int, ...], prevs: tuple[bool, ...], extras: t
             blocking = None
         if k == 0:
             deps.append("L")
-        lines.append(f"    r = f{j}")
-        lines += [f"    if {dep} > r:\n        r = {dep}" for dep in dict.fromkeys(deps)]
-        lines.append(f"    s{k} = r")
-        lines.append(f"    e{k} = f{j} = r + d{k}")
+        lines.append(f"        r = f{j}")
+        lines += [f"        if {dep} > r:\n            r = {dep}" for dep in dict.fromkeys(deps)]
+        lines.append(f"        s{k} = r")
+        lines.append(f"        e{k} = f{j} = r + d{k}")
         if becomes[k]:
             blocking = k
-    lines.append(f"    start[first:first + {count}] = {', '.join(f's{k}' for k in range(count))},")
-    lines.append(f"    end[first:first + {count}] = {', '.join(f'e{k}' for k in range(count))},")
+    lines.append(f"        start[first:first + {count}] = {', '.join(f's{k}' for k in range(count))},")
+    lines.append(f"        end[first:first + {count}] = {', '.join(f'e{k}' for k in range(count))},")
+    # What the next stamp reads (TaskGraph.stamp's record of it): the last task, the collective left blocking.
+    lines.append(f"        A = e{count - 1}" if prevs[0] and streams[-1] != streams[0] else "        A = 0.0")
+    if blocking is None or blocking >= 0:  # else the one given passes through, still B
+        lines.append(f"        B = e{blocking}" if blocking is not None else "        B = 0.0")
+    lines.append("        L = 0.0")
     lines += [f"    fa[{code}] = f{j}" for j, code in enumerate(used)]
     namespace: dict[str, Callable[..., None]] = {}
     exec(compile("\n".join(lines), f"<chain of {count} tasks>", "exec"), namespace)  # the text built above
