@@ -136,23 +136,25 @@ class _Columns:
         microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
         layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
         records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
-        chain_of = records[:, 1]
-        by_chain = np.argsort(chain_of, kind="stable")
-        bounds = np.searchsorted(chain_of[by_chain], np.arange(len(graph.chains) + 1))
         plain = np.ones(n, dtype=bool)
-        for chain in graph.chains:
-            mine = records[by_chain[bounds[chain.index]:bounds[chain.index + 1]]]
-            if not len(mine):
-                continue
-            protos = chain.protos
-            ids = mine[:, :1] + np.arange(len(protos))  # stamps x entries
+        if len(records):
+            # Every chain's entries end to end (``at``: where each chain's begin), then each stamped task's id and
+            # entry: stamp j's tasks are firsts[j] + 0..K-1 and its chain's entries at[c] + 0..K-1.
+            protos = [proto for chain in graph.chains for proto in chain.protos]
+            sizes = np.array([len(chain.protos) for chain in graph.chains], dtype=np.int64)
+            at = np.cumsum(sizes) - sizes
+            chain_of = records[:, 1]
+            size = sizes[chain_of]
+            local = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+            ids = np.repeat(records[:, 0], size) + local
+            entry = np.repeat(at[chain_of], size) + local
             plain[ids] = False
-            rank[ids] = chain.rank
-            on_compute[ids] = np.array([proto.stream == Stream.COMPUTE for proto in protos])
-            kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)
-            flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)
-            microbatch[ids] = mine[:, 2:3]
-            layer[ids] = mine[:, 3:4]
+            rank[ids] = np.array([chain.rank for chain in graph.chains], dtype=np.int64)[np.repeat(chain_of, size)]
+            on_compute[ids] = np.array([proto.stream == Stream.COMPUTE for proto in protos], dtype=bool)[entry]
+            kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)[entry]
+            flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)[entry]
+            microbatch[ids] = np.repeat(records[:, 2], size)
+            layer[ids] = np.repeat(records[:, 3], size)
         ids = np.flatnonzero(plain) if len(graph.stamps) else np.arange(n)
         made = list(map(tasks.__getitem__, ids.tolist()))
         count = len(made)
