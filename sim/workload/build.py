@@ -349,7 +349,13 @@ class _StageEmitter:
         if g == 0:
             self.dp.before_forward(mb, g, -1, after)
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
+        chains, keys = self._stamping(mb, "forward")
         for layer in self._layers(chunk):
+            if chains is not None and not self.pending_deps:  # a recorded chain, the layer hooks inert: stamp it
+                chain = chains.get(keys.get(layer) or self._key(keys, "forward", layer))
+                if chain is not None:
+                    after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+                    continue
             self.dp.before_forward(mb, g, layer, after)
             after = self._layer("forward", mb, layer, after)
         if g == last:
@@ -367,7 +373,15 @@ class _StageEmitter:
         after: int | None = None
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
+        chains, keys = self._stamping(mb, "backward")
         for layer in reversed(self._layers(chunk)):
+            if chains is not None and not self.pending_deps:  # as in forward: the hooks below do nothing here
+                chain = chains.get(keys.get(layer) or self._key(keys, "backward", layer))
+                if chain is not None:
+                    after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+                    if not self.splits_backward:
+                        self.grad_ready[layer] = after  # type: ignore[assignment]
+                    continue
             after = self._layer("backward", mb, layer, after)
             if not self.splits_backward:
                 self.grad_ready[layer] = after  # type: ignore[assignment]
@@ -487,6 +501,20 @@ class _StageEmitter:
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+    def _stamping(self, mb: int, direction: str) -> tuple[dict[str, Chain] | None, dict[int, str]]:
+        """The recorded chains a pass may stamp layer by layer without the per-layer path (``_layer``), and its
+        layers' chain keys: chains only where ``_layer_tasks`` would stamp (fixed durations, the data-parallel
+        hooks inert inside layers) and every per-layer hook does nothing in this pass (no activation offload,
+        ``DataParallelEmitter.layers_inert``); else None."""
+        dp = self.dp
+        stamps = (self.fixed_durations and not self.offload and (self.dp_inert or dp.inert(mb, direction))
+                  and dp.layers_inert(mb, direction))
+        return (self.chains if stamps else None), self.chain_keys[direction]
+
+    def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
+        key = keys[layer] = self._chain_key(direction, layer)
+        return key
 
     def _chain_key(self, direction: str, layer: int) -> str:
         """Which recorded chain a layer's pass repeats: its direction, with full recomputation, MoE, frozen."""
