@@ -100,6 +100,9 @@ class _StageEmitter:
         self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
         self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
         self.chain_keys: dict[str, dict[int, str]] = {"forward": {}, "backward": {}}  # layer -> ``_chain_key``
+        self.stamping: dict[tuple[str, bool], bool] = {}  # (direction, micro-batch 0) -> ``_stamping``'s answer
+        # (phase, local chunk, the chunk it feeds) -> (its global chunk, the send's (src, dst) or None, its name)
+        self.routes: dict[tuple[str, int, int], tuple[int, tuple[int, int] | None, str]] = {}
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
@@ -303,18 +306,21 @@ class _StageEmitter:
         if self.unit_first is not None:
             self.unit_sends.append((phase, chunk, mb, to_global_chunk))
             return
-        to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
-        if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
-            self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
+        route = self.routes.get((phase, chunk, to_global_chunk))
+        if route is None:  # the same few per stage: worked out once
+            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
+            route = self.routes[(phase, chunk, to_global_chunk)] = (
+                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
+                "send_forward" if phase == "F" else "send_backward")
+        g, group, name = route
+        if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
+            self.sends[(phase, g, mb)] = after  # type: ignore[assignment]
             return
-        dst = self.stage_rank[to_stage]
-        name = "send_forward" if phase == "F" else "send_backward"
         # The send leaves once the pass's output is final: after its last task and the TP reduction that compute
         # still owes (Megatron waits the asynchronous input-gradient reduction before the backward returns).
         also = [self.blocking_tp] if self.blocking_tp is not None else []
-        task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes,
-                         group=(self.rank, dst))
-        self.sends[(phase, self._global_chunk(chunk), mb)] = task
+        task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes, group=group)
+        self.sends[(phase, g, mb)] = task
         if self.p2p_blocks:
             # Megatron-LM's _communicate waits on every isend/irecv request before returning, so the stage launches
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
@@ -507,9 +513,13 @@ class _StageEmitter:
         layers' chain keys: chains only where ``_layer_tasks`` would stamp (fixed durations, the data-parallel
         hooks inert inside layers) and every per-layer hook does nothing in this pass (no activation offload,
         ``DataParallelEmitter.layers_inert``); else None."""
-        dp = self.dp
-        stamps = (self.fixed_durations and not self.offload and (self.dp_inert or dp.inert(mb, direction))
-                  and dp.layers_inert(mb, direction))
+        key = (direction, mb == 0)  # what the answer depends on (DataParallelEmitter.inert, layers_inert)
+        stamps = self.stamping.get(key)
+        if stamps is None:
+            dp = self.dp
+            stamps = self.stamping[key] = bool(self.fixed_durations and not self.offload
+                                               and (self.dp_inert or dp.inert(mb, direction))
+                                               and dp.layers_inert(mb, direction))
         return (self.chains if stamps else None), self.chain_keys[direction]
 
     def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
