@@ -170,11 +170,15 @@ def simulate(scenario: Scenario, record_links: bool, limits: Limits, lazy: bool 
     check_limits(plan, limits)  # before the topology and the graph: a runaway run fails here, in milliseconds
     topo = build_topology(plan)
     net = network.make(scenario.network.model, topo, scenario.network.algorithm, scenario.network.protocol)
+    # Lazy only where the longest-path replay reads the graph alone (SM contention's rounds read its tasks).
     graph = workload.build(plan, lazy=lazy and not (net.flow_level or scenario.engine == "event"
-                                                    or scenario.network.nccl_sms))
+                                                    or scenario.network.nccl_sms or plan.deepep_sms))
     result = replay(scenario, graph, net, record_links)
     sm_stretch = 0.0
-    if scenario.network.nccl_sms:  # NCCL's SMs slow the compute they overlap: replay to a fixed point
+    if scenario.network.nccl_sms or plan.deepep_sms:  # NCCL's / DeepEP's SMs slow the compute they overlap:
+        # replay to a fixed point
+        graph.materialize()  # the rounds read its tasks (a no-op: a graph with SM contention is built eagerly)
+
         def again(durations: Sequence[float | None]) -> tuple[list[float], list[float]]:
             nonlocal result
             result = replay(scenario, graph, net, record_links, durations)
@@ -183,7 +187,7 @@ def simulate(scenario: Scenario, record_links: bool, limits: Limits, lazy: bool 
         # nothing downstream reads a task's duration from the graph).
         _, sm_stretch = sm_contention.settle(graph, (result.start, result.end), again,
                                              scenario.cluster.gpu.sms or 1, scenario.network.nccl_sms,
-                                             scenario.network.nccl_p2p_sms)
+                                             scenario.network.nccl_p2p_sms, plan.deepep_sms)
     return Simulated(plan, topo, graph, result, sm_stretch)
 
 
