@@ -55,6 +55,8 @@ CASES = {
     "llama2-7b FSDP": ("llama2-7b_h100-16_fsdp.yaml", []),
     "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),
     "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),
+    "mixtral 8x7b, DeepEP (its SMs: built eagerly)": ("mixtral-8x7b_h100-64.yaml", [
+        "training.global_batch=64", "moe.token_dispatcher=flex"]),
 }
 
 
