@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
-from sim.hardware import bytes_per_element, parameter_dtype
+from sim.hardware.dtypes import bytes_per_element, parameter_dtype
 from sim.model.memory import (
     Recompute,
     activation_bytes_per_layer,

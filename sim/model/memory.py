@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from sim.hardware import bytes_per_element
+from sim.hardware.dtypes import bytes_per_element
 from sim.model.transformer import ModelSpec, embedding_params, head_params, layer_params
 
 Recompute = Literal["none", "selective", "full"]
