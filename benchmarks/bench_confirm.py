@@ -117,7 +117,7 @@ def split(scenarios: list) -> dict[str, float]:
             net = network.make(scenario.network.model, runner.build_topology(plan), scenario.network.algorithm,
                                scenario.network.protocol)
             lap("plan")
-            graph = workload.build(plan)
+            graph = workload.build(plan, lazy=True)  # as runner.simulate builds a confirmation's
             lap("build")
             result = runner.replay(scenario, graph, net)
             lap("replay")

@@ -161,18 +161,24 @@ class Simulated:
     sm_stretch: float
 
 
-def simulate(scenario: Scenario, record_links: bool, limits: Limits) -> Simulated:
+def simulate(scenario: Scenario, record_links: bool, limits: Limits, lazy: bool = False) -> Simulated:
     """Plan, size check, topology, graph and replay(s): what ``run`` and a sweep's confirmation
-    (``sim.explore.confirm``) share before they read the times."""
+    (``sim.explore.confirm``) share before they read the times. ``lazy``: stamped chains kept as records where
+    the replay can evaluate them so (``workload.build``'s ``lazy``, ``engine.longest_path``; a confirmation's
+    graph, which no trace reads), else the graph is built eagerly or made so (``TaskGraph.materialize``)."""
     plan = resolve(scenario)
     check_limits(plan, limits)  # before the topology and the graph: a runaway run fails here, in milliseconds
     topo = build_topology(plan)
     net = network.make(scenario.network.model, topo, scenario.network.algorithm, scenario.network.protocol)
-    graph = workload.build(plan)
+    # Lazy only where the longest-path replay reads the graph alone (SM contention's rounds read its tasks).
+    graph = workload.build(plan, lazy=lazy and not (net.flow_level or scenario.engine == "event"
+                                                    or scenario.network.nccl_sms or plan.deepep_sms))
     result = replay(scenario, graph, net, record_links)
     sm_stretch = 0.0
     if scenario.network.nccl_sms or plan.deepep_sms:  # NCCL's / DeepEP's SMs slow the compute they overlap:
         # replay to a fixed point
+        graph.materialize()  # the rounds read its tasks (a no-op: a graph with SM contention is built eagerly)
+
         def again(durations: Sequence[float | None]) -> tuple[list[float], list[float]]:
             nonlocal result
             result = replay(scenario, graph, net, record_links, durations)

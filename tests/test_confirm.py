@@ -48,10 +48,15 @@ CASES = {
     "tiny jitter": ("tiny.yaml", ["variation.jitter=0.05", "ranks=all"]),
     "pipeline-4x8 zb-h1": ("pipeline-4x8.yaml", ["schedule=zb-h1"]),
     "pipeline-4x8 zb-v": ("pipeline-4x8.yaml", ["schedule=zb-v", "parallel.vpp=2"]),
+    "pipeline-4x8 zb-h2": ("pipeline-4x8.yaml", ["schedule=zb-h2"]),
+    "pipeline-4x8 dualpipe (meetings: materialized)": ("pipeline-4x8.yaml", [
+        "schedule=dualpipe", "parallel.dp=2", "cluster.nodes=2"]),
     "llama2-7b dp": ("llama2-7b_h100-8_dp.yaml", []),
     "llama2-7b FSDP": ("llama2-7b_h100-16_fsdp.yaml", []),
     "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),
     "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),
+    "mixtral 8x7b, DeepEP (its SMs: built eagerly)": ("mixtral-8x7b_h100-64.yaml", [
+        "training.global_batch=64", "moe.token_dispatcher=flex"]),
 }
 
 

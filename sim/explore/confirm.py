@@ -30,7 +30,7 @@ from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, s
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, TimelineRows, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, KINDS, STAMP_FIELDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = KINDS  # the codes footprint.TimelineRows reads
@@ -64,7 +64,7 @@ def confirm(scenario: Scenario, limits: Limits | None = None) -> Figures:
     """Simulate ``scenario``'s step as ``sim.runner.run`` does (same engine, SM-contention rounds, size check and
     physical check) and return its table figures. Raises what ``run`` raises."""
     with runner.without_gc():
-        simulated = runner.simulate(scenario, False, limits or Limits())
+        simulated = runner.simulate(scenario, False, limits or Limits(), lazy=True)
         figures = _figures(simulated)
         # Freed before the collector is back: its allocation count still holds the graph's 10^5..10^6 objects,
         # and the first allocation after gc.enable() would make it scan them all while they are alive (0.03 CPU s
@@ -75,24 +75,22 @@ def confirm(scenario: Scenario, limits: Limits | None = None) -> Figures:
 
 def _figures(simulated: runner.Simulated) -> Figures:
     plan, graph = simulated.plan, simulated.graph
-    tasks = graph.tasks
-    n = len(tasks)
-    rank, on_compute = _rank_and_compute(graph)
-    kind = np.fromiter(map(_KIND_CODE.__getitem__, map(attrgetter("kind"), tasks)), np.int8, n)
-    flops = np.fromiter(map(attrgetter("flops"), tasks), np.float64, n)
+    columns = _Columns.of(graph)
+    rank, kind = columns.rank, columns.kind
+    n = len(rank)
     start = np.asarray(simulated.result.start, dtype=np.float64)
     end = np.asarray(simulated.result.end, dtype=np.float64)
 
     step = float(end.max())
     pipeline_end = float(end[np.isin(kind, _COMPUTE)].max())
-    ranks = per_rank(rank_positions(rank), start, end, kind, _KIND_NAMES, on_compute, exposed_kinds(plan), step,
-                     pipeline_end)
+    ranks = per_rank(rank_positions(rank), start, end, kind, _KIND_NAMES, columns.on_compute, exposed_kinds(plan),
+                     step, pipeline_end)
     # Each simulated rank stands for its replicas: executed FLOPs per GPU = mean over simulated ranks (pandas'
     # grouped sum, as the summary's, so the figure is the same to the last bit).
-    hardware_flops_per_gpu = float(pd.Series(flops).groupby(rank).sum().mean())
+    hardware_flops_per_gpu = float(pd.Series(columns.flops).groupby(rank).sum().mean())
     figures = rates(plan, step, hardware_flops_per_gpu)
 
-    timeline_rows = _timeline_rows(graph, rank, kind, start, end)
+    timeline_rows = _timeline_rows(graph, columns, start, end)
     memory = memory_timeline(timeline_rows, plan)
     peak_memory = max(m["total"] for m in memory.values())
     compute_rows = np.isin(timeline_rows.kind, _COMPUTE)
@@ -107,43 +105,87 @@ def _figures(simulated: runner.Simulated) -> Figures:
                    microbatches=plan.microbatches, num_gpus=plan.num_gpus, tasks=n)
 
 
-def _rank_and_compute(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
-    """Each task's rank and whether it runs on its rank's compute stream, from the graph's (rank, stream) lists
-    (a few numpy calls per stream instead of a pass over the tasks per column)."""
-    n = len(graph.tasks)
-    rank = np.empty(n, dtype=np.int64)
-    on_compute = np.zeros(n, dtype=bool)
-    for (owner, stream), order in graph.streams.items():
-        ids = np.array(order, dtype=np.int64)
-        rank[ids] = owner
-        if stream == Stream.COMPUTE:
-            on_compute[ids] = True
-    return rank, on_compute
+@dataclass(frozen=True)
+class _Columns:
+    """The task columns the figures read, in task order: rank, whether on its rank's compute stream, kind code,
+    FLOPs, micro-batch and layer."""
+
+    rank: np.ndarray
+    on_compute: np.ndarray
+    kind: np.ndarray
+    flops: np.ndarray
+    microbatch: np.ndarray
+    layer: np.ndarray
+
+    @classmethod
+    def of(cls, graph: TaskGraph) -> _Columns:
+        """Read from the graph: the tasks made one by one from their stream lists (rank, compute stream: a few
+        numpy calls per stream) and fields; a lazy graph's stamped chains (``TaskGraph.stamps``) from each chain's
+        entries, repeated for its stamps (a few numpy calls per chain), micro-batch and layer from the records."""
+        tasks = graph.tasks
+        n = len(tasks)
+        rank = np.empty(n, dtype=np.int64)
+        on_compute = np.zeros(n, dtype=bool)
+        for (owner, stream), order in graph.streams.items():  # the tasks made one by one (all, if eager)
+            ids = np.array(order, dtype=np.int64)
+            rank[ids] = owner
+            if stream == Stream.COMPUTE:
+                on_compute[ids] = True
+        kind = np.empty(n, dtype=np.int8)
+        flops = np.empty(n, dtype=np.float64)
+        microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
+        layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
+        records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
+        plain = np.ones(n, dtype=bool)
+        if len(records):
+            # Every chain's entries end to end (``at``: where each chain's begin), then each stamped task's id and
+            # entry: stamp j's tasks are firsts[j] + 0..K-1 and its chain's entries at[c] + 0..K-1.
+            protos = [proto for chain in graph.chains for proto in chain.protos]
+            sizes = np.array([len(chain.protos) for chain in graph.chains], dtype=np.int64)
+            at = np.cumsum(sizes) - sizes
+            chain_of = records[:, 1]
+            size = sizes[chain_of]
+            local = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
+            ids = np.repeat(records[:, 0], size) + local
+            entry = np.repeat(at[chain_of], size) + local
+            plain[ids] = False
+            rank[ids] = np.array([chain.rank for chain in graph.chains], dtype=np.int64)[np.repeat(chain_of, size)]
+            on_compute[ids] = np.array([proto.stream == Stream.COMPUTE for proto in protos], dtype=bool)[entry]
+            kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)[entry]
+            flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)[entry]
+            microbatch[ids] = np.repeat(records[:, 2], size)
+            layer[ids] = np.repeat(records[:, 3], size)
+        ids = np.flatnonzero(plain) if len(graph.stamps) else np.arange(n)
+        made = list(map(tasks.__getitem__, ids.tolist()))
+        count = len(made)
+        kind[ids] = np.fromiter(map(_KIND_CODE.__getitem__, map(attrgetter("kind"), made)), np.int8, count)
+        flops[ids] = np.fromiter(map(attrgetter("flops"), made), np.float64, count)
+        microbatch[ids] = np.fromiter(map(attrgetter("microbatch"), made), microbatch.dtype, count)
+        layer[ids] = np.fromiter(map(attrgetter("layer"), made), layer.dtype, count)
+        return cls(rank, on_compute, kind, flops, microbatch, layer)
 
 
-def _timeline_rows(graph: TaskGraph, rank: np.ndarray, kind: np.ndarray, start: np.ndarray,
-                   end: np.ndarray) -> TimelineRows:
+def _timeline_rows(graph: TaskGraph, columns: _Columns, start: np.ndarray, end: np.ndarray) -> TimelineRows:
     """The trace's rows of ``TIMELINE_KINDS`` (compute passes among them, which is all the stage-wise bubble
-    rate reads), in task order, as the columns ``TimelineRows.of_trace`` reads from a trace. Read from the tasks
-    where the timeline needs them: micro-batch and layer on every row, name and bytes (rounded to the trace's
-    integers) on the offload and data-parallel rows only, the only ones whose names and bytes it reads (the
-    compute rows get "" and 0); a rank's stage is its tasks' (each emitter stamps its own on all of them)."""
+    rate reads), in task order, as the columns ``TimelineRows.of_trace`` reads from a trace. Names and bytes
+    (rounded to the trace's integers) are read on the offload and data-parallel rows only, the only ones whose
+    names and bytes it reads (the compute rows get "" and 0; a stamped task's are its chain's proto's, which
+    ``graph.tasks`` holds at its place); a rank's stage is its tasks' (each emitter stamps its own on all of
+    them)."""
     tasks = graph.tasks
-    ids = np.flatnonzero(np.isin(kind, _TIMELINE))
-    kept = list(map(tasks.__getitem__, ids.tolist()))
-    count = len(kept)
-    rows_rank, rows_kind = rank[ids], kind[ids]
+    ids = np.flatnonzero(np.isin(columns.kind, _TIMELINE))
+    count = len(ids)
+    rows_rank, rows_kind = columns.rank[ids], columns.kind[ids]
     stage_of = {owner: tasks[order[0]].stage for (owner, _), order in graph.streams.items()}
     ranks = np.unique(rows_rank)
     stage = np.array([stage_of[owner] for owner in ranks.tolist()], dtype=TRACE_COLUMNS["stage"])[
         np.searchsorted(ranks, rows_rank)]
     other = np.flatnonzero(~np.isin(rows_kind, _COMPUTE))  # offload copies and data-parallel collectives
-    others = [kept[i] for i in other.tolist()]
+    others = list(map(tasks.__getitem__, ids[other].tolist()))
     name = np.full(count, "", dtype=object)
     name[other] = list(map(attrgetter("name"), others))
     nbytes = np.zeros(count, dtype=TRACE_COLUMNS["bytes"])
     nbytes[other] = np.rint(np.fromiter(map(attrgetter("nbytes"), others), np.float64, len(others)))
     return TimelineRows(rank=rows_rank, stage=stage, kind=rows_kind, name=name,
-                        microbatch=np.fromiter(map(attrgetter("microbatch"), kept), TRACE_COLUMNS["microbatch"], count),
-                        layer=np.fromiter(map(attrgetter("layer"), kept), TRACE_COLUMNS["layer"], count),
+                        microbatch=columns.microbatch[ids], layer=columns.layer[ids],
                         start=start[ids], end=end[ids], nbytes=nbytes)

@@ -365,9 +365,11 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
     busy_compute: list[float] = []
     exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
     busy_kind = np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name in (*COMPUTE_KINDS, Kind.TP)])
-    comm_codes = {str(kind): [i for i, name in enumerate(kind_names) if name == kind] for kind in kinds}
+    # Each reported kind's rows, once over all tasks (per rank below, a take of it: the same rows as isin per rank)
+    of_kinds = {str(kind): np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name == kind])
+                for kind in kinds}
     for rows in positions:
-        starts, ends, codes = starts_all[rows], ends_all[rows], kind_codes[rows]
+        starts, ends = starts_all[rows], ends_all[rows]
         compute_rows = on_compute_stream[rows]
         union = _merge(starts[compute_rows], ends[compute_rows])
         busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
@@ -376,8 +378,8 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
         busy_starts, busy_ends = _merge(starts[busy_rows], busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))
         bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
-        for kind, code in comm_codes.items():
-            of_kind = np.isin(codes, code)
+        for kind, of_all in of_kinds.items():
+            of_kind = of_all[rows]
             exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union))
     return PerRank(bubbles, busy_compute, exposed)
 

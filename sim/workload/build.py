@@ -47,6 +47,7 @@ from sim.workload.ir import (
     NCCL_STREAM,
     OFFLOAD_STREAM,
     REPLICA_STREAM,
+    Chain,
     Task,
     TaskGraph,
 )
@@ -97,7 +98,11 @@ class _StageEmitter:
         self.priced: dict[tuple[int, str], tuple[float, float]] = {}  # (id(work), phase) -> (seconds, FLOPs)
         self.jitter = jitter_stream(scenario.variation.jitter, scenario.seed, rank)
         self.fixed_durations = stamp and scenario.variation.jitter == 0  # layers can share one recorded chain
-        self.chains: dict[str, list[tuple]] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
+        self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
+        self.chain_keys: dict[str, dict[int, str]] = {"forward": {}, "backward": {}}  # layer -> ``_chain_key``
+        self.stamping: dict[tuple[str, bool], bool] = {}  # (direction, micro-batch 0) -> ``_stamping``'s answer
+        # (phase, local chunk, the chunk it feeds) -> (its global chunk, the send's (src, dst) or None, its name)
+        self.routes: dict[tuple[str, int, int], tuple[int, tuple[int, int] | None, str]] = {}
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
         # consumer or not (parallel.tp_comm_overlap: false). blocking_tp: the collective the next compute waits on.
         self.tp_blocks = not scenario.parallel.tp_comm_overlap
@@ -301,18 +306,21 @@ class _StageEmitter:
         if self.unit_first is not None:
             self.unit_sends.append((phase, chunk, mb, to_global_chunk))
             return
-        to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
-        if to_stage == self.stage:  # the turn of a V: the next chunk is on this GPU, nothing to send
-            self.sends[(phase, self._global_chunk(chunk), mb)] = after  # type: ignore[assignment]
+        route = self.routes.get((phase, chunk, to_global_chunk))
+        if route is None:  # the same few per stage: worked out once
+            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
+            route = self.routes[(phase, chunk, to_global_chunk)] = (
+                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
+                "send_forward" if phase == "F" else "send_backward")
+        g, group, name = route
+        if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
+            self.sends[(phase, g, mb)] = after  # type: ignore[assignment]
             return
-        dst = self.stage_rank[to_stage]
-        name = "send_forward" if phase == "F" else "send_backward"
         # The send leaves once the pass's output is final: after its last task and the TP reduction that compute
         # still owes (Megatron waits the asynchronous input-gradient reduction before the backward returns).
         also = [self.blocking_tp] if self.blocking_tp is not None else []
-        task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes,
-                         group=(self.rank, dst))
-        self.sends[(phase, self._global_chunk(chunk), mb)] = task
+        task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes, group=group)
+        self.sends[(phase, g, mb)] = task
         if self.p2p_blocks:
             # Megatron-LM's _communicate waits on every isend/irecv request before returning, so the stage launches
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
@@ -349,7 +357,13 @@ class _StageEmitter:
         if g == 0:
             self.dp.before_forward(mb, g, -1, after)
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
+        chains, keys = self._stamping(mb, "forward")
         for layer in self._layers(chunk):
+            if chains is not None and not self.pending_deps:  # a recorded chain, the layer hooks inert: stamp it
+                chain = chains.get(keys.get(layer) or self._key(keys, "forward", layer))
+                if chain is not None:
+                    after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+                    continue
             self.dp.before_forward(mb, g, layer, after)
             after = self._layer("forward", mb, layer, after)
         if g == last:
@@ -367,7 +381,15 @@ class _StageEmitter:
         after: int | None = None
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
+        chains, keys = self._stamping(mb, "backward")
         for layer in reversed(self._layers(chunk)):
+            if chains is not None and not self.pending_deps:  # as in forward: the hooks below do nothing here
+                chain = chains.get(keys.get(layer) or self._key(keys, "backward", layer))
+                if chain is not None:
+                    after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+                    if not self.splits_backward:
+                        self.grad_ready[layer] = after  # type: ignore[assignment]
+                    continue
             after = self._layer("backward", mb, layer, after)
             if not self.splits_backward:
                 self.grad_ready[layer] = after  # type: ignore[assignment]
@@ -445,16 +467,19 @@ class _StageEmitter:
         pending dependencies or jitter tell layers apart, so the chain is recorded from the first layer and
         stamped for the others: the same tasks as emitting them one by one, at a third of the cost."""
         stampable = not self.pending_deps and (self.dp_inert or self.dp.inert(mb, direction)) and self.fixed_durations
+        keys = self.chain_keys[direction]
+        chain_key = keys.get(layer)
+        if chain_key is None:
+            chain_key = keys[layer] = self._chain_key(direction, layer)
+        chain = self.chains.get(chain_key) if stampable else None
+        if chain is not None:  # the hot path (10^4..10^5 layers per build): straight to the graph
+            after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
+            return after
         recomputes = direction == "backward" and self.plan.recomputes(layer)
         moe = self.moe_layers[layer]
-        chain_key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if moe else "")
         if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
             frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
-            chain_key += "+frozen" if frozen else ""
-        chain = self.chains.get(chain_key) if stampable else None
-        if chain is not None:
-            return self._stamp(chain, mb, layer, after)
         first = len(self.g.tasks)
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
@@ -482,37 +507,46 @@ class _StageEmitter:
                     after = self._block("backward", block, mb, layer, after, phase)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+            self.chains[chain_key] = self._record(first)
         return after
 
-    def _stamp(self, chain: list[tuple], mb: int, layer: int, after: int | None) -> int | None:
-        """Emits a recorded chain (``_stamp_entry``) again for ``layer`` of micro-batch ``mb`` after ``after``:
-        TaskGraph.add and _blocking, inlined (10^5..10^6 tasks per build). Returns its last task."""
-        graph, rank, stage = self.g, self.rank, self.stage
-        tasks, key = graph.tasks, graph.rendezvous_key
-        blocking_tp = self.blocking_tp
-        task_id = len(tasks)
-        after_stream = tasks[after].stream if after is not None else None
-        for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
-             append) in chain:
-            # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
-            # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
-            deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
-            if extra:
-                deps += tuple([task_id - back for back in extra])
-            if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
-                if blocking_tp not in deps:
-                    deps += (blocking_tp,)
-                blocking_tp = None
-            tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
-                              flops, group, key(rank, kind, op, group) if keyed else -1, skew))
-            append(task_id)
-            after, after_stream = task_id, stream
-            if becomes:
-                blocking_tp = task_id
-            task_id += 1
-        self.blocking_tp = blocking_tp
+    def _stamping(self, mb: int, direction: str) -> tuple[dict[str, Chain] | None, dict[int, str]]:
+        """The recorded chains a pass may stamp layer by layer without the per-layer path (``_layer``), and its
+        layers' chain keys: chains only where ``_layer_tasks`` would stamp (fixed durations, the data-parallel
+        hooks inert inside layers) and every per-layer hook does nothing in this pass (no activation offload,
+        ``DataParallelEmitter.layers_inert``); else None."""
+        key = (direction, mb == 0)  # what the answer depends on (DataParallelEmitter.inert, layers_inert)
+        stamps = self.stamping.get(key)
+        if stamps is None:
+            dp = self.dp
+            stamps = self.stamping[key] = bool(self.fixed_durations and not self.offload
+                                               and (self.dp_inert or dp.inert(mb, direction))
+                                               and dp.layers_inert(mb, direction))
+        return (self.chains if stamps else None), self.chain_keys[direction]
+
+    def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
+        key = keys[layer] = self._chain_key(direction, layer)
+        return key
+
+    def _chain_key(self, direction: str, layer: int) -> str:
+        """Which recorded chain a layer's pass repeats: its direction, with full recomputation, MoE, frozen."""
+        recomputes = direction == "backward" and self.plan.recomputes(layer)
+        key = (f"{direction}+recompute" if recomputes else direction) + ("+moe" if self.moe_layers[layer] else "")
+        if self.frozen_work is not None and direction == "backward" and self.plan.peft.layer_frozen(layer):
+            key += "+frozen"
+        return key
+
+    def _stamp(self, chain: Chain, mb: int, layer: int, after: int | None) -> int | None:
+        """Emits a recorded chain again for ``layer`` of micro-batch ``mb`` after ``after`` (``Chain.stamp``; a lazy
+        graph keeps a record instead). Returns its last task."""
+        after, self.blocking_tp = self.g.stamp(chain, mb, layer, after, self.blocking_tp)
         return after
+
+    def _record(self, first: int) -> Chain:
+        """The chain of the tasks emitted from task ``first`` on (one layer), to stamp for the next layers."""
+        protos, chains = self.g.tasks[first:], self.g.chains
+        chains.append(Chain([self._stamp_entry(task) for task in protos], protos, self.rank, self.stage, len(chains)))
+        return chains[-1]
 
     def _stamp_entry(self, task: Task) -> tuple:
         """What stamping repeats of a recorded task: its fields, then its chain rule (``_flagged``; default: after
@@ -584,7 +618,7 @@ class _StageEmitter:
             for block in ("mlp", "attention"):
                 after = self._compute("weight", block, mb, layer, work[block], after, "weight_grad")
         if stampable and not self.pending_deps:
-            self.chains[chain_key] = [self._stamp_entry(task) for task in self.g.tasks[first:]]
+            self.chains[chain_key] = self._record(first)
         return after
 
 def folds_tp(plan: Plan) -> bool:
@@ -597,6 +631,17 @@ def folds_tp(plan: Plan) -> bool:
             and not v.jitter and not v.links)
 
 
+def lazy_builds(plan: Plan) -> bool:
+    """Whether ``build(plan, lazy=True)`` keeps stamped chains as records: in slice mode (``ranks: all`` hands out
+    rendezvous keys in stamping order) unless a DualPipe F&B pair of MoE layers is interleaved, which reorders
+    its tasks in their stream lists after they are emitted (``_StageEmitter._interleave_pair``)."""
+    scenario = plan.scenario
+    if scenario.ranks == "all":
+        return False
+    orders = _actions(plan.schedule, plan.pp, plan.microbatches, plan.vpp)
+    return not (plan.is_moe and any(action.with_next for actions in orders for action in actions))
+
+
 @lru_cache(maxsize=64)
 def _actions(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
@@ -606,17 +651,20 @@ def _actions(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[Action, 
     return tuple(tuple(stage) for stage in schedule.actions(p, m, v))
 
 
-def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
+def build(plan: Plan, fold: bool | None = None, stamp: bool = True, lazy: bool = False) -> TaskGraph:
     """The task graph; under ``ranks: all`` TP groups are folded into one process each when ``fold`` (default:
     whenever ``folds_tp``), which gives the same times with 1/tp of the tasks (tested). ``stamp=False`` emits
-    every layer one by one instead of stamping the first layer's chain (the same graph; for tests)."""
+    every layer one by one instead of stamping the first layer's chain (the same graph; for tests). ``lazy``
+    keeps stamped chains as records (``TaskGraph.lazy``; ``materialize`` makes their tasks) where ``lazy_builds``
+    allows it, else builds eagerly."""
     scenario = plan.scenario
     fold = folds_tp(plan) if fold is None else fold and folds_tp(plan)
-    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=plan.tp if fold else 1)
-    costs = make_costs(plan)
-    grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
     orders = _actions(plan.schedule, p, m, v)
+    graph = TaskGraph(match_collectives=scenario.ranks == "all", lockstep=plan.tp if fold else 1,
+                      lazy=lazy and lazy_builds(plan))
+    costs = make_costs(plan)
+    grid = plan.grid
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])

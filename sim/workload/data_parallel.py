@@ -245,6 +245,16 @@ class DataParallelEmitter:
         emitter may stamp a recorded layer chain): FSDP + PP touches only micro-batch 0's forward."""
         return self.per_step and not (phase == "forward" and mb == 0)
 
+    def layers_inert(self, mb: int, phase: str) -> bool:
+        """Whether this micro-batch's pass adds nothing per layer: ``before_layer``, ``before_forward`` (forward),
+        ``unit_compute_done`` and ``after_layer_backward`` (backward) return without a task, a dependency or a
+        record (the stage emitter then stamps its layers' chains without calling them)."""
+        if self.sharded_units:
+            return False
+        if phase == "forward":
+            return mb != 0 or not (self.bucket_starts or self.expert_starts)
+        return not self.multi or self.zero < 2 or self.per_step
+
     def unit_compute_done(self, layer: int, phase: str, last_task: int) -> None:
         """Record the end of a unit's compute (the last layer of a unit in this phase's order)."""
         if self.sharded_units and layer % self.unit_layers == (self.unit_layers - 1 if phase == "forward" else 0):

@@ -6,6 +6,11 @@ and group) and the ``TaskGraph`` the engines replay like CUDA streams, with the 
 collective's simulated members under ``ranks: all``; the names of the streams (``Stream``) and task kinds
 (``Kind``).
 
+A graph built ``lazy`` (``sim.workload.build.build(plan, lazy=True)``, a sweep's confirmation) keeps each stamped
+layer chain as one record (``TaskGraph.stamps``: its ``Chain`` and where it was stamped) instead of its ``Task``
+objects, which were most of a confirmation's build and freeing (issue 25); ``TaskGraph.materialize`` makes them,
+the same tasks the eager build makes, for whatever reads tasks one by one.
+
 This module is the seam between the builder and everything that reads a graph (the engines in ``sim.engine``,
 the critical path, the trace in ``sim.output``, the charts): they import it, never the builder, so it imports
 only the standard library. Stream and kind names are ``StrEnum`` members, equal to (and hashing as) their plain
@@ -14,7 +19,7 @@ strings, so a task may carry either and the trace's columns hold the same string
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from operator import attrgetter
@@ -83,6 +88,72 @@ class Task:
     skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (MoE routing imbalance; the network's)
 
 
+STAMP_FIELDS = 6  # a lazy graph's stamp record: first task, chain, micro-batch, layer, follows, takes (TaskGraph)
+# A recorded chain's entry (``sim.workload.build._StageEmitter._stamp_entry``): the task's fields, then its chain rule.
+ChainEntry = tuple  # (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes,
+#                     keyed, append)
+
+
+class Chain:
+    """One layer's tasks as recorded from the first layer a stage emitted (forward, backward with or without
+    recomputation, weight-gradient pass; MoE, frozen), stamped again for every other layer with the same chain.
+
+    ``entries`` are the recorded tasks' fields and chain rules, ``protos`` the recorded tasks themselves (a lazy
+    graph holds them at the positions of the tasks stamped from them, for their static fields: stream, kind,
+    name, duration, bytes, FLOPs, group), ``rank`` and ``stage`` the emitter's, ``index`` its place in
+    ``TaskGraph.chains``, ``stream`` its first task's. What of the stamp's surroundings its tasks read is decided
+    here once: ``follows``,
+    whether the first task depends on the task emitted before the stamp (when that one is on another stream);
+    ``consumer``, the entry that takes the blocking TP collective given at the stamp (-1: none does); ``leaves``,
+    the entry that is blocking at the end (-1: the one given, if no entry consumed it; -2: none)."""
+
+    __slots__ = ("entries", "protos", "rank", "stage", "index", "stream", "follows", "consumer", "leaves")
+
+    def __init__(self, entries: list[ChainEntry], protos: list[Task], rank: int, stage: int, index: int) -> None:
+        self.entries, self.protos, self.rank, self.stage, self.index = entries, protos, rank, stage, index
+        self.stream = entries[0][0]  # the first task's
+        self.follows = bool(entries[0][9])
+        state = -1  # -1: the blocking collective given at the stamp; -2: none; k: entry k
+        self.consumer = -1
+        for k, entry in enumerate(entries):
+            if entry[11] and state != -2:  # waits_tp: takes the blocking collective (_StageEmitter._blocking)
+                if state == -1:
+                    self.consumer = k
+                state = -2
+            if entry[12]:  # becomes the blocking one
+                state = k
+        self.leaves = state
+
+    def stamp(self, tasks: list[Task], mb: int, layer: int, after: int | None, blocking_tp: int | None,
+              key: Callable[[int, str, str, tuple[int, ...]], int]) -> tuple[int | None, int | None]:
+        """Emits the chain's tasks for ``layer`` of micro-batch ``mb`` after task ``after``, appending them to
+        ``tasks`` and their stream lists (TaskGraph.add and _StageEmitter._blocking, inlined: 10^5..10^6 tasks per
+        build) with ``blocking_tp`` the blocking TP collective before it. Returns the last task and the blocking
+        TP collective after it."""
+        rank, stage = self.rank, self.stage
+        task_id = len(tasks)
+        after_stream = tasks[after].stream if after is not None else None
+        for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
+             append) in self.entries:
+            # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
+            # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
+            deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
+            if extra:
+                deps += tuple([task_id - back for back in extra])
+            if waits_tp and blocking_tp is not None:  # _blocking: the compute waits for the blocking collective
+                if blocking_tp not in deps:
+                    deps += (blocking_tp,)
+                blocking_tp = None
+            tasks.append(Task(task_id, rank, stage, stream, kind, name, mb, layer, deps, duration, op, nbytes,
+                              flops, group, key(rank, kind, op, group) if keyed else -1, skew))
+            append(task_id)
+            after, after_stream = task_id, stream
+            if becomes:
+                blocking_tp = task_id
+            task_id += 1
+        return after, blocking_tp
+
+
 @dataclass
 class TaskGraph:
     tasks: list[Task] = field(default_factory=list)
@@ -91,6 +162,16 @@ class TaskGraph:
     # ranks: all with TP ranks folded: each simulated rank (tp rank 0) stands for this many TP ranks in
     # lockstep, and its DP/PP transfers stand for theirs too (ranks r+1..r+lockstep-1: tp is the fastest dim).
     lockstep: int = 1
+    # The chains the emitters recorded (``Chain.index``). A lazy graph keeps each stamp of one as a record of
+    # STAMP_FIELDS ints, one after the other in ``stamps`` (first task, chain index, micro-batch, layer, the task
+    # its first task follows and the blocking TP collective one of its tasks takes, -1 for none; ``stamp``; one
+    # flat list: numpy reads it in one call, 3x faster than a list of tuples) while ``tasks`` holds the chain's
+    # protos at their positions; ``late``: edges added to such tasks by ``add_dependency``. Only in slice mode (no
+    # rendezvous keys to hand out in stamping order).
+    lazy: bool = False
+    chains: list[Chain] = field(default_factory=list)
+    stamps: list[int] = field(default_factory=list)
+    late: dict[int, list[int]] = field(default_factory=dict)
     frozen: bool = field(default=False, init=False)  # set by ``freeze``: no task or edge may be added after
     # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
@@ -148,7 +229,9 @@ class TaskGraph:
         if self.frozen:
             raise RuntimeError(f"task graph is frozen: cannot add an edge to task {task_id}")
         task = self.tasks[task_id]
-        if isinstance(task.deps, list):
+        if task.id != task_id:  # a lazy stamp's proto stands there: the edge is kept apart until materialize()
+            self.late.setdefault(task_id, []).append(on)
+        elif isinstance(task.deps, list):
             task.deps.append(on)
         else:  # a stamped task's (sim.workload.build): a tuple from the start, and still one
             task.deps = (*task.deps, on)
@@ -178,3 +261,52 @@ class TaskGraph:
         if unknown:
             raise ValueError(f"task graph: unknown kind(s) {', '.join(sorted(unknown))}; kinds are {', '.join(Kind)}")
         self.frozen = True
+
+    def stamp(self, chain: Chain, mb: int, layer: int, after: int | None, blocking_tp: int | None
+              ) -> tuple[int | None, int | None]:
+        """A layer chain stamped after ``after`` with ``blocking_tp`` the blocking TP collective before it: its tasks
+        (eager) or its record (``lazy``; ``stamps``). Returns the chain's last task and the blocking TP collective
+        after it."""
+        if not self.lazy:
+            return chain.stamp(self.tasks, mb, layer, after, blocking_tp, self.rendezvous_key)
+        tasks = self.tasks
+        first = len(tasks)
+        # What the stamp's tasks read of its surroundings (-1: nothing): the task before it, where the first task
+        # depends on it (Chain.stamp's edge), and the blocking collective, where an entry takes it.
+        follows = after if after is not None and chain.follows and tasks[after].stream != chain.stream else -1
+        takes = blocking_tp if blocking_tp is not None and chain.consumer >= 0 else -1
+        self.stamps += (first, chain.index, mb, layer, follows, takes)
+        tasks.extend(chain.protos)
+        leaves = chain.leaves
+        return len(tasks) - 1, (blocking_tp if leaves == -1 else None if leaves == -2 else first + leaves)
+
+    def records(self) -> Iterator[tuple[int, int, int, int, int, int]]:
+        """The stamps' records, one tuple each (``stamps``)."""
+        fields = iter(self.stamps)
+        return zip(*[fields] * STAMP_FIELDS, strict=True)  # type: ignore[return-value]
+
+    def materialize(self) -> None:
+        """Makes a lazy graph's stamped tasks: each chain stamped again in task order, the same ``Task`` objects,
+        dependencies (``late`` edges appended as ``add_dependency`` would have) and stream lists the eager build
+        makes (tests/test_lazy_graph.py compares them). Nothing to do on an eager graph."""
+        if not self.stamps:
+            return
+        old, late = self.tasks, self.late
+        for order in self.streams.values():  # refilled in task order below (each list holds its ids ascending)
+            order.clear()
+        tasks: list[Task] = []
+        streams = self.streams
+        for first, chain, mb, layer, after, blocking_tp in self.records():
+            for task in old[len(tasks):first]:
+                tasks.append(task)
+                streams[(task.rank, task.stream)].append(task.id)
+            # The record's -1s stand where Chain.stamp would make no edge of the task or collective given.
+            self.chains[chain].stamp(tasks, mb, layer, after if after >= 0 else None,
+                                     blocking_tp if blocking_tp >= 0 else None, self.rendezvous_key)
+        for task in old[len(tasks):]:
+            tasks.append(task)
+            streams[(task.rank, task.stream)].append(task.id)
+        for task_id, ons in late.items():
+            task = tasks[task_id]
+            task.deps = (*task.deps, *ons)
+        self.tasks, self.stamps, self.late = tasks, [], {}
