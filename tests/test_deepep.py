@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import itertools
 from math import comb
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sim import runner
-from sim.errors import SimError
+from sim.errors import ConfigError, SimError
 from sim.network import deepep
 from sim.plan import resolve
-from sim.spec.scenario import load_scenario
+from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload import step
 
 from conftest import SCENARIOS
@@ -117,3 +119,80 @@ def test_sim_import_maps_the_flex_dispatcher_and_the_a2a_overlap() -> None:
     with pytest.raises(SimError) as error:
         import_megatron((base + "--moe-flex-dispatcher-backend hybridep").split(), Options(gpu="H100-SXM", gpus=8))
     assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)
+
+
+def _moe_one(overrides: list[str], zero: int = 0) -> Scenario:
+    """Two MoE layers of 8 experts on one node, ep 8, ZeRO ``zero``, with ``overrides`` (``moe.<field>=<value>``)."""
+    doc: dict[str, Any] = {
+        "name": "moe", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": {"name": "moe-one", "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+                  "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 2048,
+                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
+                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "zero": zero}, "schedule": "1f1b", "moe": {}}
+    for override in overrides:
+        key, value = override.split("=")
+        doc["moe"][key.split(".")[1]] = {"true": True, "false": False}.get(value, int(value) if value.isdigit()
+                                                                            else value)
+    return scenario_from_dict(doc)
+
+
+@pytest.mark.parametrize(("flags", "sms"), [
+    ("", 20),
+    ("--moe-deepep-num-sms 32", 32),
+    ("--moe-flex-dispatcher-num-sms 24", 24),
+    ("--moe-deepep-num-sms 32 --moe-flex-dispatcher-num-sms 24", 24),  # the unified knob wins (__post_init__)
+])
+def test_sim_import_maps_deepeps_sms(flags: str, sms: int) -> None:
+    """Megatron-Core's SMs for DeepEP (--moe-deepep-num-sms, deprecated into --moe-flex-dispatcher-num-sms, which
+    takes precedence: transformer_config.py __post_init__; None -> DeepEP V1's 20) -> moe.deepep_sms, reported as
+    mapped (it was listed as not read, and the scenario kept 20)."""
+    from sim.interop.draft import Options
+    from sim.interop.megatron import import_megatron
+
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+            "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 4 --moe-token-dispatcher-type flex ")
+    draft = import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=8))
+    assert draft.scenario().moe.deepep_sms == sms
+    assert not [row for row in draft.rows if "num-sms" in row.source and row.status == "unknown"]
+
+
+def test_megatron_emit_keeps_deepeps_sms(tmp_path: Path) -> None:
+    """`sim search --emit megatron` writes moe.deepep_sms as --moe-deepep-num-sms (it was dropped: Megatron then
+    runs DeepEP on 20 SMs) and imports back to it; 0 (the model's switch for no SM contention) is no DeepEP
+    setting and is refused in one line."""
+    from sim.interop.draft import Options
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+
+    scenario = _moe_one(["moe.token_dispatcher=flex", "moe.deepep_sms=32"], zero=1)
+    path = tmp_path / "emitted.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert (back.moe.token_dispatcher, back.moe.deepep_sms, back.parallel.ep) == ("flex", 32, 8)
+    default = _moe_one(["moe.token_dispatcher=flex"], zero=1)
+    assert "num-sms" not in emit(default, "megatron").text  # Megatron-Core's own default, as before
+    with pytest.raises(ConfigError) as error:
+        emit(_moe_one(["moe.token_dispatcher=flex", "moe.deepep_sms=0"], zero=1), "megatron")
+    assert str(error.value).startswith("moe.deepep_sms: 0") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed"])
+@pytest.mark.parametrize(("overrides", "knob"), [
+    (["moe.token_dispatcher=flex"], "moe.token_dispatcher"),
+    (["moe.a2a_overlap=true"], "moe.a2a_overlap"),
+    ([], "parallel.ep"),
+])
+def test_other_emitters_refuse_what_they_cannot_write(framework: str, overrides: list[str], knob: str) -> None:
+    """An emitter with no setting for the flex dispatcher, the EP A2A overlap (or, DeepSpeed's JSON, for expert
+    parallelism) refuses it in one line naming the knob, instead of writing a launch that runs without it."""
+    from sim.interop.emit import emit
+
+    scenario = _moe_one(overrides)
+    if knob == "parallel.ep" and framework == "torchtitan":
+        assert "expert_parallel_degree = 8" in emit(scenario, framework).text  # TorchTitan writes it
+        return
+    with pytest.raises(ConfigError) as error:
+        emit(scenario, framework)
+    assert str(error.value).startswith(f"{knob}: ") and "\n" not in str(error.value)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sim.errors import ConfigError
 from sim.spec.degrees import degrees
-from sim.spec.scenario import Scenario
+from sim.spec.scenario import MoeSpec, Scenario
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
@@ -127,7 +127,7 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
         if s.moe.token_dispatcher == "flex":
-            flags += ["--moe-flex-dispatcher-backend", "deepep"]
+            flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
             flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if not t.flash_attention:
@@ -142,6 +142,30 @@ def _megatron(s: Scenario) -> Emitted:
     text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + launch + " \\\n" + \
         " \\\n".join(line for line in lines) + "\n"
     return Emitted(text, ".sh", launch + " ...")
+
+
+def _deepep_sms(s: Scenario) -> list[str]:
+    """moe.deepep_sms as Megatron-LM's --moe-deepep-num-sms (read by every Megatron-Core with DeepEP; the newest
+    routes it to moe_flex_dispatcher_num_sms), nothing at its default (DeepEP V1's 20, Megatron-Core's own); 0,
+    the model's switch for no SM contention, is no DeepEP setting."""
+    sms = s.moe.deepep_sms
+    if sms == 0:
+        raise _refuse("Megatron-LM", "moe.deepep_sms", "0 (DeepEP's kernels on no SMs: the model's switch for no SM "
+                      "contention)")
+    return [] if sms == MoeSpec.model_fields["deepep_sms"].default else ["--moe-deepep-num-sms", str(sms)]
+
+
+def _moe_refusals(s: Scenario, framework: str, expert_parallel: bool) -> None:
+    """The MoE knobs ``framework``'s configuration has no setting for, refused in one line rather than dropped:
+    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap and, where ``expert_parallel`` is False, ep > 1."""
+    if not s.model.num_moe_experts:
+        return
+    if s.moe.token_dispatcher == "flex":
+        raise _refuse(framework, "moe.token_dispatcher", "the flex (DeepEP) dispatcher")
+    if s.moe.a2a_overlap:
+        raise _refuse(framework, "moe.a2a_overlap", "Megatron-Core's EP A2A overlap (combined 1F1B)")
+    if not expert_parallel and s.parallel.ep > 1:
+        raise _refuse(framework, "parallel.ep", f"expert parallelism (ep {s.parallel.ep})")
 
 
 def _pairs(flags: list[str]) -> list[tuple[str, str]]:
@@ -164,6 +188,7 @@ def _torchtitan(s: Scenario) -> Emitted:
     if s.schedule not in TORCHTITAN_SCHEDULES and p.pp > 1:
         raise _refuse("TorchTitan", "schedule", f"{s.schedule} is not one of TorchTitan's pipeline schedules here")
     _optimizer_states(s, "TorchTitan")
+    _moe_refusals(s, "TorchTitan", expert_parallel=True)
     if p.tp > 1 and not p.sequence_parallel:
         raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
                       "norms (TorchTitan's TP plan always uses SequenceParallel)")
@@ -217,6 +242,7 @@ def _deepspeed(s: Scenario) -> Emitted:
     if s.fsdp is not None:
         raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
     _optimizer_states(s, "DeepSpeed")
+    _moe_refusals(s, "a DeepSpeed ZeRO run under the HF Trainer", expert_parallel=False)
     accumulation = d.microbatches
     config: dict[str, object] = {
         "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,

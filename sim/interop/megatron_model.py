@@ -138,6 +138,14 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
         if kind == "flex" and backend != "deepep":  # Megatron-Core's default backend is deepep
             raise refuse(f"{args.source('moe_flex_dispatcher_backend')}: {backend!r} is not modelled (deepep)")
         draft.put("moe.token_dispatcher", kind, args.source("moe_token_dispatcher_type"))
+    # DeepEP's SMs: --moe-deepep-num-sms is deprecated into --moe-flex-dispatcher-num-sms, which wins where both
+    # are given (transformer_config.py __post_init__); unset, DeepEP V1 takes 20 (moe.deepep_sms's default)
+    given = [(dest, args.int(dest)) for dest in ("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms")
+             if args.has(dest)]
+    given = [(dest, sms) for dest, sms in given if sms is not None]  # an explicit None is Megatron's default
+    if given:
+        dest, sms = given[0]
+        draft.put("moe.deepep_sms", sms, args.source(dest), note="SMs each DeepEP dispatch/combine holds")
     if args.has("moe_expert_capacity_factor"):
         draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
                   args.source("moe_expert_capacity_factor"))
