@@ -196,3 +196,43 @@ def test_other_emitters_refuse_what_they_cannot_write(framework: str, overrides:
     with pytest.raises(ConfigError) as error:
         emit(scenario, framework)
     assert str(error.value).startswith(f"{knob}: ") and "\n" not in str(error.value)
+
+
+def test_megatron_emit_keeps_the_moe_shape_and_the_uneven_pipeline(tmp_path: Path) -> None:
+    """`sim search --emit megatron` on the Qwen3-235B DeepEP row writes what makes its launch train that model on
+    that split: --moe-ffn-hidden-size 1536 (without it Megatron-Core's experts take --ffn-hidden-size 12288, 8x
+    wider), and --account-for-embedding/loss-in-pipeline-split (without them Megatron refuses 94 layers over
+    pp 8 x vpp 4), --recompute-modules layernorm moe_act; imported back it is the same model and layout. A layer
+    pattern (DeepSeek-V3's dense first layers) is written as Megatron's list and read back, as is a shared expert's
+    width and a first stage's layers."""
+    from sim.interop.draft import Options
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+
+    scenario = load_scenario(QWEN3_EP32, overrides=["moe.token_dispatcher=flex"])
+    path = tmp_path / "qwen3.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert back.model.moe_ffn_hidden_size == 1536 and back.model.moe_layers == scenario.model.moe_layers
+    p, q = back.parallel, scenario.parallel
+    assert (p.tp, p.pp, p.vpp, p.ep, p.account_for_embedding_in_pipeline_split,
+            p.account_for_loss_in_pipeline_split) == (q.tp, q.pp, q.vpp, q.ep, True, True)
+    assert resolve(back).stage_chunks == resolve(scenario).stage_chunks
+    assert back.training.recompute_modules == ["layernorm", "moe_act"]  # --recompute-modules, Megatron's names
+    pattern = (0, 1, 0, 1)
+    doc = {"name": "pattern", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "model": {"name": "moe-pattern", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                     "num_kv_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 32000, "max_seq_len": 2048,
+                     "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
+                     "bias": False, "num_moe_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512,
+                     "moe_shared_expert_intermediate_size": 1024, "moe_layer_freq": list(pattern)},
+           "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+           "parallel": {"tp": 1, "pp": 2, "dp": 4, "ep": 4, "zero": 1, "first_stage_layers": 1},
+           "schedule": "1f1b"}
+    small = scenario_from_dict(doc)
+    path = tmp_path / "pattern.sh"
+    path.write_text(emit(small, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu="H100-SXM")).scenario()
+    assert back.model.moe_layers == (False, True, False, True)
+    assert (back.model.moe_ffn_hidden_size, back.model.moe_shared_expert_intermediate_size) == (512, 1024)
+    assert back.parallel.first_stage_layers == 1

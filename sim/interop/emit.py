@@ -78,6 +78,15 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
         if not p.overlap_p2p_comm:
             flags += ["--no-overlap-p2p-communication"]
+    # an uneven split (Megatron-Core's arguments.py; the importer reads each back)
+    if p.first_stage_layers is not None:
+        flags += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
+    if p.last_stage_layers is not None:
+        flags += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+    if p.account_for_embedding_in_pipeline_split:
+        flags.append("--account-for-embedding-in-pipeline-split")
+    if p.account_for_loss_in_pipeline_split:
+        flags.append("--account-for-loss-in-pipeline-split")
     if p.sequence_parallel:
         flags.append("--sequence-parallel")
     if p.ep > 1:
@@ -98,6 +107,8 @@ def _megatron(s: Scenario) -> Emitted:
               "--seq-length", str(d.seq_len)]
     if t.recompute == "selective":
         flags += ["--recompute-granularity", "selective"]
+        if t.recompute_modules is not None:  # Megatron-Core's names; its default is [core_attn], as the model's
+            flags += ["--recompute-modules", *t.recompute_modules]
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
@@ -126,6 +137,15 @@ def _megatron(s: Scenario) -> Emitted:
     if m.num_moe_experts:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
+        # the experts' shape: without --moe-ffn-hidden-size Megatron-Core's experts take --ffn-hidden-size
+        if m.moe_ffn_hidden_size is not None:
+            flags += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+        if m.moe_shared_expert_intermediate_size is not None:
+            flags += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)]
+        if isinstance(m.moe_layer_freq, tuple):  # one 0/1 per layer, as Megatron's moe_freq_type reads a list
+            flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
+        elif m.moe_layer_freq != 1:
+            flags += ["--moe-layer-freq", str(m.moe_layer_freq)]
         if s.moe.token_dispatcher == "flex":
             flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
