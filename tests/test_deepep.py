@@ -236,3 +236,47 @@ def test_megatron_emit_keeps_the_moe_shape_and_the_uneven_pipeline(tmp_path: Pat
     assert back.model.moe_layers == (False, True, False, True)
     assert (back.model.moe_ffn_hidden_size, back.model.moe_shared_expert_intermediate_size) == (512, 1024)
     assert back.parallel.first_stage_layers == 1
+
+
+NEMO_MOE = """trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}
+model:
+  micro_batch_size: 1
+  global_batch_size: 16
+  encoder_seq_length: 2048
+  max_position_embeddings: 2048
+  num_layers: 4
+  hidden_size: 1024
+  ffn_hidden_size: 4096
+  num_attention_heads: 8
+  vocab_size: 32000
+  expert_model_parallel_size: 8
+  num_moe_experts: 8
+  moe_router_topk: 2
+  moe_token_dispatcher_type: flex
+  moe_flex_dispatcher_backend: BACKEND
+  moe_deepep_num_sms: 32
+  overlap_moe_expert_parallel_comm: true
+  delay_wgrad_compute: true
+  recompute_granularity: selective
+  recompute_modules: [layernorm, moe_act]
+"""
+
+
+def test_sim_import_nemo_reads_the_flex_backend_the_overlap_and_the_recompute_modules(tmp_path: Path) -> None:
+    """A NeMo config's TransformerConfig keys, named as Megatron-Core's: the flex dispatcher's backend (hybridep was
+    imported as DeepEP, unread), its SMs, the EP A2A overlap and the recomputed modules (each listed as not read
+    and simulated without) map as the Megatron flags do; another backend is refused in one line."""
+    from sim.interop.draft import Options
+    from sim.interop.nemo import import_nemo
+
+    path = tmp_path / "nemo.yaml"
+    path.write_text(NEMO_MOE.replace("BACKEND", "deepep"))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.moe.token_dispatcher, s.moe.deepep_sms, s.moe.a2a_overlap) == ("flex", 32, True)
+    assert s.training.recompute_modules == ["layernorm", "moe_act"]
+    assert not [row for row in draft.rows if row.status == "unknown"]
+    path.write_text(NEMO_MOE.replace("BACKEND", "hybridep"))
+    with pytest.raises(ConfigError) as error:
+        import_nemo([str(path)], Options(gpu="H100-SXM"))
+    assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)
