@@ -40,13 +40,17 @@ def _refuse(framework: str, knob: str, why: str) -> ConfigError:
     return ConfigError(f"{knob}: {why} ({framework} has no setting for it)")
 
 
-def _optimizer_states(s: Scenario, framework: str) -> list[str]:
+def _optimizer_states(s: Scenario, framework: str, full_bf16: bool = False) -> list[str]:
     """The optimizer's states (training.master_weights, optimizer_dtype) as ``framework``'s flags: Megatron-LM's
     precision-aware optimizer (--exp-avg-dtype / --exp-avg-sq-dtype, distributed optimizer only) for moments
-    other than fp32; no framework here trains without an fp32 master (torchtune's pure bf16 is not one of them)."""
+    other than fp32. ``full_bf16``: the framework trains in pure bf16 (no master, bf16 moments: TorchTitan's
+    [training] dtype = "bfloat16", written by its emitter); elsewhere no master is refused."""
     t = s.training
     if not t.master_weights:
-        raise _refuse(framework, "training.master_weights", "pure 16-bit training without an fp32 master copy")
+        if full_bf16 and t.dtype == "bf16" and t.optimizer_dtype == "bf16":
+            return []
+        raise _refuse(framework, "training.master_weights", "pure 16-bit training without an fp32 master copy"
+                      + (" other than bf16 weights and moments" if full_bf16 else ""))
     if t.optimizer_dtype == "fp32":
         return []
     if framework != "Megatron-LM":
@@ -108,7 +112,7 @@ def _megatron(s: Scenario) -> Emitted:
     if t.recompute == "selective":
         flags += ["--recompute-granularity", "selective"]
         if t.recompute_modules is not None:  # Megatron-Core's names; its default is [core_attn], as the model's
-            flags += ["--recompute-modules", *t.recompute_modules]
+            flags += ["--recompute-modules", " ".join(t.recompute_modules)]  # one line, its values after it
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
@@ -207,7 +211,7 @@ def _torchtitan(s: Scenario) -> Emitted:
         raise _refuse("TorchTitan", "parallel.zero", "ZeRO-1 (sharded optimizer states only) is not FSDP2")
     if s.schedule not in TORCHTITAN_SCHEDULES and p.pp > 1:
         raise _refuse("TorchTitan", "schedule", f"{s.schedule} is not one of TorchTitan's pipeline schedules here")
-    _optimizer_states(s, "TorchTitan")
+    _optimizer_states(s, "TorchTitan", full_bf16=True)
     _moe_refusals(s, "TorchTitan", expert_parallel=True)
     if p.tp > 1 and not p.sequence_parallel:
         raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
@@ -228,7 +232,10 @@ def _torchtitan(s: Scenario) -> Emitted:
         lines.append('converters = ["float8"]')
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
-              f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"', "",
+              f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
+    if not t.master_weights:  # pure bf16 (pytorch/torchtitan#1646): parameters, gradients and Adam's states in bf16
+        lines.append('dtype = "bfloat16"')
+    lines += ["",
               "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {p.tp}",
               f"pipeline_parallel_degree = {p.pp}", f"expert_parallel_degree = {p.ep}"]
