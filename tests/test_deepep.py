@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import itertools
 from math import comb
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sim import runner
-from sim.errors import SimError
+from sim.errors import ConfigError, SimError
 from sim.network import deepep
 from sim.plan import resolve
-from sim.spec.scenario import load_scenario
+from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload import step
 
 from conftest import SCENARIOS
@@ -116,4 +118,165 @@ def test_sim_import_maps_the_flex_dispatcher_and_the_a2a_overlap() -> None:
     assert (s.moe.token_dispatcher, s.moe.a2a_overlap, s.parallel.ep) == ("flex", True, 4)
     with pytest.raises(SimError) as error:
         import_megatron((base + "--moe-flex-dispatcher-backend hybridep").split(), Options(gpu="H100-SXM", gpus=8))
+    assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)
+
+
+def _moe_one(overrides: list[str], zero: int = 0) -> Scenario:
+    """Two MoE layers of 8 experts on one node, ep 8, ZeRO ``zero``, with ``overrides`` (``moe.<field>=<value>``)."""
+    doc: dict[str, Any] = {
+        "name": "moe", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": {"name": "moe-one", "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
+                  "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 2048,
+                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
+                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "zero": zero}, "schedule": "1f1b", "moe": {}}
+    for override in overrides:
+        key, value = override.split("=")
+        doc["moe"][key.split(".")[1]] = {"true": True, "false": False}.get(value, int(value) if value.isdigit()
+                                                                            else value)
+    return scenario_from_dict(doc)
+
+
+@pytest.mark.parametrize(("flags", "sms"), [
+    ("", 20),
+    ("--moe-deepep-num-sms 32", 32),
+    ("--moe-flex-dispatcher-num-sms 24", 24),
+    ("--moe-deepep-num-sms 32 --moe-flex-dispatcher-num-sms 24", 24),  # the unified knob wins (__post_init__)
+])
+def test_sim_import_maps_deepeps_sms(flags: str, sms: int) -> None:
+    """Megatron-Core's SMs for DeepEP (--moe-deepep-num-sms, deprecated into --moe-flex-dispatcher-num-sms, which
+    takes precedence: transformer_config.py __post_init__; None -> DeepEP V1's 20) -> moe.deepep_sms, reported as
+    mapped (it was listed as not read, and the scenario kept 20)."""
+    from sim.interop.draft import Options
+    from sim.interop.megatron import import_megatron
+
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+            "--num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 4 --moe-token-dispatcher-type flex ")
+    draft = import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=8))
+    assert draft.scenario().moe.deepep_sms == sms
+    assert not [row for row in draft.rows if "num-sms" in row.source and row.status == "unknown"]
+
+
+def test_megatron_emit_keeps_deepeps_sms(tmp_path: Path) -> None:
+    """`sim search --emit megatron` writes moe.deepep_sms as --moe-deepep-num-sms (it was dropped: Megatron then
+    runs DeepEP on 20 SMs) and imports back to it; 0 (the model's switch for no SM contention) is no DeepEP
+    setting and is refused in one line."""
+    from sim.interop.draft import Options
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+
+    scenario = _moe_one(["moe.token_dispatcher=flex", "moe.deepep_sms=32"], zero=1)
+    path = tmp_path / "emitted.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert (back.moe.token_dispatcher, back.moe.deepep_sms, back.parallel.ep) == ("flex", 32, 8)
+    default = _moe_one(["moe.token_dispatcher=flex"], zero=1)
+    assert "num-sms" not in emit(default, "megatron").text  # Megatron-Core's own default, as before
+    with pytest.raises(ConfigError) as error:
+        emit(_moe_one(["moe.token_dispatcher=flex", "moe.deepep_sms=0"], zero=1), "megatron")
+    assert str(error.value).startswith("moe.deepep_sms: 0") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("framework", ["torchtitan", "deepspeed"])
+@pytest.mark.parametrize(("overrides", "knob"), [
+    (["moe.token_dispatcher=flex"], "moe.token_dispatcher"),
+    (["moe.a2a_overlap=true"], "moe.a2a_overlap"),
+    ([], "parallel.ep"),
+])
+def test_other_emitters_refuse_what_they_cannot_write(framework: str, overrides: list[str], knob: str) -> None:
+    """An emitter with no setting for the flex dispatcher, the EP A2A overlap (or, DeepSpeed's JSON, for expert
+    parallelism) refuses it in one line naming the knob, instead of writing a launch that runs without it."""
+    from sim.interop.emit import emit
+
+    scenario = _moe_one(overrides)
+    if knob == "parallel.ep" and framework == "torchtitan":
+        assert "expert_parallel_degree = 8" in emit(scenario, framework).text  # TorchTitan writes it
+        return
+    with pytest.raises(ConfigError) as error:
+        emit(scenario, framework)
+    assert str(error.value).startswith(f"{knob}: ") and "\n" not in str(error.value)
+
+
+def test_megatron_emit_keeps_the_moe_shape_and_the_uneven_pipeline(tmp_path: Path) -> None:
+    """`sim search --emit megatron` on the Qwen3-235B DeepEP row writes what makes its launch train that model on
+    that split: --moe-ffn-hidden-size 1536 (without it Megatron-Core's experts take --ffn-hidden-size 12288, 8x
+    wider), and --account-for-embedding/loss-in-pipeline-split (without them Megatron refuses 94 layers over
+    pp 8 x vpp 4), --recompute-modules layernorm moe_act; imported back it is the same model and layout. A layer
+    pattern (DeepSeek-V3's dense first layers) is written as Megatron's list and read back, as is a shared expert's
+    width and a first stage's layers."""
+    from sim.interop.draft import Options
+    from sim.interop.emit import emit
+    from sim.interop.megatron import import_megatron
+
+    scenario = load_scenario(QWEN3_EP32, overrides=["moe.token_dispatcher=flex"])
+    path = tmp_path / "qwen3.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert back.model.moe_ffn_hidden_size == 1536 and back.model.moe_layers == scenario.model.moe_layers
+    p, q = back.parallel, scenario.parallel
+    assert (p.tp, p.pp, p.vpp, p.ep, p.account_for_embedding_in_pipeline_split,
+            p.account_for_loss_in_pipeline_split) == (q.tp, q.pp, q.vpp, q.ep, True, True)
+    assert resolve(back).stage_chunks == resolve(scenario).stage_chunks
+    assert back.training.recompute_modules == ["layernorm", "moe_act"]  # --recompute-modules, Megatron's names
+    pattern = (0, 1, 0, 1)
+    doc = {"name": "pattern", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+           "model": {"name": "moe-pattern", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
+                     "num_kv_heads": 8, "ffn_hidden_size": 4096, "vocab_size": 32000, "max_seq_len": 2048,
+                     "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
+                     "bias": False, "num_moe_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 512,
+                     "moe_shared_expert_intermediate_size": 1024, "moe_layer_freq": list(pattern)},
+           "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+           "parallel": {"tp": 1, "pp": 2, "dp": 4, "ep": 4, "zero": 1, "first_stage_layers": 1},
+           "schedule": "1f1b"}
+    small = scenario_from_dict(doc)
+    path = tmp_path / "pattern.sh"
+    path.write_text(emit(small, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu="H100-SXM")).scenario()
+    assert back.model.moe_layers == (False, True, False, True)
+    assert (back.model.moe_ffn_hidden_size, back.model.moe_shared_expert_intermediate_size) == (512, 1024)
+    assert back.parallel.first_stage_layers == 1
+
+
+NEMO_MOE = """trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}
+model:
+  micro_batch_size: 1
+  global_batch_size: 16
+  encoder_seq_length: 2048
+  max_position_embeddings: 2048
+  num_layers: 4
+  hidden_size: 1024
+  ffn_hidden_size: 4096
+  num_attention_heads: 8
+  vocab_size: 32000
+  expert_model_parallel_size: 8
+  num_moe_experts: 8
+  moe_router_topk: 2
+  moe_token_dispatcher_type: flex
+  moe_flex_dispatcher_backend: BACKEND
+  moe_deepep_num_sms: 32
+  overlap_moe_expert_parallel_comm: true
+  delay_wgrad_compute: true
+  recompute_granularity: selective
+  recompute_modules: [layernorm, moe_act]
+"""
+
+
+def test_sim_import_nemo_reads_the_flex_backend_the_overlap_and_the_recompute_modules(tmp_path: Path) -> None:
+    """A NeMo config's TransformerConfig keys, named as Megatron-Core's: the flex dispatcher's backend (hybridep was
+    imported as DeepEP, unread), its SMs, the EP A2A overlap and the recomputed modules (each listed as not read
+    and simulated without) map as the Megatron flags do; another backend is refused in one line."""
+    from sim.interop.draft import Options
+    from sim.interop.nemo import import_nemo
+
+    path = tmp_path / "nemo.yaml"
+    path.write_text(NEMO_MOE.replace("BACKEND", "deepep"))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert (s.moe.token_dispatcher, s.moe.deepep_sms, s.moe.a2a_overlap) == ("flex", 32, True)
+    assert s.training.recompute_modules == ["layernorm", "moe_act"]
+    assert not [row for row in draft.rows if row.status == "unknown"]
+    path.write_text(NEMO_MOE.replace("BACKEND", "hybridep"))
+    with pytest.raises(ConfigError) as error:
+        import_nemo([str(path)], Options(gpu="H100-SXM"))
     assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)

@@ -569,3 +569,30 @@ def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
     path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\nmixed_precision_param = "float32"\n')
     with pytest.raises(ConfigError, match=r"^training.mixed_precision_param: float32 with training.dtype bfloat16"):
         import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
+
+
+def test_torchtitan_emit_writes_full_bf16_training(tmp_path: Path) -> None:
+    """`sim search --emit torchtitan` of a pure-bf16 layout (master_weights: false, optimizer_dtype: bf16) writes
+    TorchTitan's [training] dtype = "bfloat16" (pytorch/torchtitan#1646), which `sim import torchtitan` reads
+    back as those states; it was refused, though TorchTitan has the setting the importer maps. Other settings
+    TorchTitan has no knob for stay refused in one line: bf16 moments with an fp32 master, fp16 moments."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    pure = ["cluster.nodes=2", "parallel.dp=16", "parallel.zero=3", "training.master_weights=false",
+            "training.optimizer_dtype=bf16"]
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml", pure)
+    emitted = emit(scenario, "torchtitan")
+    assert 'dtype = "bfloat16"' in emitted.text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16, model="llama2-7b")).scenario()
+    assert (back.training.master_weights, back.training.optimizer_dtype) == (False, "bf16")
+    assert _layout(back) == _layout(scenario)
+    for overrides, message in ((["training.optimizer_dtype=bf16"], "training.optimizer_dtype: Adam moments in bf16"),
+                               (["training.master_weights=false", "training.optimizer_dtype=fp16"],
+                                "training.master_weights: pure 16-bit training")):
+        with pytest.raises(ConfigError) as error:
+            emit(load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml", pure[:3] + overrides), "torchtitan")
+        assert str(error.value).startswith(message) and "\n" not in str(error.value)

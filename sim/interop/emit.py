@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from sim.errors import ConfigError
 from sim.spec.degrees import degrees
-from sim.spec.scenario import Scenario
+from sim.spec.scenario import MoeSpec, Scenario
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
@@ -40,13 +40,17 @@ def _refuse(framework: str, knob: str, why: str) -> ConfigError:
     return ConfigError(f"{knob}: {why} ({framework} has no setting for it)")
 
 
-def _optimizer_states(s: Scenario, framework: str) -> list[str]:
+def _optimizer_states(s: Scenario, framework: str, full_bf16: bool = False) -> list[str]:
     """The optimizer's states (training.master_weights, optimizer_dtype) as ``framework``'s flags: Megatron-LM's
     precision-aware optimizer (--exp-avg-dtype / --exp-avg-sq-dtype, distributed optimizer only) for moments
-    other than fp32; no framework here trains without an fp32 master (torchtune's pure bf16 is not one of them)."""
+    other than fp32. ``full_bf16``: the framework trains in pure bf16 (no master, bf16 moments: TorchTitan's
+    [training] dtype = "bfloat16", written by its emitter); elsewhere no master is refused."""
     t = s.training
     if not t.master_weights:
-        raise _refuse(framework, "training.master_weights", "pure 16-bit training without an fp32 master copy")
+        if full_bf16 and t.dtype == "bf16" and t.optimizer_dtype == "bf16":
+            return []
+        raise _refuse(framework, "training.master_weights", "pure 16-bit training without an fp32 master copy"
+                      + (" other than bf16 weights and moments" if full_bf16 else ""))
     if t.optimizer_dtype == "fp32":
         return []
     if framework != "Megatron-LM":
@@ -78,6 +82,15 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--num-virtual-stages-per-pipeline-rank", str(p.vpp)]
         if not p.overlap_p2p_comm:
             flags += ["--no-overlap-p2p-communication"]
+    # an uneven split (Megatron-Core's arguments.py; the importer reads each back)
+    if p.first_stage_layers is not None:
+        flags += ["--decoder-first-pipeline-num-layers", str(p.first_stage_layers)]
+    if p.last_stage_layers is not None:
+        flags += ["--decoder-last-pipeline-num-layers", str(p.last_stage_layers)]
+    if p.account_for_embedding_in_pipeline_split:
+        flags.append("--account-for-embedding-in-pipeline-split")
+    if p.account_for_loss_in_pipeline_split:
+        flags.append("--account-for-loss-in-pipeline-split")
     if p.sequence_parallel:
         flags.append("--sequence-parallel")
     if p.ep > 1:
@@ -98,6 +111,8 @@ def _megatron(s: Scenario) -> Emitted:
               "--seq-length", str(d.seq_len)]
     if t.recompute == "selective":
         flags += ["--recompute-granularity", "selective"]
+        if t.recompute_modules is not None:  # Megatron-Core's names; its default is [core_attn], as the model's
+            flags += ["--recompute-modules", " ".join(t.recompute_modules)]  # one line, its values after it
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
@@ -126,8 +141,17 @@ def _megatron(s: Scenario) -> Emitted:
     if m.num_moe_experts:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
+        # the experts' shape: without --moe-ffn-hidden-size Megatron-Core's experts take --ffn-hidden-size
+        if m.moe_ffn_hidden_size is not None:
+            flags += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
+        if m.moe_shared_expert_intermediate_size is not None:
+            flags += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)]
+        if isinstance(m.moe_layer_freq, tuple):  # one 0/1 per layer, as Megatron's moe_freq_type reads a list
+            flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
+        elif m.moe_layer_freq != 1:
+            flags += ["--moe-layer-freq", str(m.moe_layer_freq)]
         if s.moe.token_dispatcher == "flex":
-            flags += ["--moe-flex-dispatcher-backend", "deepep"]
+            flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
             flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if not t.flash_attention:
@@ -142,6 +166,30 @@ def _megatron(s: Scenario) -> Emitted:
     text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + launch + " \\\n" + \
         " \\\n".join(line for line in lines) + "\n"
     return Emitted(text, ".sh", launch + " ...")
+
+
+def _deepep_sms(s: Scenario) -> list[str]:
+    """moe.deepep_sms as Megatron-LM's --moe-deepep-num-sms (read by every Megatron-Core with DeepEP; the newest
+    routes it to moe_flex_dispatcher_num_sms), nothing at its default (DeepEP V1's 20, Megatron-Core's own); 0,
+    the model's switch for no SM contention, is no DeepEP setting."""
+    sms = s.moe.deepep_sms
+    if sms == 0:
+        raise _refuse("Megatron-LM", "moe.deepep_sms", "0 (DeepEP's kernels on no SMs: the model's switch for no SM "
+                      "contention)")
+    return [] if sms == MoeSpec.model_fields["deepep_sms"].default else ["--moe-deepep-num-sms", str(sms)]
+
+
+def _moe_refusals(s: Scenario, framework: str, expert_parallel: bool) -> None:
+    """The MoE knobs ``framework``'s configuration has no setting for, refused in one line rather than dropped:
+    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap and, where ``expert_parallel`` is False, ep > 1."""
+    if not s.model.num_moe_experts:
+        return
+    if s.moe.token_dispatcher == "flex":
+        raise _refuse(framework, "moe.token_dispatcher", "the flex (DeepEP) dispatcher")
+    if s.moe.a2a_overlap:
+        raise _refuse(framework, "moe.a2a_overlap", "Megatron-Core's EP A2A overlap (combined 1F1B)")
+    if not expert_parallel and s.parallel.ep > 1:
+        raise _refuse(framework, "parallel.ep", f"expert parallelism (ep {s.parallel.ep})")
 
 
 def _pairs(flags: list[str]) -> list[tuple[str, str]]:
@@ -163,7 +211,8 @@ def _torchtitan(s: Scenario) -> Emitted:
         raise _refuse("TorchTitan", "parallel.zero", "ZeRO-1 (sharded optimizer states only) is not FSDP2")
     if s.schedule not in TORCHTITAN_SCHEDULES and p.pp > 1:
         raise _refuse("TorchTitan", "schedule", f"{s.schedule} is not one of TorchTitan's pipeline schedules here")
-    _optimizer_states(s, "TorchTitan")
+    _optimizer_states(s, "TorchTitan", full_bf16=True)
+    _moe_refusals(s, "TorchTitan", expert_parallel=True)
     if p.tp > 1 and not p.sequence_parallel:
         raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
                       "norms (TorchTitan's TP plan always uses SequenceParallel)")
@@ -183,7 +232,10 @@ def _torchtitan(s: Scenario) -> Emitted:
         lines.append('converters = ["float8"]')
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
-              f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"', "",
+              f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
+    if not t.master_weights:  # pure bf16 (pytorch/torchtitan#1646): parameters, gradients and Adam's states in bf16
+        lines.append('dtype = "bfloat16"')
+    lines += ["",
               "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {p.tp}",
               f"pipeline_parallel_degree = {p.pp}", f"expert_parallel_degree = {p.ep}"]
@@ -217,6 +269,7 @@ def _deepspeed(s: Scenario) -> Emitted:
     if s.fsdp is not None:
         raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
     _optimizer_states(s, "DeepSpeed")
+    _moe_refusals(s, "a DeepSpeed ZeRO run under the HF Trainer", expert_parallel=False)
     accumulation = d.microbatches
     config: dict[str, object] = {
         "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,

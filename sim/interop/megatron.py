@@ -155,6 +155,9 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         put("parallel.first_stage_layers", "decoder_first_pipeline_num_layers", first)
     if last is not None:
         put("parallel.last_stage_layers", "decoder_last_pipeline_num_layers", last)
+    for dest in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        if args.flag(dest):  # the embedding / the loss counted as one layer's slot in the split (arguments.py)
+            put(f"parallel.{dest}", dest, True)
     if args.flag("sequence_parallel"):
         if tp > 1:
             put("parallel.sequence_parallel", "sequence_parallel", True)
@@ -215,6 +218,9 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             raise refuse(f"{args.source('recompute_method')}: not with --recompute-granularity selective "
                          "(Megatron-LM asserts it)")
         put("training.recompute", "recompute_granularity", "selective")
+        modules = args.get("recompute_modules")  # Megatron-Core's names, the scenario's (its default core_attn)
+        if modules:
+            put("training.recompute_modules", "recompute_modules", [modules] if isinstance(modules, str) else modules)
     elif granularity == "full":
         count = args.int("recompute_num_layers")
         put("training.recompute", "recompute_granularity", "full")

@@ -34,8 +34,10 @@ BOOL_FLAGS = frozenset({
     "use_rotary_position_embeddings", "accumulate_allreduce_grads_in_fp32", "ckpt_fully_parallel_load",
     "use_dist_ckpt", "async_save", "moe_router_pre_softmax", "no_persist_layer_norm", "log_params_norm",
     "log_num_zeros_in_grad", "use_cpu_initialization", "distribute_saved_activations", "use_torch_fsdp2",
-    "use_precision_aware_optimizer",
+    "use_precision_aware_optimizer", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
 })
+# Flags taking several values (argparse nargs="*"): --recompute-modules layernorm moe_act
+LIST_FLAGS = frozenset({"recompute_modules"})
 # store_false flags: the destination they clear.
 NEGATED = {"no_overlap_p2p_communication": "overlap_p2p_comm", "no_align_param_gather": "align_param_gather",
            "disable_bias_linear": "add_bias_linear", "no_position_embedding": "add_position_embedding",
@@ -101,6 +103,13 @@ def parse_tokens(tokens: list[str]) -> list[tuple[str, Any, str]]:
             continue
         if dest in BOOL_FLAGS:
             parsed.append((dest, True, flag))
+            continue
+        if dest in LIST_FLAGS:
+            values = []
+            while index < len(tokens) and not tokens[index].startswith("--") and tokens[index] not in SHELL_WORDS:
+                values.append(tokens[index])
+                index += 1
+            parsed.append((dest, values, flag))
             continue
         following = tokens[index] if index < len(tokens) else None
         if following is None or following.startswith("--") or following in SHELL_WORDS:

@@ -9,6 +9,7 @@ dispatcher, capacity); a shape Megatron-LM refuses or the simulator cannot model
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 from sim.interop.draft import Draft, ModelDraft, Options, refuse
@@ -115,6 +116,18 @@ def apply_model(draft: Draft, args: Args, options: Options, tp: int, gpus: int) 
     model.finish()
 
 
+def _layer_pattern(value: Any) -> tuple[int, ...] | None:
+    """``--moe-layer-freq`` written as a literal list of 0/1 (``[0,1,1]``, one per layer: Megatron-Core's
+    moe_freq_type evaluates it) -> that tuple; None for anything else (an expression such as ``[0]*3+[1]*58``)."""
+    try:
+        parsed = ast.literal_eval(str(value).strip("\"'"))
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(parsed, list) and parsed and all(flag in (0, 1) and isinstance(flag, int) for flag in parsed):
+        return tuple(parsed)
+    return None
+
+
 def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
     """Megatron-Core's MoE flags: the experts (model fields) and the token dispatcher (moe section)."""
     dest = "num_experts" if args.has("num_experts") else "num_moe_experts"
@@ -125,10 +138,14 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
             model.set(field_name, args.int(key), args.source(key), args.raw(key))
     if args.has("moe_layer_freq"):
         freq = args.get("moe_layer_freq")
+        pattern = _layer_pattern(freq)
         if isinstance(freq, int) or (isinstance(freq, str) and freq.isdigit()):
             model.set("moe_layer_freq", int(freq), args.source("moe_layer_freq"))
+        elif pattern is not None:  # Megatron's list form: one 0/1 per layer
+            model.set("moe_layer_freq", pattern, args.source("moe_layer_freq"), freq)
         else:
-            raise refuse(f"{args.source('moe_layer_freq')}: only an integer frequency is read (got {freq!r})")
+            raise refuse(f"{args.source('moe_layer_freq')}: only an integer frequency or a list of 0/1 is read "
+                         f"(got {freq!r})")
     if args.has("moe_token_dispatcher_type"):
         kind = str(args.get("moe_token_dispatcher_type"))
         if kind not in ("alltoall", "allgather", "flex"):
@@ -138,6 +155,14 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
         if kind == "flex" and backend != "deepep":  # Megatron-Core's default backend is deepep
             raise refuse(f"{args.source('moe_flex_dispatcher_backend')}: {backend!r} is not modelled (deepep)")
         draft.put("moe.token_dispatcher", kind, args.source("moe_token_dispatcher_type"))
+    # DeepEP's SMs: --moe-deepep-num-sms is deprecated into --moe-flex-dispatcher-num-sms, which wins where both
+    # are given (transformer_config.py __post_init__); unset, DeepEP V1 takes 20 (moe.deepep_sms's default)
+    given = [(dest, args.int(dest)) for dest in ("moe_flex_dispatcher_num_sms", "moe_deepep_num_sms")
+             if args.has(dest)]
+    given = [(dest, sms) for dest, sms in given if sms is not None]  # an explicit None is Megatron's default
+    if given:
+        dest, sms = given[0]
+        draft.put("moe.deepep_sms", sms, args.source(dest), note="SMs each DeepEP dispatch/combine holds")
     if args.has("moe_expert_capacity_factor"):
         draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
                   args.source("moe_expert_capacity_factor"))

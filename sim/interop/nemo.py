@@ -39,6 +39,12 @@ SAME = frozenset({
     "moe_shared_expert_intermediate_size", "overlap_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",
     "align_param_gather", "use_distributed_optimizer", "qk_layernorm", "vocab_size", "bf16", "fp16",
     "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_layer_freq", "attention_backend",
+    # Megatron-Core TransformerConfig names NeMo 2.0 / Megatron-Bridge configs share: the flex dispatcher's backend
+    # and SMs, the EP A2A overlap, the pipeline split and the recomputed modules
+    "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms",
+    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "recompute_modules",
+    "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
 })
 # Sections and keys that do not change one step (paths, logging, checkpoints, data, schedules, init, seeds).
 HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data.", "model.nsys_profile.",
