@@ -333,7 +333,8 @@ def tp_overlap_chunks(plan: Plan) -> int:
     parallel = plan.scenario.parallel
     if plan.tp == 1 or not parallel.tp_comm_overlap or not plan.sequence_parallel:
         return 0
-    return parallel.tp_comm_overlap_chunks or plan.tp
+    chunks = parallel.tp_comm_overlap_chunks or plan.tp
+    return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
 
 
 def overlapped_collective(head: float, body: float, hidden_under: float) -> float:
