@@ -101,3 +101,35 @@ def test_a_block_with_no_gemm_to_hide_under_exposes_all_its_chunks():
     whole collective but the chunks' extra latency)."""
     assert step.overlapped_collective(1.0, 3.0, 0.0) == 4.0
     assert step.overlapped_collective(1.0, 3.0, 5.0) == 1.0
+
+
+# torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (pytorch/torchtitan, June 2025): Llama 3 70B on
+# 256 Grand Teton H100s (96 GB HBM2e, 500 W), FSDP 32 x TP 8, torch.compile, full activation checkpointing, local
+# batch 16 (global 512, seq 8192 from train_configs/llama3_70b.toml): tokens/s per GPU, vanilla TP -> async TP.
+ASYNC_TP_70B = {"bf16": (597.3, 652.4), "fp8": (809.8, 942.4)}  # bf16 1.09x; float8 tensorwise 1.16x
+
+
+def _titan_70b(dtype: str, overlap: bool):
+    training = {"global_batch": 512, "micro_batch": 16, "seq_len": 8192, "dtype": dtype, "grad_dtype": "fp32",
+                "flash_attention": True, "attention_backend": "flash", "recompute": "full"}
+    if dtype == "fp8":
+        training["fp8_recipe"] = "current"  # torchao Float8Linear, tensorwise dynamic scaling
+    return make_scenario(
+        cluster={"gpu": {"preset": "H100-SXM", "hbm_capacity": "96 GiB", "hbm_bandwidth": "2.4 TB/s",
+                         "board_power": 500}, "nodes": 32, "gpus_per_node": 8},
+        model="llama3-70b", training=training,
+        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap},
+        fsdp={"sharding": "FULL_SHARD", "version": 2}, costs="roofline", network="analytic")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_async_tp_speedup_within_10_percent_of_torchtitans_measurement(dtype):
+    """TorchTitan's AsyncTP (``enable_async_tensor_parallel``, the same decomposition into chunks under the GEMMs)
+    against vanilla TP on one layout: predicted 1.17x (bf16) / 1.21x (fp8) against 1.09x / 1.16x measured, +7.3% /
+    +4.2%: the model hides more than PyTorch's AsyncTP did (its December 2024 run measured only 1.057x for fp8,
+    benchmarks/llama3_h100_202412_torchtitan.md Table 4: the TorchTitan 405B rows' xfail)."""
+    vanilla, async_tp = ASYNC_TP_70B[dtype]
+    step = {overlap: runner.run(_titan_70b(dtype, overlap)).summary.step_time_s for overlap in (False, True)}
+    predicted = step[False] / step[True]
+    assert predicted == pytest.approx(async_tp / vanilla, rel=0.10)
+    assert predicted > async_tp / vanilla  # the recorded direction: the model's overlap is the more optimistic
