@@ -26,10 +26,10 @@ ROWS = list(published(FOLDER)["scenario"])
 # since AsyncTP (parallel.tp_comm_overlap) runs the TP collectives in chunks beside their GEMMs
 # (docs/mechanisms/tp_comm_overlap.md; exposed TP 3.5 -> 0.7 s of the 1F1B step; H100's factor 1.33 -> 1.355).
 _ASYNC_TP = ("predicted too fast (-19..-21%): with AsyncTP modelled as TE's userbuffers overlap the TP collectives "
-             "nearly vanish, but the same benchmark's Table 4 (same torch / torchtitan commits, Llama 3.1 70B, FSDP 32 "
-             "x TP 8, Float8) measured AsyncTP at 1.057x where the model gives 1.21x: the December 2024 AsyncTP hid far "
-             "less than the model's (torchtitan's June 2025 rerun measured 1.16x, test_tp_comm_overlap.py); the runs "
-             "were also on Grand Teton H100s at a 500 W power limit, priced at H100 SXM's 700 W peaks")
+             "nearly vanish, but the same benchmark's Table 4 (same torch / torchtitan commits, Llama 3.1 70B, FSDP "
+             "32 x TP 8, Float8) measured AsyncTP at 1.057x where the model gives 1.21x: the December 2024 AsyncTP "
+             "hid far less than the model's (torchtitan's June 2025 rerun measured 1.16x, test_tp_comm_overlap.py); "
+             "the runs were also on Grand Teton H100s at a 500 W power limit, priced at H100 SXM's 700 W peaks")
 OUTSIDE: dict[str, str] = {
     "torchtitan-llama3.1-405b-h100-512-1f1b.yaml": _ASYNC_TP,
     "torchtitan-llama3.1-405b-h100-512-interleaved.yaml": _ASYNC_TP,
