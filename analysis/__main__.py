@@ -3,6 +3,7 @@
   compare SCENARIO -o FILE        stacked Gantt charts of GPipe, 1F1B, interleaved, ZB-H1 and ZB-H2
   dualpipe [-o FILE]              one DualPipe step, DualPipeV's and 1F1B's (docs/images/gantt-dualpipe.png)
   dualpipe-moe [-o FILE]          one DualPipe step of a MoE, pairs hiding dispatch/combine (gantt-dualpipe-moe.png)
+  a2a-overlap [-o FILE]           one step of Megatron's combined 1F1B (moe.a2a_overlap) (gantt-a2a-overlap.png)
   sweep-plot DIR --x KEY [--hue KEY] [--metric M ...] -o FILE    a metric of a sweep against a swept key
   fsdp-report [-o FILE.md]        predicted vs published MFU of IBM/Meta's Llama-2 FSDP runs
   network-report [-o FILE.md]     predicted vs measured collective busbw on H100 (1 MiB .. 1 GiB)
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     dualpipe.add_argument("-o", "--output", default="docs/images/gantt-dualpipe.png")
     dualpipe_moe = commands.add_parser("dualpipe-moe", help="Gantt chart of one DualPipe step of a MoE (ep overlap)")
     dualpipe_moe.add_argument("-o", "--output", default="docs/images/gantt-dualpipe-moe.png")
+    a2a = commands.add_parser("a2a-overlap", help="Gantt chart of one step of Megatron's EP A2A overlap")
+    a2a.add_argument("-o", "--output", default="docs/images/gantt-a2a-overlap.png")
     sweep = commands.add_parser("sweep-plot", help="plot a sweep's results table")
     sweep.add_argument("run_dir")
     sweep.add_argument("--x", required=True)
@@ -138,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
             from analysis.dualpipe_chart import write_dualpipe_chart
 
             print(f"wrote {write_dualpipe_chart(args.output)}")
+            return 0
+        if args.command == "a2a-overlap":
+            from analysis.dualpipe_chart import write_a2a_overlap_chart
+
+            print(f"wrote {write_a2a_overlap_chart(args.output)}")
             return 0
         if args.command == "dualpipe-moe":
             from analysis.dualpipe_chart import write_dualpipe_moe_chart

@@ -206,8 +206,45 @@ def write_dualpipe_moe_chart(path: Path | str, result: RunResult | None = None) 
     steady-state F&B pairs of rank 1, where the forward's dispatch/combine run on the ep stream while the other
     micro-batch's backward computes (and the reverse)."""
     result = result if result is not None else runner.run(moe_dualpipe_scenario())
+    return _pair_chart(path, result, 1,
+                       f"DualPipe, MoE (8 experts, top-2, ep 4), 4 ranks, 16 micro-batches: step "
+                       f"{1e3 * result.summary.step_time_s:.2f} ms (shaded: the zoom below)",
+                       "two F&B pairs of rank 1 (framed): each pass's all-to-alls on the ep lane run while the "
+                       "other pass computes")
+
+
+def a2a_overlap_scenario(a2a_overlap: bool = True) -> Scenario:
+    """The ``moe_dualpipe_scenario`` model (4 layers, 8 experts, top-2) under Megatron's interleaved schedule on
+    8 H100 (pp 2, vpp 2, ep 4, dp 4, 8 micro-batches of 2048 tokens) with the DeepEP dispatcher at 60 GB/s over
+    NVLink, so an exchange is about as long as the compute beside it; ``a2a_overlap``: moe.a2a_overlap."""
+    doc = moe_dualpipe_scenario().model_dump(mode="json", exclude_defaults=True)
+    doc.update({"name": "moe-a2a-overlap", "schedule": "interleaved",
+                "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": "60 GB/s",
+                        "a2a_overlap": a2a_overlap}})
+    doc["cluster"] = {**doc["cluster"], "nodes": 1}
+    doc["training"] = {**doc["training"], "global_batch": 32}
+    doc["parallel"] = {**doc["parallel"], "pp": 2, "vpp": 2, "overlap_p2p_comm": True}
+    return scenario_from_dict(doc)
+
+
+def write_a2a_overlap_chart(path: Path | str, result: RunResult | None = None) -> Path:
+    """One step of ``a2a_overlap_scenario`` (or ``result``): the whole step with Megatron's combined 1F1B, then a
+    zoom on two steady-state F&B pairs of rank 0, each pass's dispatch/combine under the other's compute."""
+    result = result if result is not None else runner.run(a2a_overlap_scenario())
+    plain = runner.run(a2a_overlap_scenario(False)).summary
+    return _pair_chart(path, result, 0,
+                       f"moe.a2a_overlap (combined 1F1B), pp 2 x vpp 2, MoE (8 experts, top-2, ep 4, DeepEP), "
+                       f"8 micro-batches: step {1e3 * result.summary.step_time_s:.2f} ms, exposed ep "
+                       f"{1e3 * result.summary.exposed_comm_s['ep']:.2f} ms (without the overlap "
+                       f"{1e3 * plain.step_time_s:.2f} / {1e3 * plain.exposed_comm_s['ep']:.2f} ms); shaded: the zoom",
+                       "two F&B pairs of rank 0 (framed): the forward's dispatch/combine and the backward's "
+                       "gradient exchanges on the ep lane, each under the other pass's compute")
+
+
+def _pair_chart(path: Path | str, result: RunResult, rank: int, title: str, zoom_title: str) -> Path:
+    """The whole step, then a zoom on two steady-state F&B pairs of ``rank``."""
     blocks = pass_blocks(result)
-    pairs = blocks[(blocks["rank"] == 1)].groupby("unit").filter(lambda u: len(u) > 1 and "F" in set(u["phase"]))
+    pairs = blocks[(blocks["rank"] == rank)].groupby("unit").filter(lambda u: len(u) > 1 and "F" in set(u["phase"]))
     units = sorted(pairs["unit"].unique())
     middle = pairs[pairs["unit"].isin(units[len(units) // 2:len(units) // 2 + 2])]
     window = (float(middle["start_s"].min()), float(middle["end_s"].max()))
@@ -218,11 +255,9 @@ def write_dualpipe_moe_chart(path: Path | str, result: RunResult | None = None) 
     _moe_lanes(axes[0, 0], result)
     axes[0, 0].axvspan(*window, color="#FFD54F", alpha=0.25)
     axes[0, 0].set_xlim(0, result.summary.step_time_s)
-    axes[0, 0].set_title(f"DualPipe, MoE (8 experts, top-2, ep 4), 4 ranks, 16 micro-batches: step "
-                         f"{1e3 * result.summary.step_time_s:.2f} ms (shaded: the zoom below)", fontsize=9, loc="left")
+    axes[0, 0].set_title(title, fontsize=9, loc="left")
     _moe_lanes(axes[1, 0], result, window)
-    axes[1, 0].set_title("two F&B pairs of rank 1 (framed): each pass's all-to-alls on the ep lane run while the "
-                         "other pass computes", fontsize=9, loc="left")
+    axes[1, 0].set_title(zoom_title, fontsize=9, loc="left")
     axes[1, 0].set_xlabel("time (s)")
     handles = [Patch(color=COLORS["forward"], label="forward compute"),
                Patch(color=COLORS["backward"], label="backward compute"),

@@ -24,10 +24,19 @@ from typing import Any, Generic, TypeVar, overload
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware import bytes_per_element, parameter_dtype
-from sim.model.memory import Recompute, activation_bytes_per_layer, loss_bytes, model_state_bytes, rank_params
+from sim.model.memory import (
+    Recompute,
+    activation_bytes_per_layer,
+    adam_step_bytes_per_param,
+    loss_bytes,
+    model_state_bytes,
+    optimizer_bytes_per_param,
+    rank_params,
+)
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
+    dequant_buffer_bytes,
     embedding_split,
     head_split,
     layer_frozen_bytes,
@@ -35,10 +44,11 @@ from sim.model.peft import (
 )
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
+from sim.network import deepep
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
-from sim.parallel.schedules import SCHEDULES, Schedule
+from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.method import peft_of
 from sim.spec.scenario import CalibratedCostsSpec, DeepSpeedSpec, RooflineCostsSpec, Scenario
@@ -181,13 +191,15 @@ class Plan:
         (arguments.py: accumulate_allreduce_grads_in_fp32), so 2 + 4 + 12 = 18 bytes per parameter; fp16 keeps
         fp16 grads. Sharded gradients (ZeRO-2/3, FSDP MixedPrecision reduce_dtype) stay in the parameters' dtype.
         FP8 training (Transformer Engine) runs only the GEMMs in FP8: the parameters and their gradients are
-        bf16, so Megatron-LM keeps fp32 main gradients as for bf16 (issue 22: fp8 had dropped them)."""
+        bf16, so Megatron-LM keeps fp32 main gradients as for bf16 (issue 22: fp8 had dropped them).
+        Without master weights (``training.master_weights: false``, pure 16-bit training as torchtune's) autograd
+        accumulates into the parameters' own .grad, in their dtype."""
         t = self.scenario.training
         if t.grad_dtype != "auto":
             return t.grad_dtype
         params = parameter_dtype(t.dtype)
-        if params == "fp32":
-            return "fp32"
+        if params == "fp32" or not t.master_weights:
+            return params
         sharded_grads = self.scenario.fsdp is not None or self.zero_stage >= 2
         return "fp32" if params == "bf16" and not sharded_grads else params
 
@@ -202,6 +214,20 @@ class Plan:
         return bytes_per_element(self.grad_dtype)
 
     @cached_property
+    def optimizer_bytes_per_param(self) -> int:
+        """Bytes of optimizer states per trained parameter (``training.master_weights``, ``optimizer_dtype``;
+        sim.model.memory.optimizer_bytes_per_param): 12 in mixed precision, 4 in pure bf16."""
+        t = self.scenario.training
+        return optimizer_bytes_per_param(self.dtype, t.master_weights, t.optimizer_dtype)
+
+    @cached_property
+    def optimizer_step_bytes_per_param(self) -> float:
+        """HBM bytes the Adam step moves per trained parameter (sim.model.memory.adam_step_bytes_per_param): 28
+        in mixed precision with 16-bit gradients, 30 with fp32 ones, 14 in pure bf16."""
+        t = self.scenario.training
+        return adam_step_bytes_per_param(self.dtype, self.grad_bytes_per_param, t.master_weights, t.optimizer_dtype)
+
+    @cached_property
     def main_grad_buffer(self) -> bool:
         """Megatron-LM keeps wider-than-the-weights (fp32) gradients in one contiguous buffer its DP buckets
         view (param_and_grad_buffer.py), so they need no second copy as communication buffers."""
@@ -210,7 +236,17 @@ class Plan:
     # ------------------------------------------------------------------------------------------ pipeline
     @cached_property
     def schedule(self) -> Schedule:
+        """The pipeline schedule's orders; with ``moe.a2a_overlap`` (a MoE model), Megatron-Core's combined 1F1B
+        (sim.parallel.schedules.A2A_OVERLAP: F&B pairs issued as units, whose MoE exchanges the emitter and the
+        estimate overlap with the other pass's compute)."""
+        if self.scenario.moe.a2a_overlap and self.model.is_moe:
+            return A2A_OVERLAP[self.scenario.schedule]
         return SCHEDULES[self.scenario.schedule]
+
+    @cached_property
+    def a2a_overlap(self) -> bool:
+        """Megatron-Core's EP A2A overlap (--overlap-moe-expert-parallel-comm): F&B pairs of the steady state."""
+        return self.scenario.moe.a2a_overlap and self.model.is_moe
 
     @cached_property
     def layout(self) -> Layout:
@@ -435,6 +471,51 @@ class Plan:
         """The allgather dispatcher's all-gather (and reduce-scatter) over the etp x ep group, gathered size:
         every member's tokens x hidden x dtype."""
         return self.dispatch_tokens * self.ep * self.etp * self.model.hidden_size * self.elem_bytes
+
+    @cached_property
+    def deepep_shape(self) -> tuple[int, int]:
+        """flex (DeepEP): the EP group's (NVLink domains, ranks per domain), from rank 0's group (Megatron-Core
+        lays the EP group out alike on every stage)."""
+        domain = self.scenario.cluster.nvlink_domain
+        group = self.grid.ep_group(0)
+        domains = len({rank // domain for rank in group})
+        return domains, len(group) // domains
+
+    @cached_property
+    def deepep_bytes(self) -> tuple[float, float]:
+        """flex: (RDMA, NVLink) bytes one rank's dispatch (and combine) moves as DeepEP counts them: its tokens x
+        distinct destination nodes (or ranks) x hidden x dtype (sim.network.deepep.deepep_bytes)."""
+        domains, per_domain = self.deepep_shape
+        return deepep.deepep_bytes(self.dispatch_tokens, self.model.hidden_size, self.elem_bytes,
+                                   self.model.num_moe_experts or 1, self.model.moe_router_topk, domains, per_domain)
+
+    @cached_property
+    def deepep_seconds(self) -> tuple[float, float]:
+        """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
+        DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
+        DeepEP's README table), x the routing skew; 0 on the ideal network."""
+        if self.scenario.network.model == "ideal":
+            return 0.0, 0.0
+        moe, cluster = self.scenario.moe, self.scenario.cluster
+        domains, _ = self.deepep_shape
+        nic = cluster.inter_node.bandwidth * cluster.nics_per_node / cluster.gpus_per_node
+        rdma, nvlink = self.deepep_bytes
+        out = []
+        for combine in (False, True):
+            rdma_bw = moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
+            nvlink_bw = moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
+                                                                                    combine)
+            out.append(deepep.deepep_time(rdma, nvlink, rdma_bw, nvlink_bw, self.dispatch_skew))
+        return out[0], out[1]
+
+    @cached_property
+    def deepep_sms(self) -> int:
+        """SMs a DeepEP exchange holds while it runs (``moe.deepep_sms`` with the flex dispatcher; 0 otherwise, or
+        where the ideal network makes the exchanges free)."""
+        moe = self.scenario.moe
+        if not self.is_moe or moe.token_dispatcher != "flex" or self.scenario.network.model == "ideal":
+            return 0
+        return moe.deepep_sms
 
     @cached_property
     def expert_params_per_layer(self) -> float:
@@ -731,8 +812,11 @@ class Plan:
         head, the loss head's logits at their peak (``training.cross_entropy``, sim.model.memory.LOSS_BYTES; the
         head's backward ends before the first layer is rebuilt); plus, under context parallelism (p2p, all_gather),
         the larger of the forward's and the backward's KV buffers (``sim.parallel.context.ring_buffer_bytes``),
-        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt)."""
+        counted beside either (an upper bound: the forward's buffers never meet the layer being rebuilt). Under
+        QLoRA the layer's backward also holds its largest linear dequantised to bf16
+        (sim.model.peft.dequant_buffer_bytes), with or without recomputation."""
         rebuilding = self.rebuild_bytes if self.recomputed_layers(stage) > 0 or self.recompute_modules else 0.0
+        rebuilding += dequant_buffer_bytes(self.model, self.peft, self.tp, self.elem_bytes)
         mode = self.scenario.training.cross_entropy
         ring = max(ring_buffer_bytes(self.cp_comm_type, self.cp, direction, self.micro_batch, self.local_seq_len,
                                      self.model.kv_dim / self.tp, self.elem_bytes)

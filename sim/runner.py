@@ -171,7 +171,8 @@ def simulate(scenario: Scenario, record_links: bool, limits: Limits) -> Simulate
     graph = workload.build(plan)
     result = replay(scenario, graph, net, record_links)
     sm_stretch = 0.0
-    if scenario.network.nccl_sms:  # NCCL's SMs slow the compute they overlap: replay to a fixed point
+    if scenario.network.nccl_sms or plan.deepep_sms:  # NCCL's / DeepEP's SMs slow the compute they overlap:
+        # replay to a fixed point
         def again(durations: Sequence[float | None]) -> tuple[list[float], list[float]]:
             nonlocal result
             result = replay(scenario, graph, net, record_links, durations)
@@ -180,7 +181,7 @@ def simulate(scenario: Scenario, record_links: bool, limits: Limits) -> Simulate
         # nothing downstream reads a task's duration from the graph).
         _, sm_stretch = sm_contention.settle(graph, (result.start, result.end), again,
                                              scenario.cluster.gpu.sms or 1, scenario.network.nccl_sms,
-                                             scenario.network.nccl_p2p_sms)
+                                             scenario.network.nccl_p2p_sms, plan.deepep_sms)
     return Simulated(plan, topo, graph, result, sm_stretch)
 
 

@@ -219,7 +219,8 @@ def test_same_seed_gives_a_byte_identical_trace() -> None:
     ({"parallel": {"tp": 2}}, "parallel.sequence_parallel: a MoE model with tp = 2 needs sequence parallelism"),
     ({"parallel": {"zero": 2, "pp": 1}}, "parallel.zero: ZeRO-2/FSDP with a MoE model is not modelled"),
     ({"moe": {"pad_to_capacity": True}}, "moe.pad_to_capacity: padding to capacity needs moe.capacity_factor"),
-    ({"moe": {"a2a_overlap": True}}, "moe.a2a_overlap: overlapping dispatch/combine"),
+    ({"moe": {"a2a_overlap": True, "token_dispatcher": "allgather"}},
+     "moe.a2a_overlap: needs the alltoall or flex token dispatcher, not allgather"),
     ({"moe": {"imbalance": 0.5}}, "moe.imbalance: Input should be greater than or equal to 1"),
     ({"model": {"num_moe_experts": None}}, "parallel.ep: expert parallelism needs a MoE model"),
     ({"parallel": {"tp": 17}}, "parallel: tp*pp = 34 does not divide the cluster's 16 GPUs"),  # dp implied: 0

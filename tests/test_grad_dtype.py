@@ -7,7 +7,7 @@ import pytest
 
 from sim.costs.models import RooflineCosts
 from sim.hardware import GPU_PRESETS
-from sim.model.memory import model_state_bytes
+from sim.model.memory import adam_step_bytes_per_param, model_state_bytes
 from sim.plan import resolve
 from sim.workload import build as workload
 from sim.workload.footprint import stage_memory
@@ -65,7 +65,9 @@ def test_memory_and_buckets_carry_fp32_gradients_for_megatron_bf16():
 
 def test_the_optimizer_reads_the_gradient_in_its_dtype():
     costs = RooflineCosts(GPU_PRESETS["A100-80GB-SXM"], "bf16")
-    assert costs.optimizer_time(1e9, 4.0) / costs.optimizer_time(1e9) == pytest.approx(30 / 28)
+    fp32_grads = adam_step_bytes_per_param("bf16", 4.0)
+    assert fp32_grads == 30
+    assert costs.optimizer_time(1e9, fp32_grads) / costs.optimizer_time(1e9) == pytest.approx(30 / 28)
 
 
 def test_fp8_keeps_megatrons_fp32_main_gradients_in_memory():

@@ -486,3 +486,85 @@ def test_a_qkv_only_bias_round_trips_through_megatron_flags(tmp_path: Path) -> N
     back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
     assert (back.model.bias, back.model.add_qkv_bias) == (False, True)
     assert total_params(back.model) == total_params(scenario.model) == 7_615_616_512
+
+
+@pytest.mark.parametrize("flags, optimizer_dtype, grad_dtype", [
+    ("", "fp32", "auto"),
+    ("--exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "fp32", "auto"),  # read only with the precision-aware optimizer
+    ("--use-precision-aware-optimizer", "fp32", "auto"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16", "bf16", "auto"),
+    ("--use-precision-aware-optimizer --exp-avg-dtype fp16 --exp-avg-sq-dtype fp16 --main-grads-dtype bf16", "fp16",
+     "bf16"),
+])
+def test_megatron_precision_aware_optimizer(flags: str, optimizer_dtype: str, grad_dtype: str) -> None:
+    """Megatron-Core's --use-precision-aware-optimizer keeps the fp32 master and Adam's moments in --exp-avg-dtype /
+    --exp-avg-sq-dtype (arguments.py at d98e8a64ddf3): training.optimizer_dtype, 4 + 2 + 2 bytes per parameter."""
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+            "--use-distributed-optimizer ")
+    draft = import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=8))
+    s = draft.scenario()
+    assert (s.training.optimizer_dtype, s.training.grad_dtype, s.training.master_weights) == (
+        optimizer_dtype, grad_dtype, True)
+    if flags.startswith("--exp-avg-dtype"):
+        assert _status(draft, "--exp-avg-dtype") == "ignored"
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--use-distributed-optimizer --exp-avg-dtype fp8 --exp-avg-sq-dtype fp8",
+     "--exp-avg-dtype: 'fp8' optimizer states are not modelled"),
+    ("--use-distributed-optimizer --exp-avg-dtype bf16",
+     "--exp-avg-sq-dtype: 'fp32' differs from --exp-avg-dtype 'bf16'"),
+    ("--use-distributed-optimizer --main-params-dtype fp16",
+     "--main-params-dtype: fp16 master weights are not modelled"),
+    ("--exp-avg-dtype bf16", "--use-precision-aware-optimizer: needs --use-distributed-optimizer"),
+])
+def test_megatron_precision_aware_optimizer_refusals(flags: str, message: str) -> None:
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16 "
+            "--use-precision-aware-optimizer ")
+    with pytest.raises(ConfigError) as error:
+        import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=8)).scenario()
+    assert str(error.value).startswith(message)
+    assert "\n" not in str(error.value)
+
+
+def test_megatron_emit_keeps_the_optimizer_states(tmp_path: Path) -> None:
+    """`sim search --emit megatron` writes bf16 Adam moments as the precision-aware optimizer's flags and imports
+    back to them; a framework with no setting for a state the scenario asks for refuses it in one line."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.optimizer_dtype=bf16", "parallel.zero=1"])
+    path = tmp_path / "emitted.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert (back.training.optimizer_dtype, back.training.master_weights, back.parallel.zero) == ("bf16", True, 1)
+    for overrides, framework, message in (
+            (["training.optimizer_dtype=bf16"], "megatron", "training.optimizer_dtype: Adam moments in bf16 without"),
+            (["training.master_weights=false"], "megatron", "training.master_weights: pure 16-bit training"),
+            (["training.optimizer_dtype=bf16", "parallel.zero=1", "parallel.tp=1", "parallel.pp=1",
+              "parallel.dp=4"], "deepspeed",
+             "training.optimizer_dtype: Adam moments in bf16 (DeepSpeed has no setting for it)")):
+        with pytest.raises(ConfigError) as error:
+            emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overrides), framework)
+        assert str(error.value).startswith(message)
+
+
+def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
+    """TorchTitan's [training] dtype = "bfloat16" (pytorch/torchtitan#1646: "all parameters, gradients, and optimizer
+    states in bfloat16, without an extra copy of fp32 weights") is pure bf16: no master, bf16 Adam moments, so the
+    FSDP2 shards hold 2 + 4 + 4 bytes per parameter (its fp32 reduce_dtype kept for the gradients) where mixed
+    precision holds 2 + 4 + 12."""
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+
+    path = tmp_path / "job.toml"
+    head = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n[training]\n'
+    path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\n')
+    draft = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
+    s = draft.scenario()
+    assert (s.training.dtype, s.training.master_weights, s.training.optimizer_dtype) == ("bf16", False, "bf16")
+    assert _status(draft, "training.dtype") == "mapped"
+    assert resolve(s).optimizer_bytes_per_param == 4
+    path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\nmixed_precision_param = "float32"\n')
+    with pytest.raises(ConfigError, match=r"^training.mixed_precision_param: float32 with training.dtype bfloat16"):
+        import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))

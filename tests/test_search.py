@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from sim import runner
-from sim.errors import ConfigError
+from sim.errors import ConfigError, SimError
 from sim.explore import search, sweep
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
@@ -113,6 +113,21 @@ def test_a_search_resumed_with_another_only_reports_and_prunes_with_its_own_layo
 def test_an_empty_space_is_a_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"--only: no layout of tiny-gpt on 4 GPUs has tp in \[3\]"):
         search.run_search(TINY, [], tmp_path, only=search.parse_only(["tp=3"]))
+
+
+def test_a_search_where_no_layout_fits_is_one_line_naming_the_least_memory_and_keeps_the_screen(tmp_path: Path) -> None:
+    """Llama 3 70B LoRA on one 80 GB H100: every layout runs out of memory (bf16 base weights alone are 131 GiB)."""
+    lora = ROOT / "scenarios" / "llama3-70b_h100-8_lora_fsdp.yaml"
+    with pytest.raises(SimError) as raised:
+        search.run_search(lora, ["cluster.nodes=1", "cluster.gpus_per_node=1", "parallel.dp=1"], tmp_path)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("search: no layout of llama3-70b fits on 1 x H100-SXM (")
+    screened = pd.read_parquet(tmp_path / "screen.parquet")
+    assert (screened["status"] == "oom").all() and f"({len(screened)} screened: {len(screened)} oom)" in message
+    least = screened["est_peak_memory_bytes"].min()
+    assert f"the least memory is {least / 2 ** 30:.1f} GiB of 80.0 GiB" in message
+    assert least > 70.6e9 * 2  # at least the frozen bf16 weights: 2 B x 70.6e9 parameters
 
 
 def simulated_step(base, row: pd.Series) -> float:

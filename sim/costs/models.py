@@ -19,8 +19,9 @@ or, without one (or with ``shape_efficiency: false``), the preset's flat large-G
 Both multiply every kernel's time (and the optimizer step's) by the GPU type's one end-to-end factor
 (``Profile.end_to_end_factor``, fitted on named rows by scripts/fit_default_profiles.py; the scenario's
 ``costs.end_to_end_factor`` overrides it, 1 = none).
-The optimizer step is memory-bound Adam: 28 bytes of HBM traffic per parameter (read the 16-bit grad, fp32 master,
-m, v; write master, m, v and the 16-bit weight), 30 where the gradients are fp32 (Megatron-LM's bf16).
+The optimizer step is memory-bound Adam: the caller's bytes of HBM traffic per parameter
+(``sim.model.memory.adam_step_bytes_per_param``: 28 in mixed precision, read the 16-bit grad, fp32 master, m, v and
+write master, m, v and the 16-bit weight; 30 where the gradients are fp32, Megatron-LM's bf16; 14 in pure bf16).
 
 Launch overheads (roofline and calibrated; docs/mechanisms/kernel_launch.md): no kernel takes less than
 ``kernel_floor`` per launch on the device (an op of k kernels: k floors), and where no CUDA graph replays the step
@@ -56,13 +57,15 @@ from typing import Literal, Protocol
 
 from sim.costs.profile import AttentionCurves, Profile
 from sim.hardware import GpuSpec
+from sim.model.memory import adam_step_bytes_per_param
 from sim.model.ops import FLASH_ATTENTION, Op
 
 ComputePhase = Literal["forward", "backward", "input_grad", "weight_grad"]
 # How FP8 GEMMs are priced: ``scaled_bf16`` on the GPU's bf16 curve (RooflineCosts), ``profile`` on the profile's
 # own fp8 curve where it has one, else the flat large-GEMM efficiency of the FP8 peak.
 Fp8GemmRule = Literal["scaled_bf16", "profile"]
-ADAM_BYTES_PER_PARAM = 2 + 4 + 4 + 4 + 4 + 4 + 4 + 2  # with a 16-bit gradient
+# Mixed-precision Adam with a 16-bit gradient: 28 bytes per parameter (also the host Adam's, ZeRO-Offload).
+ADAM_BYTES_PER_PARAM = adam_step_bytes_per_param("bf16", 2.0)
 AttentionBackend = Literal["fused", "flash"]
 
 
@@ -107,7 +110,7 @@ class CostModel(Protocol):
 
     def compute_time(self, work: Work, phase: ComputePhase) -> float: ...
 
-    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float: ...
+    def optimizer_time(self, params: float, bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float: ...
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float: ...
 
@@ -123,7 +126,7 @@ class FixedCosts:
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return self.per_layer[phase] * work.layer_share
 
-    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
+    def optimizer_time(self, params: float, bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float:
         return self.optimizer
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
@@ -244,8 +247,8 @@ class RooflineCosts:
         launches = sum(phase_scale(op, phase) * op.kernels for op in work.ops)
         return max(device, launches * self.launch_overhead)
 
-    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
-        return (ADAM_BYTES_PER_PARAM - 2.0 + grad_bytes) * params / self.bytes_rate * self.factor
+    def optimizer_time(self, params: float, bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float:
+        return bytes_per_param * params / self.bytes_rate * self.factor
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
         """A memory-bound kernel sequence moving ``nbytes`` through HBM (``kernels`` launches, each at least the
@@ -282,8 +285,8 @@ class ScaledCosts:
     def compute_time(self, work: Work, phase: ComputePhase) -> float:
         return self.inner.compute_time(work, phase) * self.factor
 
-    def optimizer_time(self, params: float, grad_bytes: float = 2.0) -> float:
-        return self.inner.optimizer_time(params, grad_bytes) * self.factor
+    def optimizer_time(self, params: float, bytes_per_param: float = ADAM_BYTES_PER_PARAM) -> float:
+        return self.inner.optimizer_time(params, bytes_per_param) * self.factor
 
     def memory_time(self, nbytes: float, kernels: int = 1) -> float:
         return self.inner.memory_time(nbytes, kernels) * self.factor

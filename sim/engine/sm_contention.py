@@ -23,20 +23,26 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sim.workload.ir import Stream, TaskGraph
+from sim.workload.ir import EP_STREAM, Stream, TaskGraph
 
 COMPUTE_STREAM = Stream.COMPUTE
 MAX_ROUNDS = 12
 TOLERANCE_S = 1e-6  # the rounds stop once no compute task moves by more than a microsecond
 
 
-def _holders(graph: TaskGraph, collective_sms: int, p2p_sms: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """Per rank: the ids of the NCCL tasks that hold SMs beside its compute stream, and how many each holds."""
+def _holders(graph: TaskGraph, collective_sms: int, p2p_sms: int,
+             deepep_sms: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank: the ids of the communication tasks that hold SMs beside its compute stream, and how many each
+    holds: NCCL's collectives and sends, and DeepEP's dispatch/combine (an ``ep`` task carrying its own seconds,
+    sim.workload.step.Exchange.seconds), ``deepep_sms`` each."""
     held: dict[int, tuple[list[int], list[int]]] = {}
     for task in graph.tasks:
         if not task.op or task.stream == COMPUTE_STREAM:
             continue  # a blocking collective on the compute stream overlaps no compute on that stream
-        sms = p2p_sms if task.op == "send" else collective_sms
+        if task.stream == EP_STREAM and task.duration is not None:
+            sms = deepep_sms
+        else:
+            sms = p2p_sms if task.op == "send" else collective_sms
         if sms:
             ids, counts = held.setdefault(task.rank, ([], []))
             ids.append(task.id)
@@ -95,13 +101,13 @@ def stretch(compute: dict[int, tuple[np.ndarray, np.ndarray]], current: dict[int
 
 def settle(graph: TaskGraph, first: tuple[list[float], list[float]],
            replay: Callable[[Sequence[float | None]], tuple[list[float], list[float]]], sms: int,
-           collective_sms: int, p2p_sms: int) -> tuple[list[float | None], float]:
+           collective_sms: int, p2p_sms: int, deepep_sms: int = 0) -> tuple[list[float | None], float]:
     """From a first replay at the base durations: stretch the compute durations, replay with them (``replay``
     takes the durations per task id and returns the replay's start and end), and repeat until they are stable
     (at most ``MAX_ROUNDS`` replays). Returns the durations of the last replay, per task id (``Task.duration``
     with the compute stream's stretched; the caller keeps that replay), and the compute seconds added on the
     rank that gained most. The graph is only read."""
-    compute, holders = _compute_by_rank(graph), _holders(graph, collective_sms, p2p_sms)
+    compute, holders = _compute_by_rank(graph), _holders(graph, collective_sms, p2p_sms, deepep_sms)
     current = {rank: base.copy() for rank, (_, base) in compute.items()}
     durations: list[float | None] = [task.duration for task in graph.tasks]
     start, end = first

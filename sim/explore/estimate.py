@@ -47,6 +47,7 @@ from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
+from sim.parallel.schedules import combined_pairs
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import FsdpSpec, Scenario
@@ -92,7 +93,7 @@ class Estimator:
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
-        self._orders: dict[tuple[str, int, int], tuple[int, list[Unit]]] = {}
+        self._orders: dict[tuple[str, int, int, bool], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
         self._stat_reduce: dict[Any, float] = {}
@@ -181,7 +182,7 @@ class Estimator:
         priced: list[StageTimes] = []  # stages of one shape (most of an even pipeline's) priced once
         for shape in shapes:
             (layers, moe_layers, recomputed, recomputed_moe, frozen_layers, offloaded, first_layer, embedding, head,
-             sends, pair_chunks) = shape
+             sends, pair_chunks, pair_mix) = shape
             share_of = max(layers, 1)  # a stage may hold no layer (the pipeline-split slots: embedding, loss only)
             # Full recomputation adds a forward to the backward of the layers it rebuilds (all, or the first
             # recompute_num_layers of each chunk); FSDP's gather overhead sees the stage's average layer.
@@ -214,7 +215,7 @@ class Estimator:
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
-            overlap = self._pair_overlap(plan, pair, pair_chunks) if pair is not None and pair_chunks else 0.0
+            overlap = self._pair_overlap(plan, pair, pair_chunks, pair_mix) if pair is not None and pair_chunks else 0.0
             priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
         return [priced[index] for index in of_stage]
 
@@ -226,9 +227,11 @@ class Estimator:
         if found is not None:
             return found[0]
         frozen = step.frozen_layer_blocks(plan) is not None
-        # DualPipe's F&B pairs interleave their MoE layers (Estimator._pair_overlap): what each local chunk runs,
-        # as the emitter's forward and backward do (the embedding on model chunk 0, the head on the last)
-        pairs = plan.is_moe and plan.scenario.schedule.startswith("dualpipe")
+        # DualPipe's F&B pairs (and Megatron's combined 1F1B under moe.a2a_overlap) interleave their MoE layers
+        # (Estimator._pair_overlap): what each local chunk runs, as the emitter's forward and backward do (the
+        # embedding on model chunk 0, the head on the last)
+        pairs = plan.is_moe and (plan.scenario.schedule.startswith("dualpipe") or plan.a2a_overlap)
+        mixes = [combined_pairs(plan.pp, plan.vpp, s) for s in range(plan.pp)] if plan.a2a_overlap else None
         last = plan.pp * plan.vpp - 1
         shapes: dict[_StageShape, int] = {}
         of_stage = []
@@ -244,7 +247,8 @@ class Estimator:
                 if plan.is_moe and recomputed else 0,
                 sum(plan.peft.layer_frozen(layer) for layer in step.stage_layer_ids(plan, s)) if frozen else 0,
                 offloaded, plan.chunk_layers(plan.stage_chunks[s][0])[0] if offloaded else -1,
-                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks)
+                plan.holds_embedding(s), plan.holds_head(s), _blocking_sends(plan, s), pair_chunks,
+                mixes[s] if mixes is not None else ())
             of_stage.append(shapes.setdefault(shape, len(shapes)))
         # the scenario keeps the objects the key names alive
         self._structures[key] = ((list(shapes), of_stage), plan.scenario)
@@ -288,8 +292,7 @@ class Estimator:
 
     def _exchanges(self, plan: Plan, exchanges: tuple[step.Exchange, ...]) -> float:
         """A MoE layer's dispatch or combine: its collectives one after another on the ``ep`` stream."""
-        return sum(network_models.transfer_time(self.net, ex.op, ex.nbytes, step.expert_group(plan, 0, ex.group),
-                                                ex.skew) for ex in exchanges)
+        return sum(step.exchange_seconds(plan, self.net, ex) for ex in exchanges)
 
     def _moe_layer(self, plan: Plan, times: list[float],
                    overlapped: bool) -> tuple[float, float, float, tuple[Block, ...], tuple[Block, ...]]:
@@ -350,11 +353,14 @@ class Estimator:
                   if split else 0.0)
         return alone(forward_blocks), alone(backward_blocks), weight, forward_blocks, backward_blocks
 
-    def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...]) -> float:
-        """What a stage's DualPipe F&B pairs hide, as ``stage_level_replay`` subtracts it (``pair_overlap /
-        chunks`` per pair): the pair's passes run alone less their span replayed as the emitter interleaves them
-        (sim.explore.pair_replay.pair_span), averaged over the pairs the schedule issues (a forward of one local
-        chunk with a backward of the other: DualPipe's F0B1 and F1B0, about as many of each), times the chunks.
+    def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
+                      mix: tuple[tuple[int, int, int], ...] = ()) -> float:
+        """What a stage's F&B pairs hide, as ``stage_level_replay`` subtracts it (``pair_overlap / chunks`` per
+        pair): the pair's passes run alone less their span replayed as the emitter interleaves them
+        (sim.explore.pair_replay.pair_span), averaged over the pairs the schedule issues, times the chunks: under
+        DualPipe a forward of one local chunk with a backward of the other (F0B1 and F1B0, about as many of each);
+        under moe.a2a_overlap the stage's own (forward chunk, backward chunk, count) ``mix``
+        (sim.parallel.schedules.combined_pairs).
         Each pass is its chunk's layers as blocks (``_PairBlocks``): the forward from the embedding to the head,
         the backward from the head down, a layer full recomputation rebuilds running its forward again first."""
         bwd: ComputePhase = "input_grad" if plan.splits_backward else "backward"
@@ -375,8 +381,16 @@ class Estimator:
             if embedding:
                 backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
             passes.append((chain(forward), chain(backward)))
-        hidden = [alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1])
-                  for a in range(len(passes)) for b in range(len(passes)) if a != b]
+        # DeepEP's kernels hold n of the GPU's S SMs (Plan.deepep_sms): compute under an exchange runs on the rest
+        # (pair_span's ``held``; sim.engine.sm_contention in the simulation)
+        held = plan.deepep_sms / (plan.scenario.cluster.gpu.sms or 1) if plan.deepep_sms else 0.0
+
+        def hides(a: int, b: int) -> float:
+            return alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1], held)
+
+        if mix:
+            return len(passes) * sum(count * hides(a, b) for a, b, count in mix) / sum(count for _, _, count in mix)
+        hidden = [hides(a, b) for a in range(len(passes)) for b in range(len(passes)) if a != b]
         return len(passes) * sum(hidden) / len(hidden) if hidden else 0.0
 
     def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
@@ -534,8 +548,9 @@ class Estimator:
         # and back up bounds the step, and the zero-bubble orders keep bubbles their formulas do not have, so
         # replay those orders at stage level (a few hundred actions at most).
         total = max(total, sum(st.forward + st.backward for st in stages) + w + 2 * (p - 1) * c)
-        if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe"):  # DualPipe: no formula here
-            key = (name, p, m)
+        if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe") or plan.a2a_overlap:
+            # DualPipe and Megatron's combined 1F1B (F&B pairs): no formula here
+            key = (name, p, m, plan.a2a_overlap)
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
                                                       plan.chunks - 1)
@@ -658,7 +673,7 @@ class Estimator:
             optimizer = step.host_adam_seconds(plan, shard) \
                 + step.pcie_seconds(plan, step.weights_to_gpu_bytes(plan, shard))
         else:
-            optimizer = self.costs.optimizer_time(shard, grad_elem)
+            optimizer = self.costs.optimizer_time(shard, plan.optimizer_step_bytes_per_param)
         for _, nbytes in step.grad_checks(plan, stage):  # each kernel, then its one-float all-reduce
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
@@ -952,7 +967,10 @@ class _StageShape(NamedTuple):
     embedding: bool
     head: bool
     sends: tuple[int, int]  # blocking sends per micro-batch, forward and backward (_blocking_sends)
-    pair_chunks: tuple[_ChunkLayers, ...]  # per local chunk, under DualPipe with MoE layers (else empty)
+    pair_chunks: tuple[_ChunkLayers, ...]  # per local chunk, under DualPipe / a2a_overlap with MoE layers (else empty)
+    pair_mix: tuple[tuple[int, int, int], ...]  # a2a_overlap: (F chunk, B chunk, pairs) of the stage's steady state
+    # (sim.parallel.schedules.combined_pairs)
+
 
 
 @dataclass(frozen=True)

@@ -60,13 +60,16 @@ def alone(blocks: Sequence[Block]) -> float:
                for b in blocks)
 
 
-def pair_span(forward: Sequence[Block], backward: Sequence[Block]) -> float:
+def pair_span(forward: Sequence[Block], backward: Sequence[Block], held: float = 0.0) -> float:
     """Seconds from the pair's first task to its last compute task: F's and B's blocks alternating on the compute
     stream (F0 B0 F1 B1 ..., a pass with fewer blocks leaving the rest to the other), their exchanges on one
     ``ep`` stream in that order, each block after its own pass's previous exchange and trailing collective, and
-    its first TP collective after the TP stream's trailing one."""
+    its first TP collective after the TP stream's trailing one. ``held``: the share of the GPU's SMs an exchange
+    holds while it runs (DeepEP's, n/S): compute progresses at 1 - held while the ``ep`` stream is busy, as
+    sim.engine.sm_contention's fixed point has it (a task overlapped by H seconds of exchange takes d + held H)."""
     compute = ep = tp = 0.0  # when each stream is next free (tp: of the collectives that trail a block)
     arrives = [0.0, 0.0]  # per pass: when what its next block waits for ends
+    busy: list[tuple[float, float]] = []  # the ep stream's exchanges so far, in time order
     passes = (forward, backward)
     for i in range(max(len(forward), len(backward))):
         for k, blocks in enumerate(passes):
@@ -76,11 +79,36 @@ def pair_span(forward: Sequence[Block], backward: Sequence[Block]) -> float:
             start = max(compute, arrives[k])
             if block.lead is not None and tp > start + block.lead:
                 start = tp - block.lead
-            issued = start + block.before
-            compute = arrives[k] = issued + block.after
+            issued = _advance(start, block.before, busy, held)
+            if block.exchange is not None:
+                begins = max(ep, issued)
+                ep = begins + block.exchange
+                busy.append((begins, ep))
+            compute = arrives[k] = _advance(issued, block.after, busy, held)
             if block.trailing:
                 tp = arrives[k] = max(tp, compute) + block.trailing
             if block.exchange is not None:
-                ep = max(ep, issued) + block.exchange
                 arrives[k] = max(arrives[k], ep)
     return compute
+
+
+def _advance(start: float, work: float, busy: Sequence[tuple[float, float]], held: float) -> float:
+    """When ``work`` seconds of compute begun at ``start`` end: at rate 1, or 1 - ``held`` inside the ``busy``
+    intervals (disjoint, in order)."""
+    if not held or work <= 0:
+        return start + work
+    now, left = start, work
+    for begins, ends in busy:
+        if ends <= now:
+            continue
+        if begins > now:  # a free stretch before this exchange
+            if now + left <= begins:
+                return now + left
+            left -= begins - now
+            now = begins
+        rate = 1.0 - held
+        if now + left / rate <= ends:
+            return now + left / rate
+        left -= (ends - now) * rate
+        now = ends
+    return now + left

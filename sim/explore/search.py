@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import pandas as pd
 from pydantic import BaseModel
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, SimError
 from sim.explore.estimate import PRICED_AS, Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
@@ -536,6 +536,24 @@ def _screen_worker(base: Scenario, space: list[Layout], estimator: Estimator,
         send.close()
 
 
+def none_fits(base: Scenario, screened: pd.DataFrame, where: Path) -> str:
+    """The one line a search whose screen kept no layout ends with: how many layouts ran out of memory, the one
+    that needs least (its estimated peak against the GPU's memory) and where every screened row is."""
+    gib = 2.0 ** 30
+    statuses = screened["status"].value_counts()
+    counts = ", ".join(f"{count} {status}" for status, count in statuses.items())
+    line = (f"search: no layout of {base.model.name} fits on {base.cluster.num_gpus} x {base.cluster.gpu.name} "
+            f"({len(screened)} screened: {counts})")
+    priced = screened[screened["est_peak_memory_bytes"] > 0]
+    if len(priced):
+        least = priced.loc[priced["est_peak_memory_bytes"].idxmin()]
+        knobs = " ".join(f"{name} {_native(least[name])}" for name in ("tp", "pp", "dp", "micro_batch", "recompute",
+                                                                         "zero") if name in least.index)
+        line += (f"; the least memory is {least['est_peak_memory_bytes'] / gib:.1f} GiB of "
+                 f"{least['hbm_capacity_bytes'] / gib:.1f} GiB ({knobs})")
+    return line + f"; every layout is in {where}"
+
+
 def best(table: pd.DataFrame, top: int) -> pd.DataFrame:
     """The ``top`` layouts that fit, fastest estimate first."""
     return table[table["status"] == "ok"].head(top)
@@ -590,6 +608,9 @@ def run_search(base_path: Path, overrides: list[str], out: Path, top: int = 1000
     out.mkdir(parents=True, exist_ok=True)
     screen_s = time.perf_counter() - began
     chosen = best(screened, top)
+    if chosen.empty:  # nothing to simulate: keep the screen, say what came closest
+        write_atomically(out / "screen.parquet", lambda path: screened.to_parquet(path, index=False))
+        raise SimError(none_fits(base, screened, out / "screen.parquet"))
     # Without an fsdp section in the base, each point names the FSDP + PP one it needs; with one, the points keep
     # its knobs (candidate's layout_fsdp)
     fixed = [f"training.global_batch={degrees(base).global_batch}", "training.microbatches=null"]

@@ -40,6 +40,24 @@ def _refuse(framework: str, knob: str, why: str) -> ConfigError:
     return ConfigError(f"{knob}: {why} ({framework} has no setting for it)")
 
 
+def _optimizer_states(s: Scenario, framework: str) -> list[str]:
+    """The optimizer's states (training.master_weights, optimizer_dtype) as ``framework``'s flags: Megatron-LM's
+    precision-aware optimizer (--exp-avg-dtype / --exp-avg-sq-dtype, distributed optimizer only) for moments
+    other than fp32; no framework here trains without an fp32 master (torchtune's pure bf16 is not one of them)."""
+    t = s.training
+    if not t.master_weights:
+        raise _refuse(framework, "training.master_weights", "pure 16-bit training without an fp32 master copy")
+    if t.optimizer_dtype == "fp32":
+        return []
+    if framework != "Megatron-LM":
+        raise _refuse(framework, "training.optimizer_dtype", f"Adam moments in {t.optimizer_dtype}")
+    if degrees(s).zero_stage < 1:
+        raise _refuse(framework, "training.optimizer_dtype", f"Adam moments in {t.optimizer_dtype} without the "
+                      "distributed optimizer (parallel.zero 1; --use-precision-aware-optimizer needs it)")
+    return ["--use-precision-aware-optimizer", "--exp-avg-dtype", t.optimizer_dtype, "--exp-avg-sq-dtype",
+            t.optimizer_dtype]
+
+
 def _precision(s: Scenario) -> list[str]:
     dtype = s.training.dtype
     if dtype == "fp8":
@@ -83,7 +101,7 @@ def _megatron(s: Scenario) -> Emitted:
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
-    flags += _precision(s)
+    flags += _precision(s) + _optimizer_states(s, "Megatron-LM")
     if t.dtype == "bf16" and t.grad_dtype == "bf16":
         flags.append("--grad-reduce-in-bf16")
     flags += ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size",
@@ -108,6 +126,10 @@ def _megatron(s: Scenario) -> Emitted:
     if m.num_moe_experts:
         flags += ["--num-experts", str(m.num_moe_experts), "--moe-router-topk", str(m.moe_router_topk),
                   "--moe-token-dispatcher-type", s.moe.token_dispatcher]
+        if s.moe.token_dispatcher == "flex":
+            flags += ["--moe-flex-dispatcher-backend", "deepep"]
+        if s.moe.a2a_overlap:
+            flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     if not t.flash_attention:
         flags += ["--attention-backend", "unfused"]
     elif t.attention_backend != "auto":  # the kernel the scenario was priced on (TE picks fused under auto)
@@ -141,6 +163,7 @@ def _torchtitan(s: Scenario) -> Emitted:
         raise _refuse("TorchTitan", "parallel.zero", "ZeRO-1 (sharded optimizer states only) is not FSDP2")
     if s.schedule not in TORCHTITAN_SCHEDULES and p.pp > 1:
         raise _refuse("TorchTitan", "schedule", f"{s.schedule} is not one of TorchTitan's pipeline schedules here")
+    _optimizer_states(s, "TorchTitan")
     if p.tp > 1 and not p.sequence_parallel:
         raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
                       "norms (TorchTitan's TP plan always uses SequenceParallel)")
@@ -193,6 +216,7 @@ def _deepspeed(s: Scenario) -> Emitted:
         raise _refuse("the HF Trainer", "training.recompute", "selective recompute")
     if s.fsdp is not None:
         raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
+    _optimizer_states(s, "DeepSpeed")
     accumulation = d.microbatches
     config: dict[str, object] = {
         "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,

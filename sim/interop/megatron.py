@@ -38,6 +38,7 @@ BOOL_FLAGS = frozenset({
     "use_rotary_position_embeddings", "accumulate_allreduce_grads_in_fp32", "ckpt_fully_parallel_load",
     "use_dist_ckpt", "async_save", "moe_router_pre_softmax", "no_persist_layer_norm", "log_params_norm",
     "log_num_zeros_in_grad", "use_cpu_initialization", "distribute_saved_activations", "use_torch_fsdp2",
+    "use_precision_aware_optimizer",
 })
 # store_false flags: the destination they clear.
 NEGATED = {"no_overlap_p2p_communication": "overlap_p2p_comm", "no_align_param_gather": "align_param_gather",
@@ -240,6 +241,37 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         put("training.dtype", "bf16", "fp32", "no --bf16/--fp16: Megatron-LM trains in fp32", "default")
     if args.flag("grad_reduce_in_bf16"):
         put("training.grad_dtype", "grad_reduce_in_bf16", "bf16")
+    # Megatron-Core's precision-aware optimizer (Transformer Engine's FusedAdam; arguments.py
+    # --use-precision-aware-optimizer with --exp-avg-dtype / --exp-avg-sq-dtype / --main-params-dtype /
+    # --main-grads-dtype, each fp32 by default and read only with it): the moments' dtype is
+    # training.optimizer_dtype; the master stays fp32 (an fp16 master, or moments of two dtypes, is not modelled).
+    if args.flag("use_precision_aware_optimizer"):
+        if not args.flag("use_distributed_optimizer"):  # megatron/core/optimizer/__init__.py raises the same
+            raise refuse(f"{args.source('use_precision_aware_optimizer')}: needs --use-distributed-optimizer "
+                         "(Megatron-Core supports it only with the distributed optimizer)")
+        avg, avg_sq = str(args.get("exp_avg_dtype", "fp32")), str(args.get("exp_avg_sq_dtype", "fp32"))
+        for dest, value in (("exp_avg_dtype", avg), ("exp_avg_sq_dtype", avg_sq)):
+            if value not in ("fp32", "bf16", "fp16"):
+                raise refuse(f"{args.source(dest)}: {value!r} optimizer states are not modelled (fp32, bf16, fp16)")
+        if avg != avg_sq:
+            raise refuse(f"{args.source('exp_avg_sq_dtype')}: {avg_sq!r} differs from {args.source('exp_avg_dtype')} "
+                         f"{avg!r} (one training.optimizer_dtype for both moments)")
+        main_params = str(args.get("main_params_dtype", "fp32"))
+        if main_params != "fp32":
+            raise refuse(f"{args.source('main_params_dtype')}: {main_params} master weights are not modelled (fp32, "
+                         "or none with training.master_weights: false)")
+        draft.row(args.source("use_precision_aware_optimizer"), True, "mapped",
+                  "Adam's moments in --exp-avg-dtype / --exp-avg-sq-dtype", f"training.optimizer_dtype = {avg}")
+        put("training.optimizer_dtype", "exp_avg_dtype", avg, "exp_avg and exp_avg_sq (fp32 master kept)",
+            status="mapped" if args.has("exp_avg_dtype") else "default")
+        if args.get("main_grads_dtype") == "bf16":
+            put("training.grad_dtype", "main_grads_dtype", "bf16")
+    else:
+        for dest in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype"):
+            if args.has(dest):
+                args.get(dest)
+                draft.row(args.source(dest), args.raw(dest), "ignored",
+                          "read by Megatron-LM only with --use-precision-aware-optimizer")
     # Layout.
     tp = args.int("tensor_model_parallel_size", 1) or 1
     pp = args.int("pipeline_model_parallel_size", 1) or 1
@@ -488,15 +520,23 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
             raise refuse(f"{args.source('moe_layer_freq')}: only an integer frequency is read (got {freq!r})")
     if args.has("moe_token_dispatcher_type"):
         kind = str(args.get("moe_token_dispatcher_type"))
-        if kind not in ("alltoall", "allgather"):
-            raise refuse(f"{args.source('moe_token_dispatcher_type')}: {kind!r} is not modelled (alltoall or "
-                         "allgather)")
+        if kind not in ("alltoall", "allgather", "flex"):
+            raise refuse(f"{args.source('moe_token_dispatcher_type')}: {kind!r} is not modelled (alltoall, "
+                         "allgather or flex)")
+        backend = str(args.get("moe_flex_dispatcher_backend")) if args.has("moe_flex_dispatcher_backend") else "deepep"
+        if kind == "flex" and backend != "deepep":  # Megatron-Core's default backend is deepep
+            raise refuse(f"{args.source('moe_flex_dispatcher_backend')}: {backend!r} is not modelled (deepep)")
         draft.put("moe.token_dispatcher", kind, args.source("moe_token_dispatcher_type"))
     if args.has("moe_expert_capacity_factor"):
         draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
                   args.source("moe_expert_capacity_factor"))
     if args.flag("moe_pad_expert_input_to_capacity"):
         draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
+    # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order
+    # inside each layer is part of what moe.a2a_overlap models)
+    if args.flag("overlap_moe_expert_parallel_comm"):
+        draft.put("moe.a2a_overlap", True, args.source("overlap_moe_expert_parallel_comm"))
+        args.flag("delay_wgrad_compute")
 
 
 def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PREFIXES,

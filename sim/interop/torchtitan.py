@@ -171,6 +171,12 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     param = str(take("training.mixed_precision_param", "bfloat16"))
     if param not in ("bfloat16", "float32"):
         raise refuse(f"training.mixed_precision_param: {param!r} is not bfloat16 or float32")
+    pure = str(take("training.dtype", "float32"))
+    if pure not in ("bfloat16", "float32"):
+        raise refuse(f"training.dtype: {pure!r} is not bfloat16 or float32")
+    if pure == "bfloat16" and param == "float32":
+        raise refuse("training.mixed_precision_param: float32 with training.dtype bfloat16 (bf16 weights computed "
+                     "in fp32) is not modelled")
     if float8:
         draft.put("training.dtype", "fp8", "model.converters", converters, "torchao Float8Linear (dynamic scaling)")
         draft.put("training.fp8_weight_cache", False, "model.converters", converters,
@@ -184,9 +190,12 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         reduce = str(take("training.mixed_precision_reduce", "float32"))
         draft.put("training.grad_dtype", "fp32" if reduce == "float32" else "bf16",
                   "training.mixed_precision_reduce", reduce, "FSDP2's reduce_dtype")
-    if str(take("training.dtype", "float32")) == "bfloat16":
-        draft.row("training.dtype", "bfloat16", "unmapped", "pure bf16 training (no fp32 master weights): simulated "
-                  "with mixed precision's fp32 states")
+    # [training] dtype = "bfloat16": the model built under set_default_dtype(bf16), "all parameters, gradients, and
+    # optimizer states in bfloat16, without an extra copy of fp32 weights" (job_config.py, pytorch/torchtitan#1646).
+    if pure == "bfloat16":
+        draft.put("training.master_weights", False, "training.dtype", pure, "no fp32 copy of the weights")
+        draft.put("training.optimizer_dtype", "bf16", "training.dtype", pure,
+                  "AdamW's moments allocated like the bf16 parameters: 2 + 2 + 4 bytes per parameter")
     if take("training.enable_cpu_offload"):
         draft.put("offload.optimizer", True, "training.enable_cpu_offload")
         draft.put("offload.params", True, "training.enable_cpu_offload")

@@ -38,14 +38,45 @@ class ModelStates:
         return self.weights + self.gradients + self.optimizer
 
 
+def optimizer_bytes_per_param(dtype: str, master_weights: bool = True, optimizer_dtype: str = "fp32") -> int:
+    """Bytes of Adam's states per trained parameter: an fp32 master copy where the weights are 16-bit and
+    ``master_weights`` (mixed precision, Micikevicius et al. 2018; Rajbhandari et al. SC20 Sec. 3.1: 4 + 4 + 4 =
+    12), plus the first and second moments (exp_avg, exp_avg_sq) in ``optimizer_dtype``. fp32/tf32 weights are
+    their own master (4 + 4 = 8). Pure 16-bit training keeps no master and Adam's moments in the parameters'
+    dtype, as torch.optim.AdamW allocates them (``torch.zeros_like(param)``): torchtune's ``dtype: bf16`` ("all
+    activations, gradients and optimizer states are in bfloat16", recipes/lora_finetune_distributed.py), 2 + 2 =
+    4. Megatron-Core's precision-aware optimizer keeps the fp32 master with bf16 moments (``--exp-avg-dtype``,
+    ``--exp-avg-sq-dtype``): 4 + 2 + 2 = 8."""
+    master = 4 if master_weights and dtype not in ("fp32", "tf32") else 0
+    return master + 2 * bytes_per_element(optimizer_dtype)
+
+
+def adam_step_bytes_per_param(dtype: str, grad_bytes: float, master_weights: bool = True,
+                              optimizer_dtype: str = "fp32") -> float:
+    """HBM bytes the (memory-bound, fused) Adam step moves per parameter: it reads the gradient, the master copy
+    (or, without one, the weight itself) and both moments, writes those three back, and, where a master exists,
+    writes the working 16-bit weight cast from it (apex/TE multi_tensor_adam, torch's fused AdamW). Mixed
+    precision with a 16-bit gradient: 2 + 12 + 12 + 2 = 28 (30 with Megatron-LM's fp32 gradients); pure bf16
+    (torchtune): 2 + 6 + 6 = 14; fp32 weights, their own master: 4 + 12 + 12 = 28."""
+    wide = dtype in ("fp32", "tf32")
+    weight, moments = (4 if wide else 2), 2 * bytes_per_element(optimizer_dtype)
+    if wide or not master_weights:  # Adam updates the weight itself in place
+        return grad_bytes + 2 * (weight + moments)
+    return grad_bytes + 2 * (4 + moments) + weight
+
+
 def model_state_bytes(params: float, dtype: str, zero_stage: int = 0, shards: int = 1,
-                      grad_dtype: str | None = None) -> ModelStates:
+                      grad_dtype: str | None = None, master_weights: bool = True,
+                      optimizer_dtype: str = "fp32") -> ModelStates:
     """Weights, gradients and Adam states (fp32 master copy, m, v where mixed precision) that one rank keeps
     for ``params`` parameters, with ZeRO stage 1 sharding the optimizer states over ``shards`` data-parallel
     ranks, stage 2 also the gradients and stage 3 also the weights (Rajbhandari et al. SC20 Sec. 5:
     (4 + 12/N), (2 + 14/N) and 16/N bytes per parameter for mixed precision). ``grad_dtype``: gradients kept
-    in another dtype than the weights (``Scenario.grad_dtype``: fp32 for Megatron-LM's bf16, 18 bytes each)."""
-    weights, gradients, optimizer = (4, 4, 8) if dtype in ("fp32", "tf32") else (2, 2, 12)
+    in another dtype than the weights (``Scenario.grad_dtype``: fp32 for Megatron-LM's bf16, 18 bytes each).
+    ``master_weights`` / ``optimizer_dtype``: the optimizer's states (``optimizer_bytes_per_param``; pure bf16
+    training: 2 + 2 + 4 = 8 bytes per parameter)."""
+    weights, gradients = (4, 4) if dtype in ("fp32", "tf32") else (2, 2)
+    optimizer = optimizer_bytes_per_param(dtype, master_weights, optimizer_dtype)
     if grad_dtype is not None:
         gradients = bytes_per_element(grad_dtype)
     return ModelStates(

@@ -222,6 +222,19 @@ def dequant_ops(op: Op, peft: Peft, elem_bytes: int) -> tuple[Op, ...]:
             Op(f"{op.name}_dequant_bwd", 0.0, nbytes, False, runs_in="input_grad"))
 
 
+def dequant_buffer_bytes(spec: ModelSpec, peft: Peft, tp: int, elem_bytes: int) -> float:
+    """QLoRA: bytes of the largest frozen decoder linear dequantised to the compute dtype on one TP rank (0 for
+    the other methods). The dequantised weight is a whole temporary tensor that lives through its GEMM, in the
+    forward and again in the input-gradient GEMM: torchao's ``LinearNF4`` (torchtune's QLoRA) runs
+    ``F.linear(input, weight.to(input.dtype))`` and ``grad_output @ weight.to(grad_output.dtype)``
+    (torchao/dtypes/nf4tensor.py), bitsandbytes' ``MatMul4Bit`` ``dequantize_4bit(B, state).to(A.dtype)``
+    (bitsandbytes/autograd/_functions.py). The memory rule counts one, the largest (an MLP projection, h x ffn),
+    beside the activations at the backward's peak: Llama 3 8B 4096 x 14336 x 2 B = 112 MiB, 70B 448 MiB."""
+    if peft.method != "qlora":
+        return 0.0
+    return max(fan_in * fan_out for fan_in, fan_out in (target_shape(spec, t) for t in TARGETS)) / tp * elem_bytes
+
+
 def adapt_layer_ops(blocks: dict[str, tuple[Op, ...]], spec: ModelSpec, peft: Peft, tokens: float, tp: int,
                     elem_bytes: int, fused_kernels: bool = True) -> dict[str, tuple[Op, ...]]:
     """A layer's forward kernels (sim.model.ops.layer_forward_ops) under LoRA/QLoRA: the base linears frozen

@@ -34,7 +34,7 @@ from sim.parallel.chunks import Layout, PassKind, upstream
 from sim.parallel.dualpipe import Chunk, dualpipe_chunks, dualpipe_rule, dualpipev_chunks, dualpipev_rule
 from sim.parallel.zbv import zb_v_passes
 
-__all__ = ["SCHEDULES", "Action", "Layout", "PassKind", "Schedule"]
+__all__ = ["A2A_OVERLAP", "SCHEDULES", "Action", "Layout", "PassKind", "Schedule"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,22 +70,46 @@ def _interleaved_warmup(p: int, m: int, v: int, stage: int) -> int:
     return m * v if m == p else min(2 * (p - stage - 1) + (v - 1) * p, m * v)
 
 
-def interleaved(p: int, m: int, v: int) -> list[list[Action]]:
+def interleaved(p: int, m: int, v: int, a2a_overlap: bool = False) -> list[list[Action]]:
+    """Megatron-LM's interleaved order. ``a2a_overlap``: its combined 1F1B (--overlap-moe-expert-parallel-comm,
+    megatron/core/pipeline_parallel/schedules.py and combined_1f1b.py): one more warm-up forward ("we schedule one
+    extra micro-batch forward step before the 1f1b stages ... to ensure the forward and backward computations are
+    independent in all 1f1b steps") and each steady-state forward issued with the backward after it as one unit
+    (``with_next``: combined_1f1b_schedule_for_interleaved_pipelining receives both inputs, runs the merged
+    forward-backward step layer by layer, then sends both outputs). With p = 1 and v = 1 this is its
+    combined_1f1b_schedule_for_no_pipelining: F0, then (F i+1, B i) pairs, then the last B."""
     total = m * v
 
-    def virtual(k: int, phase: PassKind) -> Action:
+    def virtual(k: int, phase: PassKind, with_next: bool = False) -> Action:
         chunk = (k // p) % v
-        return Action(phase, (k // (p * v)) * p + k % p, chunk if phase == "F" else v - 1 - chunk)
+        return Action(phase, (k // (p * v)) * p + k % p, chunk if phase == "F" else v - 1 - chunk, with_next)
 
     stages: list[list[Action]] = []
     for s in range(p):
-        warmup = _interleaved_warmup(p, m, v, s)
+        warmup = min(_interleaved_warmup(p, m, v, s) + a2a_overlap, total)
         actions = [virtual(k, "F") for k in range(warmup)]
         for k in range(total - warmup):
-            actions += [virtual(warmup + k, "F"), virtual(k, "B")]
+            actions += [virtual(warmup + k, "F", a2a_overlap), virtual(k, "B")]
         actions += [virtual(k, "B") for k in range(total - warmup, total)]
         stages.append(actions)
     return stages
+
+
+def interleaved_a2a_overlap(p: int, m: int, v: int) -> list[list[Action]]:
+    return interleaved(p, m, v, a2a_overlap=True)
+
+
+def combined_pairs(p: int, v: int, stage: int) -> tuple[tuple[int, int, int], ...]:
+    """The F&B pairs ``interleaved_a2a_overlap`` issues on ``stage`` in its steady state, as (forward's local
+    chunk, backward's local chunk, how many) over one period of p x v pairs (the pairs pair virtual forward
+    k + warm-up with virtual backward k; the chunks repeat every p x v), for any m large enough to reach the
+    steady state: what the estimate weights each kind of pair by."""
+    warmup = 2 * (p - stage - 1) + (v - 1) * p + 1
+    counts: dict[tuple[int, int], int] = {}
+    for k in range(p * v):
+        pair = (((k + warmup) // p) % v, v - 1 - (k // p) % v)
+        counts[pair] = counts.get(pair, 0) + 1
+    return tuple((a, b, n) for (a, b), n in sorted(counts.items()))
 
 
 def zb_h1(p: int, m: int, v: int = 1) -> list[list[Action]]:
@@ -225,4 +249,13 @@ SCHEDULES: dict[str, Schedule] = {
                          splits_backward=True, rule=dualpipe_rule, layout="dual"),
     "dualpipev": Schedule("dualpipev", dualpipev, lambda p, m, v, s: _dual_in_flight("dualpipev", p, m)[s],
                           splits_backward=True, rule=dualpipev_rule, layout="v"),
+}
+
+# What a schedule becomes under moe.a2a_overlap (Megatron-Core's EP A2A overlap: the interleaved schedule's
+# combined 1F1B; with pp = 1 any of these is its no-pipelining form): one extra warm-up forward, and the forward
+# of each steady-state pair is in flight beside the backward it runs with.
+A2A_OVERLAP: dict[str, Schedule] = {
+    name: Schedule(name, interleaved_a2a_overlap,
+                   lambda p, m, v, s: min(_interleaved_warmup(p, m, v, s) + 2, m * v), rule=_interleaved_rule)
+    for name in ("interleaved", "1f1b", "gpipe")
 }

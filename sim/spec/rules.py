@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from sim.costs import profile
 from sim.parallel.context import check_context
-from sim.parallel.schedules import SCHEDULES
+from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES
 from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.method import check_method
 from sim.spec.sequence import check_sequence
@@ -136,6 +136,12 @@ def check_rules(s: Scenario) -> None:
                          "(offload.optimizer); set one of them false")
     if s.offload.optimizer and d.zero_stage < 1 and d.dp > 1:
         raise ValueError("offload.optimizer: ZeRO-Offload partitions the optimizer over dp; set parallel.zero >= 1")
+    if not t.master_weights and t.dtype in ("fp32", "tf32"):
+        raise ValueError(f"training.master_weights: false needs 16-bit weights (training.dtype {t.dtype}: fp32 "
+                         "weights are their own master)")
+    if s.offload.optimizer and (not t.master_weights or t.optimizer_dtype != "fp32"):
+        raise ValueError("offload.optimizer: the host Adam is modelled with an fp32 master and fp32 moments "
+                         "(DeepSpeed's CPUAdam); set training.master_weights: true and optimizer_dtype: fp32")
     if s.costs.model == "calibrated":
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
         if t.dtype not in measured.gemm:
@@ -275,8 +281,35 @@ def _check_experts(s: Scenario, d: Degrees) -> None:
                          "ZeRO-1 (Megatron's distributed optimizer)")
     if moe.pad_to_capacity and moe.capacity_factor is None:
         raise ValueError("moe.pad_to_capacity: padding to capacity needs moe.capacity_factor")
+    if moe.token_dispatcher == "flex" and d.etp > 1:
+        raise ValueError(f"moe.token_dispatcher: flex (DeepEP) with parallel.etp = {d.etp} is not modelled; use "
+                         "etp 1 or the alltoall dispatcher")
     if moe.a2a_overlap:
-        raise ValueError("moe.a2a_overlap: overlapping dispatch/combine with another micro-batch is not modelled "
-                         "yet; set it false")
+        _check_a2a_overlap(s, d)
     if len(m.moe_layers) != m.num_layers:
         raise ValueError(f"model.moe_layer_freq: {len(m.moe_layers)} entries but model.num_layers = {m.num_layers}")
+
+
+def _check_a2a_overlap(s: Scenario, d: Degrees) -> None:
+    """``moe.a2a_overlap`` (--overlap-moe-expert-parallel-comm): Megatron-Core's conditions (transformer_config.py
+    __post_init__), each naming its field."""
+    t = s.training
+    if d.ep == 1:
+        raise ValueError("moe.a2a_overlap: needs expert parallelism (parallel.ep > 1)")
+    if s.moe.token_dispatcher not in ("alltoall", "flex"):
+        raise ValueError(f"moe.a2a_overlap: needs the alltoall or flex token dispatcher, not "
+                         f"{s.moe.token_dispatcher}")
+    if s.parallel.pp > 1 and s.schedule != "interleaved":
+        raise ValueError(f"schedule: moe.a2a_overlap with pp = {s.parallel.pp} runs in Megatron-Core's interleaved "
+                         f"schedule (virtual pipeline size given), not {s.schedule}")
+    if s.parallel.pp == 1 and s.schedule not in A2A_OVERLAP:
+        raise ValueError(f"schedule: moe.a2a_overlap with pp = 1 is Megatron-Core's no-pipelining combined 1F1B, not "
+                         f"{s.schedule}")
+    if t.recompute == "full":
+        raise ValueError("training.recompute: full recomputation cannot run with moe.a2a_overlap (Megatron-Core "
+                         "requires it off)")
+    if t.recompute == "selective" and "moe" in (t.recompute_modules or ()):
+        raise ValueError("training.recompute_modules: module moe cannot be recomputed with moe.a2a_overlap "
+                         "(Megatron-Core requires it off)")
+    if t.dtype not in ("bf16", "fp16", "fp8"):
+        raise ValueError(f"training.dtype: moe.a2a_overlap needs a bf16 or fp16 model, not {t.dtype}")

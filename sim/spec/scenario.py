@@ -81,6 +81,17 @@ class TrainingSpec(FrozenSpec):
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
         "(Megatron-LM forces fp32 accumulation and all-reduce for bf16, in its contiguous grad buffer), the "
         "training dtype under ZeRO-2/3, FSDP or a DeepSpeed block (their reduce dtype defaults to it)"))
+    master_weights: bool = Field(default=True, description=(
+        "the optimizer keeps an fp32 master copy of each trained 16-bit parameter (mixed precision: Megatron-LM, "
+        "DeepSpeed, PyTorch AMP, TorchTitan's fp32 FSDP shards), 4 bytes per trained parameter, updated and cast "
+        "back each step. false: pure 16-bit training, the optimizer updates the bf16 weights in place "
+        "(torchtune's dtype: bf16: 'all activations, gradients and optimizer states are in bfloat16'). "
+        "sim.model.memory.optimizer_bytes_per_param"))
+    optimizer_dtype: Literal["fp32", "bf16", "fp16"] = Field(default="fp32", description=(
+        "dtype of Adam's moments (exp_avg, exp_avg_sq): 2 x 4 bytes per trained parameter in fp32, 2 x 2 in bf16 "
+        "(Megatron-Core's --exp-avg-dtype / --exp-avg-sq-dtype; torch.optim.AdamW allocates them like the "
+        "parameter, so pure bf16 training such as torchtune's sets master_weights: false, optimizer_dtype: bf16: "
+        "2 + 2 + 4 = 8 bytes per trained parameter instead of 16)"))
     fp8_attention: bool = Field(default=False, description=(
         "with dtype fp8: also run the attention core (QK^T, softmax-V; flash attention) in FP8, as Megatron-LM's "
         "--fp8-dot-product-attention (Transformer Engine's fp8_dpa). Default false: fp8_autocast makes only the "
@@ -212,10 +223,24 @@ class ParallelSpec(FrozenSpec):
 class MoeSpec(FrozenSpec):
     """How a MoE model's tokens reach their experts (Megatron-Core's MoE knobs; used only with a MoE model)."""
 
-    token_dispatcher: Literal["alltoall", "allgather"] = Field(default="alltoall", description=(
+    token_dispatcher: Literal["alltoall", "allgather", "flex"] = Field(default="alltoall", description=(
         "--moe-token-dispatcher-type: alltoall: tokens go to their experts' ranks by an all-to-all over the EP "
         "group (and come back by another); allgather: every rank all-gathers the tokens of the etp x ep group and "
-        "reduce-scatters the outputs"))
+        "reduce-scatters the outputs; flex: DeepEP's normal kernels (--moe-flex-dispatcher-backend deepep): a "
+        "token sent once per destination node over RDMA and forwarded once per destination rank over NVLink "
+        "(sim.network.deepep, docs/mechanisms/deepep.md)"))
+    deepep_rdma_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved RDMA bandwidth per GPU, counted as DeepEP's tests count it (tokens x distinct "
+        "destination nodes x hidden x bytes / time); None: the DeepEP README's H800 table by nodes in the EP group "
+        "(2: 43, 4: 58, 8+: 51 GB/s dispatch; 43/57/50 combine), scaled by the GPU's NIC line rate / 50 GB/s"))
+    deepep_nvlink_bandwidth: BytesPerSecond | None = Field(default=None, gt=0, description=(
+        "flex: DeepEP's achieved NVLink bandwidth per GPU (tokens received per rank x hidden x bytes / time); "
+        "None: the README's intranode EP 8 row (153 GB/s dispatch, 158 combine on H800's 200 GB/s NVLink) as a "
+        "fraction of this node's NVLink line rate"))
+    deepep_sms: int = Field(default=20, ge=0, description=(
+        "flex: SMs DeepEP's kernels hold while they run (Megatron-Core --moe-flex-dispatcher-num-sms, None -> 20, "
+        "'DeepEP's historical mcore default'): compute overlapping a dispatch or combine (moe.a2a_overlap's pairs, "
+        "a shared expert) runs on the rest (sim.engine.sm_contention); 0: off"))
     capacity_factor: float | None = Field(default=None, gt=0, description=(
         "--moe-expert-capacity-factor: an expert takes at most this x its even share of the token-expert pairs "
         "(the rest are dropped); None: dropless"))
@@ -225,8 +250,11 @@ class MoeSpec(FrozenSpec):
         "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
         "pace of the all-to-all and the expert GEMMs (1: even routing)"))
     a2a_overlap: bool = Field(default=False, description=(
-        "--overlap-moe-expert-parallel-comm (dispatch/combine under the other micro-batch's compute): not "
-        "modelled yet, refused"))
+        "--overlap-moe-expert-parallel-comm --delay-wgrad-compute (Megatron-Core's combined 1F1B): one more "
+        "warm-up forward, then each steady forward issued with a backward of another micro-batch, the two "
+        "interleaved layer by layer so each one's dispatch/combine runs under the other's compute "
+        "(docs/mechanisms/a2a_overlap.md); needs ep > 1, the alltoall or flex dispatcher, the interleaved "
+        "schedule when pp > 1, no full recomputation and no recompute module moe"))
 
 
 class FsdpSpec(FrozenSpec):

@@ -36,7 +36,7 @@ from typing import Any, Literal
 from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
 from sim.hardware import GPU_PRESETS
 from sim.parallel.chunks import upstream
-from sim.parallel.schedules import SCHEDULES, Action
+from sim.parallel.schedules import Action, Schedule
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
 from sim.workload.cp_emit import ContextEmitter
@@ -373,16 +373,18 @@ class _StageEmitter:
     # ---------------------------------------------------------------------------------- tasks with exact edges
     def _exact_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
                     also: Sequence[int] = (), work: Work | None = None, phase: ComputePhase = "forward",
-                    exchange: tuple[str, float, tuple[int, ...], float] | None = None) -> int:
+                    exchange: tuple[str, float, tuple[int, ...], float] | None = None,
+                    seconds: float | None = None) -> int:
         """One task of a MoE layer's MLP part or a CP attention core (sim.workload.moe_emit, cp_emit): after
         ``prev`` (the task emitted just before it, None: no edge to it) and the tasks in ``also``; compute priced
-        from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew). Flagged for stamping
+        from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew), timed by the network
+        unless ``seconds`` gives its time (DeepEP's kernels, ``step.Exchange.seconds``). Flagged for stamping
         with exactly these edges (see ``_layer``)."""
         assert prev is None or prev == len(self.g.tasks) - 1
         if exchange is not None:
             op, nbytes, group, skew = exchange
             task = self._add(stream, kind, f"{name}_{op}" if name else op, mb, layer, prev, also, op=op,
-                             nbytes=nbytes, group=group, skew=skew)
+                             nbytes=nbytes, group=group, skew=skew, duration=seconds)
         else:
             assert work is not None
             duration, flops = self._price(work, phase)
@@ -648,12 +650,12 @@ def folds_tp(plan: Plan) -> bool:
 
 
 @lru_cache(maxsize=64)
-def _actions(schedule: str, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
+def _actions(schedule: Schedule, p: int, m: int, v: int) -> tuple[tuple[Action, ...], ...]:
     """Each stage's ordered actions (``Schedule.actions``), kept per (schedule, p, m, v): a search confirms many
     layouts of one pipeline shape in a process, and ZB-H2's order is a unit-time simulation of its own (about
     0.4 s at p 16, m 96; 175B search, 2026-11-25). Actions are frozen; the tuples keep the orders from being
     changed by a caller."""
-    return tuple(tuple(stage) for stage in SCHEDULES[schedule].actions(p, m, v))
+    return tuple(tuple(stage) for stage in schedule.actions(p, m, v))
 
 
 def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph:
@@ -666,7 +668,7 @@ def build(plan: Plan, fold: bool | None = None, stamp: bool = True) -> TaskGraph
     costs = make_costs(plan)
     grid = plan.grid
     p, m, v = plan.pp, plan.microbatches, plan.vpp
-    orders = _actions(scenario.schedule, p, m, v)
+    orders = _actions(plan.schedule, p, m, v)
     tp_ranks = range(1 if fold else grid.tp)
     replicas = ([(t, d, c) for d in range(grid.dp) for c in range(grid.cp) for t in tp_ranks]
                 if scenario.ranks == "all" else [(0, 0, 0)])

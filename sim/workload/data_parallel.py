@@ -323,7 +323,7 @@ class DataParallelEmitter:
                 ready = [st._add(NCCL_STREAM, "optimizer", f"{name}_all_reduce", -1, -1, kernel, op="all_reduce",
                                  nbytes=step.GRAD_STAT_BYTES, group=step.grad_stats_group(plan, st.rank))]
             optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, ready,
-                                duration=st.costs.optimizer_time(shard_params, self.grad_bytes_per_param))
+                                duration=st.costs.optimizer_time(shard_params, plan.optimizer_step_bytes_per_param))
         gather = step.final_weight_gather_bytes(plan, st.stage)
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
             st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,

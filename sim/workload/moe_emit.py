@@ -25,9 +25,10 @@ class MoeLayerEmitter:
         self.work = moe_blocks(plan)
         self.recompute = moe_recompute(plan)
         self.has_shared = bool(self.work["moe_shared"].ops)
-        self.dispatch = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+        # (op, bytes, group, skew) and the exchange's own seconds (DeepEP's; None: the network times it)
+        self.dispatch = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), ex.seconds)
                          for ex in dispatch_exchanges(plan)]
-        self.combine = [(ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew)
+        self.combine = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), ex.seconds)
                         for ex in combine_exchanges(plan)]
 
     def task(self, *args: Any, **kwargs: Any) -> int:
@@ -42,8 +43,9 @@ class MoeLayerEmitter:
         w = self.work
         router = self.task("compute", kind, "moe_router", mb, layer, after, work=w["moe_router"])
         dispatched = router
-        for exchange in self.dispatch:
-            dispatched = self.task(EP_STREAM, "ep", "dispatch", mb, layer, dispatched, exchange=exchange)
+        for exchange, seconds in self.dispatch:
+            dispatched = self.task(EP_STREAM, "ep", "dispatch", mb, layer, dispatched, exchange=exchange,
+                                   seconds=seconds)
         waits = [dispatched]
         if self.has_shared:
             self.shared_expert(kind, mb, layer, router, "forward")
@@ -51,8 +53,8 @@ class MoeLayerEmitter:
         experts = self.task("compute", kind, "moe_experts", mb, layer, last,
                                  [d for d in waits if d != last], work=w["moe_experts"])
         combined = experts
-        for exchange in self.combine:
-            combined = self.task(EP_STREAM, "ep", "combine", mb, layer, combined, exchange=exchange)
+        for exchange, seconds in self.combine:
+            combined = self.task(EP_STREAM, "ep", "combine", mb, layer, combined, exchange=exchange, seconds=seconds)
         return self.task("compute", kind, "moe_combine", mb, layer, combined, work=w["moe_combine"])
 
     def backward(self, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int:
@@ -63,16 +65,17 @@ class MoeLayerEmitter:
         combine = self.task("compute", "backward", "moe_combine", mb, layer, after, work=w["moe_combine"],
                                  phase=phase)
         grads = combine
-        for exchange in self.dispatch:
-            grads = self.task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange)
+        for exchange, seconds in self.dispatch:
+            grads = self.task(EP_STREAM, "ep", "combine_grad", mb, layer, grads, exchange=exchange, seconds=seconds)
         if self.recompute["moe_experts"].ops:  # moe_act: the activation output, rebuilt from fc1's
             grads = self.task("compute", "recompute", "moe_experts", mb, layer, grads,
                                    work=self.recompute["moe_experts"])
         experts = self.task("compute", "backward", "moe_experts", mb, layer, grads, work=w["moe_experts"],
                                  phase=phase)
         returned = experts
-        for exchange in self.combine:
-            returned = self.task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange)
+        for exchange, seconds in self.combine:
+            returned = self.task(EP_STREAM, "ep", "dispatch_grad", mb, layer, returned, exchange=exchange,
+                                 seconds=seconds)
         if self.has_shared:
             if self.recompute["moe_shared"].ops:  # shared_experts: its forward again, collectives included
                 self.shared_expert("recompute", mb, layer, combine, "forward", self.recompute["moe_shared"])

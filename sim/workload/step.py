@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from sim.costs import profile as profiles
 from sim.costs.models import (
@@ -47,6 +48,7 @@ from sim.model.ops import (
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network.collectives import p2p_time
+from sim.network.models import transfer_time
 from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
 from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
@@ -283,6 +285,15 @@ class Exchange:
     nbytes: float
     group: str
     skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (sim.network.models)
+    seconds: float | None = None  # priced here, not by the network: DeepEP's kernels (``Plan.deepep_seconds``)
+
+
+def exchange_seconds(plan: Plan, network: Any, exchange: Exchange) -> float:
+    """One exchange's seconds as both replays price it: DeepEP's closed form where it carries one, else the
+    network's time for its op, bytes, group (rank 0's) and skew (sim.network.models.transfer_time)."""
+    if exchange.seconds is not None:
+        return exchange.seconds
+    return transfer_time(network, exchange.op, exchange.nbytes, expert_group(plan, 0, exchange.group), exchange.skew)
 
 
 def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
@@ -291,8 +302,11 @@ def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
     over the etp group (MoEAlltoAllTokenDispatcher: gather_from_sequence_parallel_region over the expert TP group);
     allgather: an all-gather of every token over the etp x ep group (MoEAllGatherTokenDispatcher). The backward
     of the combine runs these same collectives."""
-    if plan.scenario.moe.token_dispatcher == "allgather":
+    dispatcher = plan.scenario.moe.token_dispatcher
+    if dispatcher == "allgather":
         return (Exchange("all_gather", plan.allgather_dispatch_bytes, "tp_ep"),)
+    if dispatcher == "flex":
+        return (_deepep_exchange(plan, combine=False),)
     out: tuple[Exchange, ...] = (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
     if plan.etp > 1:
         out += (Exchange("all_gather", plan.expert_gather_bytes, "etp"),)
@@ -302,10 +316,22 @@ def dispatch_exchanges(plan: Plan) -> tuple[Exchange, ...]:
 def combine_exchanges(plan: Plan) -> tuple[Exchange, ...]:
     """The forward combine, the dispatch's mirror: reduce-scatter over etp then all-to-all back (alltoall), or a
     reduce-scatter over the etp x ep group (allgather). The backward of the dispatch runs these."""
-    if plan.scenario.moe.token_dispatcher == "allgather":
+    dispatcher = plan.scenario.moe.token_dispatcher
+    if dispatcher == "allgather":
         return (Exchange("reduce_scatter", plan.allgather_dispatch_bytes, "tp_ep"),)
+    if dispatcher == "flex":
+        return (_deepep_exchange(plan, combine=True),)
     out: tuple[Exchange, ...] = (Exchange("reduce_scatter", plan.expert_gather_bytes, "etp"),) if plan.etp > 1 else ()
     return out + (Exchange("all_to_all", plan.dispatch_bytes, "ep", plan.dispatch_skew),)
+
+
+def _deepep_exchange(plan: Plan, combine: bool) -> Exchange:
+    """flex (DeepEP, etp 1): one fused dispatch or combine over the EP group, carrying the bytes of its bottleneck
+    (RDMA across nodes, else NVLink; ``Plan.deepep_bytes``) and its closed-form seconds (``Plan.deepep_seconds``).
+    The dispatch's backward is a combine and the combine's a dispatch (Megatron-Core fused_a2a.py), priced as
+    such by the emitter's reuse of these exchanges."""
+    rdma, nvlink = plan.deepep_bytes
+    return Exchange("all_to_all", rdma or nvlink, "ep", plan.dispatch_skew, plan.deepep_seconds[int(combine)])
 
 
 def expert_group(plan: Plan, rank: int, which: str) -> tuple[int, ...]:

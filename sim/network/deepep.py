@@ -1,0 +1,82 @@
+"""DeepEP's normal (high-throughput) dispatch and combine kernels: what they send and how long they take.
+
+In: a rank's tokens, hidden size and element bytes, the routing (experts, top-k, uniform), the EP group's shape
+(ranks per NVLink domain, domains) and the two achieved bandwidths. Out: the bytes each rank moves over RDMA and
+over NVLink, and the seconds of one dispatch (or combine), the slower of the two.
+
+What DeepEP sends (DeepEP V1, ``csrc/kernels/internode.cu`` / ``intranode.cu``; docs/legacy.md; Megatron-Core's
+``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep``, ``fused_a2a.py``): a token goes once
+to every *node* that holds one of its experts (RDMA, to the GPU of the same local index there), and that GPU
+forwards it once to every local *rank* holding one of its experts (NVLink); combine is the mirror (reduced inside
+the node over NVLink, then one RDMA message per node). NCCL's all-to-all of Megatron's ``alltoall`` dispatcher
+sends a token once per (token, expert) pair instead: top-k copies. Inside one NVLink domain DeepEP's intranode
+kernels send a token once per destination rank.
+
+For uniform routing of top-k experts out of E, spread evenly over G groups (nodes or ranks), a token reaches
+``distinct_groups(G, E, k) = G (1 - C(E - E/G, k) / C(E, k))`` of them (sampling without replacement).
+
+Bandwidths. DeepEP's tests report a *logical* bandwidth: RDMA bytes = tokens x distinct nodes (its own node
+included) x hidden x bytes over the kernel's time (``tests/test_internode.py``: ``num_rdma_token_sent``), NVLink
+bytes = tokens received per rank (its own included) over the time (``test_intranode.py``: ``recv_x``). The
+README's table (legacy V1, H800 with one 400 Gb/s CX7 per GPU, "~50 GB/s maximum", and NVLink "~160 GB/s",
+i.e. 200 GB/s line rate) gives, dispatch / combine: intranode EP 8 153 / 158 GB/s (NVLink); internode EP 16
+43 / 43, EP 32 58 / 57, EP 64 51 / 50 GB/s (RDMA). The same counting is used here, so those numbers apply as
+they are: the RDMA figure scales with the GPU's NIC line rate / 50 GB/s, the NVLink one is taken as a fraction of
+the NVLink line rate (153 / 200 = 0.765; cross-check: an H20, 450 GB/s NVLink, reached 337 GB/s = 0.75,
+deepseek-ai/DeepEP issue #16).
+"""
+
+from __future__ import annotations
+
+from math import comb
+
+# DeepEP README (docs/legacy.md, 'Normal kernels with NVLink and RDMA forwarding'), H800 + CX7 400 Gb/s:
+# nodes in the EP group -> (dispatch, combine) RDMA bottleneck bandwidth, bytes/s (logical, as counted above)
+README_RDMA: dict[int, tuple[float, float]] = {2: (43e9, 43e9), 4: (58e9, 57e9), 8: (51e9, 50e9)}
+README_NIC = 50e9  # the CX7's "~50 GB/s maximum bandwidth" those rows ran on (one NIC per GPU)
+README_NVLINK: tuple[float, float] = (153e9, 158e9)  # intranode EP 8, dispatch / combine
+README_NVLINK_LINE = 200e9  # H800 NVLink per direction (DeepSeek-V3 report Sec. 3.1: 400 GB/s bidirectional)
+
+
+def distinct_groups(groups: int, experts: int, topk: int) -> float:
+    """Expected number of the ``groups`` equal groups of experts one token's ``topk`` experts (uniform, without
+    replacement, out of ``experts``) fall in: groups x (1 - C(E - E/G, k) / C(E, k))."""
+    if groups <= 1:
+        return float(groups)
+    per_group = experts // groups
+    return groups * (1.0 - comb(experts - per_group, topk) / comb(experts, topk))
+
+
+def rdma_bandwidth(nodes: int, nic_bandwidth: float, combine: bool = False) -> float:
+    """DeepEP's achieved (logical) RDMA bandwidth for an EP group over ``nodes`` nodes, from the README's table
+    (the nearest row at or below ``nodes``; 2 nodes below that), scaled by the GPU's NIC line rate / 50 GB/s."""
+    row = max((n for n in README_RDMA if n <= nodes), default=min(README_RDMA))
+    return README_RDMA[row][1 if combine else 0] * nic_bandwidth / README_NIC
+
+
+def nvlink_bandwidth(line_rate: float, combine: bool = False) -> float:
+    """DeepEP's achieved (logical) NVLink bandwidth: the README's intranode row as a fraction of H800's 200 GB/s
+    line rate, times this node's NVLink line rate (per direction)."""
+    return README_NVLINK[1 if combine else 0] * line_rate / README_NVLINK_LINE
+
+
+def deepep_bytes(tokens: float, hidden: int, elem_bytes: float, experts: int, topk: int, domains: int,
+                 ranks_per_domain: int) -> tuple[float, float]:
+    """(RDMA bytes, NVLink bytes) one rank's dispatch moves, as DeepEP counts them (see the module docstring):
+    tokens x distinct destination domains x hidden x bytes over RDMA (0 inside one domain), and per rank received
+    tokens x hidden x bytes over NVLink (= sent, routing being uniform)."""
+    row = hidden * elem_bytes
+    ranks = domains * ranks_per_domain
+    rdma = tokens * distinct_groups(domains, experts, topk) * row if domains > 1 else 0.0
+    nvlink = tokens * distinct_groups(ranks, experts, topk) * row
+    return rdma, nvlink
+
+
+def deepep_time(rdma_bytes: float, nvlink_bytes: float, rdma_bw: float, nvlink_bw: float,
+                skew: float = 1.0) -> float:
+    """Seconds of one DeepEP dispatch or combine: its RDMA and NVLink parts run at once (the forwarder relays as
+    chunks arrive), so the slower sets the time; ``skew`` (the hottest receiver's bytes / the mean) scales both,
+    as it scales an all-to-all's bandwidth term (sim.network.collectives.all_to_all_terms)."""
+    rdma = rdma_bytes / rdma_bw if rdma_bytes > 0 else 0.0
+    nvlink = nvlink_bytes / nvlink_bw if nvlink_bytes > 0 else 0.0
+    return skew * max(rdma, nvlink)
