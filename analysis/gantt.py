@@ -19,7 +19,9 @@ backend. Entry points (registered in pyproject.toml): ``write_run_chart`` after 
 ``gantt.png``; ``write_gantt`` serves ``sim plot``.
 
 The parts, one concept each: what the chart shows (``analysis.gantt_lanes``), its lanes as a raster
-(``analysis.gantt_raster``), its page layout (``analysis.gantt_layout``), the PNG writer (``analysis.gantt_png``).
+(``analysis.gantt_raster``), its page layout (``analysis.gantt_layout``), the PNG writer (``analysis.gantt_png``,
+drawing on ``analysis.gantt_canvas`` with texts set by ``analysis.gantt_text``, encoded by
+``analysis.png_encode``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ import pandas as pd
 from sim.calibrate import reference
 from sim.costs.models import RooflineCosts
 from sim.costs.profile import default_for
-from sim.hardware import GPU_PRESETS, bytes_per_element
+from sim.hardware.dtypes import bytes_per_element
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import Op
 
 PLATFORMS = {"sm_90": "H100-SXM", "sm_100_B200": "B200"}

@@ -21,7 +21,7 @@ from functools import cache
 import pandas as pd
 
 from sim.calibrate import reference
-from sim.hardware import NODE_PRESETS
+from sim.hardware.nodes import NODE_PRESETS
 from sim.network.collectives import busbw
 from sim.network.models import AnalyticNetwork
 from sim.network.topology import build

@@ -40,7 +40,7 @@ from sim.calibrate import reference
 from sim.calibrate.fitting import fit_log_curve
 from sim.calibrate.run import fit_attention
 from sim.costs.profile import DEFAULT_PROFILE_FOR_GPU, FORMAT, VERSION
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "sim" / "data" / "profiles"

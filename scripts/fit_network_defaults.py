@@ -3,7 +3,7 @@
 In: ``sim/data/reference/xla_collective_perf_tables.csv`` (OpenXLA's measured NCCL collective times, Apache-2.0,
 ROCm/xla@dc66032) and ``sim/data/reference/nccl_tests_measurements.csv`` (nccl-tests results from NVIDIA's issue
 tracker), copied from the project's reference set. Out: ``sim/data/network_fit.json``, read by
-``sim.hardware`` for the node presets. Run: ``python scripts/fit_network_defaults.py`` (``--check``: exit 1 if
+``sim.hardware.nodes`` for the node presets. Run: ``python scripts/fit_network_defaults.py`` (``--check``: exit 1 if
 the shipped file differs from a fresh fit, without writing).
 
 What is fitted from what (sim.calibrate.fitting does the fitting):
@@ -21,7 +21,7 @@ What is fitted from what (sim.calibrate.fitting does the fitting):
   sm_90 / sm_100_B200 all-to-all, group of 8, with the same tier's ring latency (one group size cannot separate
   base from alpha: every row has 7 steps), and sm_100_GB200 groups of 8..64 with a latency of their own; the
   closed form (n-1) alpha + (n-1)/n S / B; groups of 2 and 4 a factor each, as for the ring.
-  hgx-h800 takes dgx-h100's fits at its own line rates (sim.hardware).
+  hgx-h800 takes dgx-h100's fits at its own line rates (sim.hardware.nodes).
 - dgx-a100: no size sweep in the reference data; the H100 curves' shapes with the A100 plateaus measured by
   nccl-tests users (#175: 232.5 of 300 GB/s NVLink; #119: 96 of 100 GB/s over 4 HDR NICs).
 """
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from sim.calibrate import reference
 from sim.calibrate.fitting import LinkFit, Measurement, fit_link, fit_scale
-from sim.hardware import LinkSpec
+from sim.hardware.links import LinkSpec
 from sim.network.collectives import ring_latency, ring_time
 from sim.units import GB
 

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
-from sim.hardware import bytes_per_element, parameter_dtype
+from sim.hardware.dtypes import bytes_per_element, parameter_dtype
 from sim.model.memory import (
     Recompute,
     activation_bytes_per_layer,
@@ -947,6 +947,10 @@ class Plan:
         return None
 
 
-def resolve(scenario: Scenario) -> Plan:
-    """The plan of a validated scenario (cheap: every fact is computed on first use and kept)."""
-    return Plan(scenario)
+def resolve(scenario: Scenario, implied: Degrees | None = None) -> Plan:
+    """The plan of a validated scenario (cheap: every fact is computed on first use and kept). ``implied``: the
+    scenario's degrees where the caller has them (``check_rules`` returns them), kept as ``Plan.degrees``."""
+    plan = Plan(scenario)
+    if implied is not None:
+        plan.__dict__["degrees"] = implied  # where the cached property keeps it
+    return plan

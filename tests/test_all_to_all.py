@@ -15,7 +15,9 @@ import pytest
 
 from sim.calibrate import reference
 from sim.engine.event import simulate
-from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS, LinkSpec
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.links import LinkSpec
+from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
 from sim.network.collectives import all_to_all_time, busbw
 from sim.network.flows import FlowNetwork
 from sim.network.models import AnalyticNetwork, ContentionNetwork, IdealNetwork, TransferPhase, transfer_time

@@ -20,7 +20,7 @@ from sim.calibrate.run import fit_attention
 from sim.costs.models import RooflineCosts, Work, resolve_attention_backend
 from sim.costs.profile import default_for
 from sim.errors import SimError
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import FLASH_ATTENTION, Op, causal_fraction, layer_forward_ops
 from sim.model.transformer import MODEL_PRESETS
 from sim.spec.scenario import load_scenario

@@ -2,7 +2,8 @@
 
 import pytest
 
-from sim.hardware import FabricSpec, LinkSpec
+from sim.hardware.links import LinkSpec
+from sim.hardware.nodes import FabricSpec
 from sim.network.collectives import busbw, nvls_time, p2p_time, ring_latency, ring_time, tree_time
 from sim.network.models import AnalyticNetwork, IdealNetwork
 from sim.network.topology import build

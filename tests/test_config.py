@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from sim.errors import ConfigError
-from sim.hardware import NODE_PRESETS
+from sim.hardware.nodes import NODE_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import apply_overrides, load_scenario, resolved_yaml, scenario_from_dict
 

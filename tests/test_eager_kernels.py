@@ -12,7 +12,7 @@ import pytest
 
 from sim.costs.models import RooflineCosts, Work
 from sim.costs.profile import default_for
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import EAGER_RMSNORM_BYTES, layer_forward_ops
 from sim.model.transformer import MODEL_PRESETS
 

@@ -9,7 +9,7 @@ import pytest
 from sim import runner
 from sim.costs.models import RooflineCosts
 from sim.costs.profile import default_for
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import Op
 from sim.plan import Plan
 from sim.spec.scenario import scenario_from_dict

@@ -3,7 +3,7 @@
 import pytest
 
 from sim.engine.event import simulate
-from sim.hardware import LinkSpec
+from sim.hardware.links import LinkSpec
 from sim.network.flows import FlowNetwork, max_min_rates
 from sim.network.models import AnalyticNetwork, ContentionNetwork
 from sim.network.topology import build

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from sim.costs.models import RooflineCosts, Work
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import ATTENTION_CORE, layer_forward_ops
 from sim.model.transformer import MODEL_PRESETS
 from sim.plan import resolve

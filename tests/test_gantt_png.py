@@ -15,9 +15,12 @@ from PIL import Image
 from test_gantt import _trace
 
 from analysis.gantt import COLORS, DPI, fit_margins, plot_gantt, write_gantt
+from analysis.gantt_canvas import BLACK, Canvas
 from analysis.gantt_lanes import gantt_content
 from analysis.gantt_layout import chart_size, time_ticks
-from analysis.gantt_png import BLACK, Canvas, encode_png, hinting_flag, render
+from analysis.gantt_png import render
+from analysis.gantt_text import Typesetter, hinting_flag
+from analysis.png_encode import encode_png
 
 TRACE = [(0, 0, "compute", "forward", 3, 0.0, 4.0), (0, 0, "compute", "backward", 3, 6.0, 7.0),
          (0, 0, "tp", "tp", 3, 2.0, 2.5), (1, 1, "compute", "forward", 3, 4.0, 8.0),
@@ -60,7 +63,7 @@ def test_text_is_freetypes_glyphs_with_agg_metrics(text, size):
     glyphs (the same total coverage, the same inked width within a pixel: FT2Font's string bitmap truncates
     each glyph's offset from the box's fractional left edge; where a pair is kerned, FreeType rasterises the
     glyph shifted by the kerning's fraction of a pixel, which moves a little coverage between its edges)."""
-    drawn = Canvas(1, 1, DPI).text_bitmap(text, size)
+    drawn = Typesetter(DPI).text_bitmap(text, size)
     font = get_font(findfont(FontProperties(size=size)))
     font.set_size(size, DPI)
     font.set_text(text, 0.0, flags=get_hinting_flag())
@@ -144,12 +147,12 @@ def test_a_title_with_characters_the_font_lacks_is_drawn(tmp_path):
     """A scenario named in Japanese (the run chart's title holds the name) or a tab: each missing character is
     the font's .notdef box of its advance, as Agg draws it, instead of FreeType's "No glyphs have been loaded"."""
     trace = _trace(TRACE)
-    canvas = Canvas(1, 1, DPI)
+    typesetter = Typesetter(DPI)
     font = get_font(findfont(FontProperties(size=10)))
     font.set_size(10, DPI)
     notdef = font.load_glyph(0, flags=get_hinting_flag()).horiAdvance
     a = font.load_char(ord("a"), flags=get_hinting_flag()).horiAdvance
-    assert canvas.text_bitmap("a\tスa", 10).width == (2 * notdef + 2 * a) / 64
+    assert typesetter.text_bitmap("a\tスa", 10).width == (2 * notdef + 2 * a) / 64
     path = write_gantt(trace, tmp_path / "g.png", title="ステップ\t7")
     assert np.asarray(Image.open(path)).shape == render(gantt_content(trace), chart_size(4), "t").shape
 

@@ -9,7 +9,7 @@ import pytest
 from analysis.gemm_report import large, report, to_markdown
 from sim.costs.models import RooflineCosts
 from sim.costs.profile import default_for
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 

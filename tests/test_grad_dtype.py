@@ -6,7 +6,7 @@ communication and the optimizer step make of it."""
 import pytest
 
 from sim.costs.models import RooflineCosts
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.memory import adam_step_bytes_per_param, model_state_bytes
 from sim.plan import resolve
 from sim.workload import build as workload

@@ -7,7 +7,8 @@ import pytest
 
 from sim import runner
 from sim.errors import ConfigError
-from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
 from sim.spec.scenario import scenario_from_dict
 
 GB, T = 1e9, 1e12

@@ -17,7 +17,8 @@ import yaml
 from sim.cli.commands import main
 from sim.errors import ConfigError
 from sim.interop.draft import Draft, Options
-from sim.interop.megatron import import_megatron, script_tokens
+from sim.interop.megatron import import_megatron
+from sim.interop.megatron_args import script_tokens
 
 from conftest import ROOT
 
@@ -372,7 +373,7 @@ def test_emitted_configurations_import_to_the_same_layout(framework: str, base: 
     """Round trip: every layout `sim search --emit` may write for the framework (its EMIT_LIMITS), emitted and
     imported again, gives the same degrees, micro-batch, global batch, ZeRO stage, recompute, sequence
     parallelism, schedule and dtype (the Megatron shape flags carry the model, so none is passed there)."""
-    from sim.cli.commands import EMIT_LIMITS
+    from sim.cli.ecosystem import EMIT_LIMITS
     from sim.explore import search
     from sim.interop.deepspeed import import_deepspeed
     from sim.interop.emit import emit

@@ -1,4 +1,5 @@
-"""``sim calibrate --from-nccl-tests``: nccl-tests stdout -> a profile's link tiers (sim.calibrate.nccl_tests).
+"""``sim calibrate --from-nccl-tests``: nccl-tests stdout -> a profile's link tiers (sim.calibrate.nccl_tests_log
+parses, sim.calibrate.nccl_tests_fit fits).
 
 The logs in tests/data/nccl_tests/ are real runs (sources in its README.md); the fitted plateau busbw and
 latency are held against each file's own numbers.
@@ -9,10 +10,12 @@ import json
 import pytest
 
 from sim import runner
-from sim.calibrate.nccl_tests import NcclTestsError, import_logs, parse, tier_of
+from sim.calibrate.nccl_tests_fit import import_logs, tier_of
+from sim.calibrate.nccl_tests_log import NcclTestsError, parse
 from sim.cli.commands import main
 from sim.costs.profile import Profile, default_for, load
-from sim.hardware import NODE_PRESETS, interpolate_log2
+from sim.hardware.links import interpolate_log2
+from sim.hardware.nodes import NODE_PRESETS
 from sim.network.collectives import ring_time
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
@@ -167,7 +170,7 @@ def test_cli_bad_input_is_one_line(tmp_path, capsys):
 def _log(test: str, n: int, times: list[tuple[int, float]], hosts: int = 1) -> str:
     """An nccl-tests v2.13+ output (src/util.cu's layout) of ``times`` (bytes, seconds), busbw by the nccl-tests
     factor (doc/PERFORMANCE.md)."""
-    from sim.calibrate.nccl_tests import TESTS
+    from sim.calibrate.nccl_tests_log import TESTS
     from sim.network.collectives import bus_factor
 
     op = TESTS[test]

@@ -15,8 +15,10 @@ from sim.explore import search
 from sim.explore.estimate import Estimator
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, resolve_passes, stage_level_replay
 from sim.parallel.schedules import SCHEDULES
+from sim.plan import resolve
 from sim.spec.degrees import degrees
 from sim.spec.scenario import load_scenario
+from sim.workload import footprint
 
 ROOT = Path(__file__).resolve().parent.parent
 COLUMNS = ["status", "est_step_time_s", "est_mfu", "est_peak_memory_bytes", "bound_step_time_s", "microbatches"]
@@ -193,3 +195,18 @@ def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> N
     assert max(map(len, shares)) <= 0.6 * len(space)
     three = search._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
     assert len(three) == 3 and sorted(i for share in three for i in share) == list(range(len(space)))
+
+
+@pytest.mark.parametrize("scenario", sorted(path.name for path in (ROOT / "scenarios").glob("*.yaml")))
+def test_the_screens_memory_total_is_the_bounds(scenario: str) -> None:
+    """``footprint.parts_total`` (the screen's sum of a stage's bound from its resident parts' sum) is
+    ``with_parts(...)["total"]``, the bound ``sim check`` prints, bit for bit, on every stage of every bundled
+    scenario (QLoRA's frozen storage, MoE experts, offload, FSDP's gathered buffers among them)."""
+    plan = resolve(load_scenario(ROOT / "scenarios" / scenario))
+    for stage in range(plan.pp):
+        resident = footprint.states_and_buffers(plan, stage)[0]
+        activations = footprint.stage_activations(plan, stage)[0]
+        gathered, unreduced = footprint.sharded_buffers(plan, stage)
+        total = footprint.with_parts(plan, resident, activations, gathered, unreduced)["total"]
+        assert footprint.parts_total(plan, sum(resident.values()), activations, gathered, unreduced) == total
+        assert total == footprint.stage_memory(plan, stage)["total"]

@@ -190,5 +190,5 @@ def test_a_sweep_point_over_the_budget_is_a_row_and_the_rest_go_on(tmp_path):
 
 
 def test_the_help_states_the_default_budget():
-    text = (ROOT / "sim" / "cli" / "commands.py").read_text()
+    text = (ROOT / "sim" / "cli" / "options.py").read_text()
     assert f"(default {DEFAULT_MAX_TASKS:,})" in text.replace('"\n                     "', "")

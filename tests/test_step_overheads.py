@@ -6,7 +6,7 @@ import pytest
 
 from sim import runner
 from sim.costs.models import RooflineCosts, Work
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import EAGER_RMSNORM_KERNELS, Op, layer_forward_ops
 from sim.network import models as network_models
 from sim.plan import resolve

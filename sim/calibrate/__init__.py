@@ -8,6 +8,6 @@ fitted from the collectives), which ``costs: {model: calibrated, profile: DIR/pr
 
 torch is imported only inside these modules' functions (the ``calibrate`` extra), never by the simulator.
 Modules: ``compute`` (GEMMs, device copy), ``comm`` (torch.distributed collectives), ``numerics`` (fp16/bf16
-error and range), ``run`` (orchestration, fitting, files); ``nccl_tests`` fits the link tiers from a user's own
-nccl-tests outputs instead (``sim calibrate --from-nccl-tests LOG...``, no torch).
+error and range), ``run`` (orchestration, fitting, files); ``nccl_tests_log`` parses a user's own nccl-tests outputs and
+``nccl_tests_fit`` fits the link tiers from them instead (``sim calibrate --from-nccl-tests LOG...``, no torch).
 """

@@ -3,7 +3,7 @@
 In: measured rows (collective, group size n, message bytes S in the nccl-tests convention, seconds), the
 algorithm that ran them, and the tier's line rate B. Out: ``LinkFit``: the per-step latency alpha, the plateau
 efficiency and the efficiency curve (knots of message bytes -> fraction of the plateau) that
-``sim.hardware.LinkSpec`` takes.
+``sim.hardware.links.LinkSpec`` takes.
 
 Model (the closed forms of sim.network.collectives, plus a per-collective base latency as in NCCL's tuning model,
 src/graph/tuning.cc baseLat + nsteps * hwLat):

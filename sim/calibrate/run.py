@@ -41,7 +41,8 @@ from sim.calibrate.fitting import Measurement, fit_link, fit_log_curve
 from sim.calibrate.numerics import numerics_report
 from sim.costs.profile import FORMAT, VERSION, Profile
 from sim.errors import ConfigError
-from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
 from sim.model.transformer import MODEL_PRESETS, ModelSpec
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,

@@ -85,10 +85,10 @@ def start(group: str) -> Plugins | None:
 
 
 def _serve(group: str, source: int) -> str | None:
-    from sim.cli.commands import _plugins
+    from sim.cli.plugins import plugins as registered
     from sim.errors import SimError
 
-    plugins = _plugins(group)
+    plugins = registered(group)
     data = bytearray()
     while chunk := os.read(source, _CHUNK):
         data += chunk

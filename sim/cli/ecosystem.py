@@ -11,40 +11,21 @@ console, the exit code. Like every command, each imports what it needs inside it
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sim.cli.plugins import command_plugin
+from sim.cli.run import run_and_write  # the run command's own path
 from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-# A ``clustersim.commands`` entry point's name is the ``sim`` command it provides (``compare-trace``).
-COMMAND_PLUGINS = "clustersim.commands"
-
-
-def _command_plugin(name: str) -> Callable[..., Any]:
-    """The ``clustersim.commands`` entry point named ``name``, or a one-line ConfigError saying what provides it."""
-    from importlib.metadata import entry_points
-
-    found = [entry for entry in entry_points(group=COMMAND_PLUGINS) if entry.name == name]
-    if not found:
-        raise ConfigError(f"{name}: needs clustersim's analysis package, which registers the {COMMAND_PLUGINS!r} "
-                          f"entry point {name!r} (pip install clustersim, or pip install -e . in a checkout)")
-    try:
-        function: Callable[..., Any] = found[0].load()
-    except ImportError as error:
-        raise ConfigError(f"{name}: its {COMMAND_PLUGINS} entry point {found[0].value!r} does not load: "
-                          f"{error}") from None
-    return function
-
-
 def cmd_compare_trace(args: argparse.Namespace, console: Console) -> int:
     """``sim compare-trace PROFILER.json SCENARIO``: run the scenario into ``-o`` (as ``sim run --no-plot``), then
     hold the torch.profiler trace against its simulated step per kernel class (the ``compare-trace`` command
     plugin, analysis.profile_compare.compare_trace), printing the table and writing ``--table`` / ``--chart``."""
-    compare = _command_plugin("compare-trace")  # first: without analysis nothing is run
+    compare = command_plugin("compare-trace")  # first: without analysis nothing is run
     steps = None
     if args.steps:
         try:
@@ -55,9 +36,7 @@ def cmd_compare_trace(args: argparse.Namespace, console: Console) -> int:
         raise ConfigError(f"compare-trace: profiler trace {args.profiler!r} not found")
     run_args = argparse.Namespace(**vars(args), format="parquet", chrome=False, link_timeline=False, no_plot=True,
                                   fail_on_oom=False)
-    from sim.cli.commands import _run  # the run command's own path, from here on demand
-
-    _run(run_args, console, None)
+    run_and_write(run_args, console, None)
     markdown, written = compare(args.profiler, args.output, rank=args.rank, device=args.device, steps=steps,
                                 table=args.table, chart=args.chart)
     console.print(markdown, markup=False, highlight=False, soft_wrap=True)
@@ -76,7 +55,7 @@ EMIT_LIMITS = {"megatron": {"zero": "0,1", "schedule": "1f1b,interleaved"},
                "deepspeed": {"tp": "1", "pp": "1", "recompute": "none,full"}}
 
 
-def _emit_layouts(args: argparse.Namespace, console: Console, rows: Any, out: Path) -> None:
+def emit_layouts(args: argparse.Namespace, console: Console, rows: Any, out: Path) -> None:
     """``sim search --emit FRAMEWORK``: each shown layout's launch configuration under ``out/emit/``, the best
     one's printed; a layout the framework cannot run is named with the knob it lacks."""
     from sim.explore import search
@@ -139,7 +118,8 @@ def cmd_import_nccl_tests(args: argparse.Namespace, console: Console) -> int:
     """``sim calibrate --from-nccl-tests LOG...``: the logs' link tiers fitted into DIR/profile.json."""
     from rich.table import Table
 
-    from sim.calibrate.nccl_tests import base_profile, import_logs, node_for, parse
+    from sim.calibrate.nccl_tests_fit import base_profile, import_logs, node_for
+    from sim.calibrate.nccl_tests_log import parse
     from sim.costs import profile as profiles
 
     output = Path(args.output)

@@ -1,7 +1,7 @@
 """The command line's terminal tables: a run's summary and a plan's memory per stage.
 
 In: a ``Summary`` (``sim run``) or the memory plan's rows (``sim check``). Out: rich ``Table``s and one-line
-texts; nothing is printed here (``sim.cli.commands`` prints them through ``sim.cli.console``).
+texts; nothing is printed here (``sim.cli.run`` and ``sim.cli.check`` print them through ``sim.cli.console``).
 """
 
 from __future__ import annotations

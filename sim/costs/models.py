@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sim.costs.profile import AttentionCurves, Profile
-from sim.hardware import GpuSpec
+from sim.hardware.gpus import GpuSpec
 from sim.model.memory import adam_step_bytes_per_param
 from sim.model.ops import FLASH_ATTENTION, Op
 
@@ -134,7 +134,7 @@ class FixedCosts:
 
 
 # The other 16-bit type of each: fp16 and bf16 GEMMs run on the same tensor cores, at the same dense peak on every
-# GPU preset of sim.hardware (A100 312, H100 and H200 989, B200 2250 TFLOP/s for both, from the datasheets).
+# GPU preset of sim.hardware.gpus (A100 312, H100 and H200 989, B200 2250 TFLOP/s for both, from the datasheets).
 _SAME_TENSOR_CORES = {"fp16": "bf16", "bf16": "fp16"}
 
 

@@ -5,7 +5,7 @@ preset name for the shipped default profiles. Out: a frozen ``Profile``: per dty
 as a curve over the GEMM's FLOPs (``gemm_rate``: knots interpolated linearly in log2-log2 space, clamped at
 both ends); the achieved device-copy bandwidth; the end-to-end factor on every kernel's time (one per GPU type,
 fitted on named rows; 1 for a measured profile); and optional link tiers (``intra_node`` / ``inter_node`` /
-``nvls`` / ``all_to_all`` fields of ``sim.hardware.LinkSpec``: latencies, plateau efficiency, efficiency curve,
+``nvls`` / ``all_to_all`` fields of ``sim.hardware.links.LinkSpec``: latencies, plateau efficiency, efficiency curve,
 line rate).
 ``ProfileError`` (a ``ValueError``) says in one line what a profile lacks.
 
@@ -23,7 +23,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat, ValidationError
 
-from sim.hardware import FrozenSpec, LinkSpec, interpolate_log2
+from sim.hardware.frozen import FrozenSpec
+from sim.hardware.links import LinkSpec, interpolate_log2
 
 FORMAT = "clustersim-profile"
 VERSION = 1

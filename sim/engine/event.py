@@ -32,8 +32,9 @@ from simpy.events import NORMAL, EventPriority
 
 from sim.engine.rendezvous import Rendezvous
 from sim.errors import ScheduleDeadlock
-from sim.network.flows import FlowNetwork
-from sim.network.models import Network, TransferPhase, is_flow_level, transfer_time
+from sim.network.flows import FlowNetwork, MirrorBroken
+from sim.network.mirror import Mirror
+from sim.network.models import FlowLevelNetwork, Network, TransferPhase, is_flow_level, transfer_time
 from sim.parallel.grid import lockstep_groups
 from sim.workload.ir import Kind, Task, TaskGraph
 
@@ -122,8 +123,55 @@ def private_tp_transfers(graph: TaskGraph, phases_of: Callable[[Task], tuple[Tra
     return {key for key, links in tp.items() if not links & others and key[2] not in clash}
 
 
+def lockstep_mirror(graph: TaskGraph, network: FlowLevelNetwork, seconds_of: Sequence[float | None],
+                    phases_of: Callable[[Task], tuple[TransferPhase, ...]],
+                    private: set[tuple[str, float, tuple[int, ...]]]
+                    ) -> tuple[Mirror, set[tuple[Any, ...]], set[tuple[Any, ...]]] | None:
+    """The link map under which every DP/PP transfer of a folded graph is its TP peers' copies
+    (sim.network.mirror), the (op, bytes, group, skew) keys of those transfers, and the keys of the transfers
+    outside the map whose flows cross its links (a group spanning the TP dimension, a TP collective run as flows:
+    the mirror must stop before they start); None when some lockstep transfer is not a mirror of its copies
+    (every transfer then runs all its copies as flows)."""
+    mirror = Mirror(graph.lockstep, network.capacities)
+    bundled: set[tuple[Any, ...]] = set()
+    outside: dict[tuple[Any, ...], set[int]] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for task in graph.tasks:
+        if not task.op or seconds_of[task.id] is not None:
+            continue
+        key = (task.op, task.nbytes, task.group, task.skew)
+        if key + (task.kind == Kind.TP,) in seen:
+            continue
+        seen.add(key + (task.kind == Kind.TP,))
+        groups = lockstep_groups(task.group, graph.lockstep) if task.kind != Kind.TP else (task.group,)
+        if len(groups) == 1:
+            if task.kind != Kind.TP or key[:3] not in private:
+                outside[key] = {link for phase in phases_of(task) for channel in phase.channels
+                                for link, _ in channel.loads}
+            continue
+        if not mirror.add([network.transfer(task.op, task.nbytes, group, task.skew) for group in groups]):
+            return None
+        bundled.add(key)
+    links = mirror.links()
+    return mirror, bundled, {key for key, crossed in outside.items() if crossed & links}
+
+
 def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
-             durations: Sequence[float | None] | None = None) -> EngineResult:
+             durations: Sequence[float | None] | None = None, mirror: bool = True) -> EngineResult:
+    """Replay ``graph`` on ``network``. ``mirror``: on a flow-level network, solve the lockstep copies of a folded
+    rank's transfers as one where they are provably alike (``lockstep_mirror``); the same times and link usage.
+    A mirrored flow still running when a transfer outside the mirror crosses its links ends the mirrored replay,
+    and the graph is replayed without it."""
+    if mirror and is_flow_level(network) and graph.lockstep > 1:
+        try:
+            return _replay(graph, network, record_links, durations, True)
+        except MirrorBroken:
+            pass
+    return _replay(graph, network, record_links, durations, False)
+
+
+def _replay(graph: TaskGraph, network: Network, record_links: bool,
+            durations: Sequence[float | None] | None, use_mirror: bool) -> EngineResult:
     env = _CountingEnvironment()
     tasks = graph.tasks
     seconds_of = task_durations(graph, durations)
@@ -222,6 +270,23 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         return merged[key]
 
     private = private_tp_transfers(graph, mirrored) if flows is not None and not record_links else set()
+    bundled: set[tuple[Any, ...]] = set()  # mirrored transfers: copy 0's flows stand for all (lockstep_mirror)
+    crossing: set[tuple[Any, ...]] = set()  # transfers outside the mirror that cross its links
+    if use_mirror and flows is not None and flow_net is not None:
+        found = lockstep_mirror(graph, flow_net, seconds_of, mirrored, private)
+        if found is not None and found[0].images:
+            flows.images, bundled, crossing = dict(found[0].images), found[1], found[2]
+
+    def flow_phases(task: Task) -> tuple[TransferPhase, ...]:
+        """The phases a transfer runs as flows: copy 0's alone while the mirror holds, else ``mirrored``."""
+        assert flows is not None and flow_net is not None
+        if flows.images:
+            key = (task.op, task.nbytes, task.group, task.skew)
+            if task.kind != Kind.TP and key in bundled:
+                return flow_net.transfer(*key)
+            if key in crossing:
+                flows.unmirror()
+        return mirrored(task)
     # per (op, bytes, group, skew) of a TP collective: a lone one's time and registered link bookings
     # (FlowNetwork.register_lone), or None where it runs as flows
     alone: dict[tuple[Any, ...], tuple[float, int] | None] = {}
@@ -258,7 +323,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
         if seconds is None:
             seconds = lone_seconds(task)
             if seconds is None:
-                yield from run_phases(mirrored(task))
+                yield from run_phases(flow_phases(task))
                 return
         if seconds > 0:
             yield env.timeout(seconds)
@@ -291,7 +356,7 @@ def simulate(graph: TaskGraph, network: Network, record_links: bool = False,
                 if seconds is None:
                     seconds = lone_seconds(task)
                     if seconds is None:
-                        yield from run_phases(mirrored(task))
+                        yield from run_phases(flow_phases(task))
                         seconds = 0.0
                 if seconds > 0:
                     yield timeout(seconds)

@@ -50,6 +50,7 @@ from sim.parallel.grid import lockstep_groups
 from sim.parallel.schedules import combined_pairs
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
+from sim.spec.degrees import Degrees
 from sim.spec.scenario import FsdpSpec, Scenario
 from sim.workload import footprint, step
 
@@ -105,7 +106,8 @@ class Estimator:
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
         self._flops: dict[Any, tuple[float, Any]] = {}
         self._unit_gathers: dict[Any, tuple[list[float], Scenario]] = {}
-        self._memory_states: dict[Any, tuple[dict[str, float], float, float, Any]] = {}
+        # per (shape, stage): the resident parts' sum (footprint.parts_total), gathered weights, unreduced gradients
+        self._memory_states: dict[Any, tuple[float, float, float, Any]] = {}
         self._activations: dict[Any, float] = {}
         self._stashes: dict[Any, float] = {}
         self._peak_stages: dict[Any, tuple[list[int], Any]] = {}  # the stages that may peak, per structure
@@ -659,8 +661,13 @@ class Estimator:
             else:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
                 after_backward = True
                 sent = [(-2, nbytes) for _, nbytes in step.chunk_gradient_bytes(plan, stage)]
+            # a stage's buckets repeat a few sizes over one group: each size priced once here (a lookup in
+            # _dp_collective's cache hashes the group's ranks, up to thousands of them, every time)
+            priced: dict[float, float] = {}
             for layer, nbytes in sent:
-                seconds = self._dp_collective(plan, op, nbytes, group)
+                seconds = priced.get(nbytes)
+                if seconds is None:
+                    seconds = priced[nbytes] = self._dp_collective(plan, op, nbytes, group)
                 if per_unit and plan.hybrid:
                     replicas = plan.replica_group(0)
                     seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
@@ -784,12 +791,13 @@ class Estimator:
         return max(0.0, free - start - busy)
 
     # ------------------------------------------------------------------------------------------ whole
-    def estimate(self, sc: Scenario, keys: LayoutKeys | None = None) -> Estimate:
+    def estimate(self, sc: Scenario, keys: LayoutKeys | None = None, implied: Degrees | None = None) -> Estimate:
         """The estimate of ``sc``. ``keys``: where ``sc`` is a search candidate (its base with one layout), the
         layout's cache keys (``LayoutKeys``), which spare working out ``_shape_key`` and let the parts a layout
         shares with others (stage times and the pipeline, the stages' memory parts, the tails' shapes) be
-        looked up without pricing them again; the floats are the same either way."""
-        plan = resolve(sc)
+        looked up without pricing them again; the floats are the same either way. ``implied``: ``sc``'s degrees,
+        where the caller has them (``check_rules`` returns them)."""
+        plan = resolve(sc, implied)
         if keys is None:
             stages_free = _shape_key(sc, _STAGES_FREE)
             keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
@@ -885,7 +893,7 @@ class Estimator:
             states_key = (keys.shape, s)
             states = self._memory_states.get(states_key)
             if states is None:
-                states = self._memory_states[states_key] = (footprint.states_and_buffers(plan, s)[0],
+                states = self._memory_states[states_key] = (sum(footprint.states_and_buffers(plan, s)[0].values()),
                                                             *footprint.sharded_buffers(plan, s), keys.owner)
             activations_key = (keys.activations, s)
             activations = self._activations.get(activations_key)
@@ -895,7 +903,7 @@ class Estimator:
                 if stash is None:
                     stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
                 activations = self._activations[activations_key] = footprint.stage_activations(plan, s, stash)[0]
-            total = footprint.with_parts(plan, states[0], activations, states[1], states[2])["total"]
+            total = footprint.parts_total(plan, states[0], activations, states[1], states[2])
             if peak is None or total > peak:
                 peak = total
         assert peak is not None

@@ -45,7 +45,7 @@ from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import degrees
+from sim.spec.degrees import Degrees, degrees
 from sim.spec.scenario import FsdpSpec, Scenario, check_rules, load_scenario
 from sim.workload.size import Limits
 
@@ -200,6 +200,12 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
     the caller screens many layouts of this base, a dict in which the parallel and training sections (frozen)
     are kept for the layouts that set them alike (one parallel section serves every micro-batch size, schedule
     and recomputation)."""
+    return _checked_candidate(base, layout, global_batch, sections)[0]
+
+
+def _checked_candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
+                       sections: Sections | None = None) -> tuple[Scenario, Degrees]:
+    """``candidate``'s scenario and the degrees its rules checked (``check_rules``), which its plan keeps."""
     degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.sequence_parallel, layout.ep,
                 layout.etp, layout.cp, layout.cp_comm_type)
     parallel = _section(base, "parallel", degrees_, lambda: {
@@ -212,8 +218,7 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
         "global_batch": batch}, sections)
     scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
                                "fsdp": layout_fsdp(base, layout)})
-    check_rules(scenario)
-    return scenario
+    return scenario, check_rules(scenario)
 
 
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -377,13 +382,13 @@ def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
         try:
-            scenario = candidate(base, layout, global_batch, sections)
+            scenario, implied = _checked_candidate(base, layout, global_batch, sections)
         except ValueError as error:
             status.append(f"invalid: {error}")
             for column in estimates.values():
                 column.append(nan)
             continue
-        est = estimator.estimate(scenario, layout_keys(base, layout))
+        est = estimator.estimate(scenario, layout_keys(base, layout), implied)
         status.append("ok" if est.fits_in_memory else "oom")
         step_s.append(est.step_time_s)
         mfu.append(est.mfu)

@@ -47,7 +47,7 @@ class Unit(NamedTuple):
 
 
 def pass_dependencies(orders: list[list[Action]], layout: Layout,
-                      last: int | None = None) -> tuple[int, list[Unit]]:
+                      last: int | None = None) -> tuple[int, Units]:
     """A schedule's action orders resolved once for ``stage_level_replay``: the chunks per stage, and the issued
     units (``Unit``) in an order where each comes after the units it waits for (``_units``; any such order gives
     the same times, since a unit's times depend only on its stage's previous unit and its inputs), from the
@@ -81,7 +81,16 @@ PassKey = tuple[PassKind, int, int]  # (phase, model chunk, micro-batch)
 _Grouped = tuple[tuple[PassKey, ...], list[tuple[PassKey, bool]], tuple[PassKind, ...], tuple[int, ...], bool, bool]
 
 
-def _units(passes: list[list[Pass]]) -> list[Unit]:
+class Units(list[Unit]):
+    """``_units``' issued units, with ``single``: where every unit is one pass (every schedule but DualPipe's),
+    each as (stage, its (F, B, W) time's index into the stages' flat times (3 x stage + phase), the slot of the
+    pass it waits for or -1, whether that pass ran on another stage, whether it is a B), in issue order, which is
+    its slot's: what ``stage_level_replay``'s loop reads without unpacking a ``Unit``; else None."""
+
+    single: list[tuple[int, int, int, bool, bool]] | None = None
+
+
+def _units(passes: list[list[Pass]]) -> Units:
     """The passes grouped into issued units (a pass, or the passes ``Action.with_next`` chains: DualPipe's F&B
     pairs), in an order where each unit comes after the units it waits for: each stage issues its units in its
     order while their inputs from outside the unit are done, and a stage waiting for a pass resumes once that pass
@@ -115,7 +124,8 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
     # topological order of the units (the sweep's may differ, but a unit's times depend only on its stage's
     # previous unit and its inputs, so the replay's floats do not).
     slot: dict[PassKey, int] = {}
-    units: list[Unit] = []
+    units = Units()
+    single: list[tuple[int, int, int, bool, bool]] | None = []  # Units.single, while every unit is one pass
     position = [0] * len(passes)
     waiting: dict[PassKey, list[int]] = {}
     runnable = list(range(len(passes) - 1, -1, -1))  # a stack: stage 0 first
@@ -125,7 +135,11 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
         at, count = position[s], len(grouped)
         while at < count:
             keys, needs, phases, index, pair, backward = grouped[at]
-            missing = next((dep for dep, _ in needs if dep not in slot), None)
+            missing = None
+            for dep, _ in needs:
+                if dep not in slot:
+                    missing = dep
+                    break
             if missing is not None:
                 waiting.setdefault(missing, []).append(s)
                 break
@@ -134,14 +148,22 @@ def _units(passes: list[list[Pass]]) -> list[Unit]:
                 woken = waiting.pop(key, None)
                 if woken is not None:
                     runnable += woken
-            units.append(Unit(s, phases, index, tuple((slot[dep], crosses) for dep, crosses in needs),
-                              tuple(slot[key] for key in keys), pair, backward))
+            resolved = tuple((slot[dep], crosses) for dep, crosses in needs) if needs else ()
+            if len(keys) == 1:
+                units.append(Unit(s, phases, index, resolved, (slot[keys[0]],), pair, backward))
+                if single is not None:
+                    single.append((s, 3 * s + index[0], resolved[0][0] if resolved else -1,
+                                   bool(resolved) and resolved[0][1], backward))
+            else:
+                units.append(Unit(s, phases, index, resolved, tuple(slot[key] for key in keys), pair, backward))
+                single = None
             at += 1
         position[s] = at
+    units.single = single
     return units
 
 
-def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
+def stage_level_replay(chunks: int, units: list[Unit] | Units, stages: list[StageTimes],
                        c: float) -> tuple[float, list[float]]:
     """Makespan of a schedule's issued units (``pass_dependencies``) with each stage's F, B and W split evenly
     over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends. Each
@@ -149,6 +171,23 @@ def stage_level_replay(chunks: int, units: list[Unit], stages: list[StageTimes],
     ran on another stage), and delivers its outputs when the whole unit ends. The same sums as a sweep over
     the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
+    single = getattr(units, "single", None)
+    if single is not None:  # one pass a unit, issued in slot order: the same sums without a Unit's fields
+        flat = [time for st in stages for time in (st.forward / chunks, st.backward / chunks, st.weight / chunks)]
+        done: list[float] = []
+        free, last_b = [0.0] * p, [0.0] * p
+        for s, index, dep, crosses, backward in single:
+            ready = free[s]
+            if dep >= 0:
+                arrives = done[dep] + c if crosses else done[dep]
+                if arrives > ready:
+                    ready = arrives
+            end = ready + flat[index]
+            free[s] = end
+            done.append(end)
+            if backward:
+                last_b[s] = end
+        return max(free), last_b
     times = [(st.forward / chunks, st.backward / chunks, st.weight / chunks) for st in stages]
     done = [0.0] * (units[-1].slots[-1] + 1 if units else 0)  # slots are numbered in issue order
     free, last_b = [0.0] * p, [0.0] * p

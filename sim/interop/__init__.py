@@ -7,7 +7,8 @@ report with one row per flag or key: mapped (to which scenario field), a framewo
 (with the reason), ignored (harmless: logging, paths, learning rate) or unknown. Contradictory settings are refused
 with one line naming the flag. ``emit`` goes the other way: a scenario's layout as each framework's flags.
 
-Modules: ``draft`` (the scenario being built and its report; cluster and model options), ``megatron`` (the
-argument list, shared with NeMo, whose keys are Megatron's argument names), ``nemo``, ``deepspeed``,
-``torchtitan``, ``emit``. Only ``sim.cli`` imports this package. See docs/ecosystem.md.
+Modules: ``draft`` (the scenario being built and its report; cluster and model options), ``megatron_args`` (a
+launch script or argument list read into argument destinations), ``megatron`` (their mapping, shared with NeMo,
+whose keys are Megatron's argument names; the model's shape and MoE flags in ``megatron_model``), ``nemo``,
+``deepspeed``, ``torchtitan``, ``emit``. Only ``sim.cli`` imports this package. See docs/ecosystem.md.
 """

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.interop.draft import Draft, ModelDraft, Options, cluster, refuse, text
-from sim.interop.megatron import Args, parse_tokens
+from sim.interop.megatron_args import Args, parse_tokens
 from sim.model.transformer import MODEL_PRESETS
 from sim.spec.scenario import read_text
 

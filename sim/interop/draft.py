@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sim.errors import ConfigError
-from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
 from sim.model.transformer import MODEL_PRESETS, read_hf_config
 from sim.spec.scenario import Scenario, scenario_from_dict
 

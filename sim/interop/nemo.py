@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from sim.interop.draft import Draft, Options, refuse
-from sim.interop.megatron import Args, apply
+from sim.interop.megatron import apply
+from sim.interop.megatron_args import Args
 from sim.spec.scenario import parse_yaml, read_text
 
 # NeMo key (NeMo 1.x under model:, NeMo 2.0 under model.config: / trainer.strategy:) -> Megatron destination.

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from sim.hardware import bytes_per_element
+from sim.hardware.dtypes import bytes_per_element
 from sim.model.transformer import ModelSpec, embedding_params, head_params, layer_params
 
 Recompute = Literal["none", "selective", "full"]
@@ -115,7 +115,14 @@ def with_allocator(parts: dict[str, float], reserved: float, overhead: float) ->
     (``overhead`` x everything allocated through it), and the new total."""
     allocated = sum(value for key, value in parts.items() if key != "total")
     extra = {"allocator_overhead": overhead * allocated, "reserved": reserved}
-    return {**{k: v for k, v in parts.items() if k != "total"}, **extra, "total": allocated + sum(extra.values())}
+    return {**{k: v for k, v in parts.items() if k != "total"}, **extra,
+            "total": allocator_total(allocated, reserved, overhead)}
+
+
+def allocator_total(allocated: float, reserved: float, overhead: float) -> float:
+    """``with_allocator``'s total of ``allocated`` bytes: they, the caching allocator's ``overhead`` share of them
+    and the ``reserved`` context/workspaces (the overhead and reserved added first, as the parts are listed)."""
+    return allocated + (overhead * allocated + reserved)
 
 
 def rank_params(spec: ModelSpec, tp: int, layers: int, embedding: bool, head: bool, tied_copy: bool) -> float:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from sim.hardware import FrozenSpec
+from sim.hardware.frozen import FrozenSpec
 from sim.model.hf_config import read_hf_config as read_hf_config  # re-exported: the importer's old home
 from sim.model.hf_config import spec_from_hf_config as spec_from_hf_config
 

@@ -17,11 +17,16 @@ date incrementally from the rate changes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 _EPS = 1e-12
+
+
+class MirrorBroken(Exception):
+    """``FlowNetwork.unmirror`` was asked while a mirrored flow ran: its copies' state was never made, so the
+    engine replays without the mirror."""
 
 
 @dataclass(slots=True)
@@ -77,6 +82,9 @@ class FlowNetwork:
     lone_booked: list[int] = field(default_factory=list)  # book_lone's pending bookings, in order
     lone_waiting: dict[int, list[int]] = field(default_factory=dict)  # link no flow crossed yet -> its bookings
     lone_eager: set[int] = field(default_factory=set)  # bookings with a link some flow crossed: booked at once
+    # Lockstep copies solved as one (sim.network.mirror): representative link -> its images, whose usage is the
+    # representative's, copied at ``close`` (or at ``unmirror``); empty when every flow runs as itself.
+    images: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def _tight(self, link: int) -> bool:
         return self.demand.get(link, 0.0) > self.capacities[link] * (1 + _EPS)
@@ -297,9 +305,37 @@ class FlowNetwork:
             usage.peak_load = max(usage.peak_load, peak)
 
     def close(self, now: float) -> None:
-        """Settle the ``book_lone`` bookings and end every link's last load segment at ``now`` (the run's end)."""
+        """Settle the ``book_lone`` bookings, end every link's last load segment at ``now`` (the run's end) and give
+        mirrored links their representatives' usage."""
         self._settle_lone()
         self._account(set(self.links), now)
+        self._copy_images()
+
+    def unmirror(self) -> None:
+        """Stop mirroring (a flow outside the mirror is about to cross its links): each image gets its
+        representative's state, which is the one it would have had, and every copy runs as its own flows from now
+        on. Raises ``MirrorBroken`` while a flow crosses a representative (its copies' flows were never made)."""
+        images = self.images
+        if any(link in images for flow in self.flows.values() for link, _ in flow.loads):
+            raise MirrorBroken("a mirrored flow is running")
+        self._copy_images()
+
+    def _copy_images(self) -> None:
+        """Each image link gets a copy of its representative's usage, segments, demand and (flow-less) users."""
+        usages, segments, demand, users = self.links, self.segments, self.demand, self.users
+        for link, images in self.images.items():
+            usage = usages.get(link)
+            points = segments.get(link)
+            for image in images:
+                if usage is not None:
+                    usages[image] = replace(usage)
+                if points is not None:
+                    segments[image] = list(points)
+                if link in demand:
+                    demand[image] = demand[link]
+                if link in users:
+                    users[image] = {}
+        self.images = {}
 
     def _component(self, seeds: list[int]) -> list[int]:
         """The flows coupled to ``seeds`` through links that can bind."""

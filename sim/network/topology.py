@@ -22,7 +22,8 @@ from functools import cached_property, lru_cache
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
-from sim.hardware import FabricSpec, LinkSpec
+from sim.hardware.links import LinkSpec
+from sim.hardware.nodes import FabricSpec
 
 if TYPE_CHECKING:  # imported where the graph is wired (0.1 CPU s): the closed-form models never read it
     import networkx as nx

@@ -40,26 +40,25 @@ class _Builder:
         self.pending: list[deque[tuple[int, int]]] = [deque() for _ in range(p)]
         self.order: list[list[Pass]] = [[] for _ in range(p)]
         self.approved = approved or [-1.0] * p
+        self.most_approved = max(self.approved)
+        self.needs = _needs(p)
 
     def dependency(self, phase: str, chunk: int, stage: int, j: int) -> tuple[str, int, int, int] | None:
         """The pass on another stage this one waits for (same-stage order is implied by the stream)."""
-        p = self.p
-        # the builder names passes by plain str ("F", "B", "W"); upstream takes the same letters as PassKind
-        needs = upstream(phase, model_chunk("v", p, stage, chunk), j, 2 * p - 1)  # type: ignore[arg-type]
-        if needs is None:
-            return None
-        other, other_chunk = chunk_location("v", p, needs[1])
-        return None if other == stage else (needs[0], other_chunk, other, j)
+        needs = self.needs[phase, chunk, stage]
+        return None if needs is None else (*needs, j)
 
     def worst_bubble(self, stage: int) -> float:
-        return max(max(self.bubble), max(self.approved) - self.approved[stage])
+        return max(max(self.bubble), self.most_approved - self.approved[stage])
 
     def put(self, phase: str, chunk: int, stage: int) -> None:
         j = self.count[stage][(phase, chunk)]
         start = self.now[stage]
-        needs = self.dependency(phase, chunk, stage, j)
+        needs = self.needs[phase, chunk, stage]  # self.dependency, inline
         if needs is not None:
-            start = max(start, self.end[needs])
+            arrives = self.end[(*needs, j)]
+            if arrives > start:
+                start = arrives
         if self.count[stage][("F", 0)] > 0:
             self.bubble[stage] += start - self.now[stage]
         self.end[(phase, chunk, stage, j)] = self.now[stage] = start + 1.0
@@ -148,6 +147,21 @@ class _Builder:
         for stage in range(p):
             while self.pending[stage]:
                 self.put_w(stage)
+
+
+def _needs(p: int) -> dict[tuple[str, int, int], tuple[str, int, int] | None]:
+    """Per (phase, chunk, stage): the (phase, chunk, stage) on another stage whose pass of the same micro-batch it
+    waits for (``upstream``, which keeps the micro-batch), None where it waits for none or for its own stage's."""
+    table: dict[tuple[str, int, int], tuple[str, int, int] | None] = {}
+    for phase in "FBW":
+        for chunk in (0, 1):
+            for stage in range(p):
+                # the builder names passes by plain str ("F", "B", "W"); upstream takes the same letters as PassKind
+                needs = upstream(phase, model_chunk("v", p, stage, chunk), 0, 2 * p - 1)  # type: ignore[arg-type]
+                other, other_chunk = chunk_location("v", p, needs[1]) if needs is not None else (stage, 0)
+                table[phase, chunk, stage] = None if needs is None or other == stage else (needs[0], other_chunk,
+                                                                                           other)
+    return table
 
 
 def _build(p: int, m: int, fill_b: bool, fill_f: bool, approved: list[float] | None = None

@@ -12,7 +12,10 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.hardware import DEFAULT_NODE_FOR_GPU, GPU_PRESETS, NODE_PRESETS, FabricSpec, FrozenSpec, GpuSpec, LinkSpec
+from sim.hardware.frozen import FrozenSpec
+from sim.hardware.gpus import GPU_PRESETS, GpuSpec
+from sim.hardware.links import LinkSpec
+from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS, FabricSpec
 
 
 def lookup(presets: dict[str, Any], name: str, what: str) -> Any:

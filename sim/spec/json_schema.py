@@ -29,7 +29,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from sim.hardware import GPU_PRESETS, NODE_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
+from sim.hardware.nodes import NODE_PRESETS
 from sim.model.transformer import MODEL_PRESETS
 from sim.spec.scenario import Scenario
 

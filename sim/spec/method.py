@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from sim.hardware import FrozenSpec
+from sim.hardware.frozen import FrozenSpec
 from sim.model.peft import NF4_BLOCK, TARGETS, Peft
 
 if TYPE_CHECKING:

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     from sim.spec.scenario import MoeSpec, Scenario
 
 
-def check_rules(s: Scenario) -> None:
-    """Cross-field rules; each message starts with the field(s) it concerns."""
+def check_rules(s: Scenario) -> Degrees:
+    """Cross-field rules; each message starts with the field(s) it concerns. Returns the degrees it checked
+    (``degrees(s)``), for a caller that resolves the scenario next (the search's candidates)."""
     p, m = s.parallel, s.model
     d = degrees(s)
     gpus = d.num_gpus
@@ -147,6 +148,7 @@ def check_rules(s: Scenario) -> None:
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
+    return d
 
 
 def _check_reshard_after_forward(sharding: str, reshard: bool, pp: int) -> None:

@@ -20,7 +20,8 @@ import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from sim.errors import ConfigError
-from sim.hardware import FrozenSpec, parameter_dtype
+from sim.hardware.dtypes import parameter_dtype
+from sim.hardware.frozen import FrozenSpec
 from sim.model.hf_config import find_hf_config
 from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
 from sim.spec.cluster import ClusterSpec, expand_preset

@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from sim.hardware import FrozenSpec
+from sim.hardware.frozen import FrozenSpec
 from sim.model.ops import FLASH_TILE
 
 

@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from sim.hardware import GPU_PRESETS, FrozenSpec
+from sim.hardware.frozen import FrozenSpec
+from sim.hardware.gpus import GPU_PRESETS
 
 
 class VariationSpec(FrozenSpec):

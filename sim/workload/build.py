@@ -34,7 +34,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from sim.costs.models import ComputePhase, CostModel, ScaledCosts, Work
-from sim.hardware import GPU_PRESETS
+from sim.hardware.gpus import GPU_PRESETS
 from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action, Schedule
 from sim.plan import Plan

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.model.memory import ModelStates, comm_buffer_bytes, model_state_bytes, peak_usage, placed, with_allocator
+from sim.model.memory import (
+    ModelStates,
+    allocator_total,
+    comm_buffer_bytes,
+    model_state_bytes,
+    peak_usage,
+    placed,
+    with_allocator,
+)
 from sim.model.transformer import embedding_params, head_params, layer_params
 from sim.plan import Plan
 from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind
@@ -119,6 +127,16 @@ def with_parts(plan: Plan, resident: dict[str, float], activations: float, gathe
                         "unreduced_gradients": unreduced}
     memory = plan.scenario.memory
     return with_allocator(parts, memory.reserved, memory.allocator_overhead)
+
+
+def parts_total(plan: Plan, resident_sum: float, activations: float, gathered: float, unreduced: float) -> float:
+    """``with_parts(plan, resident, activations, gathered, unreduced)["total"]`` where ``resident_sum`` is
+    ``sum(resident.values())``: the same float (the parts are summed left to right in ``PARTS`` order, the resident
+    ones first), without building the parts' dict; the screen (sim.explore.estimate) adds up a stage's bound per
+    layout through here."""
+    memory = plan.scenario.memory
+    return allocator_total(resident_sum + float(activations) + gathered + unreduced, memory.reserved,
+                           memory.allocator_overhead)
 
 
 def largest_chunk_stash(plan: Plan, stage: int) -> float:

@@ -32,7 +32,7 @@ from sim.costs.models import (
     Work,
     resolve_attention_backend,
 )
-from sim.hardware import GpuSpec
+from sim.hardware.gpus import GpuSpec
 from sim.model.ops import (
     COLUMN_PARALLEL,
     RECOMPUTE_OPS,

@@ -1,0 +1,175 @@
+"""Megatron-LM's command line read: a launch script or an argument list -> argument destinations.
+
+In: a bash launch script (variables, arrays, ``torchrun ... pretrain_gpt.py ...``) or the arguments themselves.
+Out: the tokens, then (destination, value, flag as written) per flag as argparse would read them (the flags that
+take no value: ``BOOL_FLAGS``; the ``store_false`` ones: ``NEGATED``), and ``Args``, the destinations with typed
+accessors that record which were read (a bad value is one line naming the flag). Flag names are Megatron-LM's
+(megatron/training/arguments.py); DeepSpeed's HF Trainer arguments and NeMo's keys are read through ``Args`` too.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.interop.draft import refuse
+from sim.spec.scenario import read_text
+
+# Flags that take no value (store_true / store_false in arguments.py), so the next token is not theirs.
+BOOL_FLAGS = frozenset({
+    "sequence_parallel", "group_query_attention", "swiglu", "squared_relu", "use_distributed_optimizer",
+    "overlap_grad_reduce", "overlap_param_gather", "bf16", "fp16", "untie_embeddings_and_output_weights",
+    "disable_bias_linear", "use_flash_attn", "grad_reduce_in_bf16", "no_overlap_p2p_communication",
+    "no_align_param_gather", "tp_comm_overlap", "enable_cuda_graph", "external_cuda_graph", "fp8_param_gather",
+    "qk_layernorm", "add_qkv_bias", "moe_grouped_gemm", "use_mcore_models", "mock_data", "apply_layernorm_1p",
+    "cross_entropy_loss_fusion", "manual_gc", "calculate_per_token_loss", "no_masked_softmax_fusion",
+    "no_create_attention_mask_in_dataloader", "no_mmap_bin_files", "log_throughput", "profile", "no_load_optim",
+    "no_load_rng", "no_position_embedding", "moe_pad_expert_input_to_capacity", "use_legacy_models",
+    "overlap_param_gather_with_optimizer_step", "no_gradient_accumulation_fusion", "no_bias_swiglu_fusion",
+    "no_bias_gelu_fusion", "no_bias_dropout_fusion", "no_rope_fusion", "fp8_dot_product_attention",
+    "log_timers_to_tensorboard", "log_memory_to_tensorboard", "log_validation_ppl_to_tensorboard",
+    "use_rotary_position_embeddings", "accumulate_allreduce_grads_in_fp32", "ckpt_fully_parallel_load",
+    "use_dist_ckpt", "async_save", "moe_router_pre_softmax", "no_persist_layer_norm", "log_params_norm",
+    "log_num_zeros_in_grad", "use_cpu_initialization", "distribute_saved_activations", "use_torch_fsdp2",
+    "use_precision_aware_optimizer",
+})
+# store_false flags: the destination they clear.
+NEGATED = {"no_overlap_p2p_communication": "overlap_p2p_comm", "no_align_param_gather": "align_param_gather",
+           "disable_bias_linear": "add_bias_linear", "no_position_embedding": "add_position_embedding",
+           "no_gradient_accumulation_fusion": "gradient_accumulation_fusion"}
+SHELL_WORDS = frozenset({"(", ")", "[[", "]]", "[", "]", "then", "fi", "else", "do", "done", ";", "&&", "||",
+                         "\\", "|"})
+
+
+def script_tokens(source: str) -> list[str]:
+    """A bash launch script's words, with its simple ``NAME=value`` variables (``${NAME:-default}`` too)
+    substituted, and quoted array entries such as ``"--fp8-format hybrid"`` split into flag and value."""
+    source = source.replace("\\\n", " ")
+    env: dict[str, str] = {}
+
+    def substitute(line: str) -> str:
+        def one(match: re.Match[str]) -> str:
+            name = match.group(1) or match.group(3)
+            default = match.group(2)
+            if name in env:
+                return env[name]
+            return default.strip("\"'") if default is not None else match.group(0)
+        return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)", one, line)
+
+    lines = []
+    for line in source.splitlines():
+        line = substitute(line)
+        assign = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=([^(\s][^#]*|)\s*(?:#.*)?$", line)
+        if assign:
+            value = assign.group(2).strip()
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                words = [value]
+            env[assign.group(1)] = words[0] if len(words) == 1 else value
+            continue
+        lines.append(line)
+    try:
+        words = shlex.split("\n".join(lines), comments=True)
+    except ValueError as error:
+        raise refuse(f"script: cannot read it as bash words ({error})") from None
+    tokens: list[str] = []
+    for word in words:
+        if word.startswith("--") and " " in word.strip():
+            tokens.extend(word.split())
+        else:
+            tokens.append(word)
+    return tokens
+
+
+def parse_tokens(tokens: list[str]) -> list[tuple[str, Any, str]]:
+    """``--flag value`` / ``--flag=value`` / ``--bool-flag`` -> (destination, value, flag as written), in order."""
+    parsed: list[tuple[str, Any, str]] = []
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if not token.startswith("--") or token == "--":
+            continue
+        flag, _, inline = token.partition("=")
+        dest = flag[2:].replace("-", "_")
+        if inline:
+            parsed.append((dest, inline, flag))
+            continue
+        if dest in BOOL_FLAGS:
+            parsed.append((dest, True, flag))
+            continue
+        following = tokens[index] if index < len(tokens) else None
+        if following is None or following.startswith("--") or following in SHELL_WORDS:
+            parsed.append((dest, True, flag))
+        else:
+            parsed.append((dest, following, flag))
+            index += 1
+    return parsed
+
+
+@dataclass
+class Args:
+    """Argument destinations -> (value, how it was written); which were read."""
+
+    values: dict[str, tuple[Any, str, Any]] = field(default_factory=dict)  # dest -> (value, source, raw)
+    read: set[str] = field(default_factory=set)
+
+    def add(self, dest: str, value: Any, source: str, raw: Any = None) -> None:
+        self.values[dest] = (value, source, value if raw is None else raw)
+
+    def has(self, dest: str) -> bool:
+        return dest in self.values and self.values[dest][0] is not None
+
+    def source(self, dest: str) -> str:
+        return self.values[dest][1] if dest in self.values else f"--{dest.replace('_', '-')}"
+
+    def raw(self, dest: str) -> Any:
+        return self.values[dest][2] if dest in self.values else None
+
+    def get(self, dest: str, default: Any = None) -> Any:
+        self.read.add(dest)
+        value = self.values.get(dest, (None, "", None))[0]
+        return default if value is None else value
+
+    def flag(self, dest: str, default: bool = False) -> bool:
+        value = self.get(dest)
+        if value is None:
+            return default
+        if isinstance(value, str):
+            lowered = value.lower()
+            if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                raise refuse(f"{self.source(dest)}: expected true or false (got {value!r})")
+            return lowered in ("true", "1", "yes")
+        return bool(value)
+
+    def int(self, dest: str, default: int | None = None) -> int | None:
+        value = self.get(dest)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise refuse(f"{self.source(dest)}: expected a whole number (got {value!r})") from None
+        if number != int(number):
+            raise refuse(f"{self.source(dest)}: expected a whole number (got {value!r})")
+        return int(number)
+
+    def float(self, dest: str) -> float | None:
+        value = self.get(dest)
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise refuse(f"{self.source(dest)}: expected a number (got {value!r})") from None
+
+
+def read_arguments(inputs: list[str]) -> list[str]:
+    """``inputs``: one launch script path, or the arguments themselves -> tokens."""
+    if len(inputs) == 1 and not inputs[0].startswith("--"):
+        return script_tokens(read_text(Path(inputs[0]), "megatron"))
+    return [token for item in inputs for token in (item.split() if item.startswith("--") else [item])]

@@ -1,0 +1,150 @@
+"""Megatron-LM's model shape and MoE flags -> the scenario's model fields (and its moe section).
+
+In: ``Args`` (``sim.interop.megatron_args``) with the layout's tp, and the command line's ``Options`` (``--model``:
+what the flags do not give). Out: the model fields set on a ``ModelDraft`` with Megatron-LM's defaults written out
+where a flag is absent (GELU MLP, 4h or SwiGLU's 8h/3 FFN, LayerNorm, learned positions, tied embeddings, bias, the
+vocabulary padded as ``_vocab_size_with_padding`` pads it), Megatron-Core's MoE flags (experts, router top-k,
+dispatcher, capacity); a shape Megatron-LM refuses or the simulator cannot model is one line naming the flag.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.interop.draft import Draft, ModelDraft, Options, refuse
+from sim.interop.megatron_args import Args
+
+
+def _padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron-LM's _vocab_size_with_padding: up to a multiple of make_vocab_size_divisible_by x tp."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+
+def apply_model(draft: Draft, args: Args, options: Options, tp: int, gpus: int) -> None:
+    """The shape flags (with Megatron-LM's defaults where a flag is absent) over ``--model``."""
+    model = ModelDraft(draft, options)
+    describes = args.has("num_layers") or args.has("hidden_size")
+
+    def shape(key: str, dest: str, value: Any, default: bool = False, note: str = "") -> None:
+        model.set(key, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note,
+                  "default" if default else "mapped")
+
+    for key, dest in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"),
+                      ("num_attention_heads", "num_attention_heads")):
+        if args.has(dest):
+            shape(key, dest, args.int(dest))
+    hidden = model.fields.get("hidden_size")
+    if args.flag("swiglu"):
+        shape("mlp", "swiglu", "swiglu")
+    elif args.flag("squared_relu"):
+        shape("mlp", "squared_relu", "squared_relu")
+    elif describes:
+        shape("mlp", "swiglu", "gelu", True, "no --swiglu: Megatron-LM's GELU MLP")
+    if args.has("ffn_hidden_size"):
+        shape("ffn_hidden_size", "ffn_hidden_size", args.int("ffn_hidden_size"))
+    elif describes and hidden:
+        swiglu = model.fields.get("mlp") == "swiglu"
+        ffn = int((4 * hidden * 2 / 3) / 64) * 64 if swiglu else 4 * hidden  # arguments.py's default
+        shape("ffn_hidden_size", "ffn_hidden_size", ffn, True, "Megatron-LM's default for this MLP")
+    if args.flag("group_query_attention"):
+        groups = args.int("num_query_groups")
+        if groups is None:
+            raise refuse(f"{args.source('group_query_attention')}: needs --num-query-groups")
+        shape("num_kv_heads", "num_query_groups", groups)
+    elif args.has("num_query_groups"):
+        groups = args.int("num_query_groups")
+        heads = model.fields.get("num_attention_heads")
+        if draft.framework == "nemo":  # NeMo reads num_query_groups by itself (None: one per head)
+            shape("num_kv_heads", "num_query_groups", groups)
+        elif groups != heads:
+            draft.row(args.source("num_query_groups"), groups, "ignored",
+                      "without --group-query-attention Megatron-LM uses one group per head")
+    elif describes and args.has("num_attention_heads"):
+        shape("num_kv_heads", "num_attention_heads", args.int("num_attention_heads"), True, "multi-head attention")
+    if args.has("kv_channels") and hidden and model.fields.get("num_attention_heads"):
+        channels = args.int("kv_channels")
+        if channels * model.fields["num_attention_heads"] != hidden:
+            shape("kv_channels", "kv_channels", channels)
+        else:
+            draft.row(args.source("kv_channels"), channels, "mapped", "= hidden_size / heads", "model.kv_channels")
+    if args.has("normalization"):
+        norm = str(args.get("normalization")).lower()
+        if norm not in ("layernorm", "rmsnorm"):
+            raise refuse(f"{args.source('normalization')}: {norm!r} is not LayerNorm or RMSNorm")
+        shape("norm", "normalization", norm)
+    elif describes:
+        shape("norm", "normalization", "layernorm", True, "Megatron-LM's default LayerNorm")
+    if args.has("position_embedding_type"):
+        kind = str(args.get("position_embedding_type"))
+        if kind not in ("rope", "learned_absolute", "none"):
+            raise refuse(f"{args.source('position_embedding_type')}: {kind!r} is not modelled (rope or "
+                         "learned_absolute)")
+        shape("position_embedding", "position_embedding_type", "rope" if kind != "learned_absolute" else "learned")
+    elif describes:
+        shape("position_embedding", "position_embedding_type", "learned", True, "Megatron-LM's default "
+              "learned_absolute")
+    if args.has("untie_embeddings_and_output_weights"):
+        shape("tied_embeddings", "untie_embeddings_and_output_weights",
+              not args.flag("untie_embeddings_and_output_weights"))
+    elif describes:
+        shape("tied_embeddings", "untie_embeddings_and_output_weights", True, True, "Megatron-LM ties them")
+    if args.has("add_bias_linear"):
+        shape("bias", "add_bias_linear", args.flag("add_bias_linear"))
+    elif describes:
+        shape("bias", "add_bias_linear", True, True, "Megatron-LM's default add_bias_linear")
+    if args.flag("qk_layernorm"):
+        shape("qk_layernorm", "qk_layernorm", True)
+    if args.flag("add_qkv_bias"):
+        shape("add_qkv_bias", "add_qkv_bias", True)
+    seq = args.int("seq_length")
+    if args.has("max_position_embeddings"):
+        shape("max_seq_len", "max_position_embeddings", args.int("max_position_embeddings"))
+    elif seq is not None and model.fields.get("max_seq_len") is None:
+        shape("max_seq_len", "seq_length", seq, note="no --max-position-embeddings: the sequence length")
+    divisible = args.int("make_vocab_size_divisible_by", 128) or 128
+    vocab = args.int("vocab_size") if args.has("vocab_size") else model.fields.get("vocab_size")
+    if vocab is not None and describes:
+        padded = _padded_vocab(vocab, divisible, tp)
+        source = args.source("vocab_size") if args.has("vocab_size") else f"{model.base_label} (vocabulary)"
+        note = (f"{vocab} padded to a multiple of {divisible} x tp {tp} (Megatron-LM's _vocab_size_with_padding)"
+                if padded != vocab else f"a multiple of make_vocab_size_divisible_by {divisible} x tp {tp}")
+        model.set("vocab_size", padded, source, vocab, note)
+    _moe(draft, args, model)
+    model.finish()
+
+
+def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
+    """Megatron-Core's MoE flags: the experts (model fields) and the token dispatcher (moe section)."""
+    dest = "num_experts" if args.has("num_experts") else "num_moe_experts"
+    for key, field_name in ((dest, "num_moe_experts"), ("moe_router_topk", "moe_router_topk"),
+                           ("moe_ffn_hidden_size", "moe_ffn_hidden_size"),
+                           ("moe_shared_expert_intermediate_size", "moe_shared_expert_intermediate_size")):
+        if args.has(key):
+            model.set(field_name, args.int(key), args.source(key), args.raw(key))
+    if args.has("moe_layer_freq"):
+        freq = args.get("moe_layer_freq")
+        if isinstance(freq, int) or (isinstance(freq, str) and freq.isdigit()):
+            model.set("moe_layer_freq", int(freq), args.source("moe_layer_freq"))
+        else:
+            raise refuse(f"{args.source('moe_layer_freq')}: only an integer frequency is read (got {freq!r})")
+    if args.has("moe_token_dispatcher_type"):
+        kind = str(args.get("moe_token_dispatcher_type"))
+        if kind not in ("alltoall", "allgather", "flex"):
+            raise refuse(f"{args.source('moe_token_dispatcher_type')}: {kind!r} is not modelled (alltoall, "
+                         "allgather or flex)")
+        backend = str(args.get("moe_flex_dispatcher_backend")) if args.has("moe_flex_dispatcher_backend") else "deepep"
+        if kind == "flex" and backend != "deepep":  # Megatron-Core's default backend is deepep
+            raise refuse(f"{args.source('moe_flex_dispatcher_backend')}: {backend!r} is not modelled (deepep)")
+        draft.put("moe.token_dispatcher", kind, args.source("moe_token_dispatcher_type"))
+    if args.has("moe_expert_capacity_factor"):
+        draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
+                  args.source("moe_expert_capacity_factor"))
+    if args.flag("moe_pad_expert_input_to_capacity"):
+        draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
+    # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order
+    # inside each layer is part of what moe.a2a_overlap models)
+    if args.flag("overlap_moe_expert_parallel_comm"):
+        draft.put("moe.a2a_overlap", True, args.source("overlap_moe_expert_parallel_comm"))
+        args.flag("delay_wgrad_compute")
