@@ -66,7 +66,8 @@ CP = ["parallel.tp=1", "training.flash_attention=true", "parallel.cp=2"]
     ("tiny", ["training.recompute=selective", "training.recompute_modules=[core_attn, mlp, layernorm]"]),
     ("mixtral-8x7b_h100-64", ["training.recompute=selective", "training.recompute_modules=[core_attn, moe]"]),
     ("tiny", ["schedule=zb-h1", "training.recompute=full"]),
-], ids=["cp-p2p-all", "cp-all-gather", "cp-a2a-all", "selective-mlp", "selective-moe", "zb-h1-full"])
+    ("tiny", ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true"]),  # TE userbuffers' chunks
+], ids=["cp-p2p-all", "cp-all-gather", "cp-a2a-all", "selective-mlp", "selective-moe", "zb-h1-full", "tp-chunks"])
 def test_estimate_follows_the_knobs_that_change_a_layers_tasks(name, overrides):
     ratio = _ratio(load_scenario(SCENARIOS / f"{name}.yaml", overrides))
     assert 1 / ESTIMATE_FACTOR <= ratio <= ESTIMATE_FACTOR, ratio

@@ -144,10 +144,17 @@ class Estimator:
         times = [self.net.collective_time(op, plan.tp_bytes, group) for op in step.tp_ops(plan) if op]  # per block
         tp_comm = sum(times) if times else 0.0
         bwd: ComputePhase = "input_grad" if split else "backward"
-        fwd_layer = sum(self._price(plan, b, "forward") for b in step.BLOCKS) + 2 * tp_comm
+        chunked = self._chunked_collectives(plan)  # TE's userbuffers: the collectives' exposed and hidden chunks
+        if chunked is None:
+            fwd_layer = sum(self._price(plan, b, "forward") for b in step.BLOCKS) + 2 * tp_comm
+        else:
+            fwd_layer = sum(self._chunked_forward(plan, b, "forward", chunked) for b in step.BLOCKS)
         overlapped = not split and step.overlaps_backward(plan, self._price(plan, "mlp_column", "weight_grad"))
         if overlapped:
-            bwd_layer = sum(self._overlapped_backward(plan, b, times) for b in step.BLOCKS)
+            bwd_layer = sum(self._overlapped_backward(plan, b, times, chunked) for b in step.BLOCKS)
+        elif chunked is not None:  # the output gradient's gather in chunks beside the block, then its reduction
+            (head, body), _ = chunked
+            bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * times[1]
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
         bwd_layer += self._selective_dense(plan, tp_comm)
@@ -308,8 +315,10 @@ class Estimator:
         combine = self._exchanges(plan, step.combine_exchanges(plan))
         price = self._moe_price
         shared_tp = tp_comm if price(plan, "moe_shared", "forward") > 0 else 0.0
-        attention_f = self._price(plan, "attention", "forward") + tp_comm
-        attention_b = (self._overlapped_backward(plan, "attention", times) if overlapped
+        chunked = self._chunked_collectives(plan)
+        attention_f = (self._price(plan, "attention", "forward") + tp_comm if chunked is None
+                       else self._chunked_forward(plan, "attention", "forward", chunked))
+        attention_b = (self._overlapped_backward(plan, "attention", times, chunked) if overlapped
                        else self._price(plan, "attention", bwd) + tp_comm)
         attention_b += self._price(plan, "recompute_attention", "forward")
         cp_f, cp_b = self._cp_exposed(plan, bwd)
@@ -419,12 +428,46 @@ class Estimator:
             self._sends[key] = self.net.p2p_time(*key)
         return self._sends[key]
 
-    def _overlapped_backward(self, plan: Plan, block: str, times: list[float]) -> float:
+    def _chunked_collectives(self, plan: Plan) -> tuple[tuple[float, float], tuple[float, float]] | None:
+        """Under TE's userbuffers (``step.tp_overlap_chunks``): ((first chunk, the other chunks) of the all-gather,
+        (last chunk, the other chunks) of the reduce-scatter) in seconds, each chunk priced at its own size;
+        None where the TP collectives are not chunked."""
+        n = step.tp_overlap_chunks(plan)
+        if not n:
+            return None
+        group = plan.grid.tp_group(0)
+        gather, reduce = step.tp_ops(plan)
+        assert gather is not None and reduce is not None
+
+        def parts(op: str) -> tuple[float, float]:
+            return (self.net.collective_time(op, plan.tp_bytes / n, group),
+                    self.net.collective_time(op, plan.tp_bytes * (n - 1) / n, group))
+
+        return parts(gather), parts(reduce)
+
+    def _chunked_forward(self, plan: Plan, block: str, phase: ComputePhase,
+                         chunked: tuple[tuple[float, float], tuple[float, float]]) -> float:
+        """A block's forward under TE's userbuffers (the workload's ``_chunked_block``): the gather's first chunk,
+        the block up to its row-parallel GEMM beside the gather's other chunks, the row GEMM beside the
+        reduce-scatter's chunks but the last (which wait for the gather's on the TP stream), then the last."""
+        (gather_head, gather_body), (reduce_tail, reduce_body) = chunked
+        total, row = self._price(plan, block, phase), self._price(plan, f"{block}_row", phase)
+        pre = total - row
+        return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
+
+    def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
+                             chunked: tuple[tuple[float, float], tuple[float, float]] | None = None) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's
         ``_overlapped_backward``): the column-parallel GEMM's weight gradient hides the input-gradient reduction,
-        and with SP the input all-gather runs beside the input-gradient GEMMs."""
+        and with SP the input all-gather runs beside the input-gradient GEMMs; under TE's userbuffers
+        (``chunked``) the output gradient's gather exposes its first chunk, its others run before that all-gather
+        on the TP stream."""
         weight = self._price(plan, f"{block}_column", "weight_grad")
         dgrad = self._price(plan, block, "backward") - weight
+        if chunked is not None:
+            (head, body), _ = chunked
+            gather, reduce = times
+            return head + max(dgrad, body + gather) + max(reduce, weight)
         if plan.sequence_parallel:
             gather, reduce = times
             return gather + max(dgrad, gather) + max(reduce, weight)
@@ -1017,6 +1060,8 @@ def _work(pieces: step.Blocks, what: str) -> Work:
         return pieces.block[what]
     if what.endswith("_column"):
         return pieces.column[what.removesuffix("_column")]
+    if what.endswith("_row"):
+        return pieces.row[what.removesuffix("_row")]
     if what.startswith("recompute_"):
         return pieces.recompute[what.removeprefix("recompute_")]
     return {"selective": pieces.selective, "embedding": pieces.embedding, "head": pieces.head}[what]

@@ -190,9 +190,16 @@ class ParallelSpec(FrozenSpec):
     dp_bucket_size: Bytes = Field(default=25 * MiB, gt=0)
     grad_bucket_view: bool = Field(default=False, description="DDP gradient_as_bucket_view: grads live in the "
                                    "buckets (else the buckets are a second copy of the gradients, torch's default)")
-    tp_comm_overlap: bool = Field(default=False, description="false: a TP collective blocks the compute stream in "
-                                  "issue order (Megatron-LM's synchronous all-reduce / reduce-scatter); true: only "
-                                  "its consumer waits (asynchronous TP communication)")
+    tp_comm_overlap: bool = Field(default=False, description=(
+        "false: a TP collective blocks the compute stream in issue order (Megatron-LM's synchronous all-reduce / "
+        "reduce-scatter); true: only its consumer waits, and with sequence parallelism each block's all-gather "
+        "and reduce-scatter run in chunks under the GEMM beside them (Transformer Engine's userbuffers: NeMo "
+        "ub_tp_comm_overlap, Megatron-LM --tp-comm-overlap; TorchTitan's async TP), only one chunk exposed; "
+        "docs/mechanisms/tp_comm_overlap.md"))
+    tp_comm_overlap_chunks: int | None = Field(default=None, ge=1, description=(
+        "with tp_comm_overlap and sequence parallelism: the chunks a TP collective is split into under its GEMM; "
+        "default tp (TE's ring exchange moves one shard per peer; the pipelined reduce-scatter's num_splits is 4 "
+        "in NeMo's H100 userbuffers configs); 1: not split, the whole collective exposed"))
     overlap_p2p_comm: bool = Field(default=False, description=(
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "

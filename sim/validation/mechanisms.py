@@ -139,6 +139,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/grad_clip.md",
     ),
     Mechanism(
+        name="TP collectives in chunks beside their GEMMs (TE userbuffers)",
+        off=("parallel.tp_comm_overlap_chunks=1",),
+        knob="parallel.tp_comm_overlap (false: Megatron's synchronous collectives; NeMo 24.07 ub_tp_comm_overlap), "
+             "parallel.tp_comm_overlap_chunks (default tp)",
+        source="Transformer Engine module/base.py initialize_ub (ring_exchange all-gather, pipelined reduce-scatter); "
+               "NeMo-Framework-Launcher 24.07 conf/training/tp_overlap/ub_cfg_h100_*.yaml",
+        doc="mechanisms/tp_comm_overlap.md",
+    ),
+    Mechanism(
         name="blocking pipeline sends",
         off=("parallel.overlap_p2p_comm=true",),
         knob="parallel.overlap_p2p_comm (false: Megatron's _communicate waits on every send/receive)",

@@ -61,6 +61,7 @@ from sim.workload.step import (
     offload_buffer_copy_seconds,
     overlaps_backward,
     tp_ops,
+    tp_overlap_chunks,
 )
 
 
@@ -83,8 +84,10 @@ class _StageEmitter:
         self.tp = plan.tp
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
+        self.tp_chunks = tp_overlap_chunks(plan)  # > 0: TE userbuffers' chunked all-gather / reduce-scatter
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
+        self.row_work = work.row
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
@@ -182,10 +185,59 @@ class _StageEmitter:
             self.blocking_tp = task
         return task
 
+    def _tp_chunk(self, op: str, nbytes: float, mb: int, layer: int, after: int | None) -> int:
+        """A part of a chunked TP collective (``_overlapped_gather``, ``_chunked_block``): ``nbytes`` of ``op``."""
+        return self._add("tp", "tp", op, mb, layer, after, op=op, nbytes=nbytes, group=self.tp_group)
+
+    def _overlapped_gather(self, mb: int, layer: int, after: int | None) -> int:
+        """SP's all-gather before a block as Transformer Engine's userbuffers ring exchange (``tp_chunks`` > 0,
+        docs/mechanisms/tp_comm_overlap.md): its first chunk, which the block's first GEMM waits for, then the
+        other chunks, which run beside that GEMM on the ``tp`` stream. Returns the first chunk (the consumer's
+        dependency; a task that consumes it is flagged to depend on it, not on the task emitted before it)."""
+        n, op = self.tp_chunks, self.tp_before
+        assert op is not None
+        head = self._tp_chunk(op, self.tp_bytes / n, mb, layer, after)
+        self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, head)
+        return head
+
+    def _after_chunk(self, task: int | None, head: int) -> int | None:
+        """Flags a compute task that reads the first chunk ``head`` of an overlapped all-gather (not the task
+        emitted just before it, the other chunks)."""
+        assert task is not None
+        return self._flagged(task, False, True, (task - head,))
+
+    def _chunked_block(self, kind: str, block: str, mb: int, layer: int, after: int | None,
+                       phase: ComputePhase) -> int | None:
+        """A block's forward (or full recomputation's replay) under TE's userbuffers: the all-gather's first chunk,
+        then the block's compute up to its row-parallel GEMM beside the gather's other chunks, then the row GEMM
+        beside the reduce-scatter's chunks but the last, which follows the GEMM (TE's pipelined reduce-scatter,
+        ``split_overlap_rs``). Returns the last chunk."""
+        head = self._overlapped_gather(mb, layer, after)
+        total, row = self._price(self.block_work[block], phase), self._price(self.row_work[block], phase)
+        pre = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase,
+                                              cost=(total[0] - row[0], total[1] - row[1])), head)
+        n, op = self.tp_chunks, self.tp_after
+        assert op is not None
+        self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, pre)
+        last = pre
+        if row[0] > 0:  # (fixed costs price a block whole: no row GEMM apart)
+            last = self._flagged(self._compute(kind, block, mb, layer, self.row_work[block], pre, phase, cost=row),
+                                 False, True, ())
+        return self._tp_chunk(op, self.tp_bytes / n, mb, layer, last)
+
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
         if block == "attention" and self.cp is not None:
             return self.cp.block(kind, mb, layer, after, phase)
+        if self.tp_chunks:
+            if phase == "forward":
+                return self._chunked_block(kind, block, mb, layer, after, phase)
+            head = self._overlapped_gather(mb, layer, after)
+            if overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
+                return self._overlapped_backward(block, mb, layer, head)
+            after = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase),
+                                      head)
+            return self._tp(self.tp_after, mb, layer, after)
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):

@@ -38,14 +38,30 @@ class ContextEmitter:
         if id(whole) not in self.parts:  # kept: _price caches by identity
             self.parts[id(whole)] = attention_parts(whole)
         pre, post = self.parts[id(whole)]
-        if self.st.tp_before:
-            after = self.st._tp(self.st.tp_before, mb, layer, after)
+        st = self.st
+        head = None  # TE's userbuffers (st.tp_chunks): the gather's first chunk, which the first GEMM reads
+        if st.tp_chunks:
+            after = head = st._overlapped_gather(mb, layer, after)
+        elif st.tp_before:
+            after = st._tp(st.tp_before, mb, layer, after)
         if phase == "forward":
-            after = self.st._compute(kind, "attention", mb, layer, pre, after, phase)
+            after = st._compute(kind, "attention", mb, layer, pre, after, phase)
+            if head is not None:
+                st._after_chunk(after, head)
             after = self.core(kind, mb, layer, after, phase)
-            after = self.st._compute(kind, "attention_out", mb, layer, post, after, phase)
-            return self.st._tp(self.st.tp_after, mb, layer, after)
-        after = self.st._compute("backward", "attention_out", mb, layer, post, after, phase)
+            if head is None:
+                after = st._compute(kind, "attention_out", mb, layer, post, after, phase)
+                return st._tp(st.tp_after, mb, layer, after)
+            # the reduce-scatter's chunks but the last beside the output projection, the last after it
+            n, op, core_end = st.tp_chunks, st.tp_after, after
+            st._tp_chunk(op, st.tp_bytes * (n - 1) / n, mb, layer, core_end)
+            after = st._compute(kind, "attention_out", mb, layer, post, core_end, phase)
+            assert after is not None and core_end is not None
+            st._flagged(after, False, True, (after - core_end,) if st.g.tasks[core_end].stream != "compute" else ())
+            return st._tp_chunk(op, st.tp_bytes / n, mb, layer, after)
+        after = st._compute("backward", "attention_out", mb, layer, post, after, phase)
+        if head is not None:
+            st._after_chunk(after, head)
         after = self.core("backward", mb, layer, after, phase)
         column = self.st.column_work["attention"]
         if not overlaps_backward(self.st.plan, self.st._price(column, "weight_grad")[0]):

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 
 from sim.errors import ResourceLimit
 from sim.plan import Plan
-from sim.workload.step import combine_exchanges, context_attention, dispatch_exchanges, gather_calls, tp_ops
+from sim.workload.step import (
+    combine_exchanges,
+    context_attention,
+    dispatch_exchanges,
+    gather_calls,
+    tp_ops,
+    tp_overlap_chunks,
+)
 
 # The estimate's stated accuracy: estimated / built task count lies in [1 / ESTIMATE_FACTOR, ESTIMATE_FACTOR] on
 # every bundled and validation scenario (tests/test_size.py).
@@ -116,17 +123,22 @@ def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
     before, after = tp_ops(plan)
     tp_collectives = (before is not None) + (after is not None)
     moe = plan.moe_layers[layer]
-    dense_forward = 1 + tp_collectives  # [all-gather] compute [all-reduce | reduce-scatter]
+    block = 1 + tp_collectives  # [all-gather] compute [all-reduce | reduce-scatter]
+    # TE's userbuffers (sim.workload.build._chunked_block): each collective in two parts, the row GEMM apart in the
+    # forward (under CP the output part is a task already: two more); the backward's gather in two parts
+    chunked = tp_overlap_chunks(plan) > 0
+    dense_forward = block + (3 if chunked else 0)
+    attention_forward = dense_forward - (1 if chunked and cp[0] else 0)
     # Backward: Megatron's asynchronous backward (TP, weight gradients in B) splits the compute in two and, with
     # SP, all-gathers the input again (sim.workload.build._overlapped_backward).
     overlapped = plan.tp > 1 and not plan.splits_backward
-    dense_backward = dense_forward + (1 + (before is not None) if overlapped else 0)
+    dense_backward = block + (1 if chunked else 0) + (1 + (before is not None) if overlapped else 0)
     moe_forward = 0
     if moe:
         exchanges = len(dispatch_exchanges(plan)) + len(combine_exchanges(plan))
         shared = (1 + 2 * (plan.tp > 1)) if plan.model.moe_shared_expert_intermediate_size else 0
         moe_forward = 3 + exchanges + shared  # router, experts, combine; dispatch/combine; shared expert
-    forward = dense_forward + (moe_forward if moe else dense_forward) + cp[0]
+    forward = attention_forward + (moe_forward if moe else dense_forward) + cp[0]
     backward = dense_backward + (moe_forward if moe else dense_backward) + cp[1]
     if plan.recomputes(layer):
         backward += forward
@@ -136,7 +148,7 @@ def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
         if moe and "moe" in modules:
             backward += moe_forward
         elif "mlp" in modules:
-            backward += 0 if moe else dense_forward
+            backward += 0 if moe else block  # replayed with its collectives whole (_selective_recompute)
         elif "layernorm" in modules:
             backward += 1
     weight = (4 if moe else 2) if plan.splits_backward else 0

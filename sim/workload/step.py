@@ -36,6 +36,7 @@ from sim.hardware.gpus import GpuSpec
 from sim.model.ops import (
     COLUMN_PARALLEL,
     RECOMPUTE_OPS,
+    ROW_PARALLEL,
     Fp8Casts,
     Op,
     attention_forward_ops,
@@ -64,6 +65,7 @@ class Blocks:
 
     block: dict[str, Work]  # attention, mlp: the whole block (half a layer each)
     column: dict[str, Work]  # the column-parallel GEMMs of each block (QKV, MLP up)
+    row: dict[str, Work]  # the row-parallel GEMM of each block (attention output projection, MLP down)
     # What selective recomputation replays before each block's backward (``replayed``): attention core, input
     # norm, MLA's up projections before attention's; the pre-MLP norm and (module ``mlp``) the MLP before the MLP's
     recompute: dict[str, Work]
@@ -148,6 +150,8 @@ def blocks(plan: Plan) -> Blocks:
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
                 for name, block_ops in ops.items()},
+        row={name: Work(tuple(op for op in block_ops if op.name in ROW_PARALLEL), 0.0)
+             for name, block_ops in ops.items()},
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
@@ -342,6 +346,28 @@ def tp_ops(plan: Plan) -> tuple[str | None, str | None]:
     if plan.tp == 1:
         return None, None
     return ("all_gather", "reduce_scatter") if plan.sequence_parallel else (None, "all_reduce")
+
+
+def tp_overlap_chunks(plan: Plan) -> int:
+    """Chunks a block's TP all-gather and reduce-scatter are split into under the GEMM beside them
+    (``parallel.tp_comm_overlap`` with sequence parallelism; docs/mechanisms/tp_comm_overlap.md), 0 where they are
+    not. Transformer Engine's userbuffers (TE 1.x ``module/base.py`` ``initialize_ub``, ``ub_overlap_ag`` /
+    ``ub_overlap_rs``) run the all-gather before QKV and FC1 (forward) and before the output projection's and
+    FC2's input-gradient GEMMs (backward) as a ring exchange, one shard per peer, a GEMM chunk per shard; the
+    reduce-scatter after the output projection and FC2 pipelined over the GEMM's chunks. Megatron-Core asserts
+    sequence parallelism for it (``--tp-comm-overlap``), so without SP nothing is split. Default: tp chunks."""
+    parallel = plan.scenario.parallel
+    if plan.tp == 1 or not parallel.tp_comm_overlap or not plan.sequence_parallel:
+        return 0
+    chunks = parallel.tp_comm_overlap_chunks or plan.tp
+    return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
+
+
+def overlapped_collective(head: float, body: float, hidden_under: float) -> float:
+    """Seconds a chunked TP collective adds to the compute it overlaps: its exposed first (all-gather) or last
+    (reduce-scatter) chunk ``head``, plus whatever of the other chunks (``body`` seconds, run beside the GEMM)
+    outlasts the ``hidden_under`` seconds of compute they run under."""
+    return head + max(0.0, body - hidden_under)
 
 
 def overlaps_backward(plan: Plan, column_weight_grad_seconds: float) -> bool:
