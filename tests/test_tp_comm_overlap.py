@@ -56,8 +56,32 @@ def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_firs
     assert pre.id in rs_body.deps and row.id in rs_tail.deps and rs_body.id not in row.deps
     costs = step.make_costs(plan)
     work = step.blocks(plan)
-    assert row.duration == pytest.approx(costs.compute_time(work.row["attention"], "forward"))
-    assert pre.duration + row.duration == pytest.approx(costs.compute_time(work.block["attention"], "forward"))
+    # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, default on)
+    assert row.duration == pytest.approx(costs.compute_time(work.chunked_row["attention"], "forward"))
+    assert pre.duration + row.duration == pytest.approx(costs.compute_time(work.chunked["attention"], "forward"))
+
+
+def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
+    """TE's ring exchange / pipelined reduce-scatter and PyTorch's AsyncTP issue one GEMM per chunk: the row GEMM
+    is priced as 4 GEMMs of a quarter of its FLOPs each on the cost model's curve, slower than the whole GEMM where
+    the curve falls with size (this block's 4096 x 1024 x 4096 output projection: 4 x 8.6 GFLOP), and the
+    block's other GEMMs but QKV (column-parallel) are left whole; off, the block is priced unchanged."""
+    plan = resolve(_scenario(True))
+    costs, work = step.make_costs(plan), step.blocks(plan)
+    (whole,) = work.row["attention"].ops
+    assert [op.name for op in work.chunked_row["attention"].ops] == [whole.name] * 4
+    quarter = costs.kernel_time(whole, "forward") / 4  # the whole GEMM's time shared evenly: no chunking cost
+    chunk = costs.kernel_time(work.chunked_row["attention"].ops[0], "forward")
+    assert work.chunked_row["attention"].ops[0].flops == pytest.approx(whole.flops / 4)
+    assert chunk == pytest.approx(whole.flops / 4 / costs.gemm_rate(whole.flops / 4) * costs.factor)
+    assert chunk > 1.2 * quarter  # the curve: a quarter GEMM runs >20% slower per FLOP on the H100 profile
+    assert costs.compute_time(work.chunked_row["attention"], "forward") == pytest.approx(4 * chunk)
+    names = [op.name for op in work.chunked["attention"].ops]
+    assert names.count("qkv_proj") == 4 and names.count("out_proj") == 4
+    assert work.chunked["attention"].flops("forward") == pytest.approx(work.block["attention"].flops("forward"))
+    base = _scenario(True)
+    off = base.model_copy(update={"parallel": base.parallel.model_copy(update={"tp_comm_overlap_chunk_gemms": False})})
+    assert step.blocks(resolve(off)).chunked == {}
 
 
 def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[float, float]:
@@ -67,6 +91,9 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     ag, rs = (net.collective_time(op, nbytes, group) for op in ("all_gather", "reduce_scatter"))
     total_f = costs.compute_time(work.block[block], "forward")
     row = costs.compute_time(work.row[block], "forward")
+    if chunked:  # the block's forward GEMMs beside the chunks, one per chunk
+        total_f = costs.compute_time(work.chunked[block], "forward")
+        row = costs.compute_time(work.chunked_row[block], "forward")
     weight = costs.compute_time(work.column[block], "weight_grad")
     dgrad = costs.compute_time(work.block[block], "backward") - weight
     if not chunked:  # Megatron's synchronous collectives; the backward's asynchronous input-gradient reduction

@@ -200,6 +200,11 @@ class ParallelSpec(FrozenSpec):
         "with tp_comm_overlap and sequence parallelism: the chunks a TP collective is split into under its GEMM; "
         "default tp (TE's ring exchange moves one shard per peer; the pipelined reduce-scatter's num_splits is 4 "
         "in NeMo's H100 userbuffers configs); 1: not split, the whole collective exposed"))
+    tp_comm_overlap_chunk_gemms: bool = Field(default=True, description=(
+        "with chunked TP collectives (tp_comm_overlap_chunks > 1): true prices the GEMMs beside them as one GEMM "
+        "per chunk, each at its own size on the cost model's GEMM curve (TE's ring exchange and pipelined "
+        "reduce-scatter, PyTorch AsyncTP's fused_all_gather_matmul / fused_matmul_reduce_scatter issue one per "
+        "chunk); false: priced as one GEMM (the ablation); docs/mechanisms/tp_comm_overlap.md"))
     overlap_p2p_comm: bool = Field(default=False, description=(
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "

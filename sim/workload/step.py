@@ -18,7 +18,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -71,6 +71,10 @@ class Blocks:
     recompute: dict[str, Work]
     embedding: Work
     head: Work
+    # Under TE's userbuffers (``tp_overlap_chunks``): each block's forward with the GEMMs beside its chunked
+    # collectives run as one GEMM per chunk (``chunk_gemms``), and its row-parallel GEMM so; empty otherwise
+    chunked: dict[str, Work] = field(default_factory=dict)
+    chunked_row: dict[str, Work] = field(default_factory=dict)
 
     @property
     def selective(self) -> Work:
@@ -146,6 +150,8 @@ def blocks(plan: Plan) -> Blocks:
         ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
                            if op.name == "flash_attention" else op for op in block_ops)
                for name, block_ops in ops.items()}
+    chunks = tp_overlap_chunks(plan) if plan.scenario.parallel.tp_comm_overlap_chunk_gemms else 0
+    overlapped = COLUMN_PARALLEL | ROW_PARALLEL  # the ring exchange's GEMMs (QKV, FC1), the pipelined RS's
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
@@ -155,7 +161,35 @@ def blocks(plan: Plan) -> Blocks:
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
+        chunked={name: Work(chunk_gemms(block_ops, overlapped, chunks), 0.5) for name, block_ops in ops.items()}
+        if chunks else {},
+        chunked_row={name: Work(chunk_gemms(block_ops, ROW_PARALLEL, chunks), 0.0) for name, block_ops in ops.items()}
+        if chunks else {},
     )
+
+
+def chunk_gemms(ops: tuple[Op, ...], names: frozenset[str], chunks: int) -> tuple[Op, ...]:
+    """The ops of ``ops`` named in ``names`` (with weights; a block's others dropped where ``names`` is
+    ``ROW_PARALLEL`` alone: see below) as ``chunks`` GEMMs of 1/chunks of the rows each, the others as they are.
+
+    Why: beside a chunked TP collective the GEMM is issued once per chunk. Transformer Engine's ring exchange
+    (``ub_overlap_ag``) runs one GEMM per received shard and its pipelined reduce-scatter (``split_overlap_rs``,
+    ``num_splits``) one per chunk (TE 1.x ``cpp_extensions/gemm.py`` / ``comm_gemm_overlap.h``); PyTorch's
+    AsyncTP decomposes the matmul the same way (``torch/distributed/_symmetric_memory/__init__.py``
+    ``_fused_all_gather_matmul_impl``: one ``torch.mm`` per shard; ``_fused_matmul_reduce_scatter_impl``: one per
+    chunk). Each chunk is priced by the cost model at its own size (the GEMM curve is FLOP-dependent: a smaller
+    GEMM runs at a lower rate, and each chunk pays the kernel floor): FLOPs and bytes over ``chunks``, the shape's
+    M (tokens) over ``chunks``. Where ``names`` is the row-parallel set only, the result is that GEMM alone (the
+    block's row piece, ``Blocks.chunked_row``); otherwise the whole block with those GEMMs split."""
+    out: list[Op] = []
+    row_only = names == ROW_PARALLEL
+    for op in ops:
+        if op.name in names and op.matmul and op.has_weights:
+            shape = op.shape and (op.shape[0], max(1, op.shape[1] // chunks), op.shape[2], op.shape[3])
+            out.extend([replace(op, flops=op.flops / chunks, bytes=op.bytes / chunks, shape=shape)] * chunks)
+        elif not row_only:
+            out.append(op)
+    return tuple(out)
 
 
 def fsdp_predivide_factor(world_size: int) -> int:
