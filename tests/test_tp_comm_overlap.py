@@ -57,8 +57,10 @@ def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_firs
     costs = step.make_costs(plan)
     work = step.blocks(plan)
     # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, default on)
-    assert row.duration == pytest.approx(costs.compute_time(work.chunked_row["attention"], "forward"))
-    assert pre.duration + row.duration == pytest.approx(costs.compute_time(work.chunked["attention"], "forward"))
+    # and the row GEMM on the 132 - 20 SMs TE's pipelined reduce-scatter leaves (parallel.tp_comm_overlap_sms)
+    row_whole = costs.compute_time(work.chunked_row["attention"], "forward")
+    assert row.duration == pytest.approx(row_whole * 132 / 112)
+    assert pre.duration == pytest.approx(costs.compute_time(work.chunked["attention"], "forward") - row_whole)
 
 
 def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
@@ -91,9 +93,10 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     ag, rs = (net.collective_time(op, nbytes, group) for op in ("all_gather", "reduce_scatter"))
     total_f = costs.compute_time(work.block[block], "forward")
     row = costs.compute_time(work.row[block], "forward")
-    if chunked:  # the block's forward GEMMs beside the chunks, one per chunk
-        total_f = costs.compute_time(work.chunked[block], "forward")
+    if chunked:  # the block's forward GEMMs beside the chunks, one per chunk; the row GEMM on 132 - 20 SMs
         row = costs.compute_time(work.chunked_row[block], "forward")
+        total_f = costs.compute_time(work.chunked[block], "forward") - row + row * 132 / (132 - 20)
+        row *= 132 / (132 - 20)
     weight = costs.compute_time(work.column[block], "weight_grad")
     dgrad = costs.compute_time(work.block[block], "backward") - weight
     if not chunked:  # Megatron's synchronous collectives; the backward's asynchronous input-gradient reduction
@@ -123,6 +126,21 @@ def test_the_step_saves_what_the_closed_form_of_each_block_saves():
     assert t_sync - t_overlap == pytest.approx(saving, rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype, sms, expected", [("bf16", None, 20), ("fp8", None, 1), ("bf16", 0, 0),
+                                                  ("bf16", 32, 32)])
+def test_the_reduce_scatter_takes_nemos_sms_from_the_row_gemm(dtype, sms, expected):
+    """TE's pipelined reduce-scatter runs on num_sm SMs and the GEMM beside it on the rest (set_sm_margin): by
+    default NeMo's H100 bf16 configs' 20 (proj_fprop 24, fc2_fprop 16), fp8's ring exchange 1; the row GEMM
+    then takes 132 / (132 - n) of its time. PyTorch's AsyncTP (sim import torchtitan) takes none."""
+    base = _scenario(True)
+    parallel = base.parallel.model_copy(update={"tp_comm_overlap_sms": sms})
+    training = base.training.model_copy(update={"dtype": dtype})
+    plan = resolve(base.model_copy(update={"parallel": parallel, "training": training}))
+    assert step.tp_overlap_sms(plan) == expected
+    assert step.beside_reduce_scatter(plan, 1.0) == pytest.approx(132 / (132 - expected))
+    assert step.tp_overlap_sms(resolve(_scenario(False))) == 0  # nothing chunked, nothing taken
+
+
 def test_a_block_with_no_gemm_to_hide_under_exposes_all_its_chunks():
     """The closed form's other branch: with nothing to run beside, every chunk is exposed (no saving over the
     whole collective but the chunks' extra latency)."""
@@ -145,7 +163,8 @@ def _titan_70b(dtype: str, overlap: bool):
         cluster={"gpu": {"preset": "H100-SXM", "hbm_capacity": "96 GiB", "hbm_bandwidth": "2.4 TB/s",
                          "board_power": 500}, "nodes": 32, "gpus_per_node": 8},
         model="llama3-70b", training=training,
-        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap},
+        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap,
+                  "tp_comm_overlap_sms": 0},  # AsyncTP: no SMs taken from the GEMM (step.tp_overlap_sms)
         fsdp={"sharding": "FULL_SHARD", "version": 2}, costs="roofline", network="analytic")
 
 

@@ -454,6 +454,7 @@ class Estimator:
         (gather_head, gather_body), (reduce_tail, reduce_body) = chunked
         total, row = self._price(plan, f"{block}_chunked", phase), self._price(plan, f"{block}_chunked_row", phase)
         pre = total - row
+        total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
         return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],

@@ -205,6 +205,12 @@ class ParallelSpec(FrozenSpec):
         "per chunk, each at its own size on the cost model's GEMM curve (TE's ring exchange and pipelined "
         "reduce-scatter, PyTorch AsyncTP's fused_all_gather_matmul / fused_matmul_reduce_scatter issue one per "
         "chunk); false: priced as one GEMM (the ablation); docs/mechanisms/tp_comm_overlap.md"))
+    tp_comm_overlap_sms: int | None = Field(default=None, ge=0, description=(
+        "with chunked TP collectives: SMs the reduce-scatter after a block's row-parallel GEMM takes from that GEMM "
+        "(Transformer Engine's num_sm with set_sm_margin: the GEMM runs on the rest); default by dtype from NeMo's "
+        "H100 userbuffers configs: 20 in bf16 (proj_fprop 24 / fc2_fprop 16), 1 in fp8 (ring exchange); 0 for "
+        "PyTorch's AsyncTP, whose reduce-scatter copies chunks between GEMMs and sums them after (sim import "
+        "torchtitan sets it); needs cluster.gpu.sms; docs/mechanisms/tp_comm_overlap.md"))
     overlap_p2p_comm: bool = Field(default=False, description=(
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "

@@ -54,6 +54,7 @@ from sim.workload.ir import (
 from sim.workload.moe_emit import MoeLayerEmitter
 from sim.workload.step import (
     activation_copy_seconds,
+    beside_reduce_scatter,
     blocks,
     context_attention,
     frozen_layer_blocks,
@@ -219,6 +220,7 @@ class _StageEmitter:
         total, row = self._price(work, phase), self._price(row_work, phase)
         pre = self._after_chunk(self._compute(kind, block, mb, layer, work, head, phase,
                                               cost=(total[0] - row[0], total[1] - row[1])), head)
+        row = (beside_reduce_scatter(self.plan, row[0]), row[1])  # on the SMs the reduce-scatter leaves
         n, op = self.tp_chunks, self.tp_after
         assert op is not None
         self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, pre)

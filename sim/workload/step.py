@@ -30,6 +30,7 @@ from sim.costs.models import (
     FixedCosts,
     RooflineCosts,
     Work,
+    on_fewer_sms,
     resolve_attention_backend,
 )
 from sim.hardware.gpus import GpuSpec
@@ -395,6 +396,36 @@ def tp_overlap_chunks(plan: Plan) -> int:
         return 0
     chunks = parallel.tp_comm_overlap_chunks or plan.tp
     return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
+
+
+# NeMo 2.x nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the launcher's ub_cfg_h100_*.yaml
+# alike), H100 bf16: the pipelined reduce-scatter after the output projection (proj_fprop) holds num_sm 24 (Llama 3
+# 70B, GPT-3 175B, Llama 3.1 405B) or 16 (GPT-3 20B), after FC2 (fc2_fprop) 16 (70B), 8 (405B), 24 (20B), each
+# with set_sm_margin; the middle, 20, for both. The fp8 configs run both as a ring exchange on num_sm 1.
+TE_REDUCE_SCATTER_SMS = {"bf16": 20, "fp8": 1}
+
+
+def tp_overlap_sms(plan: Plan) -> int:
+    """SMs the chunked reduce-scatter after a block's row-parallel GEMM takes from that GEMM
+    (``parallel.tp_comm_overlap_sms``; 0 where the collectives are not chunked or the GPU has no SM count).
+    Transformer Engine launches a GEMM beside a userbuffers collective with ``set_sm_margin`` on the SMs the
+    collective's ``num_sm`` leave (TE ``comm_gemm_overlap.cpp``: ``_math_sms = sm_count - num_comm_sm`` with
+    set_sm_margin), for the whole GEMM. Default: NeMo's H100 configs (``TE_REDUCE_SCATTER_SMS``) by the
+    training dtype. PyTorch's AsyncTP takes none: its reduce-scatter (torch/distributed/_symmetric_memory
+    ``_pipelined_produce_and_all2all``) pulls each chunk from the peers' symmetric memory with a tensor copy
+    between two chunk GEMMs and sums the chunks after, in one kernel, not beside the GEMM (``sim import
+    torchtitan`` sets 0)."""
+    if not tp_overlap_chunks(plan) or not plan.scenario.cluster.gpu.sms:
+        return 0
+    sms = plan.scenario.parallel.tp_comm_overlap_sms
+    return TE_REDUCE_SCATTER_SMS.get(plan.dtype, TE_REDUCE_SCATTER_SMS["bf16"]) if sms is None else sms
+
+
+def beside_reduce_scatter(plan: Plan, seconds: float) -> float:
+    """A block's row-parallel GEMM (``seconds`` on the whole GPU) on the SMs the chunked reduce-scatter beside
+    it leaves (``tp_overlap_sms``; sim.costs.models.on_fewer_sms)."""
+    held = tp_overlap_sms(plan)
+    return float(on_fewer_sms(seconds, held, plan.scenario.cluster.gpu.sms or 1)) if held else seconds
 
 
 def overlapped_collective(head: float, body: float, hidden_under: float) -> float:
