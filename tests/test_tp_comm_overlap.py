@@ -20,8 +20,9 @@ MODEL = {"name": "overlap-gpt", "num_layers": 4, "hidden_size": 4096, "num_atten
          "vocab_size": 32000, "max_seq_len": 4096}
 
 
-def _scenario(overlap: bool, chunks: int | None = None, tp: int = 4):
-    parallel = {"tp": tp, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": overlap}
+def _scenario(overlap: bool, chunks: int | None = None, tp: int = 4, chunk_gemms: bool = True):
+    parallel = {"tp": tp, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": overlap,
+                "tp_comm_overlap_chunk_gemms": chunk_gemms}
     if chunks is not None:
         parallel["tp_comm_overlap_chunks"] = chunks
     return make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": tp}, model=MODEL,
@@ -56,7 +57,7 @@ def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_firs
     assert pre.id in rs_body.deps and row.id in rs_tail.deps and rs_body.id not in row.deps
     costs = step.make_costs(plan)
     work = step.blocks(plan)
-    # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, default on)
+    # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, on in _scenario)
     # and the row GEMM on the 132 - 20 SMs TE's pipelined reduce-scatter leaves (parallel.tp_comm_overlap_sms)
     row_whole = costs.compute_time(work.chunked_row["attention"], "forward")
     assert row.duration == pytest.approx(row_whole * 132 / 112)
@@ -81,9 +82,20 @@ def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
     names = [op.name for op in work.chunked["attention"].ops]
     assert names.count("qkv_proj") == 4 and names.count("out_proj") == 4
     assert work.chunked["attention"].flops("forward") == pytest.approx(work.block["attention"].flops("forward"))
-    base = _scenario(True)
-    off = base.model_copy(update={"parallel": base.parallel.model_copy(update={"tp_comm_overlap_chunk_gemms": False})})
-    assert step.blocks(resolve(off)).chunked == {}
+    assert step.blocks(resolve(_scenario(True, chunk_gemms=False))).chunked == {}
+
+
+def test_chunk_gemms_lengthen_the_step_by_their_unhidden_extra_time():
+    """Per block forward, the chunk GEMMs add their extra time (the chunked block less the whole one, the row
+    GEMM's on 132 - 20 SMs) less what of it the chunks' communication already exposed: the step grows, by at
+    most the layers' whole extra forward time (the exact block saving is the closed-form test's)."""
+    plan, plain = resolve(_scenario(True)), resolve(_scenario(True, chunk_gemms=False))
+    costs, work = step.make_costs(plan), step.blocks(plan)
+    extra = sum(costs.compute_time(work.chunked[b], "forward") - costs.compute_time(work.block[b], "forward")
+                for b in step.BLOCKS)
+    t = {flag: runner.run(_scenario(True, chunk_gemms=flag)).summary.step_time_s for flag in (True, False)}
+    assert extra > 0 and step.blocks(plain).chunked == {}
+    assert 0.5 * MODEL["num_layers"] * extra < t[True] - t[False] <= MODEL["num_layers"] * extra * 132 / 112
 
 
 def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[float, float]:
@@ -94,8 +106,9 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     total_f = costs.compute_time(work.block[block], "forward")
     row = costs.compute_time(work.row[block], "forward")
     if chunked:  # the block's forward GEMMs beside the chunks, one per chunk; the row GEMM on 132 - 20 SMs
-        row = costs.compute_time(work.chunked_row[block], "forward")
-        total_f = costs.compute_time(work.chunked[block], "forward") - row + row * 132 / (132 - 20)
+        row = costs.compute_time(work.chunked_row.get(block, work.row[block]), "forward")
+        whole = costs.compute_time(work.chunked.get(block, work.block[block]), "forward")
+        total_f = whole - row + row * 132 / (132 - 20)
         row *= 132 / (132 - 20)
     weight = costs.compute_time(work.column[block], "weight_grad")
     dgrad = costs.compute_time(work.block[block], "backward") - weight
@@ -108,10 +121,11 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     return forward, backward
 
 
-def test_the_step_saves_what_the_closed_form_of_each_block_saves():
+@pytest.mark.parametrize("chunk_gemms", [True, False])
+def test_the_step_saves_what_the_closed_form_of_each_block_saves(chunk_gemms):
     """Same scenario with and without the overlap: the step shrinks by the layers' forward and backward savings,
     each block priced by the page's closed form from the network model and the cost model directly."""
-    sync, overlapped = _scenario(False), _scenario(True)
+    sync, overlapped = _scenario(False), _scenario(True, chunk_gemms=chunk_gemms)
     plan = resolve(overlapped)
     net = network.make("analytic", build_topology(plan), "auto", "auto")
     costs, work = step.make_costs(plan), step.blocks(plan)
