@@ -53,9 +53,7 @@ the forward's FLOPs), FlashAttention-2 318 and 226, against 800 for the GEMM cur
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
-
-import numpy as np
+from typing import Literal, Protocol
 
 from sim.costs.profile import AttentionCurves, Profile
 from sim.hardware.gpus import GpuSpec
@@ -93,16 +91,6 @@ def phase_scale(op: Op, phase: ComputePhase) -> float:
     if phase == "input_grad":
         return 1.0 if op.has_weights else 2.0
     return 1.0 if op.has_weights and op.trainable else 0.0
-
-
-def on_fewer_sms(seconds: Any, held: Any, sms: int) -> Any:
-    """Seconds a compute kernel of ``seconds`` on all ``sms`` SMs takes while ``held`` of them (a float or an
-    array: a mean over its span) run something else: ``seconds / (1 - held / sms)``, its work done on the rest,
-    at least one SM left computing. The one rule for SMs taken from compute: NCCL's and DeepEP's kernels
-    beside it (sim.engine.sm_contention) and Transformer Engine's SM margin beside a pipelined reduce-scatter
-    (sim.workload.step.beside_reduce_scatter). Why: a large GEMM's tiles each need a whole SM, so it runs at
-    ``(S - n) / S`` of its rate on ``S - n`` SMs (docs/mechanisms/collectives_at_scale.md)."""
-    return seconds / (1.0 - np.minimum(held, sms - 1) / sms)
 
 
 @dataclass(frozen=True)

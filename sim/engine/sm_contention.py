@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from sim.costs.models import on_fewer_sms
+from sim.hardware.sms import on_fewer_sms
 from sim.workload.ir import EP_STREAM, Stream, TaskGraph
 
 COMPUTE_STREAM = Stream.COMPUTE

@@ -30,10 +30,10 @@ from sim.costs.models import (
     FixedCosts,
     RooflineCosts,
     Work,
-    on_fewer_sms,
     resolve_attention_backend,
 )
 from sim.hardware.gpus import GpuSpec
+from sim.hardware.sms import on_fewer_sms
 from sim.model.ops import (
     COLUMN_PARALLEL,
     RECOMPUTE_OPS,
@@ -423,7 +423,7 @@ def tp_overlap_sms(plan: Plan) -> int:
 
 def beside_reduce_scatter(plan: Plan, seconds: float) -> float:
     """A block's row-parallel GEMM (``seconds`` on the whole GPU) on the SMs the chunked reduce-scatter beside
-    it leaves (``tp_overlap_sms``; sim.costs.models.on_fewer_sms)."""
+    it leaves (``tp_overlap_sms``; sim.hardware.sms.on_fewer_sms)."""
     held = tp_overlap_sms(plan)
     return float(on_fewer_sms(seconds, held, plan.scenario.cluster.gpu.sms or 1)) if held else seconds
 
