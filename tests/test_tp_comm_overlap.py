@@ -20,8 +20,9 @@ MODEL = {"name": "overlap-gpt", "num_layers": 4, "hidden_size": 4096, "num_atten
          "vocab_size": 32000, "max_seq_len": 4096}
 
 
-def _scenario(overlap: bool, chunks: int | None = None, tp: int = 4):
-    parallel = {"tp": tp, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": overlap}
+def _scenario(overlap: bool, chunks: int | None = None, tp: int = 4, chunk_gemms: bool = True):
+    parallel = {"tp": tp, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": overlap,
+                "tp_comm_overlap_chunk_gemms": chunk_gemms}
     if chunks is not None:
         parallel["tp_comm_overlap_chunks"] = chunks
     return make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": tp}, model=MODEL,
@@ -56,8 +57,45 @@ def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_firs
     assert pre.id in rs_body.deps and row.id in rs_tail.deps and rs_body.id not in row.deps
     costs = step.make_costs(plan)
     work = step.blocks(plan)
-    assert row.duration == pytest.approx(costs.compute_time(work.row["attention"], "forward"))
-    assert pre.duration + row.duration == pytest.approx(costs.compute_time(work.block["attention"], "forward"))
+    # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, on in _scenario)
+    # and the row GEMM on the 132 - 20 SMs TE's pipelined reduce-scatter leaves (parallel.tp_comm_overlap_sms)
+    row_whole = costs.compute_time(work.chunked_row["attention"], "forward")
+    assert row.duration == pytest.approx(row_whole * 132 / 112)
+    assert pre.duration == pytest.approx(costs.compute_time(work.chunked["attention"], "forward") - row_whole)
+
+
+def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
+    """TE's ring exchange / pipelined reduce-scatter and PyTorch's AsyncTP issue one GEMM per chunk: the row GEMM
+    is priced as 4 GEMMs of a quarter of its FLOPs each on the cost model's curve, slower than the whole GEMM where
+    the curve falls with size (this block's 4096 x 1024 x 4096 output projection: 4 x 8.6 GFLOP), and the
+    block's other GEMMs but QKV (column-parallel) are left whole; off, the block is priced unchanged."""
+    plan = resolve(_scenario(True))
+    costs, work = step.make_costs(plan), step.blocks(plan)
+    (whole,) = work.row["attention"].ops
+    assert [op.name for op in work.chunked_row["attention"].ops] == [whole.name] * 4
+    quarter = costs.kernel_time(whole, "forward") / 4  # the whole GEMM's time shared evenly: no chunking cost
+    chunk = costs.kernel_time(work.chunked_row["attention"].ops[0], "forward")
+    assert work.chunked_row["attention"].ops[0].flops == pytest.approx(whole.flops / 4)
+    assert chunk == pytest.approx(whole.flops / 4 / costs.gemm_rate(whole.flops / 4) * costs.factor)
+    assert chunk > 1.2 * quarter  # the curve: a quarter GEMM runs >20% slower per FLOP on the H100 profile
+    assert costs.compute_time(work.chunked_row["attention"], "forward") == pytest.approx(4 * chunk)
+    names = [op.name for op in work.chunked["attention"].ops]
+    assert names.count("qkv_proj") == 4 and names.count("out_proj") == 4
+    assert work.chunked["attention"].flops("forward") == pytest.approx(work.block["attention"].flops("forward"))
+    assert step.blocks(resolve(_scenario(True, chunk_gemms=False))).chunked == {}
+
+
+def test_chunk_gemms_lengthen_the_step_by_their_unhidden_extra_time():
+    """Per block forward, the chunk GEMMs add their extra time (the chunked block less the whole one, the row
+    GEMM's on 132 - 20 SMs) less what of it the chunks' communication already exposed: the step grows, by at
+    most the layers' whole extra forward time (the exact block saving is the closed-form test's)."""
+    plan, plain = resolve(_scenario(True)), resolve(_scenario(True, chunk_gemms=False))
+    costs, work = step.make_costs(plan), step.blocks(plan)
+    extra = sum(costs.compute_time(work.chunked[b], "forward") - costs.compute_time(work.block[b], "forward")
+                for b in step.BLOCKS)
+    t = {flag: runner.run(_scenario(True, chunk_gemms=flag)).summary.step_time_s for flag in (True, False)}
+    assert extra > 0 and step.blocks(plain).chunked == {}
+    assert 0.5 * MODEL["num_layers"] * extra < t[True] - t[False] <= MODEL["num_layers"] * extra * 132 / 112
 
 
 def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[float, float]:
@@ -67,6 +105,11 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     ag, rs = (net.collective_time(op, nbytes, group) for op in ("all_gather", "reduce_scatter"))
     total_f = costs.compute_time(work.block[block], "forward")
     row = costs.compute_time(work.row[block], "forward")
+    if chunked:  # the block's forward GEMMs beside the chunks, one per chunk; the row GEMM on 132 - 20 SMs
+        row = costs.compute_time(work.chunked_row.get(block, work.row[block]), "forward")
+        whole = costs.compute_time(work.chunked.get(block, work.block[block]), "forward")
+        total_f = whole - row + row * 132 / (132 - 20)
+        row *= 132 / (132 - 20)
     weight = costs.compute_time(work.column[block], "weight_grad")
     dgrad = costs.compute_time(work.block[block], "backward") - weight
     if not chunked:  # Megatron's synchronous collectives; the backward's asynchronous input-gradient reduction
@@ -78,10 +121,11 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     return forward, backward
 
 
-def test_the_step_saves_what_the_closed_form_of_each_block_saves():
+@pytest.mark.parametrize("chunk_gemms", [True, False])
+def test_the_step_saves_what_the_closed_form_of_each_block_saves(chunk_gemms):
     """Same scenario with and without the overlap: the step shrinks by the layers' forward and backward savings,
     each block priced by the page's closed form from the network model and the cost model directly."""
-    sync, overlapped = _scenario(False), _scenario(True)
+    sync, overlapped = _scenario(False), _scenario(True, chunk_gemms=chunk_gemms)
     plan = resolve(overlapped)
     net = network.make("analytic", build_topology(plan), "auto", "auto")
     costs, work = step.make_costs(plan), step.blocks(plan)
@@ -94,6 +138,21 @@ def test_the_step_saves_what_the_closed_form_of_each_block_saves():
     t_overlap = runner.run(overlapped).summary.step_time_s
     assert saving > 0.01 * t_sync  # a saving that matters: the TP collectives are several % of this step
     assert t_sync - t_overlap == pytest.approx(saving, rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype, sms, expected", [("bf16", None, 20), ("fp8", None, 1), ("bf16", 0, 0),
+                                                  ("bf16", 32, 32)])
+def test_the_reduce_scatter_takes_nemos_sms_from_the_row_gemm(dtype, sms, expected):
+    """TE's pipelined reduce-scatter runs on num_sm SMs and the GEMM beside it on the rest (set_sm_margin): by
+    default NeMo's H100 bf16 configs' 20 (proj_fprop 24, fc2_fprop 16), fp8's ring exchange 1; the row GEMM
+    then takes 132 / (132 - n) of its time. PyTorch's AsyncTP (sim import torchtitan) takes none."""
+    base = _scenario(True)
+    parallel = base.parallel.model_copy(update={"tp_comm_overlap_sms": sms})
+    training = base.training.model_copy(update={"dtype": dtype})
+    plan = resolve(base.model_copy(update={"parallel": parallel, "training": training}))
+    assert step.tp_overlap_sms(plan) == expected
+    assert step.beside_reduce_scatter(plan, 1.0) == pytest.approx(132 / (132 - expected))
+    assert step.tp_overlap_sms(resolve(_scenario(False))) == 0  # nothing chunked, nothing taken
 
 
 def test_a_block_with_no_gemm_to_hide_under_exposes_all_its_chunks():
@@ -118,7 +177,8 @@ def _titan_70b(dtype: str, overlap: bool):
         cluster={"gpu": {"preset": "H100-SXM", "hbm_capacity": "96 GiB", "hbm_bandwidth": "2.4 TB/s",
                          "board_power": 500}, "nodes": 32, "gpus_per_node": 8},
         model="llama3-70b", training=training,
-        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap},
+        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap,
+                  "tp_comm_overlap_sms": 0},  # AsyncTP: no SMs taken from the GEMM (step.tp_overlap_sms)
         fsdp={"sharding": "FULL_SHARD", "version": 2}, costs="roofline", network="analytic")
 
 

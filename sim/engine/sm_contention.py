@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from sim.hardware.sms import on_fewer_sms
 from sim.workload.ir import EP_STREAM, Stream, TaskGraph
 
 COMPUTE_STREAM = Stream.COMPUTE
@@ -93,7 +94,7 @@ def stretch(compute: dict[int, tuple[np.ndarray, np.ndarray]], current: dict[int
         span = ends[index] - starts[index]
         held = _integral(times, area, ends[index]) - _integral(times, area, starts[index])
         mean_held = np.divide(held, span, out=np.zeros_like(span), where=span > 0)
-        new = base / (1.0 - np.minimum(mean_held, sms - 1) / sms)  # at least one SM keeps computing
+        new = on_fewer_sms(base, mean_held, sms)  # at least one SM keeps computing
         moved = max(moved, float(np.abs(new - current[rank]).max()))
         current[rank] = new
     return moved

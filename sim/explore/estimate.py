@@ -124,7 +124,8 @@ class Estimator:
             t = plan.scenario.training
             shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
                      t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
-                     plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan))
+                     plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan),
+                     step.tp_overlap_chunks(plan), plan.scenario.parallel.tp_comm_overlap_chunk_gemms)
             self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
@@ -451,8 +452,9 @@ class Estimator:
         the block up to its row-parallel GEMM beside the gather's other chunks, the row GEMM beside the
         reduce-scatter's chunks but the last (which wait for the gather's on the TP stream), then the last."""
         (gather_head, gather_body), (reduce_tail, reduce_body) = chunked
-        total, row = self._price(plan, block, phase), self._price(plan, f"{block}_row", phase)
+        total, row = self._price(plan, f"{block}_chunked", phase), self._price(plan, f"{block}_chunked_row", phase)
         pre = total - row
+        total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
         return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
@@ -1058,6 +1060,12 @@ def _work(pieces: step.Blocks, what: str) -> Work:
     """The ``Work`` a priced piece names: a block, its column-parallel GEMMs, the selective core, embedding, head."""
     if what in pieces.block:
         return pieces.block[what]
+    if what.endswith("_chunked_row"):  # the forward beside TE's chunked collectives (step.chunk_gemms)
+        name = what.removesuffix("_chunked_row")
+        return pieces.chunked_row.get(name, pieces.row[name])
+    if what.endswith("_chunked"):
+        name = what.removesuffix("_chunked")
+        return pieces.chunked.get(name, pieces.block[name])
     if what.endswith("_column"):
         return pieces.column[what.removesuffix("_column")]
     if what.endswith("_row"):

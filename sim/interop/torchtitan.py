@@ -124,6 +124,10 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
                   "TorchTitan's TP plan shards the norms' sequence dimension (SequenceParallel)", "default")
     if take("parallelism.enable_async_tensor_parallel"):
         draft.put("parallel.tp_comm_overlap", True, "parallelism.enable_async_tensor_parallel")
+        # PyTorch's AsyncTP holds no SMs beside the GEMM (its reduce-scatter copies chunks between the chunk GEMMs
+        # and sums them after: sim.workload.step.tp_overlap_sms), unlike TE's userbuffers (the field's default)
+        draft.put("parallel.tp_comm_overlap_sms", 0, "parallelism.enable_async_tensor_parallel", True,
+                  "AsyncTP's symmetric-memory reduce-scatter: no SMs taken from the GEMM", "default")
     reshard = str(take("parallelism.fsdp_reshard_after_forward", "default"))
     if shard > 1:
         sharding = "HYBRID_SHARD" if replicate > 1 else "SHARD_GRAD_OP" if reshard == "never" else "FULL_SHARD"

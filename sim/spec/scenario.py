@@ -200,6 +200,18 @@ class ParallelSpec(FrozenSpec):
         "with tp_comm_overlap and sequence parallelism: the chunks a TP collective is split into under its GEMM; "
         "default tp (TE's ring exchange moves one shard per peer; the pipelined reduce-scatter's num_splits is 4 "
         "in NeMo's H100 userbuffers configs); 1: not split, the whole collective exposed"))
+    tp_comm_overlap_chunk_gemms: bool = Field(default=False, description=(
+        "with chunked TP collectives (tp_comm_overlap_chunks > 1): true prices the GEMMs beside them as one GEMM "
+        "per chunk, each at its own size on the cost model's GEMM curve (TE's ring exchange and pipelined "
+        "reduce-scatter, PyTorch AsyncTP's fused_all_gather_matmul / fused_matmul_reduce_scatter issue one per "
+        "chunk); false (default): priced as one GEMM, since on the measured rows the chunk GEMMs made the NeMo "
+        "rows slower than measured and left the TorchTitan ones as fast (docs/mechanisms/tp_comm_overlap.md)"))
+    tp_comm_overlap_sms: int | None = Field(default=None, ge=0, description=(
+        "with chunked TP collectives: SMs the reduce-scatter after a block's row-parallel GEMM takes from that GEMM "
+        "(Transformer Engine's num_sm with set_sm_margin: the GEMM runs on the rest); default by dtype from NeMo's "
+        "H100 userbuffers configs: 20 in bf16 (proj_fprop 24 / fc2_fprop 16), 1 in fp8 (ring exchange); 0 for "
+        "PyTorch's AsyncTP, whose reduce-scatter copies chunks between GEMMs and sums them after (sim import "
+        "torchtitan sets it); needs cluster.gpu.sms; docs/mechanisms/tp_comm_overlap.md"))
     overlap_p2p_comm: bool = Field(default=False, description=(
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "

@@ -148,6 +148,14 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/tp_comm_overlap.md",
     ),
     Mechanism(
+        name="SMs TE's chunked reduce-scatter takes from the row-parallel GEMM (set_sm_margin)",
+        off=("parallel.tp_comm_overlap_sms=0",),
+        knob="parallel.tp_comm_overlap_sms (default by dtype: 20 bf16, 1 fp8; 0 for PyTorch AsyncTP)",
+        source="TE comm_gemm_overlap.cpp (math SMs = SM count - num_comm_sm with set_sm_margin); NeMo 2.x "
+               "recipes/tp_overlap_configs/userbuffers.py H100 configs (proj_fprop / fc2_fprop num_sm)",
+        doc="mechanisms/tp_comm_overlap.md",
+    ),
+    Mechanism(
         name="blocking pipeline sends",
         off=("parallel.overlap_p2p_comm=true",),
         knob="parallel.overlap_p2p_comm (false: Megatron's _communicate waits on every send/receive)",

@@ -54,6 +54,7 @@ from sim.workload.ir import (
 from sim.workload.moe_emit import MoeLayerEmitter
 from sim.workload.step import (
     activation_copy_seconds,
+    beside_reduce_scatter,
     blocks,
     context_attention,
     frozen_layer_blocks,
@@ -88,6 +89,8 @@ class _StageEmitter:
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
         self.row_work = work.row
+        # the forward beside chunked collectives: its GEMMs one per chunk (step.chunk_gemms)
+        self.chunked_work, self.chunked_row = work.chunked or work.block, work.chunked_row or work.row
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
@@ -213,15 +216,17 @@ class _StageEmitter:
         beside the reduce-scatter's chunks but the last, which follows the GEMM (TE's pipelined reduce-scatter,
         ``split_overlap_rs``). Returns the last chunk."""
         head = self._overlapped_gather(mb, layer, after)
-        total, row = self._price(self.block_work[block], phase), self._price(self.row_work[block], phase)
-        pre = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase,
+        work, row_work = self.chunked_work[block], self.chunked_row[block]
+        total, row = self._price(work, phase), self._price(row_work, phase)
+        pre = self._after_chunk(self._compute(kind, block, mb, layer, work, head, phase,
                                               cost=(total[0] - row[0], total[1] - row[1])), head)
+        row = (beside_reduce_scatter(self.plan, row[0]), row[1])  # on the SMs the reduce-scatter leaves
         n, op = self.tp_chunks, self.tp_after
         assert op is not None
         self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, pre)
         last = pre
         if row[0] > 0:  # (fixed costs price a block whole: no row GEMM apart)
-            last = self._flagged(self._compute(kind, block, mb, layer, self.row_work[block], pre, phase, cost=row),
+            last = self._flagged(self._compute(kind, block, mb, layer, row_work, pre, phase, cost=row),
                                  False, True, ())
         return self._tp_chunk(op, self.tp_bytes / n, mb, layer, last)
 

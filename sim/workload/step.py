@@ -18,7 +18,7 @@ The emitters (sim.workload.build, sim.workload.data_parallel) turn these into ta
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -33,6 +33,7 @@ from sim.costs.models import (
     resolve_attention_backend,
 )
 from sim.hardware.gpus import GpuSpec
+from sim.hardware.sms import on_fewer_sms
 from sim.model.ops import (
     COLUMN_PARALLEL,
     RECOMPUTE_OPS,
@@ -71,6 +72,10 @@ class Blocks:
     recompute: dict[str, Work]
     embedding: Work
     head: Work
+    # Under TE's userbuffers (``tp_overlap_chunks``): each block's forward with the GEMMs beside its chunked
+    # collectives run as one GEMM per chunk (``chunk_gemms``), and its row-parallel GEMM so; empty otherwise
+    chunked: dict[str, Work] = field(default_factory=dict)
+    chunked_row: dict[str, Work] = field(default_factory=dict)
 
     @property
     def selective(self) -> Work:
@@ -146,6 +151,8 @@ def blocks(plan: Plan) -> Blocks:
         ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
                            if op.name == "flash_attention" else op for op in block_ops)
                for name, block_ops in ops.items()}
+    chunks = tp_overlap_chunks(plan) if plan.scenario.parallel.tp_comm_overlap_chunk_gemms else 0
+    overlapped = COLUMN_PARALLEL | ROW_PARALLEL  # the ring exchange's GEMMs (QKV, FC1), the pipelined RS's
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
         column={name: Work(tuple(op for op in block_ops if op.name in COLUMN_PARALLEL), 0.0)
@@ -155,7 +162,35 @@ def blocks(plan: Plan) -> Blocks:
         recompute={name: Work(replayed(block_ops, plan.recompute_modules), 0.0) for name, block_ops in ops.items()},
         embedding=Work(embedding_forward_ops(plan.model, b, s, elem), 0.0),
         head=Work(head_forward_ops(plan.model, b, s, plan.tp, elem, t.cross_entropy), 0.0),
+        chunked={name: Work(chunk_gemms(block_ops, overlapped, chunks), 0.5) for name, block_ops in ops.items()}
+        if chunks else {},
+        chunked_row={name: Work(chunk_gemms(block_ops, ROW_PARALLEL, chunks), 0.0) for name, block_ops in ops.items()}
+        if chunks else {},
     )
+
+
+def chunk_gemms(ops: tuple[Op, ...], names: frozenset[str], chunks: int) -> tuple[Op, ...]:
+    """The ops of ``ops`` named in ``names`` (with weights; a block's others dropped where ``names`` is
+    ``ROW_PARALLEL`` alone: see below) as ``chunks`` GEMMs of 1/chunks of the rows each, the others as they are.
+
+    Why: beside a chunked TP collective the GEMM is issued once per chunk. Transformer Engine's ring exchange
+    (``ub_overlap_ag``) runs one GEMM per received shard and its pipelined reduce-scatter (``split_overlap_rs``,
+    ``num_splits``) one per chunk (TE 1.x ``cpp_extensions/gemm.py`` / ``comm_gemm_overlap.h``); PyTorch's
+    AsyncTP decomposes the matmul the same way (``torch/distributed/_symmetric_memory/__init__.py``
+    ``_fused_all_gather_matmul_impl``: one ``torch.mm`` per shard; ``_fused_matmul_reduce_scatter_impl``: one per
+    chunk). Each chunk is priced by the cost model at its own size (the GEMM curve is FLOP-dependent: a smaller
+    GEMM runs at a lower rate, and each chunk pays the kernel floor): FLOPs and bytes over ``chunks``, the shape's
+    M (tokens) over ``chunks``. Where ``names`` is the row-parallel set only, the result is that GEMM alone (the
+    block's row piece, ``Blocks.chunked_row``); otherwise the whole block with those GEMMs split."""
+    out: list[Op] = []
+    row_only = names == ROW_PARALLEL
+    for op in ops:
+        if op.name in names and op.matmul and op.has_weights:
+            shape = op.shape and (op.shape[0], max(1, op.shape[1] // chunks), op.shape[2], op.shape[3])
+            out.extend([replace(op, flops=op.flops / chunks, bytes=op.bytes / chunks, shape=shape)] * chunks)
+        elif not row_only:
+            out.append(op)
+    return tuple(out)
 
 
 def fsdp_predivide_factor(world_size: int) -> int:
@@ -361,6 +396,36 @@ def tp_overlap_chunks(plan: Plan) -> int:
         return 0
     chunks = parallel.tp_comm_overlap_chunks or plan.tp
     return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
+
+
+# NeMo 2.x nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the launcher's ub_cfg_h100_*.yaml
+# alike), H100 bf16: the pipelined reduce-scatter after the output projection (proj_fprop) holds num_sm 24 (Llama 3
+# 70B, GPT-3 175B, Llama 3.1 405B) or 16 (GPT-3 20B), after FC2 (fc2_fprop) 16 (70B), 8 (405B), 24 (20B), each
+# with set_sm_margin; the middle, 20, for both. The fp8 configs run both as a ring exchange on num_sm 1.
+TE_REDUCE_SCATTER_SMS = {"bf16": 20, "fp8": 1}
+
+
+def tp_overlap_sms(plan: Plan) -> int:
+    """SMs the chunked reduce-scatter after a block's row-parallel GEMM takes from that GEMM
+    (``parallel.tp_comm_overlap_sms``; 0 where the collectives are not chunked or the GPU has no SM count).
+    Transformer Engine launches a GEMM beside a userbuffers collective with ``set_sm_margin`` on the SMs the
+    collective's ``num_sm`` leave (TE ``comm_gemm_overlap.cpp``: ``_math_sms = sm_count - num_comm_sm`` with
+    set_sm_margin), for the whole GEMM. Default: NeMo's H100 configs (``TE_REDUCE_SCATTER_SMS``) by the
+    training dtype. PyTorch's AsyncTP takes none: its reduce-scatter (torch/distributed/_symmetric_memory
+    ``_pipelined_produce_and_all2all``) pulls each chunk from the peers' symmetric memory with a tensor copy
+    between two chunk GEMMs and sums the chunks after, in one kernel, not beside the GEMM (``sim import
+    torchtitan`` sets 0)."""
+    if not tp_overlap_chunks(plan) or not plan.scenario.cluster.gpu.sms:
+        return 0
+    sms = plan.scenario.parallel.tp_comm_overlap_sms
+    return TE_REDUCE_SCATTER_SMS.get(plan.dtype, TE_REDUCE_SCATTER_SMS["bf16"]) if sms is None else sms
+
+
+def beside_reduce_scatter(plan: Plan, seconds: float) -> float:
+    """A block's row-parallel GEMM (``seconds`` on the whole GPU) on the SMs the chunked reduce-scatter beside
+    it leaves (``tp_overlap_sms``; sim.hardware.sms.on_fewer_sms)."""
+    held = tp_overlap_sms(plan)
+    return float(on_fewer_sms(seconds, held, plan.scenario.cluster.gpu.sms or 1)) if held else seconds
 
 
 def overlapped_collective(head: float, body: float, hidden_under: float) -> float:
