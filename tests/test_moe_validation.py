@@ -18,13 +18,13 @@ ROWS = list(published(FOLDER)["scenario"])
 
 # Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
 # (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
-_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-14.5%): moe.a2a_overlap takes the "
-                  "exposed DeepEP time of its no-overlap twin (-3.6%) from 6.5 to 1.5 s and saves 3.9 s net of "
+_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-14.1%): moe.a2a_overlap takes the "
+                  "exposed DeepEP time of its no-overlap twin (-3.3%) from 6.5 to 1.5 s and saves 3.9 s net of "
                   "DeepEP's 20 SMs, the run saved 2.1 s. The ModelZoo's run_h100_235b.sh puts this layout at 320 "
                   "TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
                   "~2.5 s to host-side launches and syncs in the router/permute, which are not modelled "
                   "(docs/mechanisms/a2a_overlap.md)")
-_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -22.2%, tp 4: -48.2%): both need "
+_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -22.0%, tp 4: -47.9%): both need "
                "~1.9-2.3 ms per layer pass (F or B) that no modelled mechanism gives, where the moe_dev rows need "
                "0.3 ms (ep 32) and the 16k forced-balance row 0.1 ms; both route dropless (the ModelZoo's 16k table: "
                "dropless 237 against 295 TFLOP/s forced, 1.24x, which would bring pp 32 to -4% but tp 4 only to "
