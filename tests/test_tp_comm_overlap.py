@@ -193,3 +193,20 @@ def test_async_tp_speedup_within_10_percent_of_torchtitans_measurement(dtype):
     predicted = step[False] / step[True]
     assert predicted == pytest.approx(async_tp / vanilla, rel=0.10)
     assert predicted > async_tp / vanilla  # the recorded direction: the model's overlap is the more optimistic
+
+
+
+@pytest.mark.parametrize("overlap, cp", [(True, 1), (False, 2), (True, 2)], ids=["chunked", "cp", "chunked+cp"])
+def test_a_split_backward_prices_each_weight_gradient_once(overlap, cp):
+    """Zero-bubble schedules run the weight gradients in their own W pass, so the B pass must not also run them
+    under the input-gradient reduction (Megatron's asynchronous backward, ``step.overlaps_backward``): the
+    step's compute FLOPs are 1F1B's (the same work in another order), with the chunked collectives and with
+    context parallelism's attention block alike (the estimate against the simulation: test_estimate's layouts)."""
+    def flops(schedule: str) -> float:
+        sc = make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 4 * cp}, model=MODEL,
+                           training={"global_batch": 1, "micro_batch": 1, "seq_len": 4096, "recompute": "none",
+                                     "flash_attention": True}, schedule=schedule,
+                           parallel={"tp": 4, "pp": 1, "dp": 1, "cp": cp, "sequence_parallel": True,
+                                     "tp_comm_overlap": overlap})
+        return sum(t.flops for t in build(resolve(sc)).tasks if t.rank == 0 and t.duration is not None)
+    assert flops("zb-h1") == pytest.approx(flops("1f1b"), rel=1e-9)

@@ -437,8 +437,9 @@ def overlapped_collective(head: float, body: float, hidden_under: float) -> floa
 
 def overlaps_backward(plan: Plan, column_weight_grad_seconds: float) -> bool:
     """Whether a block's fused backward issues its input-gradient reduction asynchronously under the
-    column-parallel GEMM's weight gradient (Megatron-LM, with TP; a split W pass has no weight gradient there)."""
-    return plan.tp > 1 and column_weight_grad_seconds > 0
+    column-parallel GEMM's weight gradient (Megatron-LM, with TP; a split W pass has no weight gradient there:
+    under a zero-bubble schedule the B pass runs the input gradients alone and the W pass the weight gradients)."""
+    return plan.tp > 1 and column_weight_grad_seconds > 0 and not plan.splits_backward
 
 
 # ------------------------------------------------------------------------------------------ data parallel
