@@ -46,6 +46,12 @@ CASES = {
                                                   "ranks=all"]),
     "tiny NCCL SMs": ("tiny.yaml", ["network.nccl_sms=8"]),
     "tiny jitter": ("tiny.yaml", ["variation.jitter=0.05", "ranks=all"]),
+    "tiny chunked TP overlap, chunk GEMMs, 4 SMs, zb-h1": ("tiny.yaml", [
+        "parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true", "parallel.tp_comm_overlap_chunk_gemms=true",
+        "parallel.tp_comm_overlap_sms=4", "schedule=zb-h1"]),
+    "tiny chunked TP overlap, cp 2, full recompute": ("tiny.yaml", [
+        "parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true", "parallel.cp=2",
+        "training.flash_attention=true", "cluster.nodes=4", "training.recompute=full"]),
     "pipeline-4x8 zb-h1": ("pipeline-4x8.yaml", ["schedule=zb-h1"]),
     "pipeline-4x8 zb-v": ("pipeline-4x8.yaml", ["schedule=zb-v", "parallel.vpp=2"]),
     "pipeline-4x8 zb-h2": ("pipeline-4x8.yaml", ["schedule=zb-h2"]),
