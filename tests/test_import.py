@@ -596,3 +596,23 @@ def test_torchtitan_emit_writes_full_bf16_training(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as error:
             emit(load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml", pure[:3] + overrides), "torchtitan")
         assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_sms(tmp_path: Path) -> None:
+    """An inline ``model.ub_tp_comm_overlap_cfg`` (as a resolved NeMo 1.x config holds it; NeMo's
+    ub_cfg_h100_h8192_tp4_mbs1_seqlen4096.yaml: proj_fprop num_sm 24, fc2_fprop num_sm 16, both pipelined
+    reduce-scatters) sets ``parallel.tp_comm_overlap_sms``, the SMs the row GEMMs' reduce-scatter takes, to their
+    mean: the simulator prices both row GEMMs with one value. Not dropped as "does not change one step"."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_llama2_70b.yaml").read_text())
+    config["model"]["ub_tp_comm_overlap_cfg"] = {
+        "qkv_dgrad": {"method": "bulk", "num_sm": 4, "set_sm_margin": 0},
+        "proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 1},
+        "fc2_fprop": {"method": "pipeline", "num_sm": 16, "num_splits": 4, "set_sm_margin": 1}}
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama2-70b"))
+    assert draft.scenario().parallel.tp_comm_overlap_sms == 20
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.proj_fprop.num_sm") == "mapped"
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.qkv_dgrad.num_sm") == "ignored"
