@@ -616,3 +616,23 @@ def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_sms(tmp_path: Path) -> No
     assert draft.scenario().parallel.tp_comm_overlap_sms == 20
     assert _status(draft, "model.ub_tp_comm_overlap_cfg.proj_fprop.num_sm") == "mapped"
     assert _status(draft, "model.ub_tp_comm_overlap_cfg.qkv_dgrad.num_sm") == "ignored"
+
+
+def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
+    """Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap ("Tensor parallel
+    communication/GEMM overlap can happen only when sequence parallelism is enabled"; SP is switched off at tp 1
+    first): the emitter names the field instead of writing a script Megatron refuses at start-up; at tp 1, where
+    there is no TP collective to overlap, it leaves the flag out."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
+                                                              "parallel.sequence_parallel=false"]), "megatron")
+    assert str(error.value).startswith("parallel.tp_comm_overlap: Megatron-LM's --tp-comm-overlap needs")
+    tp1 = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true", "parallel.tp=1",
+                                                                "parallel.dp=2"]), "megatron")
+    assert "--tp-comm-overlap" not in tp1.text
+    emitted = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
+                                                                  "parallel.sequence_parallel=true"]), "megatron")
+    assert "--tp-comm-overlap" in emitted.text

@@ -105,7 +105,12 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:
             flags.append("--no-align-param-gather")
-    if p.tp_comm_overlap:
+    if p.tp_comm_overlap and p.tp > 1:  # (at tp 1 there is no TP collective to overlap, and Megatron-LM
+        # switches SP off there, then refuses the flag: left out)
+        if not p.sequence_parallel:  # Megatron-LM arguments.py asserts SP under --tp-comm-overlap
+            raise ConfigError("parallel.tp_comm_overlap: Megatron-LM's --tp-comm-overlap needs sequence "
+                              "parallelism (its arguments refuse it otherwise); set "
+                              "parallel.sequence_parallel: true or parallel.tp_comm_overlap: false")
         flags.append("--tp-comm-overlap")
     flags += ["--micro-batch-size", str(t.micro_batch), "--global-batch-size", str(d.global_batch),
               "--seq-length", str(d.seq_len)]
