@@ -143,3 +143,21 @@ def test_rules(sections, message):
     with pytest.raises(ConfigError, match=message):
         make_scenario(cluster={"gpu": "A100-80GB-SXM", "nodes": 2, "gpus_per_node": 8}, training={"global_batch": 16},
                       **sections)
+
+
+def test_a_later_stages_first_bucket_gathers_from_the_step_start_and_the_holds_add_up():
+    """``align_param_gather: false`` under a pipeline: Megatron-Core dispatches each stage's bucket 0 all-gather in
+    zero_grad_buffer, before any forward, and the next one in the forward pre-hook as the compute reaches the
+    bucket. So stage 1's bucket 0 gather starts at 0 (it does not wait for stage 0's activations, as it did
+    when it was the pass's first task), its first layer still waits for them, and the estimate adds each stage's
+    hold to the next stage's start (the later gathers are issued only when the compute reaches them)."""
+    scenario = distopt({"pp": 2, "dp": 8, "overlap_param_gather": True, "dp_bucket_size": 2**20}, costs="roofline")
+    run = runner.run(scenario)
+    stage1 = run.trace[run.trace["stage"] == 1]
+    gathers = stage1[stage1["name"].str.startswith("param_gather_bucket")].sort_values("start_s")
+    first_forward = stage1[stage1["kind"] == "forward"]["start_s"].min()
+    stage0_send = run.trace[(run.trace["stage"] == 0) & (run.trace["kind"] == "pp")]["end_s"].min()
+    assert gathers["start_s"].iloc[0] == 0.0
+    assert gathers["start_s"].iloc[1] >= stage0_send  # dispatched when the compute reaches the chunk
+    assert first_forward >= stage0_send
+    assert estimate(scenario).step_time_s == pytest.approx(run.summary.step_time_s, rel=0.05)

@@ -883,11 +883,15 @@ class Estimator:
         hop, chunks = self._p2p(plan), plan.local_chunks
         start = delay = 0.0
         for s, st in enumerate(stages):
+            held = 0.0
             if buckets:
-                delay = max(delay, self._param_gather_delay(plan, s, st, start))
+                held = self._param_gather_delay(plan, s, st, start)
             if units:
-                delay = max(delay, self._unit_gather_delay(plan, s, st, start, shape_key))
-            start += st.forward / chunks + hop
+                held = max(held, self._unit_gather_delay(plan, s, st, start, shape_key))
+            # the stage's first forward, held back, sends later: the next stage starts later too (a gather the
+            # compute dispatches, ``align_param_gather: false``, is issued only then, so the holds add up)
+            delay += held
+            start += held + st.forward / chunks + hop
         return delay
 
     def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:

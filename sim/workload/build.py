@@ -426,9 +426,20 @@ class _StageEmitter:
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
         self.tail = after
-        self._wait_upstream(first_task, "F", g, mb)
+        self._wait_upstream(self._first_reading(first_task), "F", g, mb)
         if g < last:
             self._send("F", chunk, mb, g + 1, after)
+
+    def _first_reading(self, first: int) -> int:
+        """The first task from ``first`` on that reads the forward pass's input: past the weight all-gathers
+        ZeRO-1/2's ``overlap_param_gather`` issues ahead of the pass's compute (``DataParallelEmitter.
+        before_forward``): those issued at the step start must not wait for the upstream stage's activations
+        (Megatron-Core dispatches bucket 0's in zero_grad_buffer, before any forward), and those the compute
+        reaching the chunk dispatches wait for them already (``_reached``)."""
+        tasks, gathers = self.g.tasks, (NCCL_STREAM, EXPERT_DP_STREAM)
+        while first < len(tasks) - 1 and tasks[first].stream in gathers:
+            first += 1
+        return first
 
     def backward(self, mb: int, chunk: int) -> None:
         """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
