@@ -38,6 +38,16 @@ def make_scenario(**sections: Any) -> Scenario:
     return scenario_from_dict(data)
 
 
+def small_moe_model(name: str, num_layers: int, hidden_size: int, heads: int, ffn_hidden_size: int,
+                    max_seq_len: int) -> dict[str, Any]:
+    """The model section of a small Llama-style MoE (SwiGLU, RoPE, RMSNorm, no bias, untied embeddings, 32k
+    vocabulary) with 8 experts, top-2, as the MoE tests build it."""
+    return {"name": name, "num_layers": num_layers, "hidden_size": hidden_size, "num_attention_heads": heads,
+            "num_kv_heads": heads, "ffn_hidden_size": ffn_hidden_size, "vocab_size": 32000,
+            "max_seq_len": max_seq_len, "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm",
+            "tied_embeddings": False, "bias": False, "num_moe_experts": 8, "moe_router_topk": 2}
+
+
 def pipeline_scenario(p: int, m: int, schedule: str, forward: str = "1 s", backward: str = "2 s",
                       layers_per_stage: int = 1, vpp: int = 1, weight_grad: str = "0 s") -> Scenario:
     """p stages on p GPUs, m micro-batches, fixed per-layer costs and an ideal network."""

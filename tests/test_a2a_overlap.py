@@ -17,7 +17,7 @@ from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, combined_pairs, inter
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
-from conftest import SCENARIOS
+from conftest import SCENARIOS, small_moe_model
 
 QWEN3_OVERLAP = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml"
 
@@ -48,10 +48,8 @@ def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
     8 micro-batches of 4096 tokens."""
     doc: dict[str, Any] = {
         "name": "a2a", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": {"name": "moe-one", "num_layers": 1, "hidden_size": 2048, "num_attention_heads": 16,
-                  "num_kv_heads": 16, "ffn_hidden_size": 4096, "vocab_size": 32000, "max_seq_len": 4096,
-                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
-                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "model": small_moe_model("moe-one", num_layers=1, hidden_size=2048, heads=16, ffn_hidden_size=4096,
+                                 max_seq_len=4096),
         "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
         "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a,

@@ -18,7 +18,7 @@ from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload import step
 
-from conftest import SCENARIOS
+from conftest import SCENARIOS, small_moe_model
 
 QWEN3_EP32 = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32.yaml"
 GB = 1e9
@@ -125,10 +125,8 @@ def _moe_one(overrides: list[str], zero: int = 0) -> Scenario:
     """Two MoE layers of 8 experts on one node, ep 8, ZeRO ``zero``, with ``overrides`` (``moe.<field>=<value>``)."""
     doc: dict[str, Any] = {
         "name": "moe", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": {"name": "moe-one", "num_layers": 2, "hidden_size": 1024, "num_attention_heads": 8,
-                  "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 2048,
-                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
-                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "model": small_moe_model("moe-one", num_layers=2, hidden_size=1024, heads=8, ffn_hidden_size=2048,
+                                 max_seq_len=2048),
         "training": {"global_batch": 16, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "zero": zero}, "schedule": "1f1b", "moe": {}}
     for override in overrides:

@@ -14,6 +14,8 @@ from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, scenario_from_dict
 
+from conftest import small_moe_model
+
 
 def test_chain_runs_a_block_without_exchange_into_the_next():
     assert chain([(Block(1.0, None, 0.5),), (Block(2.0, 3.0, 4.0), Block(5.0, None, 0.0))]) == [
@@ -70,10 +72,8 @@ def _moe_scenario(**changes: Any) -> Scenario:
     with ``changes`` merged into its sections."""
     doc: dict[str, Any] = {
         "name": "pair", "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
-        "model": {"name": "moe-small", "num_layers": 4, "hidden_size": 1024, "num_attention_heads": 8,
-                  "num_kv_heads": 8, "ffn_hidden_size": 2048, "vocab_size": 32000, "max_seq_len": 4096,
-                  "mlp": "swiglu", "position_embedding": "rope", "norm": "rmsnorm", "tied_embeddings": False,
-                  "bias": False, "num_moe_experts": 8, "moe_router_topk": 2},
+        "model": small_moe_model("moe-small", num_layers=4, hidden_size=1024, heads=8, ffn_hidden_size=2048,
+                                 max_seq_len=4096),
         "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 4, "ep": 4, "zero": 1, "vpp": 1, "overlap_p2p_comm": True},
         "schedule": "dualpipe",
