@@ -107,6 +107,9 @@ class _StageEmitter:
         self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
         self.chain_keys: dict[str, dict[int, str]] = {"forward": {}, "backward": {}}  # layer -> ``_chain_key``
         self.stamping: dict[tuple[str, bool], bool] = {}  # (direction, micro-batch 0) -> ``_stamping``'s answer
+        # A lazy graph's whole passes (``_pass_chain``): (phase, local chunk) -> the pass's chain, its send's entry,
+        # each layer's last entry (layer, index); None where a pass of it cannot be one chain.
+        self.pass_chains: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...]] | None] = {}
         # (phase, local chunk, the chunk it feeds) -> (its global chunk, the send's (src, dst) or None, its name)
         self.routes: dict[tuple[str, int, int], tuple[int, tuple[int, int] | None, str]] = {}
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
@@ -363,13 +366,7 @@ class _StageEmitter:
         if self.unit_first is not None:
             self.unit_sends.append((phase, chunk, mb, to_global_chunk))
             return
-        route = self.routes.get((phase, chunk, to_global_chunk))
-        if route is None:  # the same few per stage: worked out once
-            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
-            route = self.routes[(phase, chunk, to_global_chunk)] = (
-                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
-                "send_forward" if phase == "F" else "send_backward")
-        g, group, name = route
+        g, group, name = self._route(phase, chunk, to_global_chunk)
         if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, g, mb)] = after  # type: ignore[assignment]
             return
@@ -382,6 +379,17 @@ class _StageEmitter:
             # Megatron-LM's _communicate waits on every isend/irecv request before returning, so the stage launches
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
             self.blocking_tp = task
+
+    def _route(self, phase: str, chunk: int, to_global_chunk: int) -> tuple[int, tuple[int, int] | None, str]:
+        """A pass's send: its global chunk, the send's (src, dst) (None at the turn of a V: the next chunk is on
+        this GPU) and its name; the same few per stage, worked out once."""
+        route = self.routes.get((phase, chunk, to_global_chunk))
+        if route is None:
+            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
+            route = self.routes[(phase, chunk, to_global_chunk)] = (
+                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
+                "send_forward" if phase == "F" else "send_backward")
+        return route
 
     # ---------------------------------------------------------------------------------- tasks with exact edges
     def _exact_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
@@ -415,6 +423,12 @@ class _StageEmitter:
             self.dp.before_forward(mb, g, -1, after)
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
         chains, keys = self._stamping(mb, "forward")
+        if chains is not None and self.g.lazy and 0 < g < last and not self.pending_deps and self.unit_first is None:
+            fused = self._pass_chain("F", chunk, g + 1, chains, keys)
+            if fused is not None:  # the whole pass, its send included, as one record
+                self._stamp_pass(fused, "F", g, mb)
+                self._wait_upstream(self._first_reading(first_task), "F", g, mb)
+                return
         for layer in self._layers(chunk):
             if chains is not None and not self.pending_deps:  # a recorded chain, the layer hooks inert: stamp it
                 chain = chains.get(keys.get(layer) or self._key(keys, "forward", layer))
@@ -450,6 +464,13 @@ class _StageEmitter:
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
         chains, keys = self._stamping(mb, "backward")
+        if (chains is not None and self.g.lazy and 0 < g < last and not self.pending_deps and self.unit_first is None
+                and self.dp.chunk_backward_inert(mb)):
+            fused = self._pass_chain("B", chunk, g - 1, chains, keys)
+            if fused is not None:  # as in forward
+                self._stamp_pass(fused, "B", g, mb)
+                self._wait_upstream(first_task, "B", g, mb)
+                return
         for layer in reversed(self._layers(chunk)):
             if chains is not None and not self.pending_deps:  # as in forward: the hooks below do nothing here
                 chain = chains.get(keys.get(layer) or self._key(keys, "backward", layer))
@@ -591,6 +612,73 @@ class _StageEmitter:
                                                and (self.dp_inert or dp.inert(mb, direction))
                                                and dp.layers_inert(mb, direction))
         return (self.chains if stamps else None), self.chain_keys[direction]
+
+    def _pass_chain(self, phase: Literal["F", "B"], chunk: int, to_global_chunk: int, chains: dict[str, Chain],
+                    keys: dict[int, str]) -> tuple[Chain, int, tuple[tuple[int, int], ...]] | None:
+        """A lazy graph's pass of local ``chunk`` (neither the embedding's nor the head's) as one chain: its layers'
+        recorded chains end to end, then its send, so a confirmation keeps one record and replays one unit per
+        pass instead of a record per layer and a send task (issue 25: on the 175B search's layouts of one to three
+        layers per chunk, a pass's send, its Python and its replay were most of a confirmation). The same tasks as
+        stamping layer by layer and adding the send (``_send``): each layer's entries with their rules (their
+        ``extra`` offsets are within their layer, the blocking TP collective carried from layer to layer as
+        ``Chain.stamp`` carries it), and the send after the last one, depending on it and on the TP collective then
+        blocking (the ``also`` edge of ``_send``: an entry of the pass, or none), and becoming the blocking one where
+        p2p waits (``p2p_blocks``). None, and stamped layer by layer as before, until every layer's chain is recorded
+        (micro-batch 0's pass records them), at the turn of a V (nothing is sent), or where the collective blocking
+        at the send would be the one given at the pass's start (an edge a chain's offsets cannot name). Returns the
+        chain, its send's entry and each layer's last entry."""
+        direction = "forward" if phase == "F" else "backward"
+        cached = self.pass_chains.get((phase, chunk), False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        layers = self._layers(chunk) if phase == "F" else reversed(self._layers(chunk))
+        parts = [(layer, chains.get(keys.get(layer) or self._key(keys, direction, layer))) for layer in layers]
+        stream = self.g.streams.get((self.rank, "pp"))
+        if any(chain is None for _, chain in parts) or stream is None:
+            return None  # not yet: recorded by this pass (stamped layer by layer meanwhile)
+        _, group, name = self._route(phase, chunk, to_global_chunk)
+        entries = [entry for _, chain in parts for entry in chain.entries]  # type: ignore[union-attr]
+        state = -1  # the blocking TP collective as Chain.__init__ follows it: -1 the one given, -2 none, k entry k
+        for k, entry in enumerate(entries):
+            if entry[11] and state != -2:
+                state = -2
+            if entry[12]:
+                state = k
+        if group is None or state == -1:
+            self.pass_chains[(phase, chunk)] = None
+            return None
+        send = len(entries)
+        entries.append(("pp", "pp", name, None, "send", self.p2p_bytes, 0.0, group, 1.0, True,
+                        (send - state,) if state >= 0 else (), False, self.p2p_blocks, False, stream.append))
+        protos = [proto for _, chain in parts for proto in chain.protos]  # type: ignore[union-attr]
+        protos.append(Task(-1, self.rank, self.stage, "pp", "pp", name, -1, -1, (), None, "send", self.p2p_bytes,
+                           0.0, group))
+        ends, at = [], 0
+        layer_of: list[int] = []
+        for layer, chain in parts:
+            size = len(chain.entries)  # type: ignore[union-attr]
+            layer_of += [layer] * size
+            at += size
+            ends.append((layer, at - 1))
+        chains_list = self.g.chains
+        chains_list.append(Chain(entries, protos, self.rank, self.stage, len(chains_list), (*layer_of, -1)))
+        fused = self.pass_chains[(phase, chunk)] = (chains_list[-1], send, tuple(ends))
+        return fused
+
+    def _stamp_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...]], phase: Literal["F", "B"], g: int,
+                    mb: int) -> None:
+        """Stamps a pass's chain (``_pass_chain``) for micro-batch ``mb`` and keeps what ``forward`` / ``backward``
+        keep of its tasks: its last compute task (``tail``), its send, the layers' gradients (``grad_ready``,
+        backward without split weight gradients)."""
+        chain, send, ends = fused
+        first = len(self.g.tasks)
+        _, self.blocking_tp = self.g.stamp(chain, mb, -1, None, self.blocking_tp)
+        self.tail = first + send - 1
+        self.sends[(phase, g, mb)] = first + send
+        if phase == "B" and not self.splits_backward:
+            grad_ready = self.grad_ready
+            for layer, end in ends:
+                grad_ready[layer] = first + end
 
     def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
         key = keys[layer] = self._chain_key(direction, layer)
