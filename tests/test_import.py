@@ -553,10 +553,13 @@ def test_megatron_emit_keeps_the_optimizer_states(tmp_path: Path) -> None:
 def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
     """TorchTitan's [training] dtype = "bfloat16" (pytorch/torchtitan#1646: "all parameters, gradients, and optimizer
     states in bfloat16, without an extra copy of fp32 weights") is pure bf16: no master, bf16 Adam moments, so the
-    FSDP2 shards hold 2 + 4 + 4 bytes per parameter (its fp32 reduce_dtype kept for the gradients) where mixed
-    precision holds 2 + 4 + 12."""
+    FSDP2 shards hold 2 + 2 + 4 bytes per parameter: the gradients are reduce-scattered in its fp32 reduce_dtype
+    but stored in the sharded parameter's dtype (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+    foreach_reduce: ``_to_dtype_if_needed(reduce_output, orig_dtype)`` before ``sharded_param.grad``), and Adam reads
+    them there (14 bytes per parameter, not 16)."""
     from sim.interop.torchtitan import import_torchtitan
     from sim.plan import resolve
+    from sim.workload.footprint import stage_memory
 
     path = tmp_path / "job.toml"
     head = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n[training]\n'
@@ -565,7 +568,16 @@ def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
     s = draft.scenario()
     assert (s.training.dtype, s.training.master_weights, s.training.optimizer_dtype) == ("bf16", False, "bf16")
     assert _status(draft, "training.dtype") == "mapped"
-    assert resolve(s).optimizer_bytes_per_param == 4
+    plan = resolve(s)
+    assert plan.optimizer_bytes_per_param == 4
+    # FSDP2's reduce_dtype (mixed_precision_reduce, float32 by default) prices the reduce-scatter; the stored
+    # gradient is the bf16 parameter's.
+    assert (plan.grad_dtype, plan.grad_storage_dtype) == ("fp32", "bf16")
+    shard = plan.stage_trainable_params(0) / 8
+    memory = stage_memory(plan, 0)
+    assert (memory["weights"], memory["gradients"], memory["optimizer"]) == pytest.approx(
+        (2 * shard, 2 * shard, 4 * shard))
+    assert plan.optimizer_step_bytes_per_param == 2 + 6 + 6
     path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\nmixed_precision_param = "float32"\n')
     with pytest.raises(ConfigError, match=r"^training.mixed_precision_param: float32 with training.dtype bfloat16"):
         import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
