@@ -61,7 +61,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     def put(target: str, dest: str, value: Any, note: str = "", status: Status = "mapped") -> None:
         draft.put(target, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note, status)
 
-    gpus = cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
+    cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
     # Precision (arguments.py: fp16 and bf16 are exclusive; fp8 runs on top of either).
     fp16, bf16 = args.flag("fp16"), args.flag("bf16")
     if fp16 and bf16:
@@ -260,7 +260,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             "local", "transformer_engine"):
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
-    apply_model(draft, args, options, tp, gpus)
+    apply_model(draft, args, options, tp)
 
 
 def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PREFIXES,
