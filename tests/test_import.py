@@ -630,6 +630,58 @@ def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_sms(tmp_path: Path) -> No
     assert _status(draft, "model.ub_tp_comm_overlap_cfg.qkv_dgrad.num_sm") == "ignored"
 
 
+# NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen4096.yaml
+# (the Llama 2 70B config at tp 4): the two pipelined reduce-scatters after the row-parallel GEMMs.
+UB_CFG_70B_TP4 = {
+    "qkv_dgrad": {"method": "bulk", "num_sm": 8, "cga_size": 2, "set_sm_margin": 0},
+    "qkv_fprop": {"method": "ring_exchange", "aggregate": 0},
+    "proj_fprop": {"method": "pipeline", "num_sm": 24, "cga_size": 2, "num_splits": 4, "set_sm_margin": 1},
+    "fc2_fprop": {"method": "pipeline", "num_sm": 16, "cga_size": 2, "num_splits": 4, "set_sm_margin": 1}}
+
+
+@pytest.mark.parametrize(("splits", "chunks"), [((4, 4), 4), ((2, 2), 2), ((2, 4), 3)])
+def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_chunks(tmp_path: Path, splits: tuple[int, int],
+                                                              chunks: int) -> None:
+    """The pipelined reduce-scatters' ``num_splits`` in an inline ``model.ub_tp_comm_overlap_cfg`` set
+    ``parallel.tp_comm_overlap_chunks`` (the launcher's H100 configs: 4, whatever tp); two different counts, their
+    mean (the simulator prices both row GEMMs with one), as num_sm. Each key read is reported mapped."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_llama2_70b.yaml").read_text())
+    cfg = json.loads(json.dumps(UB_CFG_70B_TP4))
+    cfg["proj_fprop"]["num_splits"], cfg["fc2_fprop"]["num_splits"] = splits
+    config["model"]["ub_tp_comm_overlap_cfg"] = cfg
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama2-70b"))
+    assert draft.scenario().parallel.tp_comm_overlap_chunks == chunks
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.proj_fprop.num_splits") == "mapped"
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.fc2_fprop.num_splits") == "mapped"
+
+
+def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
+    """A scenario that sets the chunked reduce-scatters' SMs or chunks emits them as Megatron-LM's
+    ``--tp-comm-overlap-cfg`` file (megatron/training/initialize.py _initialize_tp_communicators: the YAML handed to
+    TE's initialize_ub, NeMo's ub_tp_comm_overlap_cfg format), written by the script before torchrun; `sim import
+    megatron` reads it back. Without either field the flag stays out (TE's own defaults)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    overlap = ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true"]
+    scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", [*overlap, "parallel.tp_comm_overlap_chunks=2",
+                                                                "parallel.tp_comm_overlap_sms=24"])
+    emitted = emit(scenario, "megatron")
+    assert "--tp-comm-overlap-cfg ub_cfg.yaml" in emitted.text
+    path = tmp_path / "run.sh"
+    path.write_text(emitted.text)
+    draft = import_megatron([str(path)], Options(gpu="A100-80GB-SXM"))
+    back = draft.scenario()
+    assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (2, 24)
+    assert _status(draft, "ub_cfg.yaml: proj_fprop.num_splits") == "mapped"
+    plain = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overlap), "megatron")
+    assert "--tp-comm-overlap-cfg" not in plain.text
+
+
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
     """Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap ("Tensor parallel
     communication/GEMM overlap can happen only when sequence parallelism is enabled"; SP is switched off at tp 1
