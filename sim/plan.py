@@ -514,19 +514,30 @@ class Plan:
         """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
         DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
         DeepEP's README table), x the routing skew; 0 on the ideal network."""
-        if self.scenario.network.model == "ideal":
+        traffic = self.deepep_traffic
+        if self.scenario.network.model == "ideal" or traffic is None:
             return 0.0, 0.0
+        return (traffic.seconds(deepep.DISPATCH, self.dispatch_skew),
+                traffic.seconds(deepep.COMBINE, self.dispatch_skew))
+
+    @cached_property
+    def deepep_traffic(self) -> deepep.DeepepTraffic | None:
+        """flex: one rank's DeepEP bytes (``deepep_bytes``) and the achieved (dispatch, combine) bandwidths
+        (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from DeepEP's README table over
+        the GPU's NIC share and the node's NVLink), which the network models price the exchanges from (the
+        contention model as flows on the links: sim.network.deepep.deepep_flows); None without flex."""
+        if not self.is_moe or self.scenario.moe.token_dispatcher != "flex":
+            return None
         moe, cluster = self.scenario.moe, self.scenario.cluster
         domains, _ = self.deepep_shape
         nic = cluster.inter_node.bandwidth * cluster.nics_per_node / cluster.gpus_per_node
         rdma, nvlink = self.deepep_bytes
-        out = []
-        for combine in (False, True):
-            rdma_bw = moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
-            nvlink_bw = moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
-                                                                                    combine)
-            out.append(deepep.deepep_time(rdma, nvlink, rdma_bw, nvlink_bw, self.dispatch_skew))
-        return out[0], out[1]
+        rdma_bw = tuple(moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
+                        for combine in (False, True))
+        nvlink_bw = tuple(moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
+                                                                                   combine)
+                          for combine in (False, True))
+        return deepep.DeepepTraffic(rdma, nvlink, (rdma_bw[0], rdma_bw[1]), (nvlink_bw[0], nvlink_bw[1]))
 
     @cached_property
     def deepep_sms(self) -> int:
