@@ -104,7 +104,7 @@ def test_no_task_counts_more_flops_than_the_peak_runs_in_its_time(run: RunResult
 
 
 def test_mfu_may_pass_1_where_hfu_does_not() -> None:
-    """Megatron's MFU counts the full s x s matrix on every layer, sliding-window ones too (sim.model.transformer
+    """Megatron's MFU counts the full s x s matrix on every layer, sliding-window ones too (sim.model.flops
     model_flops_per_step), so at long context it passes 1 while the kernels run below the peak: the runner's
     physical check reads HFU (sim.runner.check_physical), which refused this scenario as 'MFU 1.1 is above 1
     (a simulator bug)' before. On an A100, whose profile prices attention on the GEMM curve (the H100's measured

@@ -11,7 +11,7 @@ from sim.costs.models import CalibratedCosts, RooflineCosts, Work
 from sim.costs.profile import DeviceInfo, GemmCurve, Profile
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.ops import layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
 

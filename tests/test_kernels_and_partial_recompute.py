@@ -12,7 +12,7 @@ from sim.cli import commands as cli
 from sim.explore.estimate import estimate
 from sim.model.memory import activation_bytes_per_layer
 from sim.model.ops import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.footprint import stage_memory

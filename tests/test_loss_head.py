@@ -7,7 +7,7 @@ import pytest
 
 from sim.model.memory import LOSS_BYTES
 from sim.model.ops import head_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import scenario_from_dict
 from sim.workload.footprint import memory_plan

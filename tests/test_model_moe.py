@@ -7,6 +7,7 @@ publisher uses for "active" said at each test."""
 
 import pytest
 
+from sim.model.flops import layer_forward_flops, logits_forward_flops, model_flops_per_step, moe_mlp_forward_flops
 from sim.model.memory import activation_bytes_per_layer
 from sim.model.ops import (
     Fp8Casts,
@@ -15,17 +16,8 @@ from sim.model.ops import (
     layer_forward_ops,
     moe_forward_ops,
 )
-from sim.model.transformer import (
-    MODEL_PRESETS,
-    active_params,
-    embedding_params,
-    layer_forward_flops,
-    layer_params,
-    logits_forward_flops,
-    model_flops_per_step,
-    moe_mlp_forward_flops,
-    total_params,
-)
+from sim.model.params import active_params, embedding_params, layer_params, total_params
+from sim.model.presets import MODEL_PRESETS
 
 B = 1e9
 
@@ -382,7 +374,7 @@ def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
 def test_layer_modules_sum_to_the_tp_rank_params(name, tp):
     """The leaf modules a framework wraps (FSDP units) hold exactly a TP rank's dense parameters, MoE layers'
     router and shared expert included, routed experts not."""
-    from sim.model.transformer import layer_modules
+    from sim.model.params import layer_modules
 
     spec = MODEL_PRESETS[name]
     for moe in ((False, True) if spec.is_moe else (False,)):

@@ -1,6 +1,6 @@
 """Cost models: how long a piece of compute takes on one GPU.
 
-In: ``Work`` (the kernels of a block of a layer, from sim.model.transformer, and the share of a transformer layer it
+In: ``Work`` (the kernels of a block of a layer, from sim.model.ops, and the share of a transformer layer it
 represents) and a phase; the optimizer step by parameter count. Out: seconds, and the FLOPs executed.
 
 Phases: ``forward``; ``backward`` (the whole backward, as 1F1B and GPipe run it); ``input_grad`` (B) and

@@ -382,7 +382,7 @@ def moe_forward_ops(
     ``routed_tokens``: token-expert pairs this rank's local experts compute for one micro-batch (the Plan
     decides it, imbalance included; uniform routing over ep ranks: b*s x topk / (tp when SP) per rank, since
     each of the ep x etp ranks' experts sees its share). Gives FLOPs of the router, the routed experts and the
-    shared expert (``sim.model.transformer.moe_mlp_forward_flops`` summed over the ranks)."""
+    shared expert (``sim.model.flops.moe_mlp_forward_flops`` summed over the ranks)."""
     tokens = micro_batch * seq_len
     h, experts, topk = spec.hidden_size, spec.num_moe_experts or 0, spec.moe_router_topk
     replicated_tokens = tokens / tp if sequence_parallel else tokens

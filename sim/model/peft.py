@@ -32,15 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from sim.model.flops import layer_forward_flops, logits_forward_flops
 from sim.model.ops import Op
-from sim.model.transformer import (
-    ModelSpec,
-    embedding_params,
-    head_params,
-    layer_forward_flops,
-    layer_params,
-    logits_forward_flops,
-)
+from sim.model.params import embedding_params, head_params, layer_params
+from sim.model.transformer import ModelSpec
 
 Method = Literal["full", "lora", "qlora", "frozen"]
 # Hugging Face PEFT's Llama target module names, in forward order.
@@ -283,7 +278,7 @@ def adapter_activation_bytes(spec: ModelSpec, peft: Peft, tokens: float, tp: int
 
 
 def model_flops_per_step(spec: ModelSpec, peft: Peft, global_batch: int, seq_len: int) -> float:
-    """Model FLOPs of one step under ``peft`` (MFU's numerator; sim.model.transformer.model_flops_per_step in
+    """Model FLOPs of one step under ``peft`` (MFU's numerator; sim.model.flops.model_flops_per_step in
     full training, which it equals there). Per sequence and layer: the forward's GEMMs and attention, a backward
     of twice the attention and of each linear GEMM twice where its weights train and once (the input gradient)
     where they are frozen; LoRA's adapters three times their forward. The LM head: three times its forward if

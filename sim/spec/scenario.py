@@ -22,8 +22,9 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from sim.errors import ConfigError
 from sim.hardware.dtypes import parameter_dtype
 from sim.hardware.frozen import FrozenSpec
-from sim.model.hf_config import find_hf_config
-from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
+from sim.model.hf_config import find_hf_config, read_hf_config
+from sim.model.presets import MODEL_PRESETS
+from sim.model.transformer import ModelSpec
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec

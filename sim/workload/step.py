@@ -46,8 +46,8 @@ from sim.model.ops import (
     layer_forward_ops,
     moe_forward_ops,
 )
+from sim.model.params import embedding_params, head_params, layer_modules, layer_params
 from sim.model.peft import adapt_layer_ops, frozen
-from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
 from sim.network import deepep
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
@@ -531,7 +531,7 @@ def chunk_units(plan: Plan, chunk: int) -> list[ChunkUnit]:
 
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
-    order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
+    order: the embedding in the first unit, each layer's modules (sim.model.params.layer_modules), the final
     norm and LM head in the last. They sum to ``unit_params``."""
     model, tp, layers = plan.model, plan.tp, plan.unit_layers
     first, last = unit * layers, (unit + 1) * layers - 1
