@@ -702,7 +702,7 @@ class Plan:
         kernel executes). A row's documents, each attended alone by flash attention's varlen kernel, need
         n E[s^2] / seq_len^2 of the row's seq_len^2 (packed: n = seq_len / E[s]; padded: n = 1, transformers
         unpadding FlashAttention-2's input); each executes its own causal share. None (the row's full matrix and
-        its causal share, as sim.model.ops prices it) without flash attention or in the default case."""
+        its causal share, as sim.model.attention_ops prices it) without flash attention or in the default case."""
         if self.lengths is None or not self.scenario.training.flash_attention:
             return None
         documents = self.documents_per_row * self.lengths.mean_square

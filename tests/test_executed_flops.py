@@ -1,9 +1,10 @@
 """The FLOPs a task is priced on are the FLOPs the trace counts (``Op.executed_flops``): HFU never above 1.
 
 The fuzz suite found, from a fresh clone, Llama 3 70B LoRA on one H100 at 509,712 tokens reporting HFU 1.00008
-(1.00000016 without LoRA): a causal flash kernel's time was priced on the tiles it executes (about half the
-s x s matrix, ``sim.model.ops.causal_fraction``) while the trace counted Megatron's full matrix, so its attention
-tasks ran at 109-110% of the GPU's dense peak. Now both are the executed tiles; MFU keeps Megatron's count.
+(1.00000016 without LoRA): a causal flash kernel's time was priced on the tiles it executes (about half
+the s x s matrix, ``sim.model.flash_tiles.causal_fraction``) while the trace counted Megatron's full matrix, so
+its attention tasks ran at 109-110% of the GPU's dense peak. Now both are the executed tiles; MFU keeps Megatron's
+count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sim
 from sim.costs.models import RooflineCosts, phase_scale
 from sim.costs.profile import default_for
 from sim.errors import ConfigError
-from sim.model.ops import FLASH_TILE, causal_fraction
+from sim.model.flash_tiles import FLASH_TILE, causal_fraction
 from sim.plan import resolve
 from sim.runner import RunResult
 from sim.workload.step import blocks, make_costs

@@ -7,7 +7,7 @@ import pytest
 
 from sim.costs.models import Work
 from sim.errors import ConfigError
-from sim.model.ops import layer_forward_ops
+from sim.model.layer_ops import layer_forward_ops
 from sim.model.params import total_params
 from sim.model.peft import Peft, adapt_layer_ops, nf4_bits_per_param, trainable_params
 from sim.model.presets import MODEL_PRESETS
@@ -184,7 +184,7 @@ def test_frozen_layers_skip_their_weight_gradients() -> None:
     """method frozen: the frozen layers' backward drops the linears' weight-gradient GEMMs (FLOPs exact in the
     trace), and the estimate follows the simulation."""
     import sim
-    from sim.model.ops import layer_forward_ops
+    from sim.model.layer_ops import layer_forward_ops
 
     base = scenario("llama3-8b", micro_batch=1, recompute="full")
     full = sim.run(scenario_from_dict(base))

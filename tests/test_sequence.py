@@ -9,8 +9,8 @@ import pytest
 
 import sim
 from sim.errors import ConfigError
+from sim.model.flash_tiles import causal_fraction
 from sim.model.flops import model_flops_per_step
-from sim.model.ops import causal_fraction
 from sim.model.peft import Peft
 from sim.model.peft import model_flops_per_step as peft_flops
 from sim.plan import resolve

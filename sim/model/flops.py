@@ -48,7 +48,7 @@ def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bo
     its MLP counted active (top-k routed experts, shared expert, router). Sliding-window layers (GPT-OSS) keep
     this module's full s x s convention (Narayanan et al.; causal attention is not halved either), so MFU stays
     comparable across models; Megatron-Bridge's newer FLOPs formula counts min(window, s) keys there instead.
-    The flash kernel's time counts only the tiles it runs (sim.model.ops.window_fraction). Biases, norms and
+    The flash kernel's time counts only the tiles it runs (sim.model.flash_tiles.window_fraction). Biases, norms and
     sinks are not GEMMs and not counted."""
     tokens = micro_batch * seq_len
     h, f = spec.hidden_size, spec.ffn

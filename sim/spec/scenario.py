@@ -77,7 +77,7 @@ class TrainingSpec(FrozenSpec):
         "flash without (eager PyTorch: HF, FSDP scripts, TorchTitan's SDPA)"))
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
-        "diagonal (model.ops.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "
+        "diagonal (model.flash_tiles.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "
         "false: bidirectional attention (every tile)"))
     grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "
