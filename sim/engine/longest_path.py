@@ -261,10 +261,11 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     objects: list[tuple] = list(zip(plain.tolist(), map(attrgetter("deps"), plain_tasks), seconds_of,
                                     [_STREAM_CODE[stream] for stream in map(attrgetter("stream"), plain_tasks)],
                                     strict=True))
+    head_records = records[heads]
     objects += [(-1, *compiled[chain], first, follow, take, stamped, late.get(first))
-                for chain, first, follow, take, stamped in zip(
-                    chain_of[heads].tolist(), firsts[heads].tolist(), records[heads, 4].tolist(), records[heads, 5].tolist(),
-                    length[heads].tolist(), strict=True)]
+                for first, chain, follow, take, stamped in zip(
+                    head_records[:, 0].tolist(), head_records[:, 1].tolist(), head_records[:, 4].tolist(),
+                    head_records[:, 5].tolist(), length[heads].tolist(), strict=True)]
     # Every rank's items in task order.
     position = np.concatenate([plain, firsts[heads]])
     rank = np.concatenate([np.fromiter(map(attrgetter("rank"), plain_tasks), np.int64, len(plain_tasks)),

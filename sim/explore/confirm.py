@@ -161,7 +161,7 @@ class _Columns:
             if spanning:
                 entry_layers = np.full(len(protos), np.iinfo(np.int64).min, dtype=np.int64)
                 for chain in spanning:
-                    entry_layers[at[chain.index]:at[chain.index] + len(chain.entries)] = chain.layers
+                    entry_layers[at[chain.index]:at[chain.index] + len(chain.entries)] = chain.layers or ()
                 own = entry_layers[entry]
                 mine = own != np.iinfo(np.int64).min
                 layer[ids[mine]] = own[mine]

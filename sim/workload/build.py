@@ -109,7 +109,9 @@ class _StageEmitter:
         self.stamping: dict[tuple[str, bool], bool] = {}  # (direction, micro-batch 0) -> ``_stamping``'s answer
         # A lazy graph's whole passes (``_pass_chain``): (phase, local chunk) -> the pass's chain, its send's entry,
         # each layer's last entry (layer, index); None where a pass of it cannot be one chain.
-        self.pass_chains: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...]] | None] = {}
+        self.pass_chains: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...], int] | None] = {}
+        # Those stamped at a micro-batch other than 0: every later one of the chunk stamps it at once (forward).
+        self.fast_passes: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...], int]] = {}
         # (phase, local chunk, the chunk it feeds) -> (its global chunk, the send's (src, dst) or None, its name)
         self.routes: dict[tuple[str, int, int], tuple[int, tuple[int, int] | None, str]] = {}
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
@@ -415,6 +417,12 @@ class _StageEmitter:
 
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
+        fast = self.fast_passes.get(("F", chunk))
+        if fast is not None and mb and not self.pending_deps and self.unit_first is None:
+            # What the checks below found for this chunk at an earlier micro-batch other than 0, whose answers
+            # hold for every such micro-batch (_stamping, before_chunk), so straight to its chain
+            self._fast_pass(fast, "F", mb)
+            return
         g, last = self._global_chunk(chunk), self.p * self.v - 1
         self.dp.before_chunk(mb, g)  # FSDP + PP's gathers: not the pass's first task, which waits for its input
         first_task = len(self.g.tasks)
@@ -426,6 +434,8 @@ class _StageEmitter:
         if chains is not None and self.g.lazy and 0 < g < last and not self.pending_deps and self.unit_first is None:
             fused = self._pass_chain("F", chunk, g + 1, chains, keys)
             if fused is not None:  # the whole pass, its send included, as one record
+                if mb and _reads_first(fused[0]):
+                    self.fast_passes[("F", chunk)] = fused
                 self._stamp_pass(fused, "F", g, mb)
                 self._wait_upstream(self._first_reading(first_task), "F", g, mb)
                 return
@@ -457,6 +467,11 @@ class _StageEmitter:
 
     def backward(self, mb: int, chunk: int) -> None:
         """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
+        fast = self.fast_passes.get(("B", chunk))
+        if (fast is not None and mb and not self.pending_deps and self.unit_first is None
+                and self.dp.chunk_backward_inert(mb)):  # as in forward
+            self._fast_pass(fast, "B", mb)
+            return
         g, last = self._global_chunk(chunk), self.p * self.v - 1
         phase: ComputePhase = "input_grad" if self.splits_backward else "backward"
         first_task = len(self.g.tasks)
@@ -468,6 +483,8 @@ class _StageEmitter:
                 and self.dp.chunk_backward_inert(mb)):
             fused = self._pass_chain("B", chunk, g - 1, chains, keys)
             if fused is not None:  # as in forward
+                if mb:
+                    self.fast_passes[("B", chunk)] = fused
                 self._stamp_pass(fused, "B", g, mb)
                 self._wait_upstream(first_task, "B", g, mb)
                 return
@@ -614,7 +631,7 @@ class _StageEmitter:
         return (self.chains if stamps else None), self.chain_keys[direction]
 
     def _pass_chain(self, phase: Literal["F", "B"], chunk: int, to_global_chunk: int, chains: dict[str, Chain],
-                    keys: dict[int, str]) -> tuple[Chain, int, tuple[tuple[int, int], ...]] | None:
+                    keys: dict[int, str]) -> tuple[Chain, int, tuple[tuple[int, int], ...], int] | None:
         """A lazy graph's pass of local ``chunk`` (neither the embedding's nor the head's) as one chain: its layers'
         recorded chains end to end, then its send, so a confirmation keeps one record and replays one unit per
         pass instead of a record per layer and a send task (issue 25: on the 175B search's layouts of one to three
@@ -626,7 +643,7 @@ class _StageEmitter:
         p2p waits (``p2p_blocks``). None, and stamped layer by layer as before, until every layer's chain is recorded
         (micro-batch 0's pass records them), at the turn of a V (nothing is sent), or where the collective blocking
         at the send would be the one given at the pass's start (an edge a chain's offsets cannot name). Returns the
-        chain, its send's entry and each layer's last entry."""
+        chain, its send's entry, each layer's last entry and the chunk's global index."""
         direction = "forward" if phase == "F" else "backward"
         cached = self.pass_chains.get((phase, chunk), False)
         if cached is not False:
@@ -662,15 +679,15 @@ class _StageEmitter:
             ends.append((layer, at - 1))
         chains_list = self.g.chains
         chains_list.append(Chain(entries, protos, self.rank, self.stage, len(chains_list), (*layer_of, -1)))
-        fused = self.pass_chains[(phase, chunk)] = (chains_list[-1], send, tuple(ends))
+        fused = self.pass_chains[(phase, chunk)] = (chains_list[-1], send, tuple(ends), self._global_chunk(chunk))
         return fused
 
-    def _stamp_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...]], phase: Literal["F", "B"], g: int,
-                    mb: int) -> None:
+    def _stamp_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...], int], phase: Literal["F", "B"],
+                    g: int, mb: int) -> None:
         """Stamps a pass's chain (``_pass_chain``) for micro-batch ``mb`` and keeps what ``forward`` / ``backward``
         keep of its tasks: its last compute task (``tail``), its send, the layers' gradients (``grad_ready``,
         backward without split weight gradients)."""
-        chain, send, ends = fused
+        chain, send, ends, _ = fused
         first = len(self.g.tasks)
         _, self.blocking_tp = self.g.stamp(chain, mb, -1, None, self.blocking_tp)
         self.tail = first + send - 1
@@ -679,6 +696,27 @@ class _StageEmitter:
             grad_ready = self.grad_ready
             for layer, end in ends:
                 grad_ready[layer] = first + end
+
+    def _fast_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...], int], phase: Literal["F", "B"],
+                   mb: int) -> None:
+        """``_stamp_pass`` and ``_wait_upstream`` of a pass whose chain ``forward`` / ``backward`` found at an
+        earlier micro-batch (not 0): its first task reads the input (no gather before it: ``_first_reading``) and
+        waits for the neighbouring chunk's pass of the same phase (``parallel.chunks.upstream`` on a chunk that
+        is neither the first nor the last)."""
+        chain, send, ends, g = fused
+        graph = self.g
+        first = len(graph.tasks)
+        _, self.blocking_tp = graph.stamp(chain, mb, -1, None, self.blocking_tp)
+        self.tail = first + send - 1
+        self.sends[(phase, g, mb)] = first + send
+        if phase == "B":
+            self.waits.append((first, ("B", g + 1, mb)))
+            if not self.splits_backward:
+                grad_ready = self.grad_ready
+                for layer, end in ends:
+                    grad_ready[layer] = first + end
+        else:
+            self.waits.append((first, ("F", g - 1, mb)))
 
     def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
         key = keys[layer] = self._chain_key(direction, layer)
@@ -776,6 +814,11 @@ class _StageEmitter:
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+def _reads_first(chain: Chain) -> bool:
+    """Whether a chain's first task is not a weight gather (``_StageEmitter._first_reading`` would pass it)."""
+    return chain.stream not in (NCCL_STREAM, EXPERT_DP_STREAM)
+
 
 def folds_tp(plan: Plan) -> bool:
     """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same
