@@ -32,7 +32,9 @@ rule (which task waits on which: its stream predecessor inside the chain or the 
 emitted before it, the blocking TP collective, the pass's upstream send on its first task) is compiled once into
 straight-line Python (``_chain_function``) that takes the same maxima of the same floats and adds the same
 durations in the same order as the walk above, so its times are equal bit for bit to the materialized graph's
-(tests/test_lazy_graph.py); 0.0, below every time, stands for a dependency a stamp does not have. A chain the
+(tests/test_lazy_graph.py); 0.0, below every time, stands for a dependency a stamp does not have. A lazy graph's
+whole pipeline pass is one such chain, its send the last entry (``_StageEmitter._pass_chain``): a rank suspended
+on that send is woken after the call that evaluated it. A chain the
 compiler does not cover (an edge out of the chain other than those), an edge added to a stamped task other than
 a chain's first, a rendezvous, a stall or given ``durations``: the graph is materialized and evaluated as above.
 """
