@@ -328,6 +328,7 @@ def test_torchtitan_llama3_tomls() -> None:
     s = draft.scenario()
     assert (s.model.name, s.parallel.tp, s.parallel.tp_comm_overlap, s.training.dtype) == ("llama3-405b", 8, True,
                                                                                             "fp8")
+    assert s.parallel.tp_comm_overlap_method == "async_tp"  # PyTorch's AsyncTP, not TE's userbuffers
     assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
     assert not s.training.fp8_weight_cache and s.training.fp8_recipe == "current"
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"

@@ -125,7 +125,7 @@ class Estimator:
             shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
                      t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
                      plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan),
-                     step.tp_overlap_chunks(plan), plan.scenario.parallel.tp_comm_overlap_chunk_gemms)
+                     step.tp_overlap_chunks(plan), step.tp_overlap_chunk_gemms(plan))
             self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
@@ -155,7 +155,8 @@ class Estimator:
             bwd_layer = sum(self._overlapped_backward(plan, b, times, chunked) for b in step.BLOCKS)
         elif chunked is not None:  # the output gradient's gather in chunks beside the block, then its reduction
             (head, body), _ = chunked
-            bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * times[1]
+            bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * (
+                times[1] + step.reduce_partials_seconds(plan, self.costs))  # AsyncTP: each reduction after it
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
         bwd_layer += self._selective_dense(plan, tp_comm)
@@ -455,7 +456,8 @@ class Estimator:
         total, row = self._price(plan, f"{block}_chunked", phase), self._price(plan, f"{block}_chunked_row", phase)
         pre = total - row
         total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
-        return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
+        return (gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
+                + step.reduce_partials_seconds(plan, self.costs))  # AsyncTP's reduction after the last chunk
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
                              chunked: tuple[tuple[float, float], tuple[float, float]] | None = None) -> float:
@@ -469,7 +471,8 @@ class Estimator:
         if chunked is not None:
             (head, body), _ = chunked
             gather, reduce = times
-            return head + max(dgrad, body + gather) + max(reduce, weight)
+            return head + max(dgrad, body + gather) + max(reduce, weight) + step.reduce_partials_seconds(plan,
+                                                                                                      self.costs)
         if plan.sequence_parallel:
             gather, reduce = times
             return gather + max(dgrad, gather) + max(reduce, weight)

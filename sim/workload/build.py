@@ -61,6 +61,8 @@ from sim.workload.step import (
     make_costs,
     offload_buffer_copy_seconds,
     overlaps_backward,
+    reduce_partials_bytes,
+    reduce_partials_seconds,
     tp_ops,
     tp_overlap_chunks,
 )
@@ -86,6 +88,8 @@ class _StageEmitter:
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         self.tp_chunks = tp_overlap_chunks(plan)  # > 0: TE userbuffers' chunked all-gather / reduce-scatter
+        # AsyncTP: the reduction kernel after each chunked reduce-scatter (0: none; step.reduce_partials_bytes)
+        self.reduce_partials = (reduce_partials_seconds(plan, costs), reduce_partials_bytes(plan))
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
         self.row_work = work.row
@@ -228,7 +232,17 @@ class _StageEmitter:
         if row[0] > 0:  # (fixed costs price a block whole: no row GEMM apart)
             last = self._flagged(self._compute(kind, block, mb, layer, row_work, pre, phase, cost=row),
                                  False, True, ())
-        return self._tp_chunk(op, self.tp_bytes / n, mb, layer, last)
+        return self._sum_partials(kind, block, mb, layer, self._tp_chunk(op, self.tp_bytes / n, mb, layer, last))
+
+    def _sum_partials(self, kind: str, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.step
+        ``reduce_partials_bytes``), on the compute stream, which waits for it; ``after`` itself where there is
+        none (TE's reduce-scatter reduces as it goes)."""
+        seconds, nbytes = self.reduce_partials
+        if not seconds:
+            return after
+        return self._add("compute", kind, f"{block}_reduce_partials", mb, layer, after,
+                         duration=seconds * self.jitter(), nbytes=nbytes)
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
@@ -242,7 +256,7 @@ class _StageEmitter:
                 return self._overlapped_backward(block, mb, layer, head)
             after = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase),
                                       head)
-            return self._tp(self.tp_after, mb, layer, after)
+            return self._sum_partials(kind, block, mb, layer, self._tp(self.tp_after, mb, layer, after))
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
@@ -274,7 +288,7 @@ class _StageEmitter:
                            weight[0] * self.jitter(), "", 0.0, weight[1])
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
-        return wgrad
+        return self._sum_partials("backward", block, mb, layer, wgrad)  # AsyncTP's, taking ``reduce``
 
     def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
                  consumed: bool = False) -> int | None:

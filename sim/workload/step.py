@@ -151,7 +151,7 @@ def blocks(plan: Plan) -> Blocks:
         ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
                            if op.name == "flash_attention" else op for op in block_ops)
                for name, block_ops in ops.items()}
-    chunks = tp_overlap_chunks(plan) if plan.scenario.parallel.tp_comm_overlap_chunk_gemms else 0
+    chunks = tp_overlap_chunks(plan) if tp_overlap_chunk_gemms(plan) else 0
     overlapped = COLUMN_PARALLEL | ROW_PARALLEL  # the ring exchange's GEMMs (QKV, FC1), the pipelined RS's
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
@@ -398,6 +398,45 @@ def tp_overlap_chunks(plan: Plan) -> int:
     return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
 
 
+def async_tp(plan: Plan) -> bool:
+    """Whether the chunked TP collectives are PyTorch's AsyncTP (``parallel.tp_comm_overlap_method: async_tp``:
+    torch.distributed._symmetric_memory's fused_all_gather_matmul / fused_matmul_reduce_scatter, which Inductor's
+    micro-pipeline TP pass puts in place of every all-gather -> matmul and matmul -> reduce-scatter it finds in a
+    compiled graph, the backward's included: torch/_inductor/fx_passes/post_grad.py post_grad_passes runs
+    micro_pipeline_tp_pass on each graph it compiles)."""
+    return bool(tp_overlap_chunks(plan)) and plan.scenario.parallel.tp_comm_overlap_method == "async_tp"
+
+
+def tp_overlap_chunk_gemms(plan: Plan) -> bool:
+    """Whether the GEMMs beside the chunked collectives are priced one per chunk (``chunk_gemms``):
+    ``parallel.tp_comm_overlap_chunk_gemms``, by default only under AsyncTP, which issues one ``mm`` per shard
+    from Python (_symmetric_memory ``_fused_all_gather_matmul_impl``'s shard_consumer,
+    ``_fused_matmul_reduce_scatter_impl``'s chunk_producer: ``mm_out_op(A_shards[rank], B, out=out)``)."""
+    flag = plan.scenario.parallel.tp_comm_overlap_chunk_gemms
+    return (plan.scenario.parallel.tp_comm_overlap_method == "async_tp") if flag is None else flag
+
+
+def reduce_partials_bytes(plan: Plan) -> float:
+    """HBM bytes of AsyncTP's reduction after a chunked reduce-scatter, 0 where there is none (not AsyncTP).
+
+    PyTorch's ``_fused_matmul_reduce_scatter_impl`` does not reduce while it communicates: each rank's chunk
+    GEMMs write the partial products of every shard, ``_pipelined_produce_and_all2all`` copies peer r's partial of
+    this rank's shard into ``stacked_partials`` (an all-to-all, one chunk per peer), and one kernel then sums the
+    tp partials (``reduce_partials``: ``torch.sum`` over the rank dimension, a Triton kernel accumulating in fp32
+    in later versions). That kernel reads the tp partials, tp x (b s h / tp) elements = ``tp_bytes``, and writes
+    one shard, ``tp_bytes / tp``: memory-bound, on the SMs, after the last chunk (nothing left to hide it under)."""
+    if not async_tp(plan):
+        return 0.0
+    return plan.tp_bytes * (1 + 1 / plan.tp)
+
+
+def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
+    """Seconds of AsyncTP's reduction after a chunked reduce-scatter (``reduce_partials_bytes`` through the cost
+    model's memory-bound kernel rate: one launch); 0 where there is none."""
+    nbytes = reduce_partials_bytes(plan)
+    return costs.memory_time(nbytes) if nbytes else 0.0
+
+
 # NeMo 2.x nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the launcher's ub_cfg_h100_*.yaml
 # alike), H100 bf16: the pipelined reduce-scatter after the output projection (proj_fprop) holds num_sm 24 (Llama 3
 # 70B, GPT-3 175B, Llama 3.1 405B) or 16 (GPT-3 20B), after FC2 (fc2_fprop) 16 (70B), 8 (405B), 24 (20B), each
@@ -418,6 +457,8 @@ def tp_overlap_sms(plan: Plan) -> int:
     if not tp_overlap_chunks(plan) or not plan.scenario.cluster.gpu.sms:
         return 0
     sms = plan.scenario.parallel.tp_comm_overlap_sms
+    if sms is None and async_tp(plan):
+        return 0  # its copies are cudaMemcpy's (copy engines) between chunk GEMMs: no SMs taken
     return TE_REDUCE_SCATTER_SMS.get(plan.dtype, TE_REDUCE_SCATTER_SMS["bf16"]) if sms is None else sms
 
 
