@@ -455,9 +455,18 @@ class Estimator:
         (gather_head, gather_body), (reduce_tail, reduce_body) = chunked
         total, row = self._price(plan, f"{block}_chunked", phase), self._price(plan, f"{block}_chunked_row", phase)
         pre = total - row
+        summed = step.reduce_partials_seconds(plan, self.costs)  # AsyncTP's reduction after the last chunk
+        if step.async_tp(plan) and row > 0 and not (block == "attention" and plan.cp > 1):
+            # the workload's _async_tp_block: shard copy, the fused GEMMs' chunks beside the remote shards' copies
+            # and their last after them, the rest of the block, the row GEMM's first chunk, its others beside the
+            # reduce-scatter's copies, the reduction
+            n = step.tp_overlap_chunks(plan)
+            column = self._price(plan, f"{block}_chunked_column", phase)
+            row = step.beside_reduce_scatter(plan, row)
+            return (step.shard_copy_seconds(plan, self.costs) + max(column * (n - 1) / n, gather_body)
+                    + column / n + (pre - column) + row / n + max(row * (n - 1) / n, reduce_body) + summed)
         total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
-        return (gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
-                + step.reduce_partials_seconds(plan, self.costs))  # AsyncTP's reduction after the last chunk
+        return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail + summed
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
                              chunked: tuple[tuple[float, float], tuple[float, float]] | None = None) -> float:
@@ -1081,6 +1090,9 @@ def _work(pieces: step.Blocks, what: str) -> Work:
     if what.endswith("_chunked_row"):  # the forward beside TE's chunked collectives (step.chunk_gemms)
         name = what.removesuffix("_chunked_row")
         return pieces.chunked_row.get(name, pieces.row[name])
+    if what.endswith("_chunked_column"):
+        name = what.removesuffix("_chunked_column")
+        return pieces.chunked_column.get(name, pieces.column[name])
     if what.endswith("_chunked"):
         name = what.removesuffix("_chunked")
         return pieces.chunked.get(name, pieces.block[name])

@@ -54,6 +54,7 @@ from sim.workload.ir import (
 from sim.workload.moe_emit import MoeLayerEmitter
 from sim.workload.step import (
     activation_copy_seconds,
+    async_tp,
     beside_reduce_scatter,
     blocks,
     context_attention,
@@ -63,6 +64,7 @@ from sim.workload.step import (
     overlaps_backward,
     reduce_partials_bytes,
     reduce_partials_seconds,
+    shard_copy_seconds,
     tp_ops,
     tp_overlap_chunks,
 )
@@ -90,11 +92,14 @@ class _StageEmitter:
         self.tp_chunks = tp_overlap_chunks(plan)  # > 0: TE userbuffers' chunked all-gather / reduce-scatter
         # AsyncTP: the reduction kernel after each chunked reduce-scatter (0: none; step.reduce_partials_bytes)
         self.reduce_partials = (reduce_partials_seconds(plan, costs), reduce_partials_bytes(plan))
+        self.async_tp = async_tp(plan)  # PyTorch's AsyncTP: its own order of copies and chunk GEMMs (_async_tp_block)
+        self.shard_copy = shard_copy_seconds(plan, costs)
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
         self.row_work = work.row
         # the forward beside chunked collectives: its GEMMs one per chunk (step.chunk_gemms)
         self.chunked_work, self.chunked_row = work.chunked or work.block, work.chunked_row or work.row
+        self.chunked_column = work.chunked_column or work.column
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
@@ -219,9 +224,11 @@ class _StageEmitter:
         then the block's compute up to its row-parallel GEMM beside the gather's other chunks, then the row GEMM
         beside the reduce-scatter's chunks but the last, which follows the GEMM (TE's pipelined reduce-scatter,
         ``split_overlap_rs``). Returns the last chunk."""
-        head = self._overlapped_gather(mb, layer, after)
         work, row_work = self.chunked_work[block], self.chunked_row[block]
         total, row = self._price(work, phase), self._price(row_work, phase)
+        if self.async_tp and row[0] > 0:
+            return self._async_tp_block(kind, block, mb, layer, after, phase, total, row)
+        head = self._overlapped_gather(mb, layer, after)
         pre = self._after_chunk(self._compute(kind, block, mb, layer, work, head, phase,
                                               cost=(total[0] - row[0], total[1] - row[1])), head)
         row = (beside_reduce_scatter(self.plan, row[0]), row[1])  # on the SMs the reduce-scatter leaves
@@ -233,6 +240,49 @@ class _StageEmitter:
             last = self._flagged(self._compute(kind, block, mb, layer, row_work, pre, phase, cost=row),
                                  False, True, ())
         return self._sum_partials(kind, block, mb, layer, self._tp_chunk(op, self.tp_bytes / n, mb, layer, last))
+
+    def _async_tp_block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase,
+                        total: tuple[float, float], row: tuple[float, float]) -> int | None:
+        """A block's forward (or full recomputation's replay) under PyTorch's AsyncTP (torch/distributed/
+        _symmetric_memory/__init__.py; docs/mechanisms/tp_comm_overlap.md), n = ``tp_chunks``:
+
+        - ``fused_all_gather_matmul`` (``_pipelined_all_gather_and_consume``): the rank copies its shard into its
+          symmetric buffer on the compute stream (``shard_copy``), then, past a barrier, multiplies its own shard
+          while it pulls the peers' shards one after another (copy-engine copies, which do not overlap each other)
+          and multiplies each as it lands: the column-parallel GEMMs' first n - 1 chunks beside the gather's
+          n - 1 remote chunks, their last chunk after both. Only the fused GEMMs (QKV, MLP up) hide the gather:
+          what follows them in the block (attention core, activation) reads the whole output;
+        - ``fused_matmul_reduce_scatter`` (``_pipelined_produce_and_all2all``): the row GEMM's chunk for a peer
+          first, then each peer pulls its chunk while the next is computed, this rank's own chunk last (beside
+          the last pull): the reduce-scatter's n - 1 chunks beside the row GEMM's other n - 1 chunks, none after
+          it; then the reduction of the partials (``_sum_partials``).
+        Returns the reduction."""
+        n = self.tp_chunks
+        gather, reduce = self.tp_before, self.tp_after
+        assert gather is not None and reduce is not None
+        column = self._price(self.chunked_column[block], phase)
+        rest = (total[0] - row[0] - column[0], total[1] - row[1] - column[1])
+        row = (beside_reduce_scatter(self.plan, row[0]), row[1])
+        first = (n - 1) / n  # the column GEMM's chunks beside the remote shards' copies, the row GEMM's after its first
+        copied = self._add("compute", kind, f"{block}_shard_copy", mb, layer, after,
+                           duration=self.shard_copy * self.jitter(), nbytes=2 * self.tp_bytes / self.tp)
+        pulled = self._tp_chunk(gather, self.tp_bytes * (n - 1) / n, mb, layer, copied)
+        head = self._flagged(self._add("compute", kind, block, mb, layer, copied,
+                                       duration=column[0] * first * self.jitter(), flops=column[1] * first),
+                             False, True, ())
+        tail = self._add("compute", kind, block, mb, layer, head, (pulled,),
+                         duration=column[0] / n * self.jitter(), flops=column[1] / n)
+        self._flagged(tail, True, True, (tail - pulled,))
+        after = self._add("compute", kind, block, mb, layer, tail, duration=rest[0] * self.jitter(), flops=rest[1])
+        own = self._add("compute", kind, block, mb, layer, after, duration=row[0] / n * self.jitter(),
+                        flops=row[1] / n)
+        pushed = self._tp_chunk(reduce, self.tp_bytes * (n - 1) / n, mb, layer, own)
+        others = self._flagged(self._add("compute", kind, block, mb, layer, own, duration=row[0] * first
+                                         * self.jitter(), flops=row[1] * first), False, True, ())
+        seconds, nbytes = self.reduce_partials
+        summed = self._add("compute", kind, f"{block}_reduce_partials", mb, layer, others, (pushed,),
+                           duration=seconds * self.jitter(), nbytes=nbytes)
+        return self._flagged(summed, True, True, (summed - pushed,))
 
     def _sum_partials(self, kind: str, block: str, mb: int, layer: int, after: int | None) -> int | None:
         """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.step

@@ -76,6 +76,7 @@ class Blocks:
     # collectives run as one GEMM per chunk (``chunk_gemms``), and its row-parallel GEMM so; empty otherwise
     chunked: dict[str, Work] = field(default_factory=dict)
     chunked_row: dict[str, Work] = field(default_factory=dict)
+    chunked_column: dict[str, Work] = field(default_factory=dict)  # its column-parallel GEMMs so (AsyncTP's split)
 
     @property
     def selective(self) -> Work:
@@ -166,6 +167,8 @@ def blocks(plan: Plan) -> Blocks:
         if chunks else {},
         chunked_row={name: Work(chunk_gemms(block_ops, ROW_PARALLEL, chunks), 0.0) for name, block_ops in ops.items()}
         if chunks else {},
+        chunked_column={name: Work(chunk_gemms(block_ops, COLUMN_PARALLEL, chunks), 0.0)
+                        for name, block_ops in ops.items()} if chunks else {},
     )
 
 
@@ -180,10 +183,11 @@ def chunk_gemms(ops: tuple[Op, ...], names: frozenset[str], chunks: int) -> tupl
     ``_fused_all_gather_matmul_impl``: one ``torch.mm`` per shard; ``_fused_matmul_reduce_scatter_impl``: one per
     chunk). Each chunk is priced by the cost model at its own size (the GEMM curve is FLOP-dependent: a smaller
     GEMM runs at a lower rate, and each chunk pays the kernel floor): FLOPs and bytes over ``chunks``, the shape's
-    M (tokens) over ``chunks``. Where ``names`` is the row-parallel set only, the result is that GEMM alone (the
-    block's row piece, ``Blocks.chunked_row``); otherwise the whole block with those GEMMs split."""
+    M (tokens) over ``chunks``. Where ``names`` is the row- or the column-parallel set alone, the result is those
+    GEMMs alone (the block's row piece, ``Blocks.chunked_row``; its column piece, ``Blocks.chunked_column``);
+    otherwise the whole block with those GEMMs split."""
     out: list[Op] = []
-    row_only = names == ROW_PARALLEL
+    row_only = names in (ROW_PARALLEL, COLUMN_PARALLEL)
     for op in ops:
         if op.name in names and op.matmul and op.has_weights:
             shape = op.shape and (op.shape[0], max(1, op.shape[1] // chunks), op.shape[2], op.shape[3])
@@ -428,6 +432,16 @@ def reduce_partials_bytes(plan: Plan) -> float:
     if not async_tp(plan):
         return 0.0
     return plan.tp_bytes * (1 + 1 / plan.tp)
+
+
+def shard_copy_seconds(plan: Plan, costs: CostModel) -> float:
+    """Seconds of AsyncTP's copy of the rank's shard into its symmetric-memory buffer before a chunked all-gather
+    (``_pipelined_all_gather_and_consume``: ``copy_shard(dst=local_p2p_bufs, src=shard)`` on the compute stream
+    between two barriers, so that the peers can pull it), a device copy reading and writing ``tp_bytes / tp``;
+    0 where there is none (not AsyncTP: TE's layer norm writes its output into the userbuffer)."""
+    if not async_tp(plan):
+        return 0.0
+    return costs.memory_time(2 * plan.tp_bytes / plan.tp)
 
 
 def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
