@@ -7,7 +7,8 @@ field, dependencies in order, every stream list in order), and its replay must g
 replay's start and end to the last bit. Checked on layouts that reach each kind of chain: 1F1B, interleaved with
 SP and selective recomputation, the zero-bubble schedules (their W chains), ZB-V's V, full recomputation,
 PyTorch's AsyncTP, ZeRO-1 and ZeRO-3/FSDP with pipelines, activation offload, context parallelism, a MoE
-model, LoRA's frozen layers; and where the lazy walk does not apply (DualPipe's rendezvous) the graph is materialized and replayed as any other.
+model, LoRA's frozen layers; and where the lazy walk does not apply (DualPipe's rendezvous) the graph is
+materialized and replayed as any other.
 """
 
 from __future__ import annotations
