@@ -246,18 +246,24 @@ def test_async_tp_step_against_te_userbuffers_by_the_closed_forms():
 # 256 Grand Teton H100s (96 GB HBM2e, 500 W), FSDP 32 x TP 8, torch.compile, full activation checkpointing, local
 # batch 16 (global 512, seq 8192 from train_configs/llama3_70b.toml): tokens/s per GPU, vanilla TP -> async TP.
 ASYNC_TP_70B = {"bf16": (597.3, 652.4), "fp8": (809.8, 942.4)}  # bf16 1.09x; float8 tensorwise 1.16x
+# The same layout at FSDP 16 (128 GPUs), March 2025 (pytorch/pytorch#149990, torchtitan#1185): bf16 598 -> 673
+# (1.125x), float8 tensorwise 820 -> 950 (1.159x).
+ASYNC_TP_70B_128 = {"bf16": (598.0, 673.0), "fp8": (820.0, 950.0)}
+# torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 4 (December 2024, the torch / torchtitan commits of
+# the TorchTitan 405B FSDP + PP rows): Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, Float8, full AC: 829 -> 876.
+ASYNC_TP_70B_DEC_2024 = (829.0, 876.0)
 
 
-def _titan_70b(dtype: str, overlap: bool):
-    training = {"global_batch": 512, "micro_batch": 16, "seq_len": 8192, "dtype": dtype, "grad_dtype": "fp32",
+def _titan_70b(dtype: str, overlap: bool, nodes: int = 32):
+    training = {"global_batch": 16 * nodes, "micro_batch": 16, "seq_len": 8192, "dtype": dtype, "grad_dtype": "fp32",
                 "flash_attention": True, "attention_backend": "flash", "recompute": "full"}
     if dtype == "fp8":
         training["fp8_recipe"] = "current"  # torchao Float8Linear, tensorwise dynamic scaling
     return make_scenario(
         cluster={"gpu": {"preset": "H100-SXM", "hbm_capacity": "96 GiB", "hbm_bandwidth": "2.4 TB/s",
-                         "board_power": 500}, "nodes": 32, "gpus_per_node": 8},
+                         "board_power": 500}, "nodes": nodes, "gpus_per_node": 8},
         model="llama3-70b", training=training,
-        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap,
+        parallel={"tp": 8, "pp": 1, "dp": nodes, "sequence_parallel": True, "tp_comm_overlap": overlap,
                   "tp_comm_overlap_method": "async_tp"},  # no SMs taken, chunk GEMMs, the partials' reduction
         fsdp={"sharding": "FULL_SHARD", "version": 2}, costs="roofline", network="analytic")
 
@@ -273,6 +279,26 @@ def test_async_tp_speedup_within_5_percent_of_torchtitans_measurement(dtype):
     step = {overlap: runner.run(_titan_70b(dtype, overlap)).summary.step_time_s for overlap in (False, True)}
     predicted = step[False] / step[True]
     assert predicted == pytest.approx(async_tp / vanilla, rel=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_async_tp_speedup_at_128_gpus_within_5_percent_of_its_march_2025_measurement(dtype):
+    """The same model and layout at FSDP 16 (pytorch/pytorch#149990): measured 1.125x (bf16) / 1.159x (float8
+    tensorwise); predicted 1.140x / 1.147x (+1.3% / -1.0%)."""
+    vanilla, async_tp = ASYNC_TP_70B_128[dtype]
+    step = {overlap: runner.run(_titan_70b(dtype, overlap, nodes=16)).summary.step_time_s for overlap in (False, True)}
+    assert step[False] / step[True] == pytest.approx(async_tp / vanilla, rel=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the December 2024 AsyncTP (torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 4, Float8: 829 -> 876 "
+    "tokens/s per GPU, 1.057x) hid far less than the model's AsyncTP (1.147x, +8.5%), which matches the 2025 "
+    "measurements; what changed between the versions is not modelled (docs/mechanisms/tp_comm_overlap.md). The "
+    "TorchTitan 405B FSDP + PP rows ran that version"))
+def test_async_tp_speedup_of_december_2024_within_5_percent():
+    vanilla, async_tp = ASYNC_TP_70B_DEC_2024
+    step = {overlap: runner.run(_titan_70b("fp8", overlap)).summary.step_time_s for overlap in (False, True)}
+    assert step[False] / step[True] == pytest.approx(async_tp / vanilla, rel=0.05)
 
 
 
