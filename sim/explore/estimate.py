@@ -463,8 +463,8 @@ class Estimator:
             n = step.tp_overlap_chunks(plan)
             column = self._price(plan, f"{block}_chunked_column", phase)
             row = step.beside_reduce_scatter(plan, row)
-            return (step.shard_copy_seconds(plan, self.costs) + max(column * (n - 1) / n, gather_body)
-                    + column / n + (pre - column) + row / n + max(row * (n - 1) / n, reduce_body) + summed)
+            return (step.fused_gather_seconds(step.shard_copy_seconds(plan, self.costs), column, gather_body, n)
+                    + (pre - column) + step.fused_scatter_seconds(row, reduce_body, summed, n))
         total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
         return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail + summed
 
@@ -477,6 +477,19 @@ class Estimator:
         on the TP stream."""
         weight = self._price(plan, f"{block}_column", "weight_grad")
         dgrad = self._price(plan, block, "backward") - weight
+        if (chunked is not None and step.async_tp(plan) and not (block == "attention" and plan.cp > 1)
+                and self._price(plan, f"{block}_row", "input_grad") > 0):
+            # the workload's _async_tp_backward: the output gradient's gather fused with the row GEMM's input
+            # gradient, the rest (its weight gradient too), the column GEMMs' input gradient fused with the
+            # reduce-scatter, their weight gradient
+            (_, gather_body), (_, reduce_body) = chunked
+            n = step.tp_overlap_chunks(plan)
+            row, column = (self._price(plan, f"{block}_chunked_{part}", "input_grad") for part in ("row", "column"))
+            rest = dgrad - self._price(plan, f"{block}_row", "input_grad") - self._price(plan, f"{block}_column",
+                                                                                          "input_grad")
+            return (step.fused_gather_seconds(step.shard_copy_seconds(plan, self.costs), row, gather_body, n) + rest
+                    + step.fused_scatter_seconds(column, reduce_body, step.reduce_partials_seconds(plan, self.costs),
+                                                 n) + weight)
         if chunked is not None:
             (head, body), _ = chunked
             gather, reduce = times

@@ -244,45 +244,75 @@ class _StageEmitter:
     def _async_tp_block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase,
                         total: tuple[float, float], row: tuple[float, float]) -> int | None:
         """A block's forward (or full recomputation's replay) under PyTorch's AsyncTP (torch/distributed/
-        _symmetric_memory/__init__.py; docs/mechanisms/tp_comm_overlap.md), n = ``tp_chunks``:
-
-        - ``fused_all_gather_matmul`` (``_pipelined_all_gather_and_consume``): the rank copies its shard into its
-          symmetric buffer on the compute stream (``shard_copy``), then, past a barrier, multiplies its own shard
-          while it pulls the peers' shards one after another (copy-engine copies, which do not overlap each other)
-          and multiplies each as it lands: the column-parallel GEMMs' first n - 1 chunks beside the gather's
-          n - 1 remote chunks, their last chunk after both. Only the fused GEMMs (QKV, MLP up) hide the gather:
-          what follows them in the block (attention core, activation) reads the whole output;
-        - ``fused_matmul_reduce_scatter`` (``_pipelined_produce_and_all2all``): the row GEMM's chunk for a peer
-          first, then each peer pulls its chunk while the next is computed, this rank's own chunk last (beside
-          the last pull): the reduce-scatter's n - 1 chunks beside the row GEMM's other n - 1 chunks, none after
-          it; then the reduction of the partials (``_sum_partials``).
-        Returns the reduction."""
-        n = self.tp_chunks
-        gather, reduce = self.tp_before, self.tp_after
-        assert gather is not None and reduce is not None
+        _symmetric_memory/__init__.py; docs/mechanisms/tp_comm_overlap.md): the all-gather fused with the
+        column-parallel GEMMs (``_fused_gather``), the rest of the block, which reads their whole output, then the
+        row-parallel GEMM fused with the reduce-scatter (``_fused_scatter``). Returns the partials' reduction."""
         column = self._price(self.chunked_column[block], phase)
         rest = (total[0] - row[0] - column[0], total[1] - row[1] - column[1])
-        row = (beside_reduce_scatter(self.plan, row[0]), row[1])
-        first = (n - 1) / n  # the column GEMM's chunks beside the remote shards' copies, the row GEMM's after its first
+        after = self._fused_gather(kind, block, mb, layer, after, column)
+        after = self._add("compute", kind, block, mb, layer, after, duration=rest[0] * self.jitter(), flops=rest[1])
+        return self._fused_scatter(kind, block, mb, layer, after, (beside_reduce_scatter(self.plan, row[0]), row[1]))
+
+    def _async_tp_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """A block's backward under AsyncTP: Inductor's micro-pipeline TP pass fuses the compiled backward's
+        patterns too (torch/_inductor/fx_passes/micro_pipeline_tp.py, run on every graph post_grad_passes
+        compiles): the output gradient's all-gather with the row-parallel GEMM's input gradient
+        (``_fused_gather``; the gathered gradient it returns feeds that GEMM's weight gradient), the rest of the
+        block's backward with the row GEMM's weight gradient, then the column-parallel GEMMs' input gradient with
+        the reduce-scatter of its partial sums (``_fused_scatter``), then their weight gradient, from the input the
+        forward's fused gather returned (``return_A``): no input all-gather in the backward. Returns that weight
+        gradient."""
+        row_dgrad = self._price(self.chunked_row[block], "input_grad")
+        column_dgrad = self._price(self.chunked_column[block], "input_grad")
+        column_w = self._price(self.column_work[block], "weight_grad")
+        # the rest: the block's backward less the column GEMMs' and both GEMMs' input gradients (priced whole)
+        pieces = [self._price(self.block_work[block], "backward"), column_w,
+                  self._price(self.row_work[block], "input_grad"), self._price(self.column_work[block], "input_grad")]
+        rest = tuple(whole - sum(part[k] for part in pieces[1:]) for k, whole in enumerate(pieces[0]))
+        after = self._fused_gather("backward", block, mb, layer, after, row_dgrad)
+        after = self._add("compute", "backward", block, mb, layer, after, duration=rest[0] * self.jitter(),
+                          flops=rest[1])
+        after = self._fused_scatter("backward", block, mb, layer, after, column_dgrad)
+        return self._add("compute", "backward", block, mb, layer, after, duration=column_w[0] * self.jitter(),
+                         flops=column_w[1])
+
+    def _fused_gather(self, kind: str, block: str, mb: int, layer: int, after: int | None,
+                      gemm: tuple[float, float]) -> int:
+        """AsyncTP's ``fused_all_gather_matmul`` (``_pipelined_all_gather_and_consume``) on ``gemm`` (seconds,
+        FLOPs), n = ``tp_chunks``: the rank copies its shard into its symmetric buffer on the compute stream
+        (``shard_copy``), then, past a barrier, multiplies its own shard while it pulls the peers' shards one after
+        another (copy-engine copies, which do not overlap each other) and multiplies each as it lands: the GEMM's
+        first n - 1 chunks beside the n - 1 remote chunks' copies, its last chunk after both. Returns the last."""
+        n, op = self.tp_chunks, self.tp_before
+        assert op is not None
         copied = self._add("compute", kind, f"{block}_shard_copy", mb, layer, after,
                            duration=self.shard_copy * self.jitter(), nbytes=2 * self.tp_bytes / self.tp)
-        pulled = self._tp_chunk(gather, self.tp_bytes * (n - 1) / n, mb, layer, copied)
-        head = self._flagged(self._add("compute", kind, block, mb, layer, copied,
-                                       duration=column[0] * first * self.jitter(), flops=column[1] * first),
-                             False, True, ())
-        tail = self._add("compute", kind, block, mb, layer, head, (pulled,),
-                         duration=column[0] / n * self.jitter(), flops=column[1] / n)
+        pulled = self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, copied)
+        head = self._flagged(self._add("compute", kind, block, mb, layer, copied, duration=gemm[0] * (n - 1) / n
+                                       * self.jitter(), flops=gemm[1] * (n - 1) / n), False, True, ())
+        tail = self._add("compute", kind, block, mb, layer, head, (pulled,), duration=gemm[0] / n * self.jitter(),
+                         flops=gemm[1] / n)
         self._flagged(tail, True, True, (tail - pulled,))
-        after = self._add("compute", kind, block, mb, layer, tail, duration=rest[0] * self.jitter(), flops=rest[1])
-        own = self._add("compute", kind, block, mb, layer, after, duration=row[0] / n * self.jitter(),
-                        flops=row[1] / n)
-        pushed = self._tp_chunk(reduce, self.tp_bytes * (n - 1) / n, mb, layer, own)
-        others = self._flagged(self._add("compute", kind, block, mb, layer, own, duration=row[0] * first
-                                         * self.jitter(), flops=row[1] * first), False, True, ())
+        return tail
+
+    def _fused_scatter(self, kind: str, block: str, mb: int, layer: int, after: int | None,
+                       gemm: tuple[float, float]) -> int:
+        """AsyncTP's ``fused_matmul_reduce_scatter`` (``_pipelined_produce_and_all2all``) on ``gemm``: the chunk for
+        a peer first, then each peer pulls its chunk while the next is computed, the rank's own chunk last, beside
+        the last pull: the reduce-scatter's n - 1 chunks beside the GEMM's other n - 1 chunks, none after it; then
+        the reduction of the tp partials (``reduce_partials``). Returns the reduction."""
+        n, op = self.tp_chunks, self.tp_after
+        assert op is not None
+        first = self._add("compute", kind, block, mb, layer, after, duration=gemm[0] / n * self.jitter(),
+                          flops=gemm[1] / n)
+        pushed = self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, first)
+        others = self._flagged(self._add("compute", kind, block, mb, layer, first, duration=gemm[0] * (n - 1) / n
+                                         * self.jitter(), flops=gemm[1] * (n - 1) / n), False, True, ())
         seconds, nbytes = self.reduce_partials
         summed = self._add("compute", kind, f"{block}_reduce_partials", mb, layer, others, (pushed,),
                            duration=seconds * self.jitter(), nbytes=nbytes)
-        return self._flagged(summed, True, True, (summed - pushed,))
+        self._flagged(summed, True, True, (summed - pushed,))
+        return summed
 
     def _sum_partials(self, kind: str, block: str, mb: int, layer: int, after: int | None) -> int | None:
         """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.step
@@ -301,8 +331,11 @@ class _StageEmitter:
         if self.tp_chunks:
             if phase == "forward":
                 return self._chunked_block(kind, block, mb, layer, after, phase)
+            overlapped = overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0])
+            if overlapped and self.async_tp and self._price(self.row_work[block], "input_grad")[0] > 0:
+                return self._async_tp_backward(block, mb, layer, after)
             head = self._overlapped_gather(mb, layer, after)
-            if overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
+            if overlapped:
                 return self._overlapped_backward(block, mb, layer, head)
             after = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase),
                                       head)

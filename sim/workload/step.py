@@ -444,6 +444,20 @@ def shard_copy_seconds(plan: Plan, costs: CostModel) -> float:
     return costs.memory_time(2 * plan.tp_bytes / plan.tp)
 
 
+def fused_gather_seconds(copy: float, gemm: float, remote: float, chunks: int) -> float:
+    """AsyncTP's all-gather fused with ``gemm`` seconds of GEMM (``fused_all_gather_matmul``): the shard's copy
+    into symmetric memory, the GEMM's first n - 1 chunks beside the copies of the n - 1 remote shards
+    (``remote`` seconds), its last chunk after both (sim.workload.build ``_fused_gather``)."""
+    return copy + max(gemm * (chunks - 1) / chunks, remote) + gemm / chunks
+
+
+def fused_scatter_seconds(gemm: float, remote: float, reduction: float, chunks: int) -> float:
+    """AsyncTP's reduce-scatter fused with ``gemm`` (``fused_matmul_reduce_scatter``): the first chunk, the other
+    n - 1 beside the peers' pulls (``remote`` seconds), then the partials' reduction (sim.workload.build
+    ``_fused_scatter``)."""
+    return gemm / chunks + max(gemm * (chunks - 1) / chunks, remote) + reduction
+
+
 def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
     """Seconds of AsyncTP's reduction after a chunked reduce-scatter (``reduce_partials_bytes`` through the cost
     model's memory-bound kernel rate: one launch); 0 where there is none."""
