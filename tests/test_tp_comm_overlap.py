@@ -181,6 +181,18 @@ def test_async_tp_defaults_to_chunk_gemms_and_no_sms():
     assert not step.async_tp(resolve(_scenario(False)))  # nothing chunked: no AsyncTP whatever the method
 
 
+def test_async_tp_moves_one_chunk_per_rank():
+    """AsyncTP's fused collectives split into exactly tp chunks (one per rank of the group: shard_consumer per
+    source rank, chunk_producer per destination rank); another count is refused in one line naming the field."""
+    from sim.errors import SimError
+    base = _async_tp("async_tp")
+    with pytest.raises((SimError, ValueError), match="parallel.tp_comm_overlap_chunks: 2 under async_tp"):
+        make_scenario(**{**base.model_dump(exclude={"parallel"}),
+                         "parallel": {**base.parallel.model_dump(), "tp_comm_overlap_chunks": 2}})
+    assert step.tp_overlap_chunks(resolve(make_scenario(**{**base.model_dump(exclude={"parallel"}), "parallel": {
+        **base.parallel.model_dump(), "tp_comm_overlap_chunks": 1}}))) == 0  # the ablation: not split
+
+
 def test_async_tp_sums_the_partials_after_each_chunked_reduce_scatter():
     """AsyncTP's reduce-scatter copies each peer's partial of this rank's shard and then sums the tp partials in
     one kernel (torch/distributed/_symmetric_memory reduce_partials): it reads tp x (b s h / tp) elements and
