@@ -215,41 +215,39 @@ def test_async_tp_sums_the_partials_after_each_chunked_reduce_scatter():
         expected_bytes / (3.35e12 * 3.0 / 3.35) * costs.factor)  # H100's copy rate x the end-to-end factor
 
 
-def _async_tp_forward(plan, net, costs, work, block: str) -> float:
-    """A block's forward under AsyncTP by the mechanism page's closed form: the shard's copy into the symmetric
-    buffer, the fused column GEMMs' first n - 1 chunks beside the n - 1 remote shards' copies and their last
-    after both, the rest of the block, the row GEMM's first chunk, its others beside the reduce-scatter's
-    copies, the reduction of the partials."""
+def _async_tp_fused(plan, net, costs, gathering: float, scattering: float) -> float:
+    """AsyncTP's two fused collectives by the mechanism page's closed forms, n = 4: the shard's copy into the
+    symmetric buffer, the ``gathering`` GEMM's first n - 1 chunks beside the n - 1 remote shards' copies and its
+    last after both; the ``scattering`` GEMM's first chunk, its others beside the reduce-scatter's copies, the
+    reduction of the partials."""
     group, n, nbytes = plan.grid.tp_group(0), 4, plan.tp_bytes
     copy = costs.memory_time(2 * nbytes / n)
     gathered = net.collective_time("all_gather", nbytes * (n - 1) / n, group)
     scattered = net.collective_time("reduce_scatter", nbytes * (n - 1) / n, group)
+    summed = costs.memory_time(nbytes * (1 + 1 / n))
+    return (copy + max(gathering * (n - 1) / n, gathered) + gathering / n
+            + scattering / n + max(scattering * (n - 1) / n, scattered) + summed)
+
+
+def _async_tp_forward(plan, net, costs, work, block: str) -> float:
+    """A block's forward under AsyncTP: the gather fused with the column GEMMs, the rest of the block, the row GEMM
+    fused with the reduce-scatter."""
     column = costs.compute_time(work.chunked_column[block], "forward")
     row = costs.compute_time(work.chunked_row[block], "forward")
     rest = costs.compute_time(work.chunked[block], "forward") - row - column
-    summed = costs.memory_time(nbytes * (1 + 1 / n))
-    return (copy + max(column * (n - 1) / n, gathered) + column / n + rest + row / n
-            + max(row * (n - 1) / n, scattered) + summed)
+    return _async_tp_fused(plan, net, costs, column, row) + rest
 
 
 def _async_tp_backward(plan, net, costs, work, block: str) -> float:
-    """A block's backward under AsyncTP by the page's closed form: the output gradient's gather fused with the
-    row GEMM's input gradient (the shard's copy, n - 1 chunks beside the remote copies, the last after), the
-    rest of the backward (the row GEMM's weight gradient in it), the column GEMMs' input gradient fused with
-    the reduce-scatter and the partials' reduction, then the column GEMMs' weight gradient; no input
-    all-gather."""
-    group, n, nbytes = plan.grid.tp_group(0), 4, plan.tp_bytes
-    copy = costs.memory_time(2 * nbytes / n)
-    gathered = net.collective_time("all_gather", nbytes * (n - 1) / n, group)
-    scattered = net.collective_time("reduce_scatter", nbytes * (n - 1) / n, group)
+    """A block's backward under AsyncTP: the output gradient's gather fused with the row GEMM's input gradient,
+    the rest of the backward (the row GEMM's weight gradient in it), the column GEMMs' input gradient fused with
+    the reduce-scatter, then the column GEMMs' weight gradient; no input all-gather."""
     row = costs.compute_time(work.chunked_row[block], "input_grad")
     column = costs.compute_time(work.chunked_column[block], "input_grad")
     weight = costs.compute_time(work.column[block], "weight_grad")
     rest = (costs.compute_time(work.block[block], "backward") - weight
             - costs.compute_time(work.row[block], "input_grad") - costs.compute_time(work.column[block], "input_grad"))
-    summed = costs.memory_time(nbytes * (1 + 1 / n))
-    return (copy + max(row * (n - 1) / n, gathered) + row / n + rest + column / n
-            + max(column * (n - 1) / n, scattered) + summed + weight)
+    return _async_tp_fused(plan, net, costs, row, column) + rest + weight
 
 
 def test_async_tp_step_against_te_userbuffers_by_the_closed_forms():
