@@ -24,6 +24,7 @@ from typing import Any, Generic, TypeVar, overload
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware.dtypes import bytes_per_element, parameter_dtype
+from sim.model.flops import model_flops_per_step
 from sim.model.memory import (
     Recompute,
     activation_bytes_per_layer,
@@ -33,6 +34,7 @@ from sim.model.memory import (
     optimizer_bytes_per_param,
     rank_params,
 )
+from sim.model.params import LayerParams, layer_modules, layer_params
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
@@ -43,7 +45,7 @@ from sim.model.peft import (
     layer_trainable_params,
 )
 from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
+from sim.model.transformer import ModelSpec
 from sim.network import deepep
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.context import CpCommType, ring_buffer_bytes
@@ -514,19 +516,30 @@ class Plan:
         """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
         DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
         DeepEP's README table), x the routing skew; 0 on the ideal network."""
-        if self.scenario.network.model == "ideal":
+        traffic = self.deepep_traffic
+        if self.scenario.network.model == "ideal" or traffic is None:
             return 0.0, 0.0
+        return (traffic.seconds(deepep.DISPATCH, self.dispatch_skew),
+                traffic.seconds(deepep.COMBINE, self.dispatch_skew))
+
+    @cached_property
+    def deepep_traffic(self) -> deepep.DeepepTraffic | None:
+        """flex: one rank's DeepEP bytes (``deepep_bytes``) and the achieved (dispatch, combine) bandwidths
+        (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from DeepEP's README table over
+        the GPU's NIC share and the node's NVLink), which the network models price the exchanges from (the
+        contention model as flows on the links: sim.network.deepep.deepep_flows); None without flex."""
+        if not self.is_moe or self.scenario.moe.token_dispatcher != "flex":
+            return None
         moe, cluster = self.scenario.moe, self.scenario.cluster
         domains, _ = self.deepep_shape
         nic = cluster.inter_node.bandwidth * cluster.nics_per_node / cluster.gpus_per_node
         rdma, nvlink = self.deepep_bytes
-        out = []
-        for combine in (False, True):
-            rdma_bw = moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
-            nvlink_bw = moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
-                                                                                    combine)
-            out.append(deepep.deepep_time(rdma, nvlink, rdma_bw, nvlink_bw, self.dispatch_skew))
-        return out[0], out[1]
+        rdma_bw = tuple(moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
+                        for combine in (False, True))
+        nvlink_bw = tuple(moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
+                                                                                   combine)
+                          for combine in (False, True))
+        return deepep.DeepepTraffic(rdma, nvlink, (rdma_bw[0], rdma_bw[1]), (nvlink_bw[0], nvlink_bw[1]))
 
     @cached_property
     def deepep_sms(self) -> int:
@@ -689,7 +702,7 @@ class Plan:
         kernel executes). A row's documents, each attended alone by flash attention's varlen kernel, need
         n E[s^2] / seq_len^2 of the row's seq_len^2 (packed: n = seq_len / E[s]; padded: n = 1, transformers
         unpadding FlashAttention-2's input); each executes its own causal share. None (the row's full matrix and
-        its causal share, as sim.model.ops prices it) without flash attention or in the default case."""
+        its causal share, as sim.model.attention_ops prices it) without flash attention or in the default case."""
         if self.lengths is None or not self.scenario.training.flash_attention:
             return None
         documents = self.documents_per_row * self.lengths.mean_square
@@ -712,7 +725,7 @@ class Plan:
 
     @cached_property
     def model_flops_per_step(self) -> float:
-        """MFU's numerator: the model FLOPs of the step's documents (sim.model.transformer.model_flops_per_step,
+        """MFU's numerator: the model FLOPs of the step's documents (sim.model.flops.model_flops_per_step,
         or sim.model.peft's under a fine-tuning method). A sequence's FLOPs are a s + c s^2 (linear layers and
         logits per token, attention per token pair, Korthikanti et al. eq. 7's form), so the documents' FLOPs are
         rows x documents per row x (a E[s] + c E[s^2]): padding tokens and the attention between packed

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
-from sim.model.transformer import layer_params
+from sim.model.params import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
@@ -86,9 +86,10 @@ class Estimator:
         contention = spec.model == "contention"
         # the cluster's topology (built once per cluster, sim.runner), only where a network model is made here
         self.net = network or network_models.make("analytic" if contention else spec.model, build_topology(plan),
-                                                  spec.algorithm, spec.protocol)
+                                                  spec.algorithm, spec.protocol, plan.deepep_traffic)
         self.flows: network_models.FlowLevelNetwork | None = (
-            network_models.ContentionNetwork(build_topology(plan), spec.algorithm, spec.protocol)
+            network_models.ContentionNetwork(build_topology(plan), spec.algorithm, spec.protocol,
+                                             plan.deepep_traffic)
             if contention else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}

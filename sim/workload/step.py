@@ -34,20 +34,15 @@ from sim.costs.models import (
 )
 from sim.hardware.gpus import GpuSpec
 from sim.hardware.sms import on_fewer_sms
-from sim.model.ops import (
-    COLUMN_PARALLEL,
-    RECOMPUTE_OPS,
-    ROW_PARALLEL,
-    Fp8Casts,
-    Op,
-    attention_forward_ops,
-    embedding_forward_ops,
-    head_forward_ops,
-    layer_forward_ops,
-    moe_forward_ops,
-)
+from sim.model.attention_ops import attention_forward_ops
+from sim.model.fp8_casts import Fp8Casts
+from sim.model.layer_ops import RECOMPUTE_OPS, layer_forward_ops
+from sim.model.moe_ops import moe_forward_ops
+from sim.model.ops import COLUMN_PARALLEL, ROW_PARALLEL, Op
+from sim.model.params import embedding_params, head_params, layer_modules, layer_params
 from sim.model.peft import adapt_layer_ops, frozen
-from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
+from sim.model.vocab_ops import embedding_forward_ops, head_forward_ops
+from sim.network import deepep
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
 from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
@@ -55,7 +50,7 @@ from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
 BLOCKS = ("attention", "mlp")  # a layer's forward order; the backward runs them reversed
-# A MoE layer's MLP part, in forward order (sim.model.ops.moe_forward_ops): the dispatch runs between the router
+# A MoE layer's MLP part, in forward order (sim.model.moe_ops.moe_forward_ops): the dispatch runs between the router
 # and the experts (the shared expert beside it), the combine between the experts and moe_combine.
 MOE_BLOCKS = ("moe_router", "moe_shared", "moe_experts", "moe_combine")
 
@@ -239,7 +234,7 @@ def fsdp_grad_ops(plan: Plan, block_ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 def replayed(ops: tuple[Op, ...], modules: frozenset[str]) -> tuple[Op, ...]:
     """The ops of ``ops`` that selective recomputation of ``modules`` runs again, in forward order
-    (``sim.model.ops.RECOMPUTE_OPS``)."""
+    (``sim.model.layer_ops.RECOMPUTE_OPS``)."""
     names = frozenset().union(*(RECOMPUTE_OPS[module] for module in modules))
     return tuple(op for op in ops if op.name in names)
 
@@ -324,7 +319,15 @@ class Exchange:
     nbytes: float
     group: str
     skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (sim.network.models)
-    seconds: float | None = None  # priced here, not by the network: DeepEP's kernels (``Plan.deepep_seconds``)
+    seconds: float | None = None  # DeepEP's closed form (``Plan.deepep_seconds``): the analytic replay and the
+    # estimate take it; the contention replay moves the exchange as flows instead (``task_seconds``)
+
+
+def task_seconds(plan: Plan, exchange: Exchange) -> float | None:
+    """The duration an exchange's task carries (None: the network times it): DeepEP's closed form, except on the
+    contention network, which moves DeepEP's exchanges as flows on the links they use (its ``deepep_*`` ops,
+    sim.network.deepep.deepep_flows), so they share them with the DP and PP traffic."""
+    return None if plan.scenario.network.model == "contention" else exchange.seconds
 
 
 def exchange_seconds(plan: Plan, network: Any, exchange: Exchange) -> float:
@@ -370,7 +373,8 @@ def _deepep_exchange(plan: Plan, combine: bool) -> Exchange:
     The dispatch's backward is a combine and the combine's a dispatch (Megatron-Core fused_a2a.py), priced as
     such by the emitter's reuse of these exchanges."""
     rdma, nvlink = plan.deepep_bytes
-    return Exchange("all_to_all", rdma or nvlink, "ep", plan.dispatch_skew, plan.deepep_seconds[int(combine)])
+    return Exchange(deepep.COMBINE if combine else deepep.DISPATCH, rdma or nvlink, "ep", plan.dispatch_skew,
+                    plan.deepep_seconds[int(combine)])
 
 
 def expert_group(plan: Plan, rank: int, which: str) -> tuple[int, ...]:
@@ -590,7 +594,7 @@ def chunk_units(plan: Plan, chunk: int) -> list[ChunkUnit]:
 
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
-    order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
+    order: the embedding in the first unit, each layer's modules (sim.model.params.layer_modules), the final
     norm and LM head in the last. They sum to ``unit_params``."""
     model, tp, layers = plan.model, plan.tp, plan.unit_layers
     first, last = unit * layers, (unit + 1) * layers - 1
