@@ -40,6 +40,7 @@ import pandas as pd
 from pydantic import BaseModel
 
 from sim.errors import ConfigError, SimError
+from sim.explore import layout_table
 from sim.explore.estimate import PRICED_AS, Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
@@ -206,6 +207,13 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
 def _checked_candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
                        sections: Sections | None = None) -> tuple[Scenario, Degrees]:
     """``candidate``'s scenario and the degrees its rules checked (``check_rules``), which its plan keeps."""
+    scenario = _candidate_scenario(base, layout, global_batch, sections)
+    return scenario, check_rules(scenario)
+
+
+def _candidate_scenario(base: Scenario, layout: Layout, global_batch: int | None = None,
+                        sections: Sections | None = None) -> Scenario:
+    """``candidate``'s scenario, its rules not checked."""
     degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.sequence_parallel, layout.ep,
                 layout.etp, layout.cp, layout.cp_comm_type)
     parallel = _section(base, "parallel", degrees_, lambda: {
@@ -216,9 +224,8 @@ def _checked_candidate(base: Scenario, layout: Layout, global_batch: int | None 
     training = _section(base, "training", (layout.micro_batch, layout.recompute, batch), lambda: {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
         "global_batch": batch}, sections)
-    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
-                               "fsdp": layout_fsdp(base, layout)})
-    return scenario, check_rules(scenario)
+    return _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
+                           "fsdp": layout_fsdp(base, layout)})
 
 
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -320,6 +327,8 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
                       stash)
 
 
+# A scenario field a layout sets from some of its knobs -> those knobs: the fsdp section (``layout_fsdp``)
+_DERIVED = {"fsdp": ("zero", "pp")}
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
 # Below this many layouts the screen runs in this process whatever ``jobs`` says: starting the processes and
 # sending the rows back would cost more than the pricing.
@@ -378,16 +387,28 @@ def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
     nan = float("nan")
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     sections: Sections = {}
+    built: dict[int, tuple[Scenario, Degrees]] = {}
+
+    def build(index: int) -> tuple[Scenario, Degrees]:  # a layout's candidate and its degrees, built once
+        found = built.get(index)
+        if found is None:
+            scenario = _candidate_scenario(base, space[index], global_batch, sections)
+            found = built[index] = (scenario, degrees(scenario))
+        return found
+
+    # The rules over the layout table: each runs once per distinct value of the knobs it reads (layout_table)
+    _, codes = layout_table.columns(space, LAYOUT_FIELDS)
+    lines = layout_table.reasons(codes, LAYOUT_KEYS, _DERIVED, build, len(space))
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
-        try:
-            scenario, implied = _checked_candidate(base, layout, global_batch, sections)
-        except ValueError as error:
-            status.append(f"invalid: {error}")
+        line = lines[index]
+        if line is not None:
+            status.append(f"invalid: {line}")
             for column in estimates.values():
                 column.append(nan)
             continue
+        scenario, implied = build(index)
         est = estimator.estimate(scenario, layout_keys(base, layout), implied)
         status.append("ok" if est.fits_in_memory else "oom")
         step_s.append(est.step_time_s)
