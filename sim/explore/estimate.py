@@ -105,10 +105,11 @@ class Estimator:
         self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
         self._flops: dict[Any, tuple[float, Any]] = {}
-        self._unit_gathers: dict[Any, tuple[list[list[float]], Scenario]] = {}
-        # per (shape, stage): the resident parts' sum (footprint.parts_total), gathered weights, unreduced gradients
-        self._memory_states: dict[Any, tuple[float, float, float, Any]] = {}
-        self._activations: dict[Any, float] = {}
+        self._unit_gathers: dict[Any, tuple[list[list[list[float]]], Scenario]] = {}
+        # per shape, each stage that may peak: (stage, the resident parts' sum (footprint.parts_total), gathered
+        # weights, unreduced gradients); per activations key, those stages' activations
+        self._memory_states: dict[Any, tuple[list[tuple[int, float, float, float]], Any]] = {}
+        self._activations: dict[Any, list[float]] = {}
         self._stashes: dict[Any, float] = {}
         self._peak_stages: dict[Any, tuple[list[int], Any]] = {}  # the stages that may peak, per structure
         self._units: dict[Any, tuple[list[step.ChunkUnit], Scenario]] = {}
@@ -766,8 +767,7 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
-    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float,
-                           shape_key: tuple[Any, ...]) -> float:
+    def _unit_gather_delay(self, plan: Plan, ends: list[list[float]], st: StageTimes, start: float) -> float:
         """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's
         forwards, whose compute could begin at ``start``. As the emitter issues them (``DataParallelEmitter.
         before_chunk``): every local chunk's at once, chunk by chunk, queued on the group's one stream, and a unit
@@ -775,33 +775,40 @@ class Estimator:
         the other micro-batches of the pipeline fill run (min(m, p) - 1 more chunk forwards, as
         ``_param_gather_delay``): with many chunks and few micro-batches the later chunks' gathers are not done
         before they are reached (GPT-3 175B tp 8, pp 2, vpp 24, dp 64, 4 micro-batches: the simulated step was
-        10% over the estimate that counted the first chunk's gathers alone). When each gather ends does not depend
-        on the stage's times: kept per ``shape_key`` (``_shape_key``) and stage."""
-        if not (plan.pipelined_fsdp and plan.data_parallel):
-            return 0.0
-        key = (shape_key, stage)
-        found = self._unit_gathers.get(key)
-        if found is None:
-            group = plan.shard_group(0)
-            ends: list[list[float]] = []  # per local chunk, when each of its units' gathers ends
-            gathered = 0.0
-            for chunk in plan.stage_chunks[stage]:
-                ends.append([])
-                for unit in self._chunk_units(plan, chunk, shape_key):
-                    gathered += self._dp_collective(plan, "all_gather",
-                                                    unit.weight_params * plan.weight_bytes_per_param, group)
-                    ends[-1].append(gathered)
-            found = self._unit_gathers[key] = (ends, plan.scenario)  # the scenario keeps the key's objects alive
+        10% over the estimate that counted the first chunk's gathers alone). ``ends``: when each of the stage's
+        units' gathers ends, per local chunk (``_unit_gather_ends``)."""
         unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
         fill = (min(plan.microbatches, plan.pp) - 1) * st.forward / plan.local_chunks
         free, busy = start, 0.0
-        for index, chunk_ends in enumerate(found[0]):
+        last = len(ends) - 1
+        for index, chunk_ends in enumerate(ends):
             for gathered in chunk_ends:
                 free = (gathered if gathered > free else free) + unit_forward  # max(free, gathered), inline
                 busy += unit_forward
-            if index + 1 < len(found[0]):
+            if index < last:
                 free, busy = free + fill, busy + fill
         return max(0.0, free - start - busy)
+
+    def _unit_gather_ends(self, plan: Plan, shape_key: tuple[Any, ...]) -> list[list[list[float]]]:
+        """FSDP + PP: per stage, per local chunk, when each unit's all-gather ends (all of a stage's queued on its
+        group's one stream from the step start). It does not depend on the stages' times: kept per ``shape_key``
+        (``_shape_key``), every stage's at once (a layout's delay reads them all)."""
+        found = self._unit_gathers.get(shape_key)
+        if found is None:
+            group = plan.shard_group(0)
+            stages = []
+            for stage in range(plan.pp):
+                ends: list[list[float]] = []
+                gathered = 0.0
+                for chunk in plan.stage_chunks[stage]:
+                    ends.append([])
+                    for unit in self._chunk_units(plan, chunk, shape_key):
+                        gathered += self._dp_collective(plan, "all_gather",
+                                                        unit.weight_params * plan.weight_bytes_per_param, group)
+                        ends[-1].append(gathered)
+                stages.append(ends)
+            found = self._unit_gathers[shape_key] = (stages, plan.scenario)  # the scenario keeps the key's objects
+        return found[0]
 
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario, keys: LayoutKeys | None = None, implied: Degrees | None = None) -> Estimate:
@@ -881,13 +888,14 @@ class Estimator:
         if not buckets and not units:
             return 0.0
         hop, chunks = self._p2p(plan), plan.local_chunks
+        ends = self._unit_gather_ends(plan, shape_key) if units else None
         start = delay = 0.0
         for s, st in enumerate(stages):
             held = 0.0
             if buckets:
                 held = self._param_gather_delay(plan, s, st, start)
-            if units:
-                held = max(held, self._unit_gather_delay(plan, s, st, start, shape_key))
+            if ends is not None:
+                held = max(held, self._unit_gather_delay(plan, ends[s], st, start))
             # the stage's first forward, held back, sends later: the next stage starts later too (a gather the
             # compute dispatches, ``align_param_gather: false``, is issued only then, so the holds add up)
             delay += held
@@ -896,35 +904,44 @@ class Estimator:
 
     def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
         """The largest stage's memory bound (``sim.workload.footprint``): even stages peak at an end of the pipe
-        (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
-        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
-        activations per layout without the ZeRO stage."""
+        (most in flight, or the head's); uneven ones may peak anywhere. The stages' resident states and sharded
+        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), their
+        activations per layout without the ZeRO stage: each a list over the stages that may peak."""
+        found = self._memory_states.get(keys.shape)
+        if found is None:
+            found = self._memory_states[keys.shape] = (
+                [(s, sum(footprint.states_and_buffers(plan, s)[0].values()), *footprint.sharded_buffers(plan, s))
+                 for s in self._peak_stage_list(plan, keys)], keys.owner)  # the owner keeps the key's objects
+        states = found[0]
+        activations = self._activations.get(keys.activations)
+        if activations is None:
+            activations = self._activations[keys.activations] = [self._stage_activations(plan, keys, s)
+                                                                  for s, _, _, _ in states]
+        peak = None
+        for (_, resident, gathered, unreduced), stashed in zip(states, activations, strict=True):
+            total = footprint.parts_total(plan, resident, stashed, gathered, unreduced)
+            if peak is None or total > peak:
+                peak = total
+        assert peak is not None
+        return peak
+
+    def _peak_stage_list(self, plan: Plan, keys: LayoutKeys) -> list[int]:
+        """The stages that may peak (``_peak_memory``), per pipeline structure."""
         found = self._peak_stages.get(keys.structure)  # what the pipeline's structure decides
         if found is None:
             uneven = len(set(plan.chunk_sizes)) > 1
             stages = list(range(plan.pp)) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
             found = self._peak_stages[keys.structure] = (stages, keys.owner)  # the owner keeps the key's objects
-        candidates = found[0]
-        peak = None
-        for s in candidates:
-            states_key = (keys.shape, s)
-            states = self._memory_states.get(states_key)
-            if states is None:
-                states = self._memory_states[states_key] = (sum(footprint.states_and_buffers(plan, s)[0].values()),
-                                                            *footprint.sharded_buffers(plan, s), keys.owner)
-            activations_key = (keys.activations, s)
-            activations = self._activations.get(activations_key)
-            if activations is None:
-                stash_key = (keys.activations if keys.stash is None else keys.stash, s)
-                stash = self._stashes.get(stash_key)
-                if stash is None:
-                    stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
-                activations = self._activations[activations_key] = footprint.stage_activations(plan, s, stash)[0]
-            total = footprint.parts_total(plan, states[0], activations, states[1], states[2])
-            if peak is None or total > peak:
-                peak = total
-        assert peak is not None
-        return peak
+        return found[0]
+
+    def _stage_activations(self, plan: Plan, keys: LayoutKeys, s: int) -> float:
+        """A stage's activations at its peak (``footprint.stage_activations``), its largest chunk's stash kept per
+        ``keys.stash`` (the chunk placement, not the schedule's name)."""
+        stash_key = (keys.activations if keys.stash is None else keys.stash, s)
+        stash = self._stashes.get(stash_key)
+        if stash is None:
+            stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
+        return footprint.stage_activations(plan, s, stash)[0]
 
 
 class LayoutKeys(NamedTuple):
