@@ -365,10 +365,12 @@ class Plan:
         """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
         if self.is_moe and self.moe_layers[layer]:
             return self.moe_layer_params.per_tp_rank(self.tp)
-        return self._dense_layer_params
+        return self.dense_layer_params
 
     @cached_property
-    def _dense_layer_params(self) -> float:
+    def dense_layer_params(self) -> float:
+        """A dense layer's parameters on one TP rank (``layer_params(model).per_tp_rank(tp)``), counted once per
+        plan: FSDP's units ask for it per unit."""
         return layer_params(self.model).per_tp_rank(self.tp)
 
     # ----------------------------------------------------------------------------- mixture of experts
@@ -545,7 +547,7 @@ class Plan:
         """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
         training; LoRA's adapters; none in a frozen layer)."""
         if not self.peft.active:
-            return self._dense_layer_params
+            return self.dense_layer_params
         return layer_trainable_params(self.model, self.peft, layer, self.tp)
 
     def layer_weight_bytes(self, layer: int) -> float:

@@ -47,7 +47,7 @@ from sim.model.ops import (
     moe_forward_ops,
 )
 from sim.model.peft import adapt_layer_ops, frozen
-from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
+from sim.model.transformer import embedding_params, head_params, layer_modules
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
 from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
@@ -447,7 +447,7 @@ def unit_params(plan: Plan, unit: int) -> float:
     """Parameters (per TP rank) of FSDP / ZeRO-3 unit ``unit`` (``plan.unit_layers`` layers), with the embedding
     in the first unit and the head in the last."""
     layers = plan.unit_layers
-    params = layers * layer_params(plan.model).per_tp_rank(plan.tp)
+    params = layers * plan.dense_layer_params
     first, last = unit * layers, (unit + 1) * layers - 1
     if first == 0:
         params += embedding_params(plan.model) / plan.tp
