@@ -25,9 +25,10 @@ from sim.spec.rules import RULES, Rule
 from sim.spec.scenario import Scenario
 
 Build = Callable[[int], tuple[Scenario, Degrees]]  # a layout's index -> its candidate scenario and degrees
+Codes = dict[str, np.ndarray]  # a knob -> its column's codes
 
 
-def columns(space: Sequence[Any], fields: Sequence[str]) -> tuple[dict[str, list[Any]], dict[str, np.ndarray]]:
+def columns(space: Sequence[Any], fields: Sequence[str]) -> tuple[dict[str, list[Any]], Codes]:
     """Each field's values over ``space`` (lists, for the screen's table) and their codes: 0, 1, ... in the
     order each value first appears (int64 arrays)."""
     values = {name: [getattr(layout, name) for layout in space] for name in fields}

@@ -346,20 +346,22 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     (``_screen_in_processes``); every row is the one the screen gives in this process."""
     estimator = estimator or Estimator(base)
     jobs = min(jobs, _usable_cpus())  # a Dask cluster's worker count need not fit this machine
+    values, codes = layout_table.columns(space, LAYOUT_FIELDS)  # the table's layout columns, the rules' codes
     if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods() \
             and not multiprocessing.current_process().daemon:  # a daemonic process may not start processes
-        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs)
+        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs, codes)
     else:
-        status, estimates = _screen_columns(base, space, estimator, on_progress)
-    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
-                         | {"status": status} | estimates)
+        status, estimates = _screen_columns(base, space, estimator, on_progress, codes)
+    table = pd.DataFrame(values | {"status": status} | estimates)
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
                              col.ne("ok"), kind="stable").reset_index(drop=True)
 
 
 def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
-                    on_progress: Callable[[int, int], None] | None = None) -> _Columns:
-    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``."""
+                    on_progress: Callable[[int, int], None] | None = None,
+                    codes: layout_table.Codes | None = None) -> _Columns:
+    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``. ``codes``:
+    the layout columns' codes (``layout_table.columns``), where the caller has them."""
     global_batch = degrees(base).global_batch
     hbm = base.cluster.gpu.hbm_capacity
     status: list[str] = []
@@ -371,7 +373,9 @@ def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _price_layouts(base, space, estimator, on_progress, global_batch, hbm, status, estimates)
+        if codes is None:
+            codes = layout_table.columns(space, LAYOUT_FIELDS)[1]
+        _price_layouts(base, space, estimator, on_progress, global_batch, hbm, status, estimates, codes)
     finally:
         if collecting:
             gc.enable()
@@ -382,22 +386,29 @@ def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
 
 def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
                    on_progress: Callable[[int, int], None] | None, global_batch: int, hbm: float, status: list[str],
-                   estimates: dict[str, list[Any]]) -> None:
+                   estimates: dict[str, list[Any]], codes: layout_table.Codes) -> None:
     """``_screen_columns``' loop: each layout's status and estimate appended to ``status`` and ``estimates``."""
     nan = float("nan")
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     sections: Sections = {}
     built: dict[int, tuple[Scenario, Degrees]] = {}
+    degrees_of: dict[tuple[int, ...], Degrees] = {}  # per what a candidate's degrees read of its layout
 
     def build(index: int) -> tuple[Scenario, Degrees]:  # a layout's candidate and its degrees, built once
         found = built.get(index)
         if found is None:
-            scenario = _candidate_scenario(base, space[index], global_batch, sections)
-            found = built[index] = (scenario, degrees(scenario))
+            layout = space[index]
+            scenario = _candidate_scenario(base, layout, global_batch, sections)
+            # sim.spec.degrees reads these of a candidate (fsdp's ZeRO stage from zero and pp), the rest is the base's
+            key = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.ep, layout.etp, layout.cp,
+                   layout.micro_batch)
+            of = degrees_of.get(key)
+            if of is None:
+                of = degrees_of[key] = degrees(scenario)
+            found = built[index] = (scenario, of)
         return found
 
     # The rules over the layout table: each runs once per distinct value of the knobs it reads (layout_table)
-    _, codes = layout_table.columns(space, LAYOUT_FIELDS)
     lines = layout_table.reasons(codes, LAYOUT_KEYS, _DERIVED, build, len(space))
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
@@ -483,14 +494,15 @@ _SPLITS_TRIED = 2 ** 16
 
 
 def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
-                         on_progress: Callable[[int, int], None] | None, jobs: int) -> _Columns:
+                         on_progress: Callable[[int, int], None] | None, jobs: int,
+                         codes: layout_table.Codes) -> _Columns:
     """``_screen_columns`` in ``jobs`` forked processes, each over one share of ``space`` (``_partition``) with a
     copy of ``estimator`` (its topology and cost model built once, here); their rows put back in ``space``'s
     order. Each process reports its progress every ``SCREEN_PROGRESS_EVERY`` layouts."""
     context = multiprocessing.get_context("fork")
     shares = _partition(space, jobs)
     if len(shares) < 2:  # one group: nothing to share out
-        return _screen_columns(base, space, estimator, on_progress)
+        return _screen_columns(base, space, estimator, on_progress, codes)
     sys.stdout.flush()  # a forked child must not write this process's buffered output a second time
     sys.stderr.flush()
     workers, pipes = [], []
@@ -502,7 +514,8 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
         for share in shares:
             receive, send = context.Pipe(duplex=False)
             worker = context.Process(target=_screen_worker, daemon=True,
-                                     args=(base, [space[i] for i in share], estimator, send))
+                                     args=(base, [space[i] for i in share], estimator, send,
+                                           {name: column[share] for name, column in codes.items()}))
             worker.start()
             send.close()
             workers.append(worker)
@@ -551,10 +564,10 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
 
 
 def _screen_worker(base: Scenario, space: list[Layout], estimator: Estimator,
-                   send: multiprocessing.connection.Connection) -> None:
+                   send: multiprocessing.connection.Connection, codes: layout_table.Codes) -> None:
     """A screening process: ``_screen_columns`` over its share, its progress and then its rows sent back."""
     try:
-        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)))
+        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)), codes)
         send.send(("done", columns))
     except BaseException as error:  # noqa: BLE001 - any failure goes back to the parent as one line
         send.send(("error", f"{type(error).__name__}: {error}"))
