@@ -28,6 +28,7 @@ import gc
 import itertools
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import sys
 import time
@@ -36,6 +37,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
@@ -410,12 +412,16 @@ def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
 
     # The rules over the layout table: each runs once per distinct value of the knobs it reads (layout_table)
     lines = layout_table.reasons(codes, LAYOUT_KEYS, _DERIVED, build, len(space))
+    invalid: dict[str, str] = {}  # one status string per line (the layouts a rule refuses alike share it)
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
         line = lines[index]
         if line is not None:
-            status.append(f"invalid: {line}")
+            text = invalid.get(line)
+            if text is None:
+                text = invalid[line] = f"invalid: {line}"
+            status.append(text)
             for column in estimates.values():
                 column.append(nan)
             continue
@@ -513,9 +519,10 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
     try:
         for share in shares:
             receive, send = context.Pipe(duplex=False)
+            rows = np.asarray(share)
             worker = context.Process(target=_screen_worker, daemon=True,
                                      args=(base, [space[i] for i in share], estimator, send,
-                                           {name: column[share] for name, column in codes.items()}))
+                                           {name: column[rows] for name, column in codes.items()}))
             worker.start()
             send.close()
             workers.append(worker)
@@ -548,16 +555,15 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
             if worker.is_alive() and len(results) < len(shares):
                 worker.terminate()
             worker.join()
-    status: list[str] = [""] * len(space)
-    estimates: dict[str, list[Any]] = {name: [0.0] * len(space) for name in _ESTIMATE_COLUMNS}
-    for part, share in enumerate(shares):
-        part_status, part_estimates = results[part]
-        for row, index in enumerate(share):
-            status[index] = part_status[row]
-        for name, column in estimates.items():
-            values = part_estimates[name]
-            for row, index in enumerate(share):
-                column[index] = values[row]
+    # the shares' rows one after another, then each row of space taken from there (the same objects, in its order)
+    back = np.argsort(np.concatenate([np.asarray(share) for share in shares]), kind="stable").tolist()
+
+    def in_order(parts: list[list[Any]]) -> list[Any]:
+        joined = list(itertools.chain.from_iterable(parts))
+        return [joined[i] for i in back] if len(back) < 2 else list(operator.itemgetter(*back)(joined))
+
+    status = in_order([results[part][0] for part in range(len(shares))])
+    estimates = {name: in_order([results[part][1][name] for part in range(len(shares))]) for name in _ESTIMATE_COLUMNS}
     if on_progress is not None:
         on_progress(len(space), len(space))
     return status, estimates
