@@ -45,7 +45,7 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
 from sim.network import deepep
-from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.chunks import Layout, chunk_location, model_chunk, stage_chunks
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
@@ -295,7 +295,7 @@ class Plan:
     @cached_property
     def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, the model chunks its local chunks 0..v-1 hold."""
-        return tuple(tuple(self.model_chunk(s, c) for c in range(self.local_chunks)) for s in range(self.pp))
+        return stage_chunks(self.layout, self.pp, self.local_chunks)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:
