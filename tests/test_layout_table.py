@@ -3,6 +3,7 @@ raises on its candidate alone, and each rule runs once per distinct value of the
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -42,21 +43,52 @@ def _alone(base: Scenario, layout: search.Layout) -> str | None:
 # under pipelines and FSDP's units (Llama 2 FSDP, 70B LoRA FSDP), Megatron's pipeline-split slots, recompute_num_layers
 # and context parallelism's (405B on 16,384 GPUs), uneven stages (405B at 128k: every layout), the MoE rules (Mixtral
 # narrowed to two tp degrees and two micro-batch sizes)
-@pytest.mark.parametrize(("file", "only"), [
-    ("gpt3-175b_a100-1024.yaml", []),
-    ("llama2-7b_h100-16_fsdp.yaml", []),
-    ("llama3-70b_h100-8_lora_fsdp.yaml", []),
-    ("llama3.1-405b_h100-16384.yaml", []),
-    ("llama3.1-405b_h100-16384_cp16-128k.yaml", []),
-    ("mixtral-8x7b_h100-64.yaml", ["tp=2,4", "micro_batch=1,2"]),
+@pytest.mark.parametrize(("file", "only", "overrides"), [
+    ("gpt3-175b_a100-1024.yaml", [], []),
+    ("llama2-7b_h100-16_fsdp.yaml", [], []),
+    ("llama3-70b_h100-8_lora_fsdp.yaml", [], []),
+    ("llama3.1-405b_h100-16384.yaml", [], []),
+    ("llama3.1-405b_h100-16384_cp16-128k.yaml", [], []),
+    ("mixtral-8x7b_h100-64.yaml", ["tp=2,4", "micro_batch=1,2"], []),
+    # Megatron-Core's EP A2A overlap: its rules read the schedule, vpp, recomputation and the dispatcher
+    ("mixtral-8x7b_h100-64.yaml", ["tp=2,4", "micro_batch=1"], ["moe.a2a_overlap=true"]),
 ])
-def test_every_layouts_line_is_the_one_its_candidate_raises_alone(file: str, only: list[str]) -> None:
-    base = load_scenario(SCENARIOS / file)
+def test_every_layouts_line_is_the_one_its_candidate_raises_alone(file: str, only: list[str],
+                                                                  overrides: list[str]) -> None:
+    base = load_scenario(SCENARIOS / file, overrides)
     space = list(search.layouts(base, search.parse_only(only) if only else None))
     lines, _ = _table_lines(base, space)
     alone = [_alone(base, layout) for layout in space]
     assert lines == alone
     assert sum(line is not None for line in lines) > 200
+
+
+# Layouts no search enumerates (any vpp with any schedule, a dp that does not fill the cluster, odd micro-batch
+# sizes, expert degrees on any tp): a rule that reads a field its Rule.reads leaves out gives layouts that agree on
+# what it claims to read different lines, and the table then disagrees with check_rules
+@pytest.mark.parametrize(("file", "overrides"), [
+    ("gpt3-175b_a100-1024.yaml", []),
+    ("llama2-7b_h100-16_fsdp.yaml", []),
+    ("llama3.1-405b_h100-16384.yaml", []),
+    ("mixtral-8x7b_h100-64.yaml", ["moe.a2a_overlap=true"]),
+])
+def test_random_layouts_outside_the_search_get_check_rules_lines(file: str, overrides: list[str]) -> None:
+    base = load_scenario(SCENARIOS / file, overrides)
+    rng = random.Random(25)
+    gpus, per_node = base.cluster.num_gpus, base.cluster.gpus_per_node
+    space = []
+    moe = base.model.is_moe  # past the MoE rules that most random layouts fail: ZeRO 0-1, SP, ep > 1
+    for _ in range(2000):
+        tp, pp, cp = rng.choice([1, 2, per_node]), rng.choice([1, 2, 3, 4, 8]), rng.choice([1, 1, 2])
+        dp = max(1, gpus // (tp * pp * cp)) + rng.choice([0, 0, 0, 1])
+        space.append(search.Layout(tp, pp, dp, rng.choice([1, 2, 3, 4]), rng.choice([1, 2, 3]),
+                                   rng.choice(search.SEARCHED_SCHEDULES), rng.choice([0, 1] if moe else [0, 1, 2, 3]),
+                                   rng.choice(search.RECOMPUTE_MODES), moe or rng.choice([False, True]),
+                                   rng.choice([2, 8] if moe else [1, 2, 8]), rng.choice([1, 2]), cp,
+                                   rng.choice(search.CP_COMM_TYPES)))
+    lines, _ = _table_lines(base, space)
+    assert lines == [_alone(base, layout) for layout in space]
+    assert len(set(lines)) > 10
 
 
 def test_a_rule_runs_once_per_value_of_what_it_reads_on_layouts_every_earlier_rule_passed() -> None:

@@ -460,7 +460,7 @@ RULES: tuple[Rule, ...] = (
           "training.qlora", "training.dtype", "deepspeed", "parallel.zero"), _method),
     Rule(("training.sequence", *_SEQ_LEN), _sequence),
     Rule(("network",), lambda s, d: _check_sm_contention(s)),
-    Rule(("parallel.ep", "parallel.etp", "parallel.sequence_parallel", "training.recompute",
+    Rule(("parallel.ep", "parallel.etp", "parallel.sequence_parallel", "parallel.vpp", "training.recompute",
           "training.recompute_modules", "training.dtype", "schedule", "moe", *_ZERO, *_DP), _experts),
     Rule(("parallel.cp", "parallel.cp_comm_type", "parallel.tp", "parallel.sequence_parallel",
           "training.flash_attention", *_SEQ_LEN), _context),
