@@ -475,7 +475,7 @@ def test_a_qkv_only_bias_round_trips_through_megatron_flags(tmp_path: Path) -> N
     those flags import back to the same parameter count (28 x (3584 + 2 x 512) more than without)."""
     from sim.interop.emit import emit
     from sim.interop.megatron import import_megatron
-    from sim.model.transformer import total_params
+    from sim.model.params import total_params
     from sim.spec.scenario import load_scenario
 
     config = ROOT / "tests" / "data" / "hf_configs" / "Qwen2.5-7B" / "config.json"

@@ -4,7 +4,7 @@ volumes of Narayanan et al. SC21 Sec. 2.3 and of the model's gradient bytes."""
 import pytest
 
 from sim import runner
-from sim.model.transformer import model_flops_per_step
+from sim.model.flops import model_flops_per_step
 from sim.plan import resolve
 from sim.workload import build as workload
 

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
-from sim.model.transformer import layer_params
+from sim.model.params import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan

@@ -22,8 +22,9 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from sim.errors import ConfigError
 from sim.hardware.dtypes import parameter_dtype
 from sim.hardware.frozen import FrozenSpec
-from sim.model.hf_config import find_hf_config
-from sim.model.transformer import MODEL_PRESETS, ModelSpec, read_hf_config
+from sim.model.hf_config import find_hf_config, read_hf_config
+from sim.model.presets import MODEL_PRESETS
+from sim.model.transformer import ModelSpec
 from sim.spec.cluster import ClusterSpec, expand_preset
 from sim.spec.degrees import degrees
 from sim.spec.method import LoraSpec, QloraSpec
@@ -76,7 +77,7 @@ class TrainingSpec(FrozenSpec):
         "flash without (eager PyTorch: HF, FSDP scripts, TorchTitan's SDPA)"))
     causal_attention: bool = Field(default=True, description=(
         "decoder LMs mask attention causally: flash attention computes only the score tiles on and below the "
-        "diagonal (model.ops.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "
+        "diagonal (model.flash_tiles.causal_fraction: its time; MFU and HFU keep Megatron's full-matrix FLOPs); "
         "false: bidirectional attention (every tile)"))
     grad_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(default="auto", description=(
         "what gradients are accumulated and reduced in. auto: fp32 for bf16 unless gradients are sharded "

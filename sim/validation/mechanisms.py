@@ -185,6 +185,6 @@ MECHANISMS: tuple[Mechanism, ...] = (
         off=("training.causal_attention=false",),
         knob="training.causal_attention (default true: decoder LMs); MFU keeps Megatron's full-matrix FLOPs",
         source="FlashAttention-2 (Dao 2023) Sec. 3.1.1: blocks above the diagonal are skipped, diagonal blocks "
-               "computed and masked; 128-token tiles (model.ops.causal_fraction)",
+               "computed and masked; 128-token tiles (model.flash_tiles.causal_fraction)",
     ),
 )

@@ -34,20 +34,14 @@ from sim.costs.models import (
 )
 from sim.hardware.gpus import GpuSpec
 from sim.hardware.sms import on_fewer_sms
-from sim.model.ops import (
-    COLUMN_PARALLEL,
-    RECOMPUTE_OPS,
-    ROW_PARALLEL,
-    Fp8Casts,
-    Op,
-    attention_forward_ops,
-    embedding_forward_ops,
-    head_forward_ops,
-    layer_forward_ops,
-    moe_forward_ops,
-)
+from sim.model.attention_ops import attention_forward_ops
+from sim.model.fp8_casts import Fp8Casts
+from sim.model.layer_ops import RECOMPUTE_OPS, layer_forward_ops
+from sim.model.moe_ops import moe_forward_ops
+from sim.model.ops import COLUMN_PARALLEL, ROW_PARALLEL, Op
+from sim.model.params import embedding_params, head_params, layer_modules
 from sim.model.peft import adapt_layer_ops, frozen
-from sim.model.transformer import embedding_params, head_params, layer_modules
+from sim.model.vocab_ops import embedding_forward_ops, head_forward_ops
 from sim.network import deepep
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
@@ -56,7 +50,7 @@ from sim.plan import Plan
 from sim.spec.scenario import CalibratedCostsSpec, FixedCostsSpec
 
 BLOCKS = ("attention", "mlp")  # a layer's forward order; the backward runs them reversed
-# A MoE layer's MLP part, in forward order (sim.model.ops.moe_forward_ops): the dispatch runs between the router
+# A MoE layer's MLP part, in forward order (sim.model.moe_ops.moe_forward_ops): the dispatch runs between the router
 # and the experts (the shared expert beside it), the combine between the experts and moe_combine.
 MOE_BLOCKS = ("moe_router", "moe_shared", "moe_experts", "moe_combine")
 
@@ -236,7 +230,7 @@ def fsdp_grad_ops(plan: Plan, block_ops: tuple[Op, ...]) -> tuple[Op, ...]:
 
 def replayed(ops: tuple[Op, ...], modules: frozenset[str]) -> tuple[Op, ...]:
     """The ops of ``ops`` that selective recomputation of ``modules`` runs again, in forward order
-    (``sim.model.ops.RECOMPUTE_OPS``)."""
+    (``sim.model.layer_ops.RECOMPUTE_OPS``)."""
     names = frozenset().union(*(RECOMPUTE_OPS[module] for module in modules))
     return tuple(op for op in ops if op.name in names)
 
@@ -531,7 +525,7 @@ def chunk_units(plan: Plan, chunk: int) -> list[ChunkUnit]:
 
 def unit_modules(plan: Plan, unit: int) -> list[tuple[float, ...]]:
     """The parameter tensors (elements per TP rank) of unit ``unit``'s leaf modules, module by module in forward
-    order: the embedding in the first unit, each layer's modules (sim.model.transformer.layer_modules), the final
+    order: the embedding in the first unit, each layer's modules (sim.model.params.layer_modules), the final
     norm and LM head in the last. They sum to ``unit_params``."""
     model, tp, layers = plan.model, plan.tp, plan.unit_layers
     first, last = unit * layers, (unit + 1) * layers - 1
