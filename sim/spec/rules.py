@@ -86,6 +86,14 @@ def _tp_divides(s: Scenario, d: Degrees) -> None:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
 
 
+def _async_tp_chunks(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
+    if p.tp_comm_overlap_method == "async_tp" and p.tp_comm_overlap_chunks not in (None, 1, p.tp):
+        # torch/distributed/_symmetric_memory: one chunk per rank of the group (1: the ablation, not split)
+        raise ValueError(f"parallel.tp_comm_overlap_chunks: {p.tp_comm_overlap_chunks} under async_tp, whose "
+                         f"collectives move one chunk per TP rank: leave it unset (tp = {p.tp}) or 1 (not split)")
+
+
 def _one_sharding(s: Scenario, d: Degrees) -> None:
     if s.fsdp is not None and s.deepspeed is not None:
         raise ValueError("deepspeed: a scenario runs either PyTorch FSDP (fsdp) or DeepSpeed ZeRO "
@@ -440,6 +448,7 @@ RULES: tuple[Rule, ...] = (
     Rule(_DP, _gpus),
     Rule((*_CHUNKS, "schedule"), _pipeline_split),
     Rule(("parallel.tp",), _tp_divides),
+    Rule(("parallel.tp_comm_overlap_method", "parallel.tp_comm_overlap_chunks", "parallel.tp"), _async_tp_chunks),
     Rule(("fsdp", "deepspeed"), _one_sharding),
     Rule(_MICROBATCHES, _batch),
     Rule((*_CHUNKS, "training.recompute", "training.recompute_num_layers"), _recompute_layers),
