@@ -47,7 +47,7 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import ModelSpec
 from sim.network import deepep
-from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.chunks import Layout, chunk_location, model_chunk, stage_chunks
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
@@ -317,7 +317,7 @@ class Plan:
     @cached_property
     def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, the model chunks its local chunks 0..v-1 hold."""
-        return tuple(tuple(self.model_chunk(s, c) for c in range(self.local_chunks)) for s in range(self.pp))
+        return stage_chunks(self.layout, self.pp, self.local_chunks)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:
@@ -387,10 +387,12 @@ class Plan:
         """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
         if self.is_moe and self.moe_layers[layer]:
             return self.moe_layer_params.per_tp_rank(self.tp)
-        return self._dense_layer_params
+        return self.dense_layer_params
 
     @cached_property
-    def _dense_layer_params(self) -> float:
+    def dense_layer_params(self) -> float:
+        """A dense layer's parameters on one TP rank (``layer_params(model).per_tp_rank(tp)``), counted once per
+        plan: FSDP's units ask for it per unit."""
         return layer_params(self.model).per_tp_rank(self.tp)
 
     # ----------------------------------------------------------------------------- mixture of experts
@@ -578,7 +580,7 @@ class Plan:
         """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
         training; LoRA's adapters; none in a frozen layer)."""
         if not self.peft.active:
-            return self._dense_layer_params
+            return self.dense_layer_params
         return layer_trainable_params(self.model, self.peft, layer, self.tp)
 
     def layer_weight_bytes(self, layer: int) -> float:
