@@ -585,12 +585,17 @@ class _StageEmitter:
 
     def _moe_host(self, direction: str, mb: int, layer: int, first: int, last: int) -> int:
         """A MoE layer pass issued by the host behind the dispatcher's host sync (``Plan.moe_host_seconds``,
-        sim.costs.host): the host's issue time on the ``host`` stream, from the end of the pass's first task (the
-        host is issuing while it runs; the error is that task's length), and a zero-length task on the compute
+        sim.costs.host): the host's issue time on the ``host`` stream, from the end of the pass's first task less
+        that task's length where it is a compute task (so from its start; a collective's length is the network's,
+        the error then), and a zero-length task on the compute
         stream after both it and the pass's last task, so the pass ends no earlier than the host has issued it.
         Both take their edges inside the layer's chain (stamped like the rest). Returns the compute task."""
+        # the host issued the first task before it ran: count the issue time from that task's start where its
+        # length is known here (a compute task; a collective's is the network's)
+        head = self.g.tasks[first]
+        ran = head.duration if head.stream == "compute" and head.duration else 0.0
         issue = self._add(HOST_STREAM, Kind.HOST, "moe_host_issue", mb, layer, None, (first,),
-                          duration=self.moe_host[direction])
+                          duration=max(0.0, self.moe_host[direction] - ran))
         self._flagged(issue, False, False, (issue - first,))
         kind = Kind.FORWARD if direction == "forward" else Kind.BACKWARD
         wait = self._add("compute", kind, "moe_host_wait", mb, layer, issue, (last,), duration=0.0)
