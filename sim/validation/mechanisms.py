@@ -121,7 +121,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
     ),
     Mechanism(
         name="MoE layer pass bound by the host behind the dispatcher's host sync",
-        off=("moe.host_sync=false",),
+        off=("costs.eager_op_overhead=0",),  # moe.host_sync=false is refused on a dense model's scenario
         knob="moe.host_sync (None: every dropless dispatcher syncs, Megatron-Core), costs.eager_op_overhead (32 us)",
         source="Megatron-LM 1e05700595 token_dispatcher.py (cuda_dtoh_stream.synchronize() before the EP "
                "all-to-all; DeepEP's dispatch waits for the received counts); this project's H100 replay of the "
