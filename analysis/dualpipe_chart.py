@@ -177,7 +177,7 @@ def _moe_lanes(ax: object, result: RunResult, window: tuple[float, float] | None
         part = trace[(trace["stream"] == stream) & trace["rank"].isin(shown)]
         for row in part.itertuples(index=False):
             if stream == "ep":
-                color = EP_GRAD_COLOR if str(row.name).endswith("_grad_all_to_all") else COLORS["ep"]
+                color = EP_GRAD_COLOR if "_grad_" in str(row.name) else COLORS["ep"]
             else:
                 color = COLORS.get(str(row.kind), "#999999")
             ax.broken_barh([(row.start_s, row.end_s - row.start_s)], (row.stage + offset, height),  # type: ignore[attr-defined]

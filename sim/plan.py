@@ -212,7 +212,26 @@ class Plan:
 
     @cached_property
     def grad_bytes_per_param(self) -> int:
+        """Bytes of a gradient element as accumulated and reduced (``grad_dtype``): the DP/FSDP message sizes."""
         return bytes_per_element(self.grad_dtype)
+
+    @cached_property
+    def grad_storage_dtype(self) -> str:
+        """The dtype of the gradients kept from the backward to the optimizer step, which Adam reads (memory
+        model, optimizer step). It is ``grad_dtype`` except without master weights (pure 16-bit training), where
+        the gradient is the parameter's own ``.grad`` in the parameters' dtype whatever the reduce dtype: FSDP2
+        reduce-scatters in ``reduce_dtype`` and casts the result back to the sharded parameter's dtype before
+        storing it (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce:
+        ``_to_dtype_if_needed(reduce_output, orig_dtype)`` -> ``sharded_param.grad``; FSDP1 likewise,
+        ``_cast_grad_to_param_dtype``). So TorchTitan's ``[training] dtype = "bfloat16"`` with its default
+        ``mixed_precision_reduce = "float32"`` reduces in fp32 and stores bf16 gradients."""
+        t = self.scenario.training
+        return self.grad_dtype if t.master_weights else parameter_dtype(t.dtype)
+
+    @cached_property
+    def grad_storage_bytes_per_param(self) -> int:
+        """Bytes of a stored gradient element (``grad_storage_dtype``)."""
+        return bytes_per_element(self.grad_storage_dtype)
 
     @cached_property
     def optimizer_bytes_per_param(self) -> int:
@@ -226,7 +245,8 @@ class Plan:
         """HBM bytes the Adam step moves per trained parameter (sim.model.memory.adam_step_bytes_per_param): 28
         in mixed precision with 16-bit gradients, 30 with fp32 ones, 14 in pure bf16."""
         t = self.scenario.training
-        return adam_step_bytes_per_param(self.dtype, self.grad_bytes_per_param, t.master_weights, t.optimizer_dtype)
+        return adam_step_bytes_per_param(self.dtype, self.grad_storage_bytes_per_param, t.master_weights,
+                                         t.optimizer_dtype)
 
     @cached_property
     def main_grad_buffer(self) -> bool:
@@ -512,19 +532,30 @@ class Plan:
         """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
         DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
         DeepEP's README table), x the routing skew; 0 on the ideal network."""
-        if self.scenario.network.model == "ideal":
+        traffic = self.deepep_traffic
+        if self.scenario.network.model == "ideal" or traffic is None:
             return 0.0, 0.0
+        return (traffic.seconds(deepep.DISPATCH, self.dispatch_skew),
+                traffic.seconds(deepep.COMBINE, self.dispatch_skew))
+
+    @cached_property
+    def deepep_traffic(self) -> deepep.DeepepTraffic | None:
+        """flex: one rank's DeepEP bytes (``deepep_bytes``) and the achieved (dispatch, combine) bandwidths
+        (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from DeepEP's README table over
+        the GPU's NIC share and the node's NVLink), which the network models price the exchanges from (the
+        contention model as flows on the links: sim.network.deepep.deepep_flows); None without flex."""
+        if not self.is_moe or self.scenario.moe.token_dispatcher != "flex":
+            return None
         moe, cluster = self.scenario.moe, self.scenario.cluster
         domains, _ = self.deepep_shape
         nic = cluster.inter_node.bandwidth * cluster.nics_per_node / cluster.gpus_per_node
         rdma, nvlink = self.deepep_bytes
-        out = []
-        for combine in (False, True):
-            rdma_bw = moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
-            nvlink_bw = moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
-                                                                                    combine)
-            out.append(deepep.deepep_time(rdma, nvlink, rdma_bw, nvlink_bw, self.dispatch_skew))
-        return out[0], out[1]
+        rdma_bw = tuple(moe.deepep_rdma_bandwidth or deepep.rdma_bandwidth(domains, nic, combine)
+                        for combine in (False, True))
+        nvlink_bw = tuple(moe.deepep_nvlink_bandwidth or deepep.nvlink_bandwidth(cluster.intra_node.bandwidth,
+                                                                                   combine)
+                          for combine in (False, True))
+        return deepep.DeepepTraffic(rdma, nvlink, (rdma_bw[0], rdma_bw[1]), (nvlink_bw[0], nvlink_bw[1]))
 
     @cached_property
     def deepep_sms(self) -> int:

@@ -169,7 +169,8 @@ def simulate(scenario: Scenario, record_links: bool, limits: Limits, lazy: bool 
     plan = resolve(scenario)
     check_limits(plan, limits)  # before the topology and the graph: a runaway run fails here, in milliseconds
     topo = build_topology(plan)
-    net = network.make(scenario.network.model, topo, scenario.network.algorithm, scenario.network.protocol)
+    net = network.make(scenario.network.model, topo, scenario.network.algorithm, scenario.network.protocol,
+                       plan.deepep_traffic)
     # Lazy only where the longest-path replay reads the graph alone (SM contention's rounds read its tasks).
     graph = workload.build(plan, lazy=lazy and not (net.flow_level or scenario.engine == "event"
                                                     or scenario.network.nccl_sms or plan.deepep_sms))

@@ -4,15 +4,19 @@ form on the trace (exposed A2A = max(0, exchanges - the other pass's compute und
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pytest
+import yaml
 
 from sim import runner
 from sim.api import estimate
+from sim.cli import main
 from sim.errors import SimError
 from sim.explore.pair_replay import Block, pair_span
+from sim.interop.emit import emit
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, combined_pairs, interleaved
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
@@ -147,10 +151,36 @@ def test_the_estimate_prices_the_pairs_as_the_simulation_does(bandwidth: str, sm
     ({"training": {"dtype": "fp32"}}, r"training\.dtype: moe\.a2a_overlap needs a bf16"),
     ({"schedule": "gpipe", "parallel": {"pp": 2, "ep": 4}, "model": {"num_layers": 2}},
      r"schedule: moe\.a2a_overlap with pp = 2"),
+    # transformer_config.py: "virtual_pipeline_model_parallel_size must be specified when
+    # pipeline_model_parallel_size > 1", and arguments.py turns a virtual size of 1 into None
+    ({"schedule": "interleaved", "parallel": {"pp": 2, "ep": 4, "vpp": 1}, "model": {"num_layers": 2}},
+     r"^parallel\.vpp: moe\.a2a_overlap with pp = 2 needs virtual pipeline stages \(vpp >= 2, not 1"),
 ])
 def test_megatrons_conditions_each_refused_in_one_line(change: dict[str, Any], message: str) -> None:
     with pytest.raises(SimError, match=message):
         _small(True, "100 GB/s", **change)
+
+
+def test_sim_check_and_emit_refuse_a2a_overlap_without_virtual_stages(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """pp > 1 at vpp 1 is a layout Megatron-Core refuses under --overlap-moe-expert-parallel-comm (its combined 1F1B
+    runs only without pipelining or interleaved): `sim check` says so in one line naming parallel.vpp, and
+    `sim search --emit megatron` no longer writes the script Megatron would refuse (the scenario does not load)."""
+    doc = _doc(True, "100 GB/s", schedule="interleaved", parallel={"pp": 2, "ep": 4, "vpp": 1},
+               model={"num_layers": 2}, moe={"deepep_sms": 24})
+    path = tmp_path / "a2a.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["check", str(path)]) != 0
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: parallel.vpp: moe.a2a_overlap with pp = 2 needs virtual pipeline stages")
+    assert "\n" not in error
+    with pytest.raises(SimError, match=r"^parallel\.vpp: moe\.a2a_overlap with pp = 2"):
+        emit(load_scenario(path), "megatron")
+    # vpp 2: Megatron's interleaved combined 1F1B, emitted with its virtual stages
+    doc["parallel"]["vpp"], doc["model"]["num_layers"] = 2, 4
+    path.write_text(yaml.safe_dump(doc))
+    text = emit(load_scenario(path), "megatron").text
+    assert "--num-virtual-stages-per-pipeline-rank 2" in text and "--overlap-moe-expert-parallel-comm" in text
 
 
 def test_the_plan_picks_the_combined_schedule_only_for_a_moe_model_with_the_knob() -> None:

@@ -14,6 +14,7 @@ import pytest
 from sim import runner
 from sim.errors import ConfigError, SimError
 from sim.network import deepep
+from sim.network import models as network_models
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload import step
@@ -278,3 +279,108 @@ def test_sim_import_nemo_reads_the_flex_backend_the_overlap_and_the_recompute_mo
     with pytest.raises(ConfigError) as error:
         import_nemo([str(path)], Options(gpu="H100-SXM"))
     assert "'hybridep' is not modelled (deepep)" in str(error.value) and "\n" not in str(error.value)
+
+
+def _two_nodes(network: str, **moe: Any) -> Scenario:
+    """One MoE layer of 8 experts, ep 8 over 2 nodes of 4 H100s (DeepEP's internode kernels: 2 domains of 4
+    ranks), dp 8, 4 micro-batches, on ``network``."""
+    return scenario_from_dict({
+        "name": "deepep-net", "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 4},
+        "model": small_moe_model("moe-one", num_layers=1, hidden_size=1024, heads=8, ffn_hidden_size=2048,
+                                 max_seq_len=2048),
+        "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8}, "schedule": "1f1b",
+        "moe": {"token_dispatcher": "flex", **moe}, "network": {"model": network}})
+
+
+@pytest.mark.parametrize("op", [deepep.DISPATCH, deepep.COMBINE])
+def test_contention_flows_put_the_closed_form_bytes_on_each_link(op: str) -> None:
+    """The contention model's DeepEP exchange over 2 nodes x 4 ranks: each GPU sends R / 2 to the GPU of its local
+    index on the other node (its NIC, PCIe and the rail's leaf: (D - 1) R / D with D = 2) and N / 4 to each of
+    its 3 node peers (its NVLink port: (P - 1) N / P with P = 4), R and N as DeepEP counts them. Alone, every
+    flow ends at the closed form (RDMA bound here: R / 43 GB/s), and the hottest receiver's at skew x it."""
+    plan = resolve(_two_nodes("contention"))
+    traffic, group = plan.deepep_traffic, plan.grid.ep_group(0)
+    assert traffic is not None and plan.deepep_shape == (2, 4)
+    topo = runner.build_topology(plan)
+    net = network_models.make("contention", topo, deepep=traffic)
+    assert isinstance(net, network_models.ContentionNetwork)
+    (phase,) = net.transfer(op, traffic.rdma_bytes, group)
+    carried: dict[tuple[str, str], float] = {}
+    for channel in phase.channels:
+        for link, hops in channel.loads:
+            ends = (topo.links[link].src, topo.links[link].dst)
+            carried[ends] = carried.get(ends, 0.0) + hops * channel.nbytes
+    rdma, nvlink = traffic.rdma_bytes, traffic.nvlink_bytes
+    for rank in group:
+        node, local = divmod(rank, 4)
+        assert carried[(f"gpu{rank}", f"nic{node}.{local}")] == pytest.approx(rdma / 2, rel=1e-12)
+        assert carried[(f"nic{node}.{local}", f"leaf0.{local}")] == pytest.approx(rdma / 2, rel=1e-12)
+        assert carried[(f"gpu{rank}", f"nvswitch{node}")] == pytest.approx(3 * nvlink / 4, rel=1e-12)
+        assert carried[(f"nvswitch{node}", f"gpu{rank}")] == pytest.approx(3 * nvlink / 4, rel=1e-12)
+    assert len(carried) == 8 * 6  # per GPU, each way: PCIe to its NIC, that NIC to the rail's leaf, its NVLink port
+    alone = max(channel.nbytes / channel.rate_cap for channel in phase.channels)
+    assert alone == pytest.approx(traffic.seconds(op), rel=1e-12)
+    assert traffic.seconds(op) == pytest.approx(rdma / 43e9, rel=1e-12)  # the README's 2-node row, 50 GB/s NIC
+    (hot,) = net.transfer(op, traffic.rdma_bytes, group, 1.5)
+    assert max(ch.nbytes / ch.rate_cap for ch in hot.channels) == pytest.approx(1.5 * traffic.seconds(op), rel=1e-12)
+
+
+def test_contention_replay_times_the_exchanges_as_the_analytic_one_when_uncontended() -> None:
+    """The same 2-node layout under both models. The dispatches and combines (and their gradients) share no link
+    with anything (no TP, the gradients reduced after the last backward), so their flows end exactly at the closed
+    form (to 1e-9); the step agrees to 0.1%. The links' load over the first micro-batch's forward (before any
+    backward) carries exactly the two exchanges' RDMA bytes on the NICs: 8 GPUs x R / 2 each."""
+    analytic = runner.run(_two_nodes("analytic"))
+    contention = runner.run(_two_nodes("contention"), record_links=True)
+    plan = contention.plan
+    assert plan.deepep_traffic is not None
+    dispatch, combine = plan.deepep_seconds
+    trace = contention.trace
+    exchanges = trace[trace["stream"] == "ep"]
+    assert len(exchanges) == 4 * 4 and set(exchanges["op"]) == set(deepep.OPS)  # 4 a micro-batch, 4 micro-batches
+    spans = (exchanges["end_s"] - exchanges["start_s"]).to_numpy()
+    expected = exchanges["op"].map({deepep.DISPATCH: dispatch, deepep.COMBINE: combine}).to_numpy()
+    assert spans == pytest.approx(expected, rel=1e-9)
+    assert contention.summary.step_time_s == pytest.approx(analytic.summary.step_time_s, rel=1e-3)
+    first_backward = float(trace[(trace["rank"] == 0) & (trace["kind"] == "backward")]["start_s"].min())
+    segments = contention.link_segments
+    assert segments is not None
+    nic = segments[(segments["tier"] == "nic") & segments["src"].str.startswith("nic")
+                   & (segments["end_s"] <= first_backward + 1e-12)]
+    capacity = runner.build_topology(plan).links[0].capacity  # nic0.0 -> leaf0.0, as every NIC link
+    moved = float(((nic["end_s"] - nic["start_s"]) * nic["load_fraction"]).sum() * capacity)
+    assert moved == pytest.approx(2 * 8 * plan.deepep_traffic.rdma_bytes / 2, rel=1e-9)
+
+
+def test_a_gradient_all_reduce_on_the_nics_slows_the_exchange_flows() -> None:
+    """Contention with DP traffic: two gradient buckets' ring all-reduces over the 8 ranks (across both nodes) in
+    flight with a dispatch. Max-min fair on the links (sim.network.flows): each rail's NIC link carries one RDMA
+    flow (cap B_rdma / D = 21.5 GB/s) and one channel of each ring (cap 47 GB/s, the link's capacity), so the
+    RDMA flows get a third of 47 GB/s, less than their cap, and the dispatch outlasts its closed form by 21.5 /
+    15.67. One ring alone would leave them their cap (a half of 47 GB/s)."""
+    from sim.network.flows import max_min_rates
+
+    plan = resolve(_two_nodes("contention"))
+    traffic, group = plan.deepep_traffic, plan.grid.ep_group(0)
+    assert traffic is not None
+    net = network_models.make("contention", runner.build_topology(plan), deepep=traffic)
+    assert isinstance(net, network_models.ContentionNetwork)
+    (dispatch,) = net.transfer(deepep.DISPATCH, traffic.rdma_bytes, group)
+    channels = list(dispatch.channels)
+    ring = [ch for phase in net.transfer("all_reduce", 256e6, group) for ch in phase.channels]
+    ring += [ch for phase in net.transfer("all_reduce", 128e6, group) for ch in phase.channels]
+    loads = {key: ch.loads for key, ch in enumerate(channels + ring)}
+    caps = {key: ch.rate_cap for key, ch in enumerate(channels + ring)}
+    rates = max_min_rates(loads, caps, net.capacities)
+    nic_links = {i for i, link in enumerate(net.topology.links) if link.tier == "nic"}
+    rdma = [key for key, ch in enumerate(channels) if any(link in nic_links for link, _ in ch.loads)]
+    nvlink = [key for key in range(len(channels)) if key not in rdma]
+    assert len(rdma) == 8 and len(nvlink) == 8 * 3
+    assert all(rates[key] == pytest.approx(net.capacities[0] / 3, rel=1e-9) for key in rdma)
+    assert all(rates[key] < 0.99 * caps[key] for key in rdma)
+    slowest = max(channels[key].nbytes / rates[key] for key in range(len(channels)))
+    assert slowest == pytest.approx(traffic.seconds(deepep.DISPATCH) * caps[rdma[0]] / rates[rdma[0]], rel=1e-9)
+    alone = max_min_rates({key: channels[key].loads for key in rdma}, {key: caps[key] for key in rdma},
+                          net.capacities)
+    assert all(alone[key] == pytest.approx(caps[key], rel=1e-9) for key in rdma)

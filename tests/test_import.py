@@ -553,10 +553,13 @@ def test_megatron_emit_keeps_the_optimizer_states(tmp_path: Path) -> None:
 def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
     """TorchTitan's [training] dtype = "bfloat16" (pytorch/torchtitan#1646: "all parameters, gradients, and optimizer
     states in bfloat16, without an extra copy of fp32 weights") is pure bf16: no master, bf16 Adam moments, so the
-    FSDP2 shards hold 2 + 4 + 4 bytes per parameter (its fp32 reduce_dtype kept for the gradients) where mixed
-    precision holds 2 + 4 + 12."""
+    FSDP2 shards hold 2 + 2 + 4 bytes per parameter: the gradients are reduce-scattered in its fp32 reduce_dtype
+    but stored in the sharded parameter's dtype (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py,
+    foreach_reduce: ``_to_dtype_if_needed(reduce_output, orig_dtype)`` before ``sharded_param.grad``), and Adam reads
+    them there (14 bytes per parameter, not 16)."""
     from sim.interop.torchtitan import import_torchtitan
     from sim.plan import resolve
+    from sim.workload.footprint import stage_memory
 
     path = tmp_path / "job.toml"
     head = '[model]\nname = "llama3"\nflavor = "8B"\n[parallelism]\ndata_parallel_shard_degree = 8\n[training]\n'
@@ -565,7 +568,16 @@ def test_torchtitan_full_bf16_training(tmp_path: Path) -> None:
     s = draft.scenario()
     assert (s.training.dtype, s.training.master_weights, s.training.optimizer_dtype) == ("bf16", False, "bf16")
     assert _status(draft, "training.dtype") == "mapped"
-    assert resolve(s).optimizer_bytes_per_param == 4
+    plan = resolve(s)
+    assert plan.optimizer_bytes_per_param == 4
+    # FSDP2's reduce_dtype (mixed_precision_reduce, float32 by default) prices the reduce-scatter; the stored
+    # gradient is the bf16 parameter's.
+    assert (plan.grad_dtype, plan.grad_storage_dtype) == ("fp32", "bf16")
+    shard = plan.stage_trainable_params(0) / 8
+    memory = stage_memory(plan, 0)
+    assert (memory["weights"], memory["gradients"], memory["optimizer"]) == pytest.approx(
+        (2 * shard, 2 * shard, 4 * shard))
+    assert plan.optimizer_step_bytes_per_param == 2 + 6 + 6
     path.write_text(head + 'local_batch_size = 1\ndtype = "bfloat16"\nmixed_precision_param = "float32"\n')
     with pytest.raises(ConfigError, match=r"^training.mixed_precision_param: float32 with training.dtype bfloat16"):
         import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8))
@@ -616,6 +628,58 @@ def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_sms(tmp_path: Path) -> No
     assert draft.scenario().parallel.tp_comm_overlap_sms == 20
     assert _status(draft, "model.ub_tp_comm_overlap_cfg.proj_fprop.num_sm") == "mapped"
     assert _status(draft, "model.ub_tp_comm_overlap_cfg.qkv_dgrad.num_sm") == "ignored"
+
+
+# NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_h8192_tp4_mbs1_seqlen4096.yaml
+# (the Llama 2 70B config at tp 4): the two pipelined reduce-scatters after the row-parallel GEMMs.
+UB_CFG_70B_TP4 = {
+    "qkv_dgrad": {"method": "bulk", "num_sm": 8, "cga_size": 2, "set_sm_margin": 0},
+    "qkv_fprop": {"method": "ring_exchange", "aggregate": 0},
+    "proj_fprop": {"method": "pipeline", "num_sm": 24, "cga_size": 2, "num_splits": 4, "set_sm_margin": 1},
+    "fc2_fprop": {"method": "pipeline", "num_sm": 16, "cga_size": 2, "num_splits": 4, "set_sm_margin": 1}}
+
+
+@pytest.mark.parametrize(("splits", "chunks"), [((4, 4), 4), ((2, 2), 2), ((2, 4), 3)])
+def test_nemo_userbuffers_cfg_sets_the_reduce_scatters_chunks(tmp_path: Path, splits: tuple[int, int],
+                                                              chunks: int) -> None:
+    """The pipelined reduce-scatters' ``num_splits`` in an inline ``model.ub_tp_comm_overlap_cfg`` set
+    ``parallel.tp_comm_overlap_chunks`` (the launcher's H100 configs: 4, whatever tp); two different counts, their
+    mean (the simulator prices both row GEMMs with one), as num_sm. Each key read is reported mapped."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_llama2_70b.yaml").read_text())
+    cfg = json.loads(json.dumps(UB_CFG_70B_TP4))
+    cfg["proj_fprop"]["num_splits"], cfg["fc2_fprop"]["num_splits"] = splits
+    config["model"]["ub_tp_comm_overlap_cfg"] = cfg
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama2-70b"))
+    assert draft.scenario().parallel.tp_comm_overlap_chunks == chunks
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.proj_fprop.num_splits") == "mapped"
+    assert _status(draft, "model.ub_tp_comm_overlap_cfg.fc2_fprop.num_splits") == "mapped"
+
+
+def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
+    """A scenario that sets the chunked reduce-scatters' SMs or chunks emits them as Megatron-LM's
+    ``--tp-comm-overlap-cfg`` file (megatron/training/initialize.py _initialize_tp_communicators: the YAML handed to
+    TE's initialize_ub, NeMo's ub_tp_comm_overlap_cfg format), written by the script before torchrun; `sim import
+    megatron` reads it back. Without either field the flag stays out (TE's own defaults)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    overlap = ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true"]
+    scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", [*overlap, "parallel.tp_comm_overlap_chunks=2",
+                                                                "parallel.tp_comm_overlap_sms=24"])
+    emitted = emit(scenario, "megatron")
+    assert "--tp-comm-overlap-cfg ub_cfg.yaml" in emitted.text
+    path = tmp_path / "run.sh"
+    path.write_text(emitted.text)
+    draft = import_megatron([str(path)], Options(gpu="A100-80GB-SXM"))
+    back = draft.scenario()
+    assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (2, 24)
+    assert _status(draft, "ub_cfg.yaml: proj_fprop.num_splits") == "mapped"
+    plain = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overlap), "megatron")
+    assert "--tp-comm-overlap-cfg" not in plain.text
 
 
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:

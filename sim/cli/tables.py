@@ -127,7 +127,7 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
 def memory_table(scenario: Scenario, rows: list[dict[str, float]]) -> Table:
     """``sim check``'s table of the memory plan (``rows``, one per pipeline stage), in GiB."""
     table = Table(title=f"memory per GPU in GiB (estimate; HBM {_gib(scenario.cluster.gpu.hbm_capacity)}; "
-                        f"{resolve(scenario).grad_dtype} gradients)", header_style="bold")
+                        f"{resolve(scenario).grad_storage_dtype} gradients)", header_style="bold")
     columns = [part for part in PARTS if any(row[part] for row in rows)]
     host = any(row["host"] for row in rows)
     for name in ("stage", "rank", *columns, "total", *(["host (offload)"] if host else [])):

@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sim.hardware.sms import on_fewer_sms
-from sim.workload.ir import EP_STREAM, Stream, TaskGraph
+from sim.network.deepep import OPS as DEEPEP_OPS
+from sim.workload.ir import Stream, TaskGraph
 
 COMPUTE_STREAM = Stream.COMPUTE
 MAX_ROUNDS = 12
@@ -34,13 +35,13 @@ TOLERANCE_S = 1e-6  # the rounds stop once no compute task moves by more than a 
 def _holders(graph: TaskGraph, collective_sms: int, p2p_sms: int,
              deepep_sms: int = 0) -> dict[int, tuple[np.ndarray, np.ndarray]]:
     """Per rank: the ids of the communication tasks that hold SMs beside its compute stream, and how many each
-    holds: NCCL's collectives and sends, and DeepEP's dispatch/combine (an ``ep`` task carrying its own seconds,
-    sim.workload.step.Exchange.seconds), ``deepep_sms`` each."""
+    holds: NCCL's collectives and sends, and DeepEP's dispatch/combine (an ``ep`` task of a ``deepep_*`` op,
+    sim.network.deepep.OPS), ``deepep_sms`` each."""
     held: dict[int, tuple[list[int], list[int]]] = {}
     for task in graph.tasks:
         if not task.op or task.stream == COMPUTE_STREAM:
             continue  # a blocking collective on the compute stream overlaps no compute on that stream
-        if task.stream == EP_STREAM and task.duration is not None:
+        if task.op in DEEPEP_OPS:  # timed by its closed form, or by its flows on the contention network
             sms = deepep_sms
         else:
             sms = p2p_sms if task.op == "send" else collective_sms

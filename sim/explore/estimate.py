@@ -87,9 +87,10 @@ class Estimator:
         contention = spec.model == "contention"
         # the cluster's topology (built once per cluster, sim.runner), only where a network model is made here
         self.net = network or network_models.make("analytic" if contention else spec.model, build_topology(plan),
-                                                  spec.algorithm, spec.protocol)
+                                                  spec.algorithm, spec.protocol, plan.deepep_traffic)
         self.flows: network_models.FlowLevelNetwork | None = (
-            network_models.ContentionNetwork(build_topology(plan), spec.algorithm, spec.protocol)
+            network_models.ContentionNetwork(build_topology(plan), spec.algorithm, spec.protocol,
+                                             plan.deepep_traffic)
             if contention else None)
         self._compute: dict[Any, float] = {}
         self._concurrent: dict[Any, float] = {}

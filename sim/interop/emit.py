@@ -105,6 +105,7 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:
             flags.append("--no-align-param-gather")
+    ub_cfg = ""  # the userbuffers YAML the script writes for --tp-comm-overlap-cfg
     if p.tp_comm_overlap and p.tp > 1:  # (at tp 1 there is no TP collective to overlap, and Megatron-LM
         # switches SP off there, then refuses the flag: left out)
         if not p.sequence_parallel:  # Megatron-LM arguments.py asserts SP under --tp-comm-overlap
@@ -112,6 +113,9 @@ def _megatron(s: Scenario) -> Emitted:
                               "parallelism (its arguments refuse it otherwise); set "
                               "parallel.sequence_parallel: true or parallel.tp_comm_overlap: false")
         flags.append("--tp-comm-overlap")
+        ub_cfg = _userbuffers_cfg(s)
+        if ub_cfg:
+            flags += ["--tp-comm-overlap-cfg", UB_CFG_FILE]
     flags += ["--micro-batch-size", str(t.micro_batch), "--global-batch-size", str(d.global_batch),
               "--seq-length", str(d.seq_len)]
     if t.recompute == "selective":
@@ -168,9 +172,34 @@ def _megatron(s: Scenario) -> Emitted:
     lines = [f"    {flag}" + (f" {value}" if not value.startswith("--") else "")
              for flag, value in _pairs(flags)]
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} pretrain_gpt.py")
-    text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + launch + " \\\n" + \
+    files = f"cat > {UB_CFG_FILE} <<'EOF'\n{ub_cfg}EOF\n" if ub_cfg else ""
+    text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + files + launch + " \\\n" + \
         " \\\n".join(line for line in lines) + "\n"
     return Emitted(text, ".sh", launch + " ...")
+
+
+UB_CFG_FILE = "ub_cfg.yaml"
+
+
+def _userbuffers_cfg(s: Scenario) -> str:
+    """``parallel.tp_comm_overlap_sms`` / ``tp_comm_overlap_chunks``, where the scenario sets them, as the
+    userbuffers YAML Megatron-LM's ``--tp-comm-overlap-cfg`` hands to TE's initialize_ub
+    (megatron/training/initialize.py _initialize_tp_communicators), in NeMo-Framework-Launcher 24.07's ub_cfg_h100
+    form: the two row GEMMs' pipelined reduce-scatters (proj_fprop, fc2_fprop), ``num_sm`` with
+    ``set_sm_margin``, ``num_splits``; the other GEMMs keep TE's defaults. Empty where neither is set. An SM count
+    of 0 (PyTorch AsyncTP's reduce-scatter, on no SMs beside the GEMM) has no userbuffers form: refused."""
+    p = s.parallel
+    if p.tp_comm_overlap_sms is None and p.tp_comm_overlap_chunks is None:
+        return ""
+    if p.tp_comm_overlap_sms == 0:
+        raise _refuse("megatron", "parallel.tp_comm_overlap_sms", "0 SMs for the reduce-scatter beside the row "
+                      "GEMMs (PyTorch AsyncTP; TE's pipelined reduce-scatter needs num_sm >= 1)")
+    settings = ["method: pipeline"]
+    if p.tp_comm_overlap_sms is not None:
+        settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
+    if p.tp_comm_overlap_chunks is not None:
+        settings.append(f"num_splits: {p.tp_comm_overlap_chunks}")
+    return "".join(f"{gemm}:\n" + "".join(f"  {line}\n" for line in settings) for gemm in ("proj_fprop", "fc2_fprop"))
 
 
 def _deepep_sms(s: Scenario) -> list[str]:

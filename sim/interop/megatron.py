@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 from sim.interop.draft import Draft, Options, Status, cluster, refuse
-from sim.interop.megatron_args import NEGATED, Args, parse_tokens, read_arguments
+from sim.interop.megatron_args import NEGATED, Args, parse_tokens, read_arguments, read_file_argument
 from sim.interop.megatron_model import apply_model
-from sim.spec.scenario import ParallelSpec
+from sim.spec.scenario import ParallelSpec, parse_yaml
 
 # The launcher's own flags (torchrun / torch.distributed.run) and the ones read into the cluster.
 TORCHRUN = frozenset({"nproc_per_node", "nnodes", "node_rank", "master_addr", "master_port", "rdzv_id",
@@ -61,7 +61,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     def put(target: str, dest: str, value: Any, note: str = "", status: Status = "mapped") -> None:
         draft.put(target, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note, status)
 
-    gpus = cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
+    cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
     # Precision (arguments.py: fp16 and bf16 are exclusive; fp8 runs on top of either).
     fp16, bf16 = args.flag("fp16"), args.flag("bf16")
     if fp16 and bf16:
@@ -260,7 +260,64 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             "local", "transformer_engine"):
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
-    apply_model(draft, args, options, tp, gpus)
+    apply_model(draft, args, options, tp)
+
+
+# TE userbuffers' pipelined reduce-scatters after the two row-parallel GEMMs (attention's output projection, the
+# MLP's FC2) in a userbuffers config, the ub_cfgs Transformer Engine's initialize_ub reads (NeMo's
+# model.ub_tp_comm_overlap_cfg; Megatron-LM's --tp-comm-overlap-cfg YAML, megatron/training/initialize.py
+# _initialize_tp_communicators): each one's num_sm (the SMs its reduce-scatter takes, set_sm_margin) and num_splits
+# (its chunks). NeMo-Framework-Launcher 24.07 launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_*.yaml: bf16
+# proj_fprop num_sm 24, fc2_fprop 16 or 20, both method pipeline, num_splits 4 at tp 2, 4 and 8.
+USERBUFFERS_ROW_GEMMS = ("proj_fprop", "fc2_fprop")
+USERBUFFERS_FIELDS = {"num_sm": ("parallel.tp_comm_overlap_sms", "the SMs its reduce-scatter takes"),
+                      "num_splits": ("parallel.tp_comm_overlap_chunks", "the chunks of its reduce-scatter")}
+
+
+def apply_userbuffers(draft: Draft, flat: dict[str, Any]) -> set[str]:
+    """A userbuffers config's row-GEMM settings (``flat``: keys ending ``proj_fprop.num_sm`` and the like, as the
+    config flattened under any prefix) -> ``parallel.tp_comm_overlap_sms`` and ``parallel.tp_comm_overlap_chunks``
+    (sim.workload.step.tp_overlap_sms, tp_overlap_chunks). The simulator prices both row GEMMs with one count of each,
+    so two different counts give their mean (NeMo's H100 configs: num_sm 24 and 16 -> 20). ``num_splits`` counts
+    only where the GEMM's method is ``pipeline`` (a ``ring_exchange`` runs one chunk per TP peer: the field's
+    default, tp). Returns the keys read, each reported as setting its field."""
+    read: set[str] = set()
+    for name, (target, what) in USERBUFFERS_FIELDS.items():
+        found = [(key, flat[key]) for key in flat for gemm in USERBUFFERS_ROW_GEMMS
+                 if (key == f"{gemm}.{name}" or key.endswith(f".{gemm}.{name}") or key.endswith(f" {gemm}.{name}"))
+                 and isinstance(flat[key], int) and not isinstance(flat[key], bool)
+                 and (name != "num_splits" or flat.get(key[:-len(name)] + "method", "pipeline") == "pipeline")]
+        if not found:
+            continue
+        value = round(sum(value for _, value in found) / len(found))
+        note = f"{what}: " + ("mean of " if len(found) > 1 else "") + ", ".join(
+            f"{key.rsplit('.', 2)[-2].rsplit(' ', 1)[-1]} {count}" for key, count in found)
+        for key, count in found:  # one row per key read, each naming the field it sets
+            draft.put(target, value, key, count, note)
+        read.update(key for key, _ in found)
+    return read
+
+
+def _userbuffers_file(draft: Draft, args: Args, inputs: list[str]) -> None:
+    """``--tp-comm-overlap-cfg FILE``: the YAML the script writes (or the file beside it) read by
+    ``apply_userbuffers``, its keys reported as ``FILE: gemm.key``; a file not found is reported, not refused."""
+    name = args.get("tp_comm_overlap_cfg")
+    if name is None:
+        return
+    text = read_file_argument(inputs, str(name))
+    if text is None:
+        draft.row(args.source("tp_comm_overlap_cfg"), name, "ignored", "the file is not in the script nor beside "
+                  "it: TE's userbuffers defaults assumed")
+        return
+    cfg = parse_yaml(text, f"{args.source('tp_comm_overlap_cfg')} {name}")
+    if not isinstance(cfg, dict):
+        raise refuse(f"{args.source('tp_comm_overlap_cfg')}: {name} is not a mapping of GEMM names to settings")
+    flat = {f"{name}: {gemm}.{key}": value for gemm, settings in cfg.items() if isinstance(settings, dict)
+            for key, value in settings.items()}
+    read = apply_userbuffers(draft, flat)
+    for key, value in flat.items():
+        if key not in read:
+            draft.row(key, value, "ignored", "a userbuffers setting the simulator does not price")
 
 
 def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PREFIXES,
@@ -297,5 +354,6 @@ def import_megatron(inputs: list[str], options: Options) -> Draft:
             if value is not None:
                 world[key] = (value, args.source(dest))
     apply(draft, args, options, world)
+    _userbuffers_file(draft, args, inputs)
     leftovers(draft, args)
     return draft

@@ -46,9 +46,22 @@ SHELL_WORDS = frozenset({"(", ")", "[[", "]]", "[", "]", "then", "fi", "else", "
                          "\\", "|"})
 
 
+# ``cat > NAME <<'TAG'`` ... ``TAG``: a file the script writes before it launches (the userbuffers YAML that
+# ``--tp-comm-overlap-cfg`` names, as `sim search --emit megatron` writes it).
+HEREDOC = re.compile(r"^[ \t]*cat[ \t]+>[ \t]*(\S+)[ \t]+<<-?[ \t]*['\"]?(\w+)['\"]?[ \t]*\n(.*?)^[ \t]*\2[ \t]*$\n?",
+                     re.MULTILINE | re.DOTALL)
+
+
+def script_files(source: str) -> dict[str, str]:
+    """The files a bash launch script writes with a here-document (``cat > NAME <<'EOF'``): name -> text."""
+    return {match.group(1).strip("\"'"): match.group(3) for match in HEREDOC.finditer(source)}
+
+
 def script_tokens(source: str) -> list[str]:
     """A bash launch script's words, with its simple ``NAME=value`` variables (``${NAME:-default}`` too)
-    substituted, and quoted array entries such as ``"--fp8-format hybrid"`` split into flag and value."""
+    substituted, and quoted array entries such as ``"--fp8-format hybrid"`` split into flag and value. The
+    here-documents' bodies are files, not words (``script_files``)."""
+    source = HEREDOC.sub("", source)
     source = source.replace("\\\n", " ")
     env: dict[str, str] = {}
 
@@ -182,3 +195,16 @@ def read_arguments(inputs: list[str]) -> list[str]:
     if len(inputs) == 1 and not inputs[0].startswith("--"):
         return script_tokens(read_text(Path(inputs[0]), "megatron"))
     return [token for item in inputs for token in (item.split() if item.startswith("--") else [item])]
+
+
+def read_file_argument(inputs: list[str], name: str) -> str | None:
+    """The text of a file an argument names (``--tp-comm-overlap-cfg ub_cfg.yaml``): the launch script's
+    here-document of that name, else the file beside the script (or, for an argument list, from the working
+    directory); None where neither exists."""
+    script = Path(inputs[0]) if len(inputs) == 1 and not inputs[0].startswith("--") else None
+    if script is not None:
+        written = script_files(read_text(script, "megatron")).get(name)
+        if written is not None:
+            return written
+    path = Path(name) if script is None or Path(name).is_absolute() else script.parent / name
+    return path.read_text() if path.is_file() else None

@@ -23,7 +23,7 @@ def _padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
 
 
 
-def apply_model(draft: Draft, args: Args, options: Options, tp: int, gpus: int) -> None:
+def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
     """The shape flags (with Megatron-LM's defaults where a flag is absent) over ``--model``."""
     model = ModelDraft(draft, options)
     describes = args.has("num_layers") or args.has("hidden_size")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.interop.draft import Draft, Options, refuse
-from sim.interop.megatron import apply
+from sim.interop.megatron import apply, apply_userbuffers
 from sim.interop.megatron_args import Args
 from sim.spec.scenario import parse_yaml, read_text
 
@@ -239,7 +239,7 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
         draft.put("parallel.dp_bucket_size", float(flat["model.optim.bucket_cap_mb"]) * 2**20,
                   "model.optim.bucket_cap_mb", flat["model.optim.bucket_cap_mb"], "MiB")
         read.add("model.optim.bucket_cap_mb")
-    _userbuffers_sms(draft, flat, read)
+    read.update(apply_userbuffers(draft, flat))
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")
@@ -253,26 +253,4 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
         else:
             draft.row(key, value, "unknown", "not read by clustersim")
     return draft
-
-
-# TE userbuffers' pipelined reduce-scatters after the two row-parallel GEMMs (attention's output projection, the
-# MLP's FC2) in NeMo's ub_tp_comm_overlap_cfg (NeMo 1.x model.ub_tp_comm_overlap_cfg; the launcher's
-# ub_cfg_h100_*.yaml, NeMo 2.x tp_overlap_configs/userbuffers.py alike): each one's num_sm.
-USERBUFFERS_ROW_GEMMS = ("proj_fprop", "fc2_fprop")
-
-
-def _userbuffers_sms(draft: Draft, flat: dict[str, Any], read: set[str]) -> None:
-    """An inline userbuffers config's SMs for the reduce-scatters beside the row GEMMs -> parallel.tp_comm_overlap_sms
-    (sim.workload.step.tp_overlap_sms): the simulator prices both row GEMMs with one count, so their mean (NeMo's
-    H100 configs give 24 and 16, or 24 and 8). A config named by a Hydra default only, not inline, leaves the
-    field at its default (the middle of those configs)."""
-    found = [(key, flat[key]) for key in flat for gemm in USERBUFFERS_ROW_GEMMS
-             if key.endswith(f"tp_comm_overlap_cfg.{gemm}.num_sm") and isinstance(flat[key], int)]
-    if not found:
-        return
-    sms = round(sum(value for _, value in found) / len(found))
-    note = "mean of " + ", ".join(f"{key.rsplit('.', 2)[-2]} {value}" for key, value in found)
-    for key, value in found:  # one row per key read, each naming the field it sets
-        draft.put("parallel.tp_comm_overlap_sms", sms, key, value, note)
-    read.update(key for key, _ in found)
 

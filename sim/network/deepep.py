@@ -28,6 +28,7 @@ deepseek-ai/DeepEP issue #16).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import comb
 
 # DeepEP README (docs/legacy.md, 'Normal kernels with NVLink and RDMA forwarding'), H800 + CX7 400 Gb/s:
@@ -80,3 +81,62 @@ def deepep_time(rdma_bytes: float, nvlink_bytes: float, rdma_bw: float, nvlink_b
     rdma = rdma_bytes / rdma_bw if rdma_bytes > 0 else 0.0
     nvlink = nvlink_bytes / nvlink_bw if nvlink_bytes > 0 else 0.0
     return skew * max(rdma, nvlink)
+
+
+# The ops of DeepEP's exchanges as the network models see them (sim.network.models): a MoE layer's dispatch and
+# combine under ``moe.token_dispatcher: flex`` (the backward's combine-gradient is a dispatch, and so on).
+DISPATCH, COMBINE = "deepep_dispatch", "deepep_combine"
+OPS = (DISPATCH, COMBINE)
+
+
+@dataclass(frozen=True)
+class DeepepTraffic:
+    """What one rank's DeepEP dispatch (and combine, its mirror) moves and how fast, for the network models:
+    ``rdma_bytes`` / ``nvlink_bytes`` as DeepEP counts them (``deepep_bytes``: R and N), and the achieved
+    bandwidths, (dispatch, combine) each (``rdma_bandwidth``, ``nvlink_bandwidth`` or the scenario's knobs)."""
+
+    rdma_bytes: float
+    nvlink_bytes: float
+    rdma_bandwidth: tuple[float, float]
+    nvlink_bandwidth: tuple[float, float]
+
+    def seconds(self, op: str, skew: float = 1.0) -> float:
+        """``op``'s (``DISPATCH`` or ``COMBINE``) closed-form seconds (``deepep_time``)."""
+        combine = OPS.index(op)
+        return deepep_time(self.rdma_bytes, self.nvlink_bytes, self.rdma_bandwidth[combine],
+                           self.nvlink_bandwidth[combine], skew)
+
+
+def deepep_flows(op: str, traffic: DeepepTraffic, group: tuple[int, ...], domain_of: dict[int, int],
+                 skew: float = 1.0) -> list[tuple[int, int, float, float]]:
+    """The point-to-point flows of one DeepEP exchange over ``group`` as (sender, receiver, bytes, rate cap): each
+    sender sends its tokens once to every other NVLink domain of the group, to the member with its own local
+    index there (RDMA; R / D bytes each, D domains, R counting its own domain as DeepEP does), and the tokens
+    that every member of a domain received are forwarded once to each other member of that domain holding one of
+    their experts (NVLink; N / P bytes from each of the P members to each, N the bytes a rank receives, its own
+    share included). The forwarder relays chunks as they arrive, so both tiers' flows run at once; each is capped
+    at its tier's achieved bandwidth over D (or P) destinations, so that alone they end together at R / B_rdma
+    and N / B_nvl: the closed form's slower part (``deepep_time``). With ``skew`` the group's first rank is the
+    hottest receiver: the flows into it carry skew x their bytes, so they end at skew x that time."""
+    combine = OPS.index(op)
+    members: dict[int, list[int]] = {}
+    for rank in group:
+        members.setdefault(domain_of[rank], []).append(rank)
+    domains = len(members)
+    rdma_bw, nvlink_bw = traffic.rdma_bandwidth[combine], traffic.nvlink_bandwidth[combine]
+    flows = []
+    for sender in group:
+        own = members[domain_of[sender]]
+        local = own.index(sender)
+        if domains > 1 and traffic.rdma_bytes > 0:
+            for domain, ranks in members.items():
+                if domain != domain_of[sender]:
+                    receiver = ranks[local % len(ranks)]
+                    share = traffic.rdma_bytes / domains * (skew if receiver == group[0] else 1.0)
+                    flows.append((sender, receiver, share, rdma_bw / domains))
+        if len(own) > 1 and traffic.nvlink_bytes > 0:
+            for receiver in own:
+                if receiver != sender:
+                    share = traffic.nvlink_bytes / len(own) * (skew if receiver == group[0] else 1.0)
+                    flows.append((sender, receiver, share, nvlink_bw / len(own)))
+    return flows

@@ -18,6 +18,10 @@ slower tier and the slowest rank setting the time; the contention model moves ev
 along its route (PXN included), capped at its tier's per-peer share (a sender's pairs of one tier as one flow).
 ``skew`` (max/mean bytes per receiving rank, an MoE router's imbalance) makes the group's first rank the hottest
 receiver; only an all-to-all takes one.
+DeepEP's dispatch and combine (ops ``deepep_dispatch`` / ``deepep_combine``, ``moe.token_dispatcher: flex``) are
+priced from the run's ``DeepepTraffic`` (sim.network.deepep): analytic, its closed form; contention, its RDMA flows
+(one per destination node) and NVLink flows (one per destination rank) at once, capped so that alone they end at
+that closed form (``deepep_flows``).
 It is a ``FlowLevelNetwork``: the protocol the event engine and the estimate read (``is_flow_level``).
 
 The topology is only a type here (imported for type checking): the engine imports this module for
@@ -47,6 +51,8 @@ from sim.network.collectives import (
     tree_channels,
     tree_time,
 )
+from sim.network.deepep import OPS as DEEPEP_OPS
+from sim.network.deepep import DeepepTraffic, deepep_flows
 
 if TYPE_CHECKING:
     from sim.network.topology import Topology
@@ -109,10 +115,12 @@ class AnalyticNetwork:
     flow_level = False
     shared_nics = True  # symmetric traffic: a GPU gets its share of the node's NICs (see Topology.rail_bandwidth)
 
-    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> None:
+    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto",
+                 deepep: DeepepTraffic | None = None) -> None:
         self.topology = topology
         self.algorithm = algorithm
         self.protocol = protocol  # NCCL_PROTO for rings across nodes (sim.network.collectives.RING_PROTOCOLS)
+        self.deepep = deepep  # the run's DeepEP exchanges (moe.token_dispatcher: flex), else None
         self.options = lru_cache(maxsize=None)(self._options)
         self.p2p_time = lru_cache(maxsize=None)(self._p2p_time)  # type: ignore[method-assign]
         self.all_to_all_terms = lru_cache(maxsize=None)(self._all_to_all_terms)
@@ -189,7 +197,15 @@ class AnalyticNetwork:
             return min(options, key=options.__getitem__)  # ties: ring first (dict order)
         return self.algorithm if self.algorithm in options else "ring"
 
+    def _deepep_traffic(self, op: str) -> DeepepTraffic:
+        if self.deepep is None:
+            raise ValueError(f"{op}: this network was made without the run's DeepEP traffic (models.make's deepep)")
+        return self.deepep
+
     def collective_time(self, op: str, nbytes: float, group: tuple[int, ...], skew: float = 1.0) -> float:
+        if op in DEEPEP_OPS:  # DeepEP's closed form (sim.network.deepep.deepep_time)
+            _check_skew(op, skew, len(group))
+            return self._deepep_traffic(op).seconds(op, skew) if len(group) > 1 else 0.0
         if skew != 1.0:
             _check_skew(op, skew, len(group))
             return sum(self.all_to_all_terms(nbytes, group, skew))
@@ -236,8 +252,9 @@ class ContentionNetwork(AnalyticNetwork):
     flow_level = True
     shared_nics = False  # NIC sharing is what the flows compute
 
-    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> None:
-        super().__init__(topology, algorithm, protocol)
+    def __init__(self, topology: Topology, algorithm: str = "auto", protocol: str = "auto",
+                 deepep: DeepepTraffic | None = None) -> None:
+        super().__init__(topology, algorithm, protocol, deepep)
         self.capacities = [link.capacity for link in topology.links]
         self.transfer = lru_cache(maxsize=None)(self._transfer)
 
@@ -281,6 +298,15 @@ class ContentionNetwork(AnalyticNetwork):
             flows += self._channels([channel], nvlink_cap if domain_of[src] == domain_of[dst] else net_cap)
         return TransferPhase(latency, tuple(flows))
 
+    def _deepep_phase(self, op: str, group: tuple[int, ...], skew: float) -> TransferPhase:
+        """A DeepEP dispatch or combine: no latency term (the closed form has none: docs/mechanisms/deepep.md),
+        then its RDMA and NVLink flows at once (sim.network.deepep.deepep_flows), each on its route."""
+        domain_of = {rank: self.topology.domain_of(rank) for rank in group}
+        flows: list[FlowChannel] = []
+        for src, dst, nbytes, cap in deepep_flows(op, self._deepep_traffic(op), group, domain_of, skew):
+            flows += self._channels([Channel(((src, dst),), nbytes)], cap)
+        return TransferPhase(0.0, tuple(flows))
+
     def _transfer(self, op: str, nbytes: float, group: tuple[int, ...],
                   skew: float = 1.0) -> tuple[TransferPhase, ...]:
         topo, n = self.topology, len(group)
@@ -289,6 +315,8 @@ class ContentionNetwork(AnalyticNetwork):
             return ()
         if op == "all_to_all":
             return (self._all_to_all_phase(nbytes, group, skew),)
+        if op in DEEPEP_OPS:
+            return (self._deepep_phase(op, group, skew),)
         if op == "send":
             bandwidth = topo.tier(group, self.shared_nics).bandwidth_at(nbytes)
             latency = self.p2p_time(nbytes, group[0], group[1]) - nbytes / bandwidth
@@ -358,18 +386,22 @@ def transfer_time(network: Network, op: str, nbytes: float, group: tuple[int, ..
 
 
 def _check_skew(op: str, skew: float, n: int) -> None:
-    """Only an all-to-all takes a routing skew (max/mean bytes per receiving rank), in [1, n]."""
+    """Only an all-to-all (NCCL's or DeepEP's) takes a routing skew (max/mean bytes per receiving rank), in
+    [1, n]."""
     if skew != 1.0:
-        if op != "all_to_all":
+        if op != "all_to_all" and op not in DEEPEP_OPS:
             raise ValueError(f"skew: only an all_to_all has a routing skew, not {op} (got skew {skew})")
         check_skew(skew, n)
 
 
-def make(name: str, topology: Topology, algorithm: str = "auto", protocol: str = "auto") -> Network:
+def make(name: str, topology: Topology, algorithm: str = "auto", protocol: str = "auto",
+         deepep: DeepepTraffic | None = None) -> Network:
+    """The network model ``name`` on ``topology``; ``deepep``: the run's DeepEP traffic (``Plan.deepep_traffic``),
+    which prices the ``deepep_*`` ops (the ideal network makes every transfer free)."""
     if name == "ideal":
         return IdealNetwork()
     if name == "analytic":
-        return AnalyticNetwork(topology, algorithm, protocol)
+        return AnalyticNetwork(topology, algorithm, protocol, deepep)
     if name == "contention":
-        return ContentionNetwork(topology, algorithm, protocol)
+        return ContentionNetwork(topology, algorithm, protocol, deepep)
     raise ValueError(f"unknown network model {name!r}")

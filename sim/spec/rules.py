@@ -304,6 +304,13 @@ def _check_a2a_overlap(s: Scenario, d: Degrees) -> None:
     if s.parallel.pp > 1 and s.schedule != "interleaved":
         raise ValueError(f"schedule: moe.a2a_overlap with pp = {s.parallel.pp} runs in Megatron-Core's interleaved "
                          f"schedule (virtual pipeline size given), not {s.schedule}")
+    if s.parallel.pp > 1 and s.parallel.vpp < 2:
+        # transformer_config.py __post_init__: "If enabling EP A2A overlap, virtual_pipeline_model_parallel_size
+        # must be specified when pipeline_model_parallel_size > 1"; arguments.py sets a virtual size of 1 to None.
+        # The combined 1F1B exists only without pipelining and interleaved (combined_1f1b.py).
+        raise ValueError(f"parallel.vpp: moe.a2a_overlap with pp = {s.parallel.pp} needs virtual pipeline stages "
+                         f"(vpp >= 2, not {s.parallel.vpp}; Megatron-Core asserts a virtual pipeline size when pp > "
+                         "1)")
     if s.parallel.pp == 1 and s.schedule not in A2A_OVERLAP:
         raise ValueError(f"schedule: moe.a2a_overlap with pp = 1 is Megatron-Core's no-pipelining combined 1F1B, not "
                          f"{s.schedule}")

@@ -274,7 +274,7 @@ class MoeSpec(FrozenSpec):
         "warm-up forward, then each steady forward issued with a backward of another micro-batch, the two "
         "interleaved layer by layer so each one's dispatch/combine runs under the other's compute "
         "(docs/mechanisms/a2a_overlap.md); needs ep > 1, the alltoall or flex dispatcher, the interleaved "
-        "schedule when pp > 1, no full recomputation and no recompute module moe"))
+        "schedule with vpp >= 2 when pp > 1, no full recomputation and no recompute module moe"))
 
 
 class FsdpSpec(FrozenSpec):

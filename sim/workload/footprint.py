@@ -51,8 +51,8 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
     offload, parallel = plan.scenario.offload, plan.scenario.parallel
     params = plan.stage_trainable_params(stage)
     t = plan.scenario.training  # the optimizer's states per trained parameter: master copy and moments
-    states = model_state_bytes(params, plan.dtype, plan.zero_stage_at_rest, plan.zero_shards, plan.grad_dtype,
-                               t.master_weights, t.optimizer_dtype)
+    states = model_state_bytes(params, plan.dtype, plan.zero_stage_at_rest, plan.zero_shards,
+                               plan.grad_storage_dtype, t.master_weights, t.optimizer_dtype)
     if plan.peft.active:  # frozen weights: in their storage dtype, sharded with the rest, no gradient or state
         shards = plan.zero_shards if plan.zero_stage_at_rest >= 3 else 1
         states = ModelStates(states.weights + plan.stage_frozen_bytes(stage) / shards, states.gradients,
@@ -63,7 +63,7 @@ def states_and_buffers(plan: Plan, stage: int) -> tuple[dict[str, float], float]
                                 main_grad_buffer=plan.main_grad_buffer)
     if plan.is_moe:  # routed experts: sharded over ep x etp, ZeRO over the expert-data-parallel group
         experts, expert_host = placed(model_state_bytes(plan.stage_expert_params(stage), plan.dtype,
-                                                        plan.zero_stage_at_rest, plan.edp, plan.grad_dtype,
+                                                        plan.zero_stage_at_rest, plan.edp, plan.grad_storage_dtype,
                                                         t.master_weights, t.optimizer_dtype),
                                       offload.optimizer, offload.params)
         states = ModelStates(states.weights + experts.weights, states.gradients + experts.gradients,

@@ -13,7 +13,14 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, Work
 from sim.workload.ir import EP_STREAM
-from sim.workload.step import combine_exchanges, dispatch_exchanges, expert_group, moe_blocks, moe_recompute
+from sim.workload.step import (
+    combine_exchanges,
+    dispatch_exchanges,
+    expert_group,
+    moe_blocks,
+    moe_recompute,
+    task_seconds,
+)
 
 
 class MoeLayerEmitter:
@@ -26,9 +33,9 @@ class MoeLayerEmitter:
         self.recompute = moe_recompute(plan)
         self.has_shared = bool(self.work["moe_shared"].ops)
         # (op, bytes, group, skew) and the exchange's own seconds (DeepEP's; None: the network times it)
-        self.dispatch = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), ex.seconds)
+        self.dispatch = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), task_seconds(plan, ex))
                          for ex in dispatch_exchanges(plan)]
-        self.combine = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), ex.seconds)
+        self.combine = [((ex.op, ex.nbytes, expert_group(plan, rank, ex.group), ex.skew), task_seconds(plan, ex))
                         for ex in combine_exchanges(plan)]
 
     def task(self, *args: Any, **kwargs: Any) -> int:

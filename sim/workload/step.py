@@ -48,6 +48,7 @@ from sim.model.ops import (
 )
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.transformer import embedding_params, head_params, layer_modules, layer_params
+from sim.network import deepep
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
 from sim.parallel.context import CpExchange, correction_rows, exchanges, executed_share, step_shares
@@ -320,7 +321,15 @@ class Exchange:
     nbytes: float
     group: str
     skew: float = 1.0  # an all-to-all's max/mean bytes per receiving rank (sim.network.models)
-    seconds: float | None = None  # priced here, not by the network: DeepEP's kernels (``Plan.deepep_seconds``)
+    seconds: float | None = None  # DeepEP's closed form (``Plan.deepep_seconds``): the analytic replay and the
+    # estimate take it; the contention replay moves the exchange as flows instead (``task_seconds``)
+
+
+def task_seconds(plan: Plan, exchange: Exchange) -> float | None:
+    """The duration an exchange's task carries (None: the network times it): DeepEP's closed form, except on the
+    contention network, which moves DeepEP's exchanges as flows on the links they use (its ``deepep_*`` ops,
+    sim.network.deepep.deepep_flows), so they share them with the DP and PP traffic."""
+    return None if plan.scenario.network.model == "contention" else exchange.seconds
 
 
 def exchange_seconds(plan: Plan, network: Any, exchange: Exchange) -> float:
@@ -366,7 +375,8 @@ def _deepep_exchange(plan: Plan, combine: bool) -> Exchange:
     The dispatch's backward is a combine and the combine's a dispatch (Megatron-Core fused_a2a.py), priced as
     such by the emitter's reuse of these exchanges."""
     rdma, nvlink = plan.deepep_bytes
-    return Exchange("all_to_all", rdma or nvlink, "ep", plan.dispatch_skew, plan.deepep_seconds[int(combine)])
+    return Exchange(deepep.COMBINE if combine else deepep.DISPATCH, rdma or nvlink, "ep", plan.dispatch_skew,
+                    plan.deepep_seconds[int(combine)])
 
 
 def expert_group(plan: Plan, rank: int, which: str) -> tuple[int, ...]:
