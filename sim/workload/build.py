@@ -577,15 +577,17 @@ class _StageEmitter:
                 else:
                     after = self._block("backward", block, mb, layer, after, phase)
         if moe and self.moe_host[direction] > 0 and after is not None:
-            after = self._moe_host(direction, mb, layer, first, after)
+            # full recomputation reruns the layer's forward, its host sync and eager ops with it, in the backward
+            host = self.moe_host[direction] + (self.moe_host["forward"] if recomputes else 0.0)
+            after = self._moe_host(direction, host, mb, layer, first, after)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
 
-    def _moe_host(self, direction: str, mb: int, layer: int, first: int, last: int) -> int:
+    def _moe_host(self, direction: str, host: float, mb: int, layer: int, first: int, last: int) -> int:
         """A MoE layer pass issued by the host behind the dispatcher's host sync (``Plan.moe_host_seconds``,
-        sim.costs.host): the host's issue time on the ``host`` stream, from the end of the pass's first task less
+        sim.costs.host; ``host`` seconds in all): the host's issue time on the ``host`` stream, from the end of the pass's first task less
         that task's length where it is a compute task (so from its start; a collective's length is the network's,
         the error then), and a zero-length task on the compute
         stream after both it and the pass's last task, so the pass ends no earlier than the host has issued it.
@@ -595,7 +597,7 @@ class _StageEmitter:
         head = self.g.tasks[first]
         ran = head.duration if head.stream == "compute" and head.duration else 0.0
         issue = self._add(HOST_STREAM, Kind.HOST, "moe_host_issue", mb, layer, None, (first,),
-                          duration=max(0.0, self.moe_host[direction] - ran))
+                          duration=max(0.0, host - ran))
         self._flagged(issue, False, False, (issue - first,))
         kind = Kind.FORWARD if direction == "forward" else Kind.BACKWARD
         wait = self._add("compute", kind, "moe_host_wait", mb, layer, issue, (last,), duration=0.0)
