@@ -587,11 +587,11 @@ class _StageEmitter:
 
     def _moe_host(self, direction: str, host: float, mb: int, layer: int, first: int, last: int) -> int:
         """A MoE layer pass issued by the host behind the dispatcher's host sync (``Plan.moe_host_seconds``,
-        sim.costs.host; ``host`` seconds in all): the host's issue time on the ``host`` stream, from the end of the pass's first task less
-        that task's length where it is a compute task (so from its start; a collective's length is the network's,
-        the error then), and a zero-length task on the compute
-        stream after both it and the pass's last task, so the pass ends no earlier than the host has issued it.
-        Both take their edges inside the layer's chain (stamped like the rest). Returns the compute task."""
+        sim.costs.host; ``host`` seconds in all): the host's issue time on the ``host`` stream, from the end of the
+        pass's first task less that task's length where it is a compute task (so from its start; a collective's
+        length is the network's, the error then), and a zero-length task on the compute stream after both it and
+        the pass's last task, so the pass ends no earlier than the host has issued it. Both take their edges
+        inside the layer's chain (stamped like the rest). Returns the compute task."""
         # the host issued the first task before it ran: count the issue time from that task's start where its
         # length is known here (a compute task; a collective's is the network's)
         head = self.g.tasks[first]
