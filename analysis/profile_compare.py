@@ -41,11 +41,12 @@ Kernel classes, by name (``KERNEL_CLASSES``; first match wins; names as the libr
 The simulated side: the run's tasks on one rank. Communication streams give each collective's seconds by the
 trace's ``op`` column (``send`` for pipeline sends); the offload stream's PCIe copies are memcpy. A compute task
 is split into GEMM, attention and other compute by its block's kernels as the run's cost model prices them
-(sim.workload.step.blocks, sim.costs.models.phase_scale and kernel_time: the GEMMs with weights, the attention
-core of sim.model.ops.ATTENTION_CORE, the rest), summed over the rank so a backward split in two tasks splits as
-one; compute the model does not break into kernels (the optimizer step, gradient norm) is other compute. Idle is
-the step minus the union of the rank's GPU tasks. Unfused attention (``flash_attention: false``) runs its score
-and value products as cuBLAS batched GEMMs on a real GPU, which the measured side then counts as GEMM.
+(sim.workload.step.blocks, sim.costs.models.phase_scale and kernel_time: the GEMMs with weights, the
+attention core of sim.model.attention_ops.ATTENTION_CORE, the rest), summed over the rank so a backward split in
+two tasks splits as one; compute the model does not break into kernels (the optimizer step, gradient norm) is
+other compute. Idle is the step minus the union of the rank's GPU tasks. Unfused attention
+(``flash_attention: false``) runs its score and value products as cuBLAS batched GEMMs on a real GPU, which the
+measured side then counts as GEMM.
 """
 
 from __future__ import annotations
@@ -211,7 +212,7 @@ def measured_steps(path: Path | str, device: int | None = None,
 def _compute_shares(run_dir: Path) -> tuple[dict[tuple[str, str], dict[str, float]], Any]:
     """Per (task name, compute phase): the share of GEMM / attention / other compute in its priced kernels."""
     from sim.costs.models import phase_scale
-    from sim.model.ops import ATTENTION_CORE
+    from sim.model.attention_ops import ATTENTION_CORE
     from sim.plan import resolve
     from sim.spec.scenario import load_scenario
     from sim.workload.step import blocks, make_costs, moe_blocks

@@ -23,8 +23,8 @@ import numpy as np
 import yaml
 
 from sim.errors import ConfigError
+from sim.model.params import total_params
 from sim.model.peft import trainable_params
-from sim.model.transformer import total_params
 from sim.plan import resolve
 from sim.spec import scenario as spec
 from sim.spec.scenario import Scenario

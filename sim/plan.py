@@ -25,6 +25,7 @@ from sim.costs import host
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware.dtypes import bytes_per_element, parameter_dtype
+from sim.model.flops import model_flops_per_step
 from sim.model.memory import (
     Recompute,
     activation_bytes_per_layer,
@@ -34,6 +35,7 @@ from sim.model.memory import (
     optimizer_bytes_per_param,
     rank_params,
 )
+from sim.model.params import LayerParams, layer_modules, layer_params
 from sim.model.peft import (
     Peft,
     adapter_activation_bytes,
@@ -44,7 +46,7 @@ from sim.model.peft import (
     layer_trainable_params,
 )
 from sim.model.peft import model_flops_per_step as peft_model_flops
-from sim.model.transformer import LayerParams, ModelSpec, layer_modules, layer_params, model_flops_per_step
+from sim.model.transformer import ModelSpec
 from sim.network import deepep
 from sim.parallel.chunks import Layout, chunk_location, model_chunk
 from sim.parallel.context import CpCommType, ring_buffer_bytes
@@ -718,7 +720,7 @@ class Plan:
         kernel executes). A row's documents, each attended alone by flash attention's varlen kernel, need
         n E[s^2] / seq_len^2 of the row's seq_len^2 (packed: n = seq_len / E[s]; padded: n = 1, transformers
         unpadding FlashAttention-2's input); each executes its own causal share. None (the row's full matrix and
-        its causal share, as sim.model.ops prices it) without flash attention or in the default case."""
+        its causal share, as sim.model.attention_ops prices it) without flash attention or in the default case."""
         if self.lengths is None or not self.scenario.training.flash_attention:
             return None
         documents = self.documents_per_row * self.lengths.mean_square
@@ -741,7 +743,7 @@ class Plan:
 
     @cached_property
     def model_flops_per_step(self) -> float:
-        """MFU's numerator: the model FLOPs of the step's documents (sim.model.transformer.model_flops_per_step,
+        """MFU's numerator: the model FLOPs of the step's documents (sim.model.flops.model_flops_per_step,
         or sim.model.peft's under a fine-tuning method). A sequence's FLOPs are a s + c s^2 (linear layers and
         logits per token, attention per token pair, Korthikanti et al. eq. 7's form), so the documents' FLOPs are
         rows x documents per row x (a E[s] + c E[s^2]): padding tokens and the attention between packed

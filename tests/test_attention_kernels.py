@@ -21,8 +21,11 @@ from sim.costs.models import RooflineCosts, Work, resolve_attention_backend
 from sim.costs.profile import default_for
 from sim.errors import SimError
 from sim.hardware.gpus import GPU_PRESETS
-from sim.model.ops import FLASH_ATTENTION, Op, causal_fraction, layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.attention_ops import FLASH_ATTENTION
+from sim.model.flash_tiles import causal_fraction
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.ops import Op
+from sim.model.presets import MODEL_PRESETS
 from sim.spec.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"

@@ -25,7 +25,7 @@ from sim.calibrate.run import LOOPBACK, gloo_environment, listening_socket, reso
 from sim.cli.commands import main  # noqa: E402
 from sim.costs.profile import load  # noqa: E402
 from sim.errors import ConfigError  # noqa: E402
-from sim.model.ops import causal_fraction  # noqa: E402
+from sim.model.flash_tiles import causal_fraction  # noqa: E402
 from sim.network.collectives import bus_factor  # noqa: E402
 from sim.spec.scenario import load_scenario  # noqa: E402
 

@@ -15,7 +15,7 @@ from sim import runner
 from sim.errors import ConfigError
 from sim.explore import search
 from sim.explore.estimate import estimate
-from sim.model.ops import FLASH_TILE, causal_fraction
+from sim.model.flash_tiles import FLASH_TILE, causal_fraction
 from sim.parallel.context import exchanges, executed_share, rank_chunks, ring_makespan, ring_steps, step_shares
 from sim.parallel.grid import RankGrid
 from sim.plan import resolve

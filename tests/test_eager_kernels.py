@@ -13,8 +13,9 @@ import pytest
 from sim.costs.models import RooflineCosts, Work
 from sim.costs.profile import default_for
 from sim.hardware.gpus import GPU_PRESETS
-from sim.model.ops import EAGER_RMSNORM_BYTES, layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.ops import EAGER_RMSNORM_BYTES
+from sim.model.presets import MODEL_PRESETS
 
 DEVICES = {"H100-SXM": "NVIDIA H100 80GB HBM3", "H200": "NVIDIA H200"}
 

@@ -1,9 +1,10 @@
 """The FLOPs a task is priced on are the FLOPs the trace counts (``Op.executed_flops``): HFU never above 1.
 
 The fuzz suite found, from a fresh clone, Llama 3 70B LoRA on one H100 at 509,712 tokens reporting HFU 1.00008
-(1.00000016 without LoRA): a causal flash kernel's time was priced on the tiles it executes (about half the
-s x s matrix, ``sim.model.ops.causal_fraction``) while the trace counted Megatron's full matrix, so its attention
-tasks ran at 109-110% of the GPU's dense peak. Now both are the executed tiles; MFU keeps Megatron's count.
+(1.00000016 without LoRA): a causal flash kernel's time was priced on the tiles it executes (about half
+the s x s matrix, ``sim.model.flash_tiles.causal_fraction``) while the trace counted Megatron's full matrix, so
+its attention tasks ran at 109-110% of the GPU's dense peak. Now both are the executed tiles; MFU keeps Megatron's
+count.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sim
 from sim.costs.models import RooflineCosts, phase_scale
 from sim.costs.profile import default_for
 from sim.errors import ConfigError
-from sim.model.ops import FLASH_TILE, causal_fraction
+from sim.model.flash_tiles import FLASH_TILE, causal_fraction
 from sim.plan import resolve
 from sim.runner import RunResult
 from sim.workload.step import blocks, make_costs
@@ -104,7 +105,7 @@ def test_no_task_counts_more_flops_than_the_peak_runs_in_its_time(run: RunResult
 
 
 def test_mfu_may_pass_1_where_hfu_does_not() -> None:
-    """Megatron's MFU counts the full s x s matrix on every layer, sliding-window ones too (sim.model.transformer
+    """Megatron's MFU counts the full s x s matrix on every layer, sliding-window ones too (sim.model.flops
     model_flops_per_step), so at long context it passes 1 while the kernels run below the peak: the runner's
     physical check reads HFU (sim.runner.check_physical), which refused this scenario as 'MFU 1.1 is above 1
     (a simulator bug)' before. On an A100, whose profile prices attention on the GEMM curve (the H100's measured

@@ -8,8 +8,9 @@ import pytest
 
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware.gpus import GPU_PRESETS
-from sim.model.ops import ATTENTION_CORE, layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.attention_ops import ATTENTION_CORE
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
 
@@ -50,8 +51,9 @@ def test_the_scenario_knob_reaches_the_cost_model() -> None:
 # ------------------------------------------------------------------------------------- cast/transpose kernels
 from sim.costs.models import phase_scale  # noqa: E402
 from sim.costs.profile import default_for  # noqa: E402
-from sim.model.ops import CAST_BYTES, CAST_TRANSPOSE_BYTES, TRANSPOSE_BYTES, Fp8Casts, head_forward_ops  # noqa: E402
-from sim.model.transformer import spec_from_hf_config  # noqa: E402
+from sim.model.fp8_casts import CAST_BYTES, CAST_TRANSPOSE_BYTES, TRANSPOSE_BYTES, Fp8Casts  # noqa: E402
+from sim.model.hf_config import spec_from_hf_config  # noqa: E402
+from sim.model.vocab_ops import head_forward_ops  # noqa: E402
 
 
 def _cast_bytes(ops: dict[str, tuple], phase: str) -> float:
@@ -159,7 +161,8 @@ def test_the_bf16_scaling_rule_predicts_b200s_measured_fp8_curve() -> None:
 def test_squared_relu_mlp_has_two_matrices_and_two_elementwise_passes() -> None:
     gelu = MODEL_PRESETS["gpt3-13b"]
     sq = gelu.model_copy(update={"mlp": "squared_relu"})
-    from sim.model.transformer import layer_forward_flops, layer_params
+    from sim.model.flops import layer_forward_flops
+    from sim.model.params import layer_params
     assert layer_params(sq) == layer_params(gelu)
     assert layer_forward_flops(sq, 1, 2048) == layer_forward_flops(gelu, 1, 2048)
     act = {m: next(op for op in layer_forward_ops(spec, 1, 2048, 1, False, 2, True)["mlp"]

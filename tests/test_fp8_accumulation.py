@@ -10,8 +10,8 @@ import pytest
 from sim.costs.models import CalibratedCosts, RooflineCosts, Work
 from sim.costs.profile import DeviceInfo, GemmCurve, Profile
 from sim.hardware.gpus import GPU_PRESETS
-from sim.model.ops import layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
 
@@ -77,7 +77,7 @@ def test_the_knob_defaults_to_1_15_and_reaches_the_cost_model() -> None:
 
 
 # ------------------------------------------------------------------------------------ delayed vs current scaling
-from sim.model.ops import AMAX_SCAN_BYTES, NORM_FUSED_LINEAR, Fp8Casts, fp8_cast_ops  # noqa: E402
+from sim.model.fp8_casts import AMAX_SCAN_BYTES, NORM_FUSED_LINEAR, Fp8Casts, fp8_cast_ops  # noqa: E402
 from sim.workload.step import fp8_casts  # noqa: E402
 
 

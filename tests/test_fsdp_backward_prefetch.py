@@ -15,7 +15,7 @@ reduce-scatter, and both are exposed (sim.workload.data_parallel). Measured here
 import pytest
 
 from sim import runner
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 
 from conftest import make_scenario
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sim.costs.models import RooflineCosts, phase_scale
-from sim.model.transformer import layer_params
+from sim.model.params import layer_params
 from sim.plan import resolve
 from sim.workload.step import blocks, fsdp_predivide_factor, make_costs
 

@@ -8,7 +8,7 @@ import pytest
 from sim import runner
 from sim.errors import ConfigError
 from sim.explore.estimate import estimate
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.footprint import memory_plan
 

@@ -10,7 +10,8 @@ import pytest
 
 import sim
 from sim.errors import ConfigError
-from sim.model.transformer import MODEL_PRESETS, total_params
+from sim.model.params import total_params
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.footprint import memory_plan

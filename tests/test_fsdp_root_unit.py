@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import sim
-from sim.model.transformer import MODEL_PRESETS, embedding_params, head_params, layer_params
+from sim.model.params import embedding_params, head_params, layer_params
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.footprint import memory_plan, memory_timeline, root_unit_bytes

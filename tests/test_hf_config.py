@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sim.model import hf_config, transformer
 from sim.model.hf_config import read_hf_config, spec_from_hf_config
-from sim.model.transformer import MODEL_PRESETS, ModelSpec, total_params
+from sim.model.params import total_params
+from sim.model.presets import MODEL_PRESETS
+from sim.model.transformer import ModelSpec
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
@@ -89,11 +90,6 @@ def test_dense_configs_with_all_full_attention_layer_types_are_read():
     llama = json.loads((CONFIGS.parent / "hf_llama2_7b_config.json").read_text())
     fields = spec_from_hf_config({**llama, "layer_types": ["full_attention"] * 32}, "l")
     assert ModelSpec(**{**fields, "name": "llama2-7b"}) == MODEL_PRESETS["llama2-7b"]
-
-
-def test_the_old_import_path_still_works():
-    assert transformer.spec_from_hf_config is hf_config.spec_from_hf_config
-    assert transformer.read_hf_config is hf_config.read_hf_config
 
 
 def test_a_refused_config_through_the_scenario_is_one_line_naming_the_key(tmp_path):

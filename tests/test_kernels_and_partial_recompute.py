@@ -10,9 +10,10 @@ import pytest
 from sim import runner
 from sim.cli import commands as cli
 from sim.explore.estimate import estimate
+from sim.model.layer_ops import layer_forward_ops
 from sim.model.memory import activation_bytes_per_layer
-from sim.model.ops import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES, layer_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.ops import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.footprint import stage_memory
@@ -122,7 +123,7 @@ def test_a_pipeline_chunk_recomputes_its_own_first_layers() -> None:
 
 def test_causal_flash_attention_computes_the_tiles_on_and_below_the_diagonal():
     """FlashAttention-2 (Dao 2023, Sec. 3.1.1) skips score tiles above the diagonal: n(n+1)/2 of n^2 tiles of 128."""
-    from sim.model.ops import causal_fraction
+    from sim.model.flash_tiles import causal_fraction
 
     assert causal_fraction(2048) == 17 / 32 and causal_fraction(8192) == 65 / 128 and causal_fraction(128) == 1.0
     assert causal_fraction(200) == 3 / 4  # two tiles per row: the diagonal pair and one below

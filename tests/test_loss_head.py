@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sim.model.memory import LOSS_BYTES
-from sim.model.ops import head_forward_ops
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
+from sim.model.vocab_ops import head_forward_ops
 from sim.plan import resolve
 from sim.spec.scenario import scenario_from_dict
 from sim.workload.footprint import memory_plan
@@ -71,7 +71,7 @@ def test_bad_value_is_one_line() -> None:
 def test_fused_norm_rope_overrides_fused_kernels() -> None:
     # Eager modelling code calling flash-attn's fused RMSNorm and rotary kernels: the norms one read and one
     # write, no eager rotary kernels, the rest (SwiGLU, residual adds) eager.
-    from sim.model.ops import layer_forward_ops
+    from sim.model.layer_ops import layer_forward_ops
 
     spec = MODEL_PRESETS["llama3-8b"]
     eager = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)

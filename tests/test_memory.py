@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from sim.model.memory import activation_bytes_per_layer, model_state_bytes, peak_usage, rank_params
-from sim.model.transformer import MODEL_PRESETS, total_params
+from sim.model.params import total_params
+from sim.model.presets import MODEL_PRESETS
 
 from conftest import DATA
 

@@ -3,13 +3,9 @@
 
 import pytest
 
-from sim.model.transformer import (
-    MODEL_PRESETS,
-    layer_forward_flops,
-    logits_forward_flops,
-    model_flops_per_step,
-    total_params,
-)
+from sim.model.flops import layer_forward_flops, logits_forward_flops, model_flops_per_step
+from sim.model.params import total_params
+from sim.model.presets import MODEL_PRESETS
 
 GPT3 = ["gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b"]
 

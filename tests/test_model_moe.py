@@ -7,25 +7,15 @@ publisher uses for "active" said at each test."""
 
 import pytest
 
+from sim.model.attention_ops import attention_forward_ops
+from sim.model.flops import layer_forward_flops, logits_forward_flops, model_flops_per_step, moe_mlp_forward_flops
+from sim.model.fp8_casts import Fp8Casts
+from sim.model.layer_ops import layer_forward_ops
 from sim.model.memory import activation_bytes_per_layer
-from sim.model.ops import (
-    Fp8Casts,
-    attention_forward_ops,
-    dense_mlp_forward_ops,
-    layer_forward_ops,
-    moe_forward_ops,
-)
-from sim.model.transformer import (
-    MODEL_PRESETS,
-    active_params,
-    embedding_params,
-    layer_forward_flops,
-    layer_params,
-    logits_forward_flops,
-    model_flops_per_step,
-    moe_mlp_forward_flops,
-    total_params,
-)
+from sim.model.mlp_ops import dense_mlp_forward_ops
+from sim.model.moe_ops import moe_forward_ops
+from sim.model.params import active_params, embedding_params, layer_params, total_params
+from sim.model.presets import MODEL_PRESETS
 
 B = 1e9
 
@@ -363,7 +353,7 @@ def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
     """GPT-OSS attends over 128 tokens on even (0-based) layers: the flash kernel runs query tile i against key
     tiles i-1 and i (128-token tiles), 1 + 2 x 31 of 32^2 at 4096 tokens; the full layers run the causal
     33/64. The model FLOPs keep Megatron's full-matrix count."""
-    from sim.model.ops import window_fraction
+    from sim.model.flash_tiles import window_fraction
 
     spec = MODEL_PRESETS["gpt-oss-120b"]
     assert spec.window_layers == (True, False) * 18
@@ -382,7 +372,7 @@ def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
 def test_layer_modules_sum_to_the_tp_rank_params(name, tp):
     """The leaf modules a framework wraps (FSDP units) hold exactly a TP rank's dense parameters, MoE layers'
     router and shared expert included, routed experts not."""
-    from sim.model.transformer import layer_modules
+    from sim.model.params import layer_modules
 
     spec = MODEL_PRESETS[name]
     for moe in ((False, True) if spec.is_moe else (False,)):

@@ -12,7 +12,7 @@ import pytest
 
 import sim
 from sim.errors import ConfigError
-from sim.model.ops import causal_fraction
+from sim.model.flash_tiles import causal_fraction
 from sim.plan import resolve
 from sim.spec.sequence import SequenceSpec, length_stats, pack_stats
 

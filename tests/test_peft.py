@@ -7,9 +7,10 @@ import pytest
 
 from sim.costs.models import Work
 from sim.errors import ConfigError
-from sim.model.ops import layer_forward_ops
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.params import total_params
 from sim.model.peft import Peft, adapt_layer_ops, nf4_bits_per_param, trainable_params
-from sim.model.transformer import MODEL_PRESETS, total_params
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import scenario_from_dict
 from sim.workload.footprint import memory_plan, states_and_buffers
@@ -167,8 +168,8 @@ def test_fits_on_one_gpu() -> None:
 
 
 def test_model_flops() -> None:
+    from sim.model.flops import layer_forward_flops, logits_forward_flops, model_flops_per_step
     from sim.model.peft import model_flops_per_step as peft_flops
-    from sim.model.transformer import layer_forward_flops, logits_forward_flops, model_flops_per_step
     spec, s = LLAMA3_8B, 2048
     assert peft_flops(spec, Peft(), 4, s) == pytest.approx(model_flops_per_step(spec, 4, s), rel=1e-12)
     h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
@@ -183,7 +184,7 @@ def test_frozen_layers_skip_their_weight_gradients() -> None:
     """method frozen: the frozen layers' backward drops the linears' weight-gradient GEMMs (FLOPs exact in the
     trace), and the estimate follows the simulation."""
     import sim
-    from sim.model.ops import layer_forward_ops
+    from sim.model.layer_ops import layer_forward_ops
 
     base = scenario("llama3-8b", micro_batch=1, recompute="full")
     full = sim.run(scenario_from_dict(base))

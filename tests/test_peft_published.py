@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from sim.model.params import embedding_params, head_params, total_params
 from sim.model.peft import nf4_bits_per_param
-from sim.model.transformer import MODEL_PRESETS, embedding_params, head_params, total_params
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import scenario_from_dict
 from sim.workload.footprint import memory_plan, states_and_buffers

@@ -13,7 +13,7 @@ import pytest
 
 from sim import runner
 from sim.explore.estimate import estimate
-from sim.model.transformer import embedding_params, head_params, layer_params
+from sim.model.params import embedding_params, head_params, layer_params
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.footprint import memory_plan

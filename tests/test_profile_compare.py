@@ -20,7 +20,7 @@ from analysis.profile_compare import (
 from sim.cli.commands import main
 from sim.costs.models import phase_scale
 from sim.errors import ConfigError
-from sim.model.ops import ATTENTION_CORE
+from sim.model.attention_ops import ATTENTION_CORE
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
 from sim.workload.step import blocks, make_costs

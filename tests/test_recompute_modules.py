@@ -11,7 +11,7 @@ from sim import runner
 from sim.errors import ConfigError
 from sim.explore.estimate import estimate
 from sim.model.memory import activation_bytes_per_layer
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.parallel.grid import chunk_sizes
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario

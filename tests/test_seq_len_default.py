@@ -4,7 +4,8 @@ the note ``sim check`` prints; the Llama 3.1 presets at 8k and 128k (issue 24)."
 import pytest
 
 from sim import api, runner
-from sim.model.transformer import MODEL_PRESETS, total_params
+from sim.model.params import total_params
+from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.degrees import DEFAULT_SEQ_LEN
 

@@ -9,10 +9,10 @@ import pytest
 
 import sim
 from sim.errors import ConfigError
-from sim.model.ops import causal_fraction
+from sim.model.flash_tiles import causal_fraction
+from sim.model.flops import model_flops_per_step
 from sim.model.peft import Peft
 from sim.model.peft import model_flops_per_step as peft_flops
-from sim.model.transformer import model_flops_per_step
 from sim.plan import resolve
 from sim.spec.sequence import SequenceSpec, length_stats
 from sim.workload.step import blocks

@@ -7,7 +7,8 @@ import pytest
 from sim import runner
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware.gpus import GPU_PRESETS
-from sim.model.ops import EAGER_RMSNORM_KERNELS, Op, layer_forward_ops
+from sim.model.layer_ops import layer_forward_ops
+from sim.model.ops import EAGER_RMSNORM_KERNELS, Op
 from sim.network import models as network_models
 from sim.plan import resolve
 from sim.workload import step

@@ -64,7 +64,7 @@ def test_another_schema_version_is_refused(summaries):
 
 def test_parameters_are_reported_total_and_active_for_moe(summaries):
     from sim.cli.tables import parameters_line
-    from sim.model.transformer import MODEL_PRESETS
+    from sim.model.presets import MODEL_PRESETS
 
     assert summaries["plain"]["parameters_total"] == 103_864_320  # tiny.yaml's model, as sim check prints it
     assert summaries["plain"]["parameters_active"] is None  # dense

@@ -9,7 +9,7 @@ import pytest
 from sim import runner
 from sim.cli import commands as cli
 from sim.explore.estimate import estimate
-from sim.model.transformer import embedding_params, layer_params
+from sim.model.params import embedding_params, layer_params
 from sim.parallel.grid import chunk_sizes
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
-from sim.model.ops import causal_fraction, layer_forward_ops
+from sim.model.flash_tiles import causal_fraction
+from sim.model.layer_ops import layer_forward_ops
 from sim.model.transformer import ModelSpec
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}

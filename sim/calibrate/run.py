@@ -43,7 +43,8 @@ from sim.costs.profile import FORMAT, VERSION, Profile
 from sim.errors import ConfigError
 from sim.hardware.gpus import GPU_PRESETS
 from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
-from sim.model.transformer import MODEL_PRESETS, ModelSpec
+from sim.model.presets import MODEL_PRESETS
+from sim.model.transformer import ModelSpec
 
 QUICK_MODEL = ModelSpec(name="calibration-quick", num_layers=1, hidden_size=256, num_attention_heads=4,
                         ffn_hidden_size=1024, vocab_size=1000, max_seq_len=128)

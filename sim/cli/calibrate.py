@@ -30,7 +30,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     if args.from_nccl_tests:
         return cmd_import_nccl_tests(args, console)
     from sim.calibrate.run import CalibrationOptions, calibrate, resolve_device
-    from sim.model.transformer import MODEL_PRESETS
+    from sim.model.presets import MODEL_PRESETS
     from sim.spec.degrees import degrees
     from sim.spec.scenario import load_scenario
 

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Column, Table
 
-from sim.model.transformer import ModelSpec, active_params, total_params
+from sim.model.params import active_params, total_params
+from sim.model.transformer import ModelSpec
 from sim.output.planning import Planning
 from sim.plan import resolve
 from sim.spec.scenario import Scenario

@@ -1,6 +1,6 @@
 """Cost models: how long a piece of compute takes on one GPU.
 
-In: ``Work`` (the kernels of a block of a layer, from sim.model.transformer, and the share of a transformer layer it
+In: ``Work`` (the kernels of a block of a layer, from sim.model.ops, and the share of a transformer layer it
 represents) and a phase; the optimizer step by parameter count. Out: seconds, and the FLOPs executed.
 
 Phases: ``forward``; ``backward`` (the whole backward, as 1F1B and GPipe run it); ``input_grad`` (B) and
@@ -57,8 +57,9 @@ from typing import Literal, Protocol
 
 from sim.costs.profile import AttentionCurves, Profile
 from sim.hardware.gpus import GpuSpec
+from sim.model.attention_ops import FLASH_ATTENTION
 from sim.model.memory import adam_step_bytes_per_param
-from sim.model.ops import FLASH_ATTENTION, Op
+from sim.model.ops import Op
 
 ComputePhase = Literal["forward", "backward", "input_grad", "weight_grad"]
 # How FP8 GEMMs are priced: ``scaled_bf16`` on the GPU's bf16 curve (RooflineCosts), ``profile`` on the profile's

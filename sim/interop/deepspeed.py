@@ -25,7 +25,7 @@ from typing import Any
 
 from sim.interop.draft import Draft, ModelDraft, Options, cluster, refuse, text
 from sim.interop.megatron_args import Args, parse_tokens
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.spec.scenario import read_text
 
 # TrainingArguments defaults (transformers training_args.py) for the values "auto" takes.

@@ -15,7 +15,8 @@ from typing import Any, Literal
 from sim.errors import ConfigError
 from sim.hardware.gpus import GPU_PRESETS
 from sim.hardware.nodes import DEFAULT_NODE_FOR_GPU, NODE_PRESETS
-from sim.model.transformer import MODEL_PRESETS, read_hf_config
+from sim.model.hf_config import read_hf_config
+from sim.model.presets import MODEL_PRESETS
 from sim.spec.scenario import Scenario, scenario_from_dict
 
 # mapped: the value sets a scenario field; default: the framework's default, written out where it differs from

@@ -22,7 +22,8 @@ from typing import Literal
 import numpy as np
 
 from sim.hardware.dtypes import bytes_per_element
-from sim.model.transformer import ModelSpec, embedding_params, head_params, layer_params
+from sim.model.params import embedding_params, head_params, layer_params
+from sim.model.transformer import ModelSpec
 
 Recompute = Literal["none", "selective", "full"]
 

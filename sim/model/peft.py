@@ -32,20 +32,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from sim.model.flops import layer_forward_flops, logits_forward_flops
 from sim.model.ops import Op
-from sim.model.transformer import (
-    ModelSpec,
-    embedding_params,
-    head_params,
-    layer_forward_flops,
-    layer_params,
-    logits_forward_flops,
-)
+from sim.model.params import embedding_params, head_params, layer_params
+from sim.model.transformer import ModelSpec
 
 Method = Literal["full", "lora", "qlora", "frozen"]
 # Hugging Face PEFT's Llama target module names, in forward order.
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# Which of the simulator's fused linears (sim.model.ops) each target belongs to.
+# Which of the simulator's fused linears (sim.model.attention_ops, sim.model.mlp_ops) each target belongs to.
 FUSED_LINEAR = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "o_proj": "out_proj",
                 "gate_proj": "mlp_up", "up_proj": "mlp_up", "down_proj": "mlp_down"}
 ROW_PARALLEL_TARGETS = frozenset({"o_proj", "down_proj"})
@@ -237,7 +232,7 @@ def dequant_buffer_bytes(spec: ModelSpec, peft: Peft, tp: int, elem_bytes: int) 
 
 def adapt_layer_ops(blocks: dict[str, tuple[Op, ...]], spec: ModelSpec, peft: Peft, tokens: float, tp: int,
                     elem_bytes: int, fused_kernels: bool = True) -> dict[str, tuple[Op, ...]]:
-    """A layer's forward kernels (sim.model.ops.layer_forward_ops) under LoRA/QLoRA: the base linears frozen
+    """A layer's forward kernels (sim.model.layer_ops.layer_forward_ops) under LoRA/QLoRA: the base linears frozen
     (``Op.trainable`` false: no weight-gradient GEMM), each preceded by its dequantisation under QLoRA, and
     the adapters' kernels appended to their block."""
     if not peft.adapters:
@@ -283,7 +278,7 @@ def adapter_activation_bytes(spec: ModelSpec, peft: Peft, tokens: float, tp: int
 
 
 def model_flops_per_step(spec: ModelSpec, peft: Peft, global_batch: int, seq_len: int) -> float:
-    """Model FLOPs of one step under ``peft`` (MFU's numerator; sim.model.transformer.model_flops_per_step in
+    """Model FLOPs of one step under ``peft`` (MFU's numerator; sim.model.flops.model_flops_per_step in
     full training, which it equals there). Per sequence and layer: the forward's GEMMs and attention, a backward
     of twice the attention and of each linear GEMM twice where its weights train and once (the input gradient)
     where they are frozen; LoRA's adapters three times their forward. The LM head: three times its forward if

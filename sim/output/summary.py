@@ -32,7 +32,8 @@ import pandas as pd
 import pydantic
 
 from sim.errors import SimError
-from sim.model.transformer import active_params, logits_forward_flops, total_params
+from sim.model.flops import logits_forward_flops
+from sim.model.params import active_params, total_params
 from sim.output.planning import Planning, planning
 from sim.plan import Plan
 from sim.workload.footprint import memory_timeline
@@ -120,7 +121,7 @@ class Summary:
     step_time_s: float
     tokens_per_s: float
     model_flops_per_step: float
-    parameters_total: int  # the model's parameters (sim.model.transformer.total_params)
+    parameters_total: int  # the model's parameters (sim.model.params.total_params)
     parameters_active: int | None  # MoE: parameters a token passes through (active_params); None for a dense model
     tflops_per_gpu: float
     mfu: float

@@ -8,7 +8,7 @@ sequence length and a layer's per-TP-rank attention widths. Out, as plain number
   rank computes the same number of causal score blocks.
 - ``ring_steps`` / ``step_shares``: the score blocks of each of the cp steps of ring attention
   (Transformer Engine ``AttnFuncWithCPAndKVP2P``), and each step's share of the rank's (s/cp) x s score matrix.
-  A diagonal block executes ``sim.model.ops.causal_fraction`` of its tiles (the same FlashAttention tile rule as
+  A diagonal block executes ``sim.model.flash_tiles.causal_fraction`` of its tiles (the same FlashAttention tile rule as
   without CP, applied per chunk), so over all ranks the executed tiles are exactly the unsplit sequence's.
 - ``correction_rows``: the output rows TE's ring rescales after each step (a memory-bound kernel per step).
 - ``executed_share``: the share of the rank's full-matrix attention FLOPs its kernels execute (what the cost
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sim.model.ops import FLASH_TILE, causal_fraction
+from sim.model.flash_tiles import FLASH_TILE, causal_fraction
 
 CpCommType = Literal["p2p", "all_gather", "a2a"]
 

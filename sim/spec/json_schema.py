@@ -31,7 +31,7 @@ from typing import Any
 
 from sim.hardware.gpus import GPU_PRESETS
 from sim.hardware.nodes import NODE_PRESETS
-from sim.model.transformer import MODEL_PRESETS
+from sim.model.presets import MODEL_PRESETS
 from sim.spec.scenario import Scenario
 
 SCHEMA_URL = "https://json-schema.org/draft/2020-12/schema"

@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import Field
 
 from sim.hardware.frozen import FrozenSpec
-from sim.model.ops import FLASH_TILE
+from sim.model.flash_tiles import FLASH_TILE
 
 
 class SequenceSpec(FrozenSpec):
@@ -76,7 +76,7 @@ def length_stats(spec: SequenceSpec, seq_len: int) -> LengthStats:
     p = weights / weights.sum()
     square = float(p @ lengths**2)
     tiles = np.ceil(lengths / FLASH_TILE)
-    causal = float(p @ (lengths**2 * (tiles + 1) / (2 * tiles))) / square  # sim.model.ops.causal_fraction
+    causal = float(p @ (lengths**2 * (tiles + 1) / (2 * tiles))) / square  # sim.model.flash_tiles.causal_fraction
     return LengthStats(mean=float(p @ lengths), mean_square=square, causal_share=causal)
 
 

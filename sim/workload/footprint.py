@@ -34,7 +34,7 @@ from sim.model.memory import (
     placed,
     with_allocator,
 )
-from sim.model.transformer import embedding_params, head_params, layer_params
+from sim.model.params import embedding_params, head_params, layer_params
 from sim.plan import Plan
 from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind
 
