@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
+from sim.costs import host
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware.dtypes import bytes_per_element, parameter_dtype
@@ -512,6 +513,23 @@ class Plan:
         domains, per_domain = self.deepep_shape
         return deepep.deepep_bytes(self.dispatch_tokens, self.model.hidden_size, self.elem_bytes,
                                    self.model.num_moe_experts or 1, self.model.moe_router_topk, domains, per_domain)
+
+    @cached_property
+    def moe_host_seconds(self) -> dict[str, float]:
+        """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
+        dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
+        dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
+        (sim.costs.host, docs/mechanisms/moe_host_sync.md); 0 without a sync, under CUDA graphs, fixed costs or
+        ``costs.eager_op_overhead`` 0."""
+        moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
+        syncs = moe.host_sync if moe.host_sync is not None else not (
+            moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
+        if (not self.model.is_moe or not syncs or training.cuda_graphs
+                or not isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec)) or not costs.eager_op_overhead):
+            return {"forward": 0.0, "backward": 0.0}
+        return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
+                                                       costs.launch_overhead)
+                for direction in ("forward", "backward")}
 
     @cached_property
     def deepep_seconds(self) -> tuple[float, float]:

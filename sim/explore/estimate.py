@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from sim.costs.host import host_bound
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
@@ -356,7 +357,10 @@ class Estimator:
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        return alone(forward_blocks), alone(backward_blocks), weight, forward_blocks, backward_blocks
+        # behind the dispatcher's host sync a pass lasts at least the host's time to issue it (sim.costs.host)
+        host = plan.moe_host_seconds
+        return (host_bound(alone(forward_blocks), host["forward"]),
+                host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
 
     def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
                       mix: tuple[tuple[int, int, int], ...] = ()) -> float:
@@ -385,13 +389,25 @@ class Estimator:
                 forward.append((Block(self._price(plan, "head", "forward"), None, 0.0),))
             if embedding:
                 backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
-            passes.append((chain(forward), chain(backward)))
+            moe_layers = sum(moe for moe, _ in layers)
+            passes.append((chain(forward), chain(backward), moe_layers))
+        # Behind the dispatcher's host sync (sim.costs.host) each MoE layer pass lasts at least the host's time to
+        # issue it: alone, its device time or that, whichever is longer; in a pair the host issues both passes'
+        # layers one after the other, so the pair lasts at least their sum (the host stream in the simulation).
+        host = plan.moe_host_seconds
+        moe_f = alone(pair.moe[0])
+        moe_b = alone(pair.moe[1])
+        extra = (max(0.0, host["forward"] - moe_f), max(0.0, host["backward"] - moe_b))
         # DeepEP's kernels hold n of the GPU's S SMs (Plan.deepep_sms): compute under an exchange runs on the rest
         # (pair_span's ``held``; sim.engine.sm_contention in the simulation)
         held = plan.deepep_sms / (plan.scenario.cluster.gpu.sms or 1) if plan.deepep_sms else 0.0
 
         def hides(a: int, b: int) -> float:
-            return alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1], held)
+            forward, _, moe_forward = passes[a]
+            _, backward, moe_backward = passes[b]
+            apart = alone(forward) + moe_forward * extra[0] + alone(backward) + moe_backward * extra[1]
+            issue = moe_forward * host["forward"] + moe_backward * host["backward"]
+            return apart - max(pair_span(forward, backward, held), issue)
 
         if mix:
             return len(passes) * sum(count * hides(a, b) for a, b, count in mix) / sum(count for _, _, count in mix)
