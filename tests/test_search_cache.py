@@ -85,12 +85,16 @@ def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario
                                      "training.sequence.split_across_pack=false"], 17),
     ("llama2-7b_h100-16_fsdp.yaml", ["training.seq_len=16384", "model.max_seq_len=16384", "fsdp=null"], 11),
     ("llama3-8b_h100-1_lora.yaml", ["cluster.gpus_per_node=8", "training.global_batch=64"], 7),
+    # Megatron's combined 1F1B (moe.a2a_overlap) on interleaved layouts of several vpp per (pp, micro-batches):
+    # the replayed order is the vpp's own; with the host sync's pair floor on top
+    ("mixtral-8x7b_h100-64.yaml", ["moe.a2a_overlap=true", "moe.host_sync=true"], 37),
 ])
 def test_the_shared_screen_equals_a_fresh_estimator_under_the_new_knobs(scenario: str, overrides: list[str],
                                                                          stride: int) -> None:
     """Bases that set FP8 (delayed and current scaling, split accumulation), FSDP2 without resharding, activation
-    offload, packing without splitting documents, context parallelism (16K tokens) and LoRA: the screen's shared
-    caches still give every layout the estimate a fresh Estimator gives it alone."""
+    offload, packing without splitting documents, context parallelism (16K tokens), LoRA and MoE's A2A overlap
+    with the host sync: the screen's shared caches still give every layout the estimate a fresh Estimator gives
+    it alone."""
     base = load_scenario(ROOT / "scenarios" / scenario, overrides)
     space = list(search.layouts(base))[::stride]
     _same(search.screen(base, space), _alone(base, space), len(space))

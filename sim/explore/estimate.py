@@ -596,7 +596,7 @@ class Estimator:
         total = max(total, sum(st.forward + st.backward for st in stages) + w + 2 * (p - 1) * c)
         if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe") or plan.a2a_overlap:
             # DualPipe and Megatron's combined 1F1B (F&B pairs): no formula here
-            key = (name, p, m, plan.a2a_overlap)
+            key = (name, p, m, plan.vpp, plan.a2a_overlap)  # the order and its layout depend on vpp too
             if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
                                                       plan.chunks - 1)
