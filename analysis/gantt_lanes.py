@@ -19,7 +19,7 @@ import pandas as pd
 
 from analysis.gantt_raster import EXPOSED_COLOR, LaneBlocks
 from sim.output.summary import exposed_intervals
-from sim.workload.ir import COMPUTE_KINDS, STREAMS
+from sim.workload.ir import COMPUTE_KINDS, STREAMS, Stream
 
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
@@ -152,11 +152,13 @@ def exposed_blocks(frame: pd.DataFrame, lane_of: np.ndarray,
                    compute: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The exposed communication of the window's rows, on the lanes of the transfers it belongs to: per rank,
     each communication stream's intervals outside the rank's compute stream (``exposed_intervals``, the summary's
-    rule). ``compute`` marks the compute stream's rows (worked out when not given). Returns (lane, start, end)
-    arrays, by rank then lane. The rows are grouped by one sort, not a mask per (rank, lane)."""
+    rule; not the host stream's). ``compute`` marks the compute stream's rows (worked out when not given).
+    Returns (lane, start, end) arrays, by rank then lane. The rows are grouped by one sort, not a mask per (rank, lane)."""
     if compute is None:
         compute = frame["stream"].to_numpy() == "compute"
-    comm = ~compute & ~frame["kind"].isin(list(COMPUTE_KINDS)).to_numpy()
+    # the host stream is the CPU's work (a MoE pass's issue time, ZeRO-Offload's Adam), not communication: the
+    # summary's exposed_comm_s has no such kind
+    comm = ~compute & ~frame["kind"].isin(list(COMPUTE_KINDS)).to_numpy() & (frame["stream"].to_numpy() != Stream.HOST)
     rank = frame["rank"].to_numpy().astype(np.int64)
     start, end = frame["start_s"].to_numpy(float), frame["end_s"].to_numpy(float)
     busy = np.flatnonzero(compute)

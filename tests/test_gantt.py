@@ -190,6 +190,20 @@ def test_exposed_blocks_are_the_comm_outside_its_ranks_compute():
     assert got == sorted([(dp0, 1.0, 2.0), (dp1, 0.0, 3.0)])
 
 
+def test_the_host_streams_work_is_not_exposed_communication():
+    """The host's issue time of a MoE layer pass (kind host, moe.host_sync) and ZeRO-Offload's CPU Adam (kind
+    optimizer on the host stream) are the CPU's work, not communication: no exposed-comm strip on the host lane,
+    as the summary's exposed_comm_s has no such kind; the dp lane beside them keeps its strip."""
+    rows = _trace([(0, 0, "compute", "forward", 0, 0.0, 1.0),
+                   (0, 0, "host", "host", 0, 0.0, 2.0),  # issues past the compute's end: idle GPU, not comm
+                   (0, 0, "host", "optimizer", -1, 3.0, 4.0),
+                   (0, 0, "dp", "dp", -1, 0.5, 2.5)])  # exposed 1-2.5
+    lanes, lane_of = _lane_index(rows)
+    lane, start, end = exposed_blocks(rows, lane_of)
+    got = sorted(zip(lane.tolist(), start.tolist(), end.tolist(), strict=True))
+    assert got == [(lanes.index((0, 0, "dp")), 1.0, 2.5)]
+
+
 def test_fsdp_gathers_and_reduce_scatters_get_their_own_colours():
     rows = _trace([(0, 0, "dp", "dp", -1, 0.0, 1.0), (0, 0, "dp", "dp", -1, 1.0, 2.0),
                    (0, 0, "pp", "pp", 0, 2.0, 3.0)])
