@@ -153,7 +153,8 @@ def exposed_blocks(frame: pd.DataFrame, lane_of: np.ndarray,
     """The exposed communication of the window's rows, on the lanes of the transfers it belongs to: per rank,
     each communication stream's intervals outside the rank's compute stream (``exposed_intervals``, the summary's
     rule; not the host stream's). ``compute`` marks the compute stream's rows (worked out when not given).
-    Returns (lane, start, end) arrays, by rank then lane. The rows are grouped by one sort, not a mask per (rank, lane)."""
+    Returns (lane, start, end) arrays, by rank then lane. The rows are grouped by one sort, not a mask per
+    (rank, lane)."""
     if compute is None:
         compute = frame["stream"].to_numpy() == "compute"
     # the host stream is the CPU's work (a MoE pass's issue time, ZeRO-Offload's Adam), not communication: the
