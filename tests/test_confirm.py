@@ -52,6 +52,12 @@ CASES = {
     "tiny chunked TP overlap, cp 2, full recompute": ("tiny.yaml", [
         "parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true", "parallel.cp=2",
         "training.flash_attention=true", "cluster.nodes=4", "training.recompute=full"]),
+    "tiny AsyncTP, interleaved, p2p overlapped (whole passes stamped)": ("tiny.yaml", [
+        "parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true", "parallel.tp_comm_overlap_method=async_tp",
+        "schedule=interleaved", "parallel.vpp=2", "parallel.overlap_p2p_comm=true"]),
+    "mixtral 8x7b dropless alltoall, host sync, full recompute": ("mixtral-8x7b_h100-64.yaml", [
+        "training.global_batch=64", "moe.pad_to_capacity=false", "moe.capacity_factor=null",
+        "training.recompute=full", "costs.eager_op_overhead=100 us"]),
     "pipeline-4x8 zb-h1": ("pipeline-4x8.yaml", ["schedule=zb-h1"]),
     "pipeline-4x8 zb-v": ("pipeline-4x8.yaml", ["schedule=zb-v", "parallel.vpp=2"]),
     "pipeline-4x8 zb-h2": ("pipeline-4x8.yaml", ["schedule=zb-h2"]),
@@ -99,6 +105,10 @@ def test_the_cases_reach_the_branches_they_name():
     names = set(result("tiny FSDP + PP").trace["name"])
     assert {"param_gather_fwd", "grad_reduce_scatter"} <= names
     assert len(result("tiny every rank").summary.peak_memory_bytes.per_rank) == 4  # dp 2 x pp 2, TP folded
+    asynctp = set(result("tiny AsyncTP, interleaved, p2p overlapped (whole passes stamped)").trace["name"])
+    assert {"attention_shard_copy", "mlp_reduce_partials"} <= asynctp  # AsyncTP's own tasks
+    host = result("mixtral 8x7b dropless alltoall, host sync, full recompute").trace
+    assert {"moe_host_issue"} == set(host[host["stream"] == "host"]["name"])
 
 
 def test_a_sweep_row_is_the_full_runs_summary():
