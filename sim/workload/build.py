@@ -137,6 +137,7 @@ class _StageEmitter:
         # An issued unit of several passes (Action.with_next, DualPipe's chunks): its first task, which waits for
         # every pass's input, and the sends its passes defer to its end; None outside such a unit.
         self.unit_first: int | None = None
+        self.layer_first = -1  # the index of the layer pass's first task (_layer_tasks), for _exact_task's check
         self.unit_sends: list[tuple[str, int, int, int]] = []
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
@@ -503,7 +504,9 @@ class _StageEmitter:
         from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew), timed by the network
         unless ``seconds`` gives its time (DeepEP's kernels, ``step.Exchange.seconds``). Flagged for stamping
         with exactly these edges (see ``_layer``)."""
-        assert prev is None or prev == len(self.g.tasks) - 1
+        # ``prev``: the task just before it in the layer's chain, which for the pass's first task is the one the
+        # pass follows (Chain.stamp's ``after``), emitted earlier where an activation reload came in between
+        assert prev is None or prev == len(self.g.tasks) - 1 or len(self.g.tasks) == self.layer_first
         if exchange is not None:
             op, nbytes, group, skew = exchange
             task = self._add(stream, kind, f"{name}_{op}" if name else op, mb, layer, prev, also, op=op,
@@ -686,7 +689,7 @@ class _StageEmitter:
         if self.frozen_work is not None:  # a frozen layer's backward runs its input gradients only
             frozen = direction == "backward" and self.plan.peft.layer_frozen(layer)
             self.block_work, self.column_work = self.frozen_work if frozen else self.trained_work
-        first = len(self.g.tasks)
+        first = self.layer_first = len(self.g.tasks)
         if direction == "forward":
             self.dp.before_layer(mb, layer, "forward")
             for block in ("attention", "mlp"):
