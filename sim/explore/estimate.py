@@ -96,7 +96,7 @@ class Estimator:
         self._concurrent: dict[Any, float] = {}
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
-        self._orders: dict[tuple[str, int, int, bool], tuple[int, list[Unit]]] = {}
+        self._orders: dict[tuple[str, int, int, int, bool], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, _Timing, Any]] = {}
         self._shape_parts: dict[Any, _ShapeParts] = {}
@@ -597,7 +597,7 @@ class Estimator:
         if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe") or plan.a2a_overlap:
             # DualPipe and Megatron's combined 1F1B (F&B pairs): no formula here
             key = (name, p, m, plan.vpp, plan.a2a_overlap)  # the order and its layout depend on vpp too
-            if key not in self._orders:  # many layouts share (schedule, p, m): build each order once
+            if key not in self._orders:  # many layouts share (schedule, p, m, vpp): build each order once
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
                                                       plan.chunks - 1)
             # layouts that differ only where the stages' times do not (ZeRO 0 and 1) replay the same order
