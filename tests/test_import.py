@@ -700,3 +700,33 @@ def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() ->
     emitted = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
                                                                   "parallel.sequence_parallel=true"]), "megatron")
     assert "--tp-comm-overlap" in emitted.text
+
+
+@pytest.mark.parametrize(("base", "overrides", "fields"), [
+    # context parallelism (and its exchange): without --context-parallel-size Megatron runs cp 1 and takes the CP
+    # ranks as data-parallel ones, another layout
+    ("llama3.1-405b_h100-16384_cp16-128k.yaml", [], ("parallel.cp", "parallel.cp_comm_type")),
+    ("llama3.1-405b_h100-16384_cp16-128k.yaml", ["parallel.cp_comm_type=p2p"],
+     ("parallel.cp", "parallel.cp_comm_type")),
+    # token dropping: without --moe-expert-capacity-factor Megatron-Core runs dropless
+    ("mixtral-8x7b_h100-64.yaml", [], ("moe.capacity_factor", "moe.pad_to_capacity")),
+    # FP8 with gradients reduced in bf16 (NeMo's grad_sync_dtype bf16): Megatron-LM's --grad-reduce-in-bf16
+    ("validation/nemo2407-gpt3-175b-128.yaml", [], ("training.dtype", "training.grad_dtype")),
+])
+def test_megatron_emit_round_trips_cp_capacity_and_bf16_reduction(base: str, overrides: list[str],
+                                                                  fields: tuple[str, ...], tmp_path: Path) -> None:
+    """`sim search --emit megatron` of bundled scenarios writes what the scenario sets and `sim import megatron`
+    reads back each of ``fields`` equal (Megatron-LM arguments.py: --context-parallel-size, --cp-comm-type
+    p2p / a2a / allgather, --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity, --grad-reduce-in-bf16,
+    which works with --fp8-format as with --bf16 alone)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    path = tmp_path / "run.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    for field in fields:
+        section, name = field.split(".")
+        assert getattr(getattr(back, section), name) == getattr(getattr(scenario, section), name), field
+    assert _layout(back)[:10] == _layout(scenario)[:10]  # degrees and batch (SP: Megatron drops it at tp 1)

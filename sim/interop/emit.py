@@ -93,6 +93,10 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--account-for-loss-in-pipeline-split")
     if p.sequence_parallel:
         flags.append("--sequence-parallel")
+    if p.cp > 1:  # without it Megatron-LM takes the CP ranks as data-parallel ones (arguments.py)
+        flags += ["--context-parallel-size", str(p.cp)]
+        if p.cp_comm_type != "p2p":
+            flags += ["--cp-comm-type", MEGATRON_CP_COMM_TYPES[p.cp_comm_type]]
     if p.ep > 1:
         flags += ["--expert-model-parallel-size", str(p.ep)]
     if m.num_moe_experts and p.etp is not None and p.etp != p.tp:
@@ -126,7 +130,7 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
     flags += _precision(s) + _optimizer_states(s, "Megatron-LM")
-    if t.dtype == "bf16" and t.grad_dtype == "bf16":
+    if t.dtype in ("bf16", "fp8") and t.grad_dtype == "bf16":  # fp8 runs on --bf16 (``_precision``)
         flags.append("--grad-reduce-in-bf16")
     flags += ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size",
               str(m.ffn), "--num-attention-heads", str(m.num_attention_heads)]
@@ -159,6 +163,10 @@ def _megatron(s: Scenario) -> Emitted:
             flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
         elif m.moe_layer_freq != 1:
             flags += ["--moe-layer-freq", str(m.moe_layer_freq)]
+        if s.moe.capacity_factor is not None:  # token dropping; without it Megatron-Core runs dropless
+            flags += ["--moe-expert-capacity-factor", str(s.moe.capacity_factor)]
+        if s.moe.pad_to_capacity:
+            flags.append("--moe-pad-expert-input-to-capacity")
         if s.moe.token_dispatcher == "flex":
             flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
@@ -179,6 +187,8 @@ def _megatron(s: Scenario) -> Emitted:
 
 
 UB_CFG_FILE = "ub_cfg.yaml"
+# parallel.cp_comm_type -> Megatron-LM's --cp-comm-type (arguments.py: p2p, a2a, allgather, a2a+p2p)
+MEGATRON_CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
 
 
 def _userbuffers_cfg(s: Scenario) -> str:

@@ -167,6 +167,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     if args.has("context_parallel_size"):
         if "cp" in ParallelSpec.model_fields:
             put("parallel.cp", "context_parallel_size", cp)
+            _cp_comm_type(draft, args)
         elif cp > 1:
             draft.row(args.source("context_parallel_size"), cp, "unmapped",
                       "context parallelism is not in the scenario yet (parallel.cp): its ranks are simulated as "
@@ -261,6 +262,25 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
     apply_model(draft, args, options, tp)
+
+
+# Megatron-LM's --cp-comm-type (arguments.py, one value for every layer) -> parallel.cp_comm_type; 'a2a+p2p'
+# (hierarchical: Ulysses inside a node, a ring across) is not modelled.
+CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
+
+
+def _cp_comm_type(draft: Draft, args: Args) -> None:
+    """``--cp-comm-type`` (with context parallelism) -> ``parallel.cp_comm_type``; a value it cannot model is refused
+    in one line naming the flag."""
+    if not args.has("cp_comm_type"):
+        return
+    raw = args.get("cp_comm_type")
+    values = {str(value) for value in raw} if isinstance(raw, list) else {str(raw)}
+    if len(values) != 1 or next(iter(values)) not in CP_COMM_TYPES:
+        raise refuse(f"{args.source('cp_comm_type')}: {' '.join(sorted(values))} is not modelled (one of "
+                     f"{', '.join(CP_COMM_TYPES)} for every layer)")
+    draft.put("parallel.cp_comm_type", CP_COMM_TYPES[next(iter(values))], args.source("cp_comm_type"),
+              args.raw("cp_comm_type"))
 
 
 # TE userbuffers' pipelined reduce-scatters after the two row-parallel GEMMs (attention's output projection, the
