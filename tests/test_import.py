@@ -328,6 +328,7 @@ def test_torchtitan_llama3_tomls() -> None:
     s = draft.scenario()
     assert (s.model.name, s.parallel.tp, s.parallel.tp_comm_overlap, s.training.dtype) == ("llama3-405b", 8, True,
                                                                                             "fp8")
+    assert s.parallel.tp_comm_overlap_method == "async_tp"  # PyTorch's AsyncTP, not TE's userbuffers
     assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
     assert not s.training.fp8_weight_cache and s.training.fp8_recipe == "current"
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
@@ -697,6 +698,20 @@ def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() ->
     tp1 = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true", "parallel.tp=1",
                                                                 "parallel.dp=2"]), "megatron")
     assert "--tp-comm-overlap" not in tp1.text
+    with pytest.raises(ConfigError) as error:  # PyTorch's AsyncTP has no Megatron-LM flag: TE's is priced otherwise
+        emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
+                                                              "parallel.sequence_parallel=true",
+                                                              "parallel.tp_comm_overlap_method=async_tp"]), "megatron")
+    assert str(error.value).startswith("parallel.tp_comm_overlap_method: async_tp is PyTorch's AsyncTP")
+    with pytest.raises(ConfigError) as error:  # and TorchTitan's flag is AsyncTP, not TE's userbuffers
+        emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
+                                                              "parallel.sequence_parallel=true"]), "torchtitan")
+    assert str(error.value).startswith("parallel.tp_comm_overlap_method: userbuffers is TE's userbuffers")
+    titan = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
+                                                                  "parallel.sequence_parallel=true",
+                                                                  "parallel.tp_comm_overlap_method=async_tp"]),
+                 "torchtitan")
+    assert "enable_async_tensor_parallel = true" in titan.text
     emitted = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
                                                                   "parallel.sequence_parallel=true"]), "megatron")
     assert "--tp-comm-overlap" in emitted.text

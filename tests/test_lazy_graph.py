@@ -5,9 +5,10 @@ A sweep's confirmation builds its graph lazily and replays the stamped chains as
 from the graph ``sim run`` builds: materialized, the lazy graph must be the eager graph task for task (every
 field, dependencies in order, every stream list in order), and its replay must give every task the eager
 replay's start and end to the last bit. Checked on layouts that reach each kind of chain: 1F1B, interleaved with
-SP and selective recomputation, the zero-bubble schedules (their W chains), ZB-V's V, full recomputation, ZeRO-1
-and ZeRO-3/FSDP with pipelines, activation offload, context parallelism, a MoE model, LoRA's frozen layers; and
-where the lazy walk does not apply (DualPipe's rendezvous) the graph is materialized and replayed as any other.
+SP and selective recomputation, the zero-bubble schedules (their W chains), ZB-V's V, full recomputation,
+PyTorch's AsyncTP, ZeRO-1 and ZeRO-3/FSDP with pipelines, activation offload, context parallelism, a MoE
+model, LoRA's frozen layers; and where the lazy walk does not apply (DualPipe's rendezvous) the graph is
+materialized and replayed as any other.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ CASES = {
     "tiny FSDP + PP": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=3",
                                      "fsdp.sharding=FULL_SHARD"]),
     "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1"]),
+    "tiny AsyncTP, full recompute": ("tiny.yaml", ["parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true",
+                                                   "parallel.tp_comm_overlap_method=async_tp",
+                                                   "training.recompute=full"]),
     "tiny cp 2": ("tiny.yaml", ["parallel.tp=1", "parallel.cp=2", "training.flash_attention=true"]),
     "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),
     "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),

@@ -98,7 +98,7 @@ def test_chunk_gemms_lengthen_the_step_by_their_unhidden_extra_time():
     assert 0.5 * MODEL["num_layers"] * extra < t[True] - t[False] <= MODEL["num_layers"] * extra * 132 / 112
 
 
-def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[float, float]:
+def _block_seconds(plan, net, costs, work, block: str, chunked: bool, sms: int = 20) -> tuple[float, float]:
     """(forward, backward) of one block and its TP collectives, by the closed forms of the mechanism page."""
     group = plan.grid.tp_group(0)
     n, nbytes = 4, plan.tp_bytes
@@ -108,8 +108,8 @@ def _block_seconds(plan, net, costs, work, block: str, chunked: bool) -> tuple[f
     if chunked:  # the block's forward GEMMs beside the chunks, one per chunk; the row GEMM on 132 - 20 SMs
         row = costs.compute_time(work.chunked_row.get(block, work.row[block]), "forward")
         whole = costs.compute_time(work.chunked.get(block, work.block[block]), "forward")
-        total_f = whole - row + row * 132 / (132 - 20)
-        row *= 132 / (132 - 20)
+        total_f = whole - row + row * 132 / (132 - sms)
+        row *= 132 / (132 - sms)
     weight = costs.compute_time(work.column[block], "weight_grad")
     dgrad = costs.compute_time(work.block[block], "backward") - weight
     if not chunked:  # Megatron's synchronous collectives; the backward's asynchronous input-gradient reduction
@@ -162,37 +162,175 @@ def test_a_block_with_no_gemm_to_hide_under_exposes_all_its_chunks():
     assert step.overlapped_collective(1.0, 3.0, 5.0) == 1.0
 
 
+def _async_tp(method: str, chunk_gemms: bool | None = None, sms: int | None = 0):
+    base = _scenario(True)
+    parallel = base.parallel.model_copy(update={"tp_comm_overlap_method": method,
+                                                "tp_comm_overlap_chunk_gemms": chunk_gemms,
+                                                "tp_comm_overlap_sms": sms})
+    return base.model_copy(update={"parallel": parallel})
+
+
+def test_async_tp_defaults_to_chunk_gemms_and_no_sms():
+    """PyTorch's AsyncTP issues one mm per shard (_symmetric_memory's shard_consumer / chunk_producer) and copies
+    with cudaMemcpy between them: by default its chunk GEMMs are priced at their own size and it takes no SMs;
+    TE's userbuffers keep NeMo's defaults (whole GEMMs, 20 SMs in bf16)."""
+    titan, te = resolve(_async_tp("async_tp", None, None)), resolve(_async_tp("userbuffers", None, None))
+    assert step.async_tp(titan) and not step.async_tp(te)
+    assert step.tp_overlap_chunk_gemms(titan) and not step.tp_overlap_chunk_gemms(te)
+    assert step.tp_overlap_sms(titan) == 0 and step.tp_overlap_sms(te) == 20
+    assert not step.async_tp(resolve(_scenario(False)))  # nothing chunked: no AsyncTP whatever the method
+
+
+def test_async_tp_moves_one_chunk_per_rank():
+    """AsyncTP's fused collectives split into exactly tp chunks (one per rank of the group: shard_consumer per
+    source rank, chunk_producer per destination rank); another count is refused in one line naming the field."""
+    from sim.errors import SimError
+    base = _async_tp("async_tp")
+    with pytest.raises((SimError, ValueError), match="parallel.tp_comm_overlap_chunks: 2 under async_tp"):
+        make_scenario(**{**base.model_dump(exclude={"parallel"}),
+                         "parallel": {**base.parallel.model_dump(), "tp_comm_overlap_chunks": 2}})
+    assert step.tp_overlap_chunks(resolve(make_scenario(**{**base.model_dump(exclude={"parallel"}), "parallel": {
+        **base.parallel.model_dump(), "tp_comm_overlap_chunks": 1}}))) == 0  # the ablation: not split
+
+
+def test_async_tp_sums_the_partials_after_each_chunked_reduce_scatter():
+    """AsyncTP's reduce-scatter copies each peer's partial of this rank's shard and then sums the tp partials in
+    one kernel (torch/distributed/_symmetric_memory reduce_partials): it reads tp x (b s h / tp) elements and
+    writes b s h / tp, (1 + 1/tp) b s h x 2 bytes = 1.25 x 4096 x 4096 x 2 = 41.9 MB here, priced as a
+    memory-bound kernel; one per block in the forward and one per block's input-gradient reduce-scatter in the
+    backward, on the compute stream after the collective. TE's reduce-scatter has none."""
+    plan = resolve(_async_tp("async_tp"))
+    costs = step.make_costs(plan)
+    expected_bytes = 1.25 * 4096 * 4096 * 2
+    assert step.reduce_partials_bytes(plan) == pytest.approx(expected_bytes)
+    assert step.reduce_partials_bytes(resolve(_async_tp("userbuffers"))) == 0
+    g = build(plan)
+    sums = [t for t in g.tasks if t.name.endswith("_reduce_partials")]
+    assert len(sums) == 4 * MODEL["num_layers"]  # attention and MLP, forward and backward
+    for t in sums:
+        assert t.stream == "compute" and t.nbytes == pytest.approx(expected_bytes)
+        assert t.duration == pytest.approx(costs.memory_time(expected_bytes))
+        assert any(g.tasks[d].stream == "tp" and g.tasks[d].op == "reduce_scatter" for d in t.deps)
+    assert costs.memory_time(expected_bytes) == pytest.approx(
+        expected_bytes / (3.35e12 * 3.0 / 3.35) * costs.factor)  # H100's copy rate x the end-to-end factor
+
+
+def _async_tp_fused(plan, net, costs, gathering: float, scattering: float) -> float:
+    """AsyncTP's two fused collectives by the mechanism page's closed forms, n = 4: the shard's copy into the
+    symmetric buffer, the ``gathering`` GEMM's first n - 1 chunks beside the n - 1 remote shards' copies and its
+    last after both; the ``scattering`` GEMM's first chunk, its others beside the reduce-scatter's copies, the
+    reduction of the partials."""
+    group, n, nbytes = plan.grid.tp_group(0), 4, plan.tp_bytes
+    copy = costs.memory_time(2 * nbytes / n)
+    gathered = net.collective_time("all_gather", nbytes * (n - 1) / n, group)
+    scattered = net.collective_time("reduce_scatter", nbytes * (n - 1) / n, group)
+    summed = costs.memory_time(nbytes * (1 + 1 / n))
+    return (copy + max(gathering * (n - 1) / n, gathered) + gathering / n
+            + scattering / n + max(scattering * (n - 1) / n, scattered) + summed)
+
+
+def _async_tp_forward(plan, net, costs, work, block: str) -> float:
+    """A block's forward under AsyncTP: the gather fused with the column GEMMs, the rest of the block, the row GEMM
+    fused with the reduce-scatter."""
+    column = costs.compute_time(work.chunked_column[block], "forward")
+    row = costs.compute_time(work.chunked_row[block], "forward")
+    rest = costs.compute_time(work.chunked[block], "forward") - row - column
+    return _async_tp_fused(plan, net, costs, column, row) + rest
+
+
+def _async_tp_backward(plan, net, costs, work, block: str) -> float:
+    """A block's backward under AsyncTP: the output gradient's gather fused with the row GEMM's input gradient,
+    the rest of the backward (the row GEMM's weight gradient in it), the column GEMMs' input gradient fused with
+    the reduce-scatter, then the column GEMMs' weight gradient; no input all-gather."""
+    row = costs.compute_time(work.chunked_row[block], "input_grad")
+    column = costs.compute_time(work.chunked_column[block], "input_grad")
+    weight = costs.compute_time(work.column[block], "weight_grad")
+    rest = (costs.compute_time(work.block[block], "backward") - weight
+            - costs.compute_time(work.row[block], "input_grad") - costs.compute_time(work.column[block], "input_grad"))
+    return _async_tp_fused(plan, net, costs, row, column) + rest + weight
+
+
+def test_async_tp_step_against_te_userbuffers_by_the_closed_forms():
+    """Same chunks, chunk GEMMs and SMs (none): AsyncTP's step differs from TE's userbuffers' by, per block,
+    its forward's order (no gather chunk exposed but the shard's copy and what the fused GEMM cannot hide; no
+    reduce-scatter chunk after the row GEMM; the reduction) and its backward's (the output gradient's gather
+    fused with the row GEMM's input gradient, the input gradient's reduce-scatter with the column GEMMs', no
+    input all-gather), in the simulation and in the estimate."""
+    from sim.explore.estimate import estimate
+    titan, te = _async_tp("async_tp", chunk_gemms=True), _async_tp("userbuffers", chunk_gemms=True)
+    plan = resolve(titan)
+    net = network.make("analytic", build_topology(plan), "auto", "auto")
+    costs, work = step.make_costs(plan), step.blocks(plan)
+    summed = step.reduce_partials_seconds(plan, costs)
+    assert summed > 0 and step.shard_copy_seconds(plan, costs) > 0
+    delta = 0.0
+    for block in step.BLOCKS:
+        te_forward, te_backward = _block_seconds(plan, net, costs, work, block, True, sms=0)
+        delta += _async_tp_forward(plan, net, costs, work, block) - te_forward
+        delta += _async_tp_backward(plan, net, costs, work, block) - te_backward
+    delta *= MODEL["num_layers"]
+    simulated = runner.run(titan).summary.step_time_s - runner.run(te).summary.step_time_s
+    assert simulated == pytest.approx(delta, rel=1e-6, abs=1e-9)
+    assert estimate(titan).step_time_s - estimate(te).step_time_s == pytest.approx(delta, rel=1e-6, abs=1e-9)
+
+
 # torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (pytorch/torchtitan, June 2025): Llama 3 70B on
 # 256 Grand Teton H100s (96 GB HBM2e, 500 W), FSDP 32 x TP 8, torch.compile, full activation checkpointing, local
 # batch 16 (global 512, seq 8192 from train_configs/llama3_70b.toml): tokens/s per GPU, vanilla TP -> async TP.
 ASYNC_TP_70B = {"bf16": (597.3, 652.4), "fp8": (809.8, 942.4)}  # bf16 1.09x; float8 tensorwise 1.16x
+# The same layout at FSDP 16 (128 GPUs), March 2025 (pytorch/pytorch#149990, torchtitan#1185): bf16 598 -> 673
+# (1.125x), float8 tensorwise 820 -> 950 (1.159x).
+ASYNC_TP_70B_128 = {"bf16": (598.0, 673.0), "fp8": (820.0, 950.0)}
+# torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 4 (December 2024, the torch / torchtitan commits of
+# the TorchTitan 405B FSDP + PP rows): Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, Float8, full AC: 829 -> 876.
+ASYNC_TP_70B_DEC_2024 = (829.0, 876.0)
 
 
-def _titan_70b(dtype: str, overlap: bool):
-    training = {"global_batch": 512, "micro_batch": 16, "seq_len": 8192, "dtype": dtype, "grad_dtype": "fp32",
+def _titan_70b(dtype: str, overlap: bool, nodes: int = 32):
+    training = {"global_batch": 16 * nodes, "micro_batch": 16, "seq_len": 8192, "dtype": dtype, "grad_dtype": "fp32",
                 "flash_attention": True, "attention_backend": "flash", "recompute": "full"}
     if dtype == "fp8":
         training["fp8_recipe"] = "current"  # torchao Float8Linear, tensorwise dynamic scaling
     return make_scenario(
         cluster={"gpu": {"preset": "H100-SXM", "hbm_capacity": "96 GiB", "hbm_bandwidth": "2.4 TB/s",
-                         "board_power": 500}, "nodes": 32, "gpus_per_node": 8},
+                         "board_power": 500}, "nodes": nodes, "gpus_per_node": 8},
         model="llama3-70b", training=training,
-        parallel={"tp": 8, "pp": 1, "dp": 32, "sequence_parallel": True, "tp_comm_overlap": overlap,
-                  "tp_comm_overlap_sms": 0},  # AsyncTP: no SMs taken from the GEMM (step.tp_overlap_sms)
+        parallel={"tp": 8, "pp": 1, "dp": nodes, "sequence_parallel": True, "tp_comm_overlap": overlap,
+                  "tp_comm_overlap_method": "async_tp"},  # no SMs taken, chunk GEMMs, the partials' reduction
         fsdp={"sharding": "FULL_SHARD", "version": 2}, costs="roofline", network="analytic")
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
-def test_async_tp_speedup_within_10_percent_of_torchtitans_measurement(dtype):
-    """TorchTitan's AsyncTP (``enable_async_tensor_parallel``, the same decomposition into chunks under the GEMMs)
-    against vanilla TP on one layout: predicted 1.17x (bf16) / 1.21x (fp8) against 1.09x / 1.16x measured, +7.1% /
-    +3.9%: the model hides more than PyTorch's AsyncTP did (its December 2024 run measured only 1.057x for fp8,
-    benchmarks/llama3_h100_202412_torchtitan.md Table 4: the TorchTitan 405B rows' xfail)."""
+def test_async_tp_speedup_within_5_percent_of_torchtitans_measurement(dtype):
+    """TorchTitan's AsyncTP (``enable_async_tensor_parallel``: ``parallel.tp_comm_overlap_method: async_tp``)
+    against vanilla TP on one layout: predicted 1.138x (bf16) / 1.137x (fp8) against 1.092x / 1.164x measured,
+    +4.2% / -2.3% (with TE's userbuffers' order of chunks and no cost of AsyncTP's own: 1.170x / 1.209x, +7.1% /
+    +3.9%). Its December 2024 run measured 1.057x for fp8
+    (benchmarks/llama3_h100_202412_torchtitan.md Table 4), the version the TorchTitan 405B rows ran."""
     vanilla, async_tp = ASYNC_TP_70B[dtype]
     step = {overlap: runner.run(_titan_70b(dtype, overlap)).summary.step_time_s for overlap in (False, True)}
     predicted = step[False] / step[True]
-    assert predicted == pytest.approx(async_tp / vanilla, rel=0.10)
-    assert predicted > async_tp / vanilla  # the recorded direction: the model's overlap is the more optimistic
+    assert predicted == pytest.approx(async_tp / vanilla, rel=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_async_tp_speedup_at_128_gpus_within_5_percent_of_its_march_2025_measurement(dtype):
+    """The same model and layout at FSDP 16 (pytorch/pytorch#149990): measured 1.125x (bf16) / 1.159x (float8
+    tensorwise); predicted 1.138x / 1.137x (+1.1% / -1.9%)."""
+    vanilla, async_tp = ASYNC_TP_70B_128[dtype]
+    step = {overlap: runner.run(_titan_70b(dtype, overlap, nodes=16)).summary.step_time_s for overlap in (False, True)}
+    assert step[False] / step[True] == pytest.approx(async_tp / vanilla, rel=0.05)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the December 2024 AsyncTP (torchtitan benchmarks/llama3_h100_202412_torchtitan.md Table 4, Float8: 829 -> 876 "
+    "tokens/s per GPU, 1.057x) hid far less than the model's AsyncTP (1.137x, +7.6%), which matches the 2025 "
+    "measurements; what changed between the versions is not modelled (docs/mechanisms/tp_comm_overlap.md). The "
+    "TorchTitan 405B FSDP + PP rows ran that version"))
+def test_async_tp_speedup_of_december_2024_within_5_percent():
+    vanilla, async_tp = ASYNC_TP_70B_DEC_2024
+    step = {overlap: runner.run(_titan_70b("fp8", overlap)).summary.step_time_s for overlap in (False, True)}
+    assert step[False] / step[True] == pytest.approx(async_tp / vanilla, rel=0.05)
 
 
 

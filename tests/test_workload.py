@@ -95,6 +95,8 @@ def test_trace_flops_add_up_to_the_model_flops():
     ["training.recompute=full"], ["training.recompute=none", "parallel.sequence_parallel=false"],
     ["ranks=all"], ["ranks=all", "fold_tp=false"], ["parallel.tp_comm_overlap=true"],
     ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true", "training.recompute=selective"],
+    ["parallel.tp_comm_overlap=true", "parallel.sequence_parallel=true", "parallel.tp_comm_overlap_method=async_tp",
+     "training.recompute=full"],
     ["schedule=zb-v", "parallel.vpp=2"], ["schedule=dualpipev", "parallel.vpp=2"],
     ["schedule=zb-h1", "ranks=all", "parallel.dp=2", "cluster.nodes=4"],
 ], ids=lambda o: ",".join(o) or "base")

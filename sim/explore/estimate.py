@@ -126,7 +126,7 @@ class Estimator:
             shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
                      t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
                      plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan),
-                     step.tp_overlap_chunks(plan), plan.scenario.parallel.tp_comm_overlap_chunk_gemms)
+                     step.tp_overlap_chunks(plan), step.tp_overlap_chunk_gemms(plan))
             self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
@@ -156,7 +156,8 @@ class Estimator:
             bwd_layer = sum(self._overlapped_backward(plan, b, times, chunked) for b in step.BLOCKS)
         elif chunked is not None:  # the output gradient's gather in chunks beside the block, then its reduction
             (head, body), _ = chunked
-            bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * times[1]
+            bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * (
+                times[1] + step.reduce_partials_seconds(plan, self.costs))  # AsyncTP: each reduction after it
         else:
             bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
         bwd_layer += self._selective_dense(plan, tp_comm)
@@ -455,8 +456,18 @@ class Estimator:
         (gather_head, gather_body), (reduce_tail, reduce_body) = chunked
         total, row = self._price(plan, f"{block}_chunked", phase), self._price(plan, f"{block}_chunked_row", phase)
         pre = total - row
+        summed = step.reduce_partials_seconds(plan, self.costs)  # AsyncTP's reduction after the last chunk
+        if step.async_tp(plan) and row > 0 and not (block == "attention" and plan.cp > 1):
+            # the workload's _async_tp_block: shard copy, the fused GEMMs' chunks beside the remote shards' copies
+            # and their last after them, the rest of the block, the row GEMM's first chunk, its others beside the
+            # reduce-scatter's copies, the reduction
+            n = step.tp_overlap_chunks(plan)
+            column = self._price(plan, f"{block}_chunked_column", phase)
+            row = step.beside_reduce_scatter(plan, row)
+            return (step.fused_gather_seconds(step.shard_copy_seconds(plan, self.costs), column, gather_body, n)
+                    + (pre - column) + step.fused_scatter_seconds(row, reduce_body, summed, n))
         total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
-        return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail
+        return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail + summed
 
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
                              chunked: tuple[tuple[float, float], tuple[float, float]] | None = None) -> float:
@@ -467,10 +478,24 @@ class Estimator:
         on the TP stream."""
         weight = self._price(plan, f"{block}_column", "weight_grad")
         dgrad = self._price(plan, block, "backward") - weight
+        if (chunked is not None and step.async_tp(plan) and not (block == "attention" and plan.cp > 1)
+                and self._price(plan, f"{block}_row", "input_grad") > 0):
+            # the workload's _async_tp_backward: the output gradient's gather fused with the row GEMM's input
+            # gradient, the rest (its weight gradient too), the column GEMMs' input gradient fused with the
+            # reduce-scatter, their weight gradient
+            (_, gather_body), (_, reduce_body) = chunked
+            n = step.tp_overlap_chunks(plan)
+            row, column = (self._price(plan, f"{block}_chunked_{part}", "input_grad") for part in ("row", "column"))
+            rest = dgrad - self._price(plan, f"{block}_row", "input_grad") - self._price(plan, f"{block}_column",
+                                                                                          "input_grad")
+            return (step.fused_gather_seconds(step.shard_copy_seconds(plan, self.costs), row, gather_body, n) + rest
+                    + step.fused_scatter_seconds(column, reduce_body, step.reduce_partials_seconds(plan, self.costs),
+                                                 n) + weight)
         if chunked is not None:
             (head, body), _ = chunked
             gather, reduce = times
-            return head + max(dgrad, body + gather) + max(reduce, weight)
+            return head + max(dgrad, body + gather) + max(reduce, weight) + step.reduce_partials_seconds(plan,
+                                                                                                      self.costs)
         if plan.sequence_parallel:
             gather, reduce = times
             return gather + max(dgrad, gather) + max(reduce, weight)
@@ -1079,6 +1104,9 @@ def _work(pieces: step.Blocks, what: str) -> Work:
     if what.endswith("_chunked_row"):  # the forward beside TE's chunked collectives (step.chunk_gemms)
         name = what.removesuffix("_chunked_row")
         return pieces.chunked_row.get(name, pieces.row[name])
+    if what.endswith("_chunked_column"):
+        name = what.removesuffix("_chunked_column")
+        return pieces.chunked_column.get(name, pieces.column[name])
     if what.endswith("_chunked"):
         name = what.removesuffix("_chunked")
         return pieces.chunked.get(name, pieces.block[name])

@@ -116,6 +116,9 @@ def _megatron(s: Scenario) -> Emitted:
             raise ConfigError("parallel.tp_comm_overlap: Megatron-LM's --tp-comm-overlap needs sequence "
                               "parallelism (its arguments refuse it otherwise); set "
                               "parallel.sequence_parallel: true or parallel.tp_comm_overlap: false")
+        if p.tp_comm_overlap_method == "async_tp":  # --tp-comm-overlap is TE's userbuffers, priced otherwise
+            raise _refuse("Megatron-LM", "parallel.tp_comm_overlap_method", "async_tp is PyTorch's AsyncTP "
+                          "(symmetric memory); --tp-comm-overlap runs TE's userbuffers: set userbuffers")
         flags.append("--tp-comm-overlap")
         ub_cfg = _userbuffers_cfg(s)
         if ub_cfg:
@@ -286,6 +289,9 @@ def _torchtitan(s: Scenario) -> Emitted:
     if zero == 2:
         lines.append('fsdp_reshard_after_forward = "never"')
     if p.tp_comm_overlap:
+        if p.tp > 1 and p.tp_comm_overlap_method != "async_tp":  # what the flag runs is PyTorch's AsyncTP
+            raise _refuse("TorchTitan", "parallel.tp_comm_overlap_method", f"{p.tp_comm_overlap_method} is TE's "
+                          "userbuffers; enable_async_tensor_parallel runs PyTorch's AsyncTP: set async_tp")
         lines.append("enable_async_tensor_parallel = true")
     if p.pp > 1:
         lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[s.schedule]}"',

@@ -124,10 +124,11 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
                   "TorchTitan's TP plan shards the norms' sequence dimension (SequenceParallel)", "default")
     if take("parallelism.enable_async_tensor_parallel"):
         draft.put("parallel.tp_comm_overlap", True, "parallelism.enable_async_tensor_parallel")
-        # PyTorch's AsyncTP holds no SMs beside the GEMM (its reduce-scatter copies chunks between the chunk GEMMs
-        # and sums them after: sim.workload.step.tp_overlap_sms), unlike TE's userbuffers (the field's default)
-        draft.put("parallel.tp_comm_overlap_sms", 0, "parallelism.enable_async_tensor_parallel", True,
-                  "AsyncTP's symmetric-memory reduce-scatter: no SMs taken from the GEMM", "default")
+        # PyTorch's AsyncTP, not TE's userbuffers (the field's default): no SMs held beside the GEMM, one GEMM per
+        # chunk, the reduce-scatter's partials summed after its chunks (sim.workload.step.async_tp)
+        draft.put("parallel.tp_comm_overlap_method", "async_tp", "parallelism.enable_async_tensor_parallel", True,
+                  "PyTorch's symmetric-memory AsyncTP (fused_all_gather_matmul, fused_matmul_reduce_scatter)",
+                  "default")
     reshard = str(take("parallelism.fsdp_reshard_after_forward", "default"))
     if shard > 1:
         sharding = "HYBRID_SHARD" if replicate > 1 else "SHARD_GRAD_OP" if reshard == "never" else "FULL_SHARD"

@@ -48,6 +48,10 @@ def check_rules(s: Scenario) -> Degrees:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
     if m.ffn % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
+    if p.tp_comm_overlap_method == "async_tp" and p.tp_comm_overlap_chunks not in (None, 1, p.tp):
+        # torch/distributed/_symmetric_memory: one chunk per rank of the group (1: the ablation, not split)
+        raise ValueError(f"parallel.tp_comm_overlap_chunks: {p.tp_comm_overlap_chunks} under async_tp, whose "
+                         f"collectives move one chunk per TP rank: leave it unset (tp = {p.tp}) or 1 (not split)")
     if s.fsdp is not None and s.deepspeed is not None:
         raise ValueError("deepspeed: a scenario runs either PyTorch FSDP (fsdp) or DeepSpeed ZeRO "
                          "(zero_optimization / deepspeed), not both")

@@ -201,12 +201,20 @@ class ParallelSpec(FrozenSpec):
         "with tp_comm_overlap and sequence parallelism: the chunks a TP collective is split into under its GEMM; "
         "default tp (TE's ring exchange moves one shard per peer; the pipelined reduce-scatter's num_splits is 4 "
         "in NeMo's H100 userbuffers configs); 1: not split, the whole collective exposed"))
-    tp_comm_overlap_chunk_gemms: bool = Field(default=False, description=(
+    tp_comm_overlap_method: Literal["userbuffers", "async_tp"] = Field(default="userbuffers", description=(
+        "with chunked TP collectives: whose implementation runs them. userbuffers (default): Transformer Engine's "
+        "(NeMo, Megatron-LM); async_tp: PyTorch's micro-pipelined TP (TorchTitan enable_async_tensor_parallel: "
+        "torch.distributed._symmetric_memory), whose reduce-scatter leaves the tp partial sums of each shard to one "
+        "reduction kernel after its chunks (priced on HBM, exposed), whose GEMMs are issued one per chunk and whose "
+        "copies take no SMs (the defaults of tp_comm_overlap_chunk_gemms and tp_comm_overlap_sms follow); "
+        "docs/mechanisms/tp_comm_overlap.md"))
+    tp_comm_overlap_chunk_gemms: bool | None = Field(default=None, description=(
         "with chunked TP collectives (tp_comm_overlap_chunks > 1): true prices the GEMMs beside them as one GEMM "
         "per chunk, each at its own size on the cost model's GEMM curve (TE's ring exchange and pipelined "
         "reduce-scatter, PyTorch AsyncTP's fused_all_gather_matmul / fused_matmul_reduce_scatter issue one per "
-        "chunk); false (default): priced as one GEMM, since on the measured rows the chunk GEMMs made the NeMo "
-        "rows slower than measured and left the TorchTitan ones as fast (docs/mechanisms/tp_comm_overlap.md)"))
+        "chunk); false: priced as one GEMM. Default by tp_comm_overlap_method: false for userbuffers (on the "
+        "measured rows the chunk GEMMs made the NeMo rows slower than measured), true for async_tp (one torch.mm "
+        "per shard in its Python loop; docs/mechanisms/tp_comm_overlap.md)"))
     tp_comm_overlap_sms: int | None = Field(default=None, ge=0, description=(
         "with chunked TP collectives: SMs the reduce-scatter after a block's row-parallel GEMM takes from that GEMM "
         "(Transformer Engine's num_sm with set_sm_margin: the GEMM runs on the rest); default by dtype from NeMo's "

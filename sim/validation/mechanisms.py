@@ -156,6 +156,17 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/tp_comm_overlap.md",
     ),
     Mechanism(
+        name="PyTorch's AsyncTP as it runs (symmetric memory): its copies' order, shard copy, partials' reduction",
+        off=("parallel.tp_comm_overlap_method=userbuffers",),
+        knob="parallel.tp_comm_overlap_method (default userbuffers; async_tp: sim import torchtitan, with chunk "
+             "GEMMs and no SMs taken by default); no dense row uses it: the TorchTitan FSDP+PP rows went -19.0% -> "
+             "-16.8% (1F1B), -20.8% -> -18.5% (interleaved)",
+        source="torch/distributed/_symmetric_memory/__init__.py (_pipelined_all_gather_and_consume, "
+               "_pipelined_produce_and_all2all, reduce_partials); Inductor post_grad micro_pipeline_tp_pass; "
+               "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (speed-ups 1.09x / 1.16x)",
+        doc="mechanisms/tp_comm_overlap.md",
+    ),
+    Mechanism(
         name="blocking pipeline sends",
         off=("parallel.overlap_p2p_comm=true",),
         knob="parallel.overlap_p2p_comm (false: Megatron's _communicate waits on every send/receive)",

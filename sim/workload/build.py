@@ -54,6 +54,7 @@ from sim.workload.ir import (
 from sim.workload.moe_emit import MoeLayerEmitter
 from sim.workload.step import (
     activation_copy_seconds,
+    async_tp,
     beside_reduce_scatter,
     blocks,
     context_attention,
@@ -61,6 +62,9 @@ from sim.workload.step import (
     make_costs,
     offload_buffer_copy_seconds,
     overlaps_backward,
+    reduce_partials_bytes,
+    reduce_partials_seconds,
+    shard_copy_seconds,
     tp_ops,
     tp_overlap_chunks,
 )
@@ -86,11 +90,16 @@ class _StageEmitter:
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         self.tp_chunks = tp_overlap_chunks(plan)  # > 0: TE userbuffers' chunked all-gather / reduce-scatter
+        # AsyncTP: the reduction kernel after each chunked reduce-scatter (0: none; step.reduce_partials_bytes)
+        self.reduce_partials = (reduce_partials_seconds(plan, costs), reduce_partials_bytes(plan))
+        self.async_tp = async_tp(plan)  # PyTorch's AsyncTP: its own order of copies and chunk GEMMs (_async_tp_block)
+        self.shard_copy = shard_copy_seconds(plan, costs)
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
         self.row_work = work.row
         # the forward beside chunked collectives: its GEMMs one per chunk (step.chunk_gemms)
         self.chunked_work, self.chunked_row = work.chunked or work.block, work.chunked_row or work.row
+        self.chunked_column = work.chunked_column or work.column
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
         self.trained_work = (self.block_work, self.column_work)
@@ -215,9 +224,11 @@ class _StageEmitter:
         then the block's compute up to its row-parallel GEMM beside the gather's other chunks, then the row GEMM
         beside the reduce-scatter's chunks but the last, which follows the GEMM (TE's pipelined reduce-scatter,
         ``split_overlap_rs``). Returns the last chunk."""
-        head = self._overlapped_gather(mb, layer, after)
         work, row_work = self.chunked_work[block], self.chunked_row[block]
         total, row = self._price(work, phase), self._price(row_work, phase)
+        if self.async_tp and row[0] > 0:
+            return self._async_tp_block(kind, block, mb, layer, after, phase, total, row)
+        head = self._overlapped_gather(mb, layer, after)
         pre = self._after_chunk(self._compute(kind, block, mb, layer, work, head, phase,
                                               cost=(total[0] - row[0], total[1] - row[1])), head)
         row = (beside_reduce_scatter(self.plan, row[0]), row[1])  # on the SMs the reduce-scatter leaves
@@ -228,7 +239,90 @@ class _StageEmitter:
         if row[0] > 0:  # (fixed costs price a block whole: no row GEMM apart)
             last = self._flagged(self._compute(kind, block, mb, layer, row_work, pre, phase, cost=row),
                                  False, True, ())
-        return self._tp_chunk(op, self.tp_bytes / n, mb, layer, last)
+        return self._sum_partials(kind, block, mb, layer, self._tp_chunk(op, self.tp_bytes / n, mb, layer, last))
+
+    def _async_tp_block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase,
+                        total: tuple[float, float], row: tuple[float, float]) -> int | None:
+        """A block's forward (or full recomputation's replay) under PyTorch's AsyncTP (torch/distributed/
+        _symmetric_memory/__init__.py; docs/mechanisms/tp_comm_overlap.md): the all-gather fused with the
+        column-parallel GEMMs (``_fused_gather``), the rest of the block, which reads their whole output, then the
+        row-parallel GEMM fused with the reduce-scatter (``_fused_scatter``). Returns the partials' reduction."""
+        column = self._price(self.chunked_column[block], phase)
+        rest = (total[0] - row[0] - column[0], total[1] - row[1] - column[1])
+        after = self._fused_gather(kind, block, mb, layer, after, column)
+        after = self._add("compute", kind, block, mb, layer, after, duration=rest[0] * self.jitter(), flops=rest[1])
+        return self._fused_scatter(kind, block, mb, layer, after, (beside_reduce_scatter(self.plan, row[0]), row[1]))
+
+    def _async_tp_backward(self, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """A block's backward under AsyncTP: Inductor's micro-pipeline TP pass fuses the compiled backward's
+        patterns too (torch/_inductor/fx_passes/micro_pipeline_tp.py, run on every graph post_grad_passes
+        compiles): the output gradient's all-gather with the row-parallel GEMM's input gradient
+        (``_fused_gather``; the gathered gradient it returns feeds that GEMM's weight gradient), the rest of the
+        block's backward with the row GEMM's weight gradient, then the column-parallel GEMMs' input gradient with
+        the reduce-scatter of its partial sums (``_fused_scatter``), then their weight gradient, from the input the
+        forward's fused gather returned (``return_A``): no input all-gather in the backward. Returns that weight
+        gradient."""
+        row_dgrad = self._price(self.chunked_row[block], "input_grad")
+        column_dgrad = self._price(self.chunked_column[block], "input_grad")
+        column_w = self._price(self.column_work[block], "weight_grad")
+        # the rest: the block's backward less the column GEMMs' and both GEMMs' input gradients (priced whole)
+        pieces = [self._price(self.block_work[block], "backward"), column_w,
+                  self._price(self.row_work[block], "input_grad"), self._price(self.column_work[block], "input_grad")]
+        rest = tuple(whole - sum(part[k] for part in pieces[1:]) for k, whole in enumerate(pieces[0]))
+        after = self._fused_gather("backward", block, mb, layer, after, row_dgrad)
+        after = self._add("compute", "backward", block, mb, layer, after, duration=rest[0] * self.jitter(),
+                          flops=rest[1])
+        after = self._fused_scatter("backward", block, mb, layer, after, column_dgrad)
+        return self._add("compute", "backward", block, mb, layer, after, duration=column_w[0] * self.jitter(),
+                         flops=column_w[1])
+
+    def _fused_gather(self, kind: str, block: str, mb: int, layer: int, after: int | None,
+                      gemm: tuple[float, float]) -> int:
+        """AsyncTP's ``fused_all_gather_matmul`` (``_pipelined_all_gather_and_consume``) on ``gemm`` (seconds,
+        FLOPs), n = ``tp_chunks``: the rank copies its shard into its symmetric buffer on the compute stream
+        (``shard_copy``), then, past a barrier, multiplies its own shard while it pulls the peers' shards one after
+        another (copy-engine copies, which do not overlap each other) and multiplies each as it lands: the GEMM's
+        first n - 1 chunks beside the n - 1 remote chunks' copies, its last chunk after both. Returns the last."""
+        n, op = self.tp_chunks, self.tp_before
+        assert op is not None
+        copied = self._add("compute", kind, f"{block}_shard_copy", mb, layer, after,
+                           duration=self.shard_copy * self.jitter(), nbytes=2 * self.tp_bytes / self.tp)
+        pulled = self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, copied)
+        head = self._flagged(self._add("compute", kind, block, mb, layer, copied, duration=gemm[0] * (n - 1) / n
+                                       * self.jitter(), flops=gemm[1] * (n - 1) / n), False, True, ())
+        tail = self._add("compute", kind, block, mb, layer, head, (pulled,), duration=gemm[0] / n * self.jitter(),
+                         flops=gemm[1] / n)
+        self._flagged(tail, True, True, (tail - pulled,))
+        return tail
+
+    def _fused_scatter(self, kind: str, block: str, mb: int, layer: int, after: int | None,
+                       gemm: tuple[float, float]) -> int:
+        """AsyncTP's ``fused_matmul_reduce_scatter`` (``_pipelined_produce_and_all2all``) on ``gemm``: the chunk for
+        a peer first, then each peer pulls its chunk while the next is computed, the rank's own chunk last, beside
+        the last pull: the reduce-scatter's n - 1 chunks beside the GEMM's other n - 1 chunks, none after it; then
+        the reduction of the tp partials (``reduce_partials``). Returns the reduction."""
+        n, op = self.tp_chunks, self.tp_after
+        assert op is not None
+        first = self._add("compute", kind, block, mb, layer, after, duration=gemm[0] / n * self.jitter(),
+                          flops=gemm[1] / n)
+        pushed = self._tp_chunk(op, self.tp_bytes * (n - 1) / n, mb, layer, first)
+        others = self._flagged(self._add("compute", kind, block, mb, layer, first, duration=gemm[0] * (n - 1) / n
+                                         * self.jitter(), flops=gemm[1] * (n - 1) / n), False, True, ())
+        seconds, nbytes = self.reduce_partials
+        summed = self._add("compute", kind, f"{block}_reduce_partials", mb, layer, others, (pushed,),
+                           duration=seconds * self.jitter(), nbytes=nbytes)
+        self._flagged(summed, True, True, (summed - pushed,))
+        return summed
+
+    def _sum_partials(self, kind: str, block: str, mb: int, layer: int, after: int | None) -> int | None:
+        """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.step
+        ``reduce_partials_bytes``), on the compute stream, which waits for it; ``after`` itself where there is
+        none (TE's reduce-scatter reduces as it goes)."""
+        seconds, nbytes = self.reduce_partials
+        if not seconds:
+            return after
+        return self._add("compute", kind, f"{block}_reduce_partials", mb, layer, after,
+                         duration=seconds * self.jitter(), nbytes=nbytes)
 
     def _block(self, kind: str, block: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """One block with its Megatron collectives: [all-gather] compute [all-reduce | reduce-scatter]."""
@@ -237,12 +331,15 @@ class _StageEmitter:
         if self.tp_chunks:
             if phase == "forward":
                 return self._chunked_block(kind, block, mb, layer, after, phase)
+            overlapped = overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0])
+            if overlapped and self.async_tp and self._price(self.row_work[block], "input_grad")[0] > 0:
+                return self._async_tp_backward(block, mb, layer, after)
             head = self._overlapped_gather(mb, layer, after)
-            if overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
+            if overlapped:
                 return self._overlapped_backward(block, mb, layer, head)
             after = self._after_chunk(self._compute(kind, block, mb, layer, self.block_work[block], head, phase),
                                       head)
-            return self._tp(self.tp_after, mb, layer, after)
+            return self._sum_partials(kind, block, mb, layer, self._tp(self.tp_after, mb, layer, after))
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
         if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
@@ -274,7 +371,7 @@ class _StageEmitter:
                            weight[0] * self.jitter(), "", 0.0, weight[1])
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
-        return wgrad
+        return self._sum_partials("backward", block, mb, layer, wgrad)  # AsyncTP's, taking ``reduce``
 
     def _flagged(self, task: int | None, prev: bool, touch: bool, extra: tuple[int, ...],
                  consumed: bool = False) -> int | None:

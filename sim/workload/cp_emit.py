@@ -58,7 +58,7 @@ class ContextEmitter:
             after = st._compute(kind, "attention_out", mb, layer, post, core_end, phase)
             assert after is not None and core_end is not None
             st._flagged(after, False, True, (after - core_end,) if st.g.tasks[core_end].stream != "compute" else ())
-            return st._tp_chunk(op, st.tp_bytes / n, mb, layer, after)
+            return st._sum_partials(kind, "attention", mb, layer, st._tp_chunk(op, st.tp_bytes / n, mb, layer, after))
         after = st._compute("backward", "attention_out", mb, layer, post, after, phase)
         if head is not None:
             st._after_chunk(after, head)
@@ -66,7 +66,8 @@ class ContextEmitter:
         column = self.st.column_work["attention"]
         if not overlaps_backward(self.st.plan, self.st._price(column, "weight_grad")[0]):
             after = self.st._compute("backward", "attention", mb, layer, pre, after, phase)
-            return self.st._tp(self.st.tp_after, mb, layer, after)
+            return self.st._sum_partials("backward", "attention", mb, layer,
+                                         self.st._tp(self.st.tp_after, mb, layer, after))
         total, weight = self.st._price(pre, "backward"), self.st._price(column, "weight_grad")
         gathered = None
         if self.st.tp_before:  # SP: the stored sharded input gathered again beside the input-gradient GEMMs
@@ -84,7 +85,7 @@ class ContextEmitter:
                            weight[0] * self.st.jitter(), "", 0.0, weight[1])
         self.st._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.st.blocking_tp = reduce  # the next block consumes the reduced input gradient
-        return wgrad
+        return self.st._sum_partials("backward", "attention", mb, layer, wgrad)  # AsyncTP's, taking ``reduce``
 
     def core(self, kind: str, mb: int, layer: int, after: int | None, phase: ComputePhase) -> int | None:
         """The attention core and its CP exchanges (stream ``cp``; sim.parallel.context.exchanges): all_gather and

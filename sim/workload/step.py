@@ -71,6 +71,7 @@ class Blocks:
     # collectives run as one GEMM per chunk (``chunk_gemms``), and its row-parallel GEMM so; empty otherwise
     chunked: dict[str, Work] = field(default_factory=dict)
     chunked_row: dict[str, Work] = field(default_factory=dict)
+    chunked_column: dict[str, Work] = field(default_factory=dict)  # its column-parallel GEMMs so (AsyncTP's split)
 
     @property
     def selective(self) -> Work:
@@ -146,7 +147,7 @@ def blocks(plan: Plan) -> Blocks:
         ops = {name: tuple(replace(op, flops=op.flops * share, executed=causal if t.causal_attention else 1.0)
                            if op.name == "flash_attention" else op for op in block_ops)
                for name, block_ops in ops.items()}
-    chunks = tp_overlap_chunks(plan) if plan.scenario.parallel.tp_comm_overlap_chunk_gemms else 0
+    chunks = tp_overlap_chunks(plan) if tp_overlap_chunk_gemms(plan) else 0
     overlapped = COLUMN_PARALLEL | ROW_PARALLEL  # the ring exchange's GEMMs (QKV, FC1), the pipelined RS's
     return Blocks(
         block={name: Work(block_ops, 0.5) for name, block_ops in ops.items()},
@@ -161,6 +162,8 @@ def blocks(plan: Plan) -> Blocks:
         if chunks else {},
         chunked_row={name: Work(chunk_gemms(block_ops, ROW_PARALLEL, chunks), 0.0) for name, block_ops in ops.items()}
         if chunks else {},
+        chunked_column={name: Work(chunk_gemms(block_ops, COLUMN_PARALLEL, chunks), 0.0)
+                        for name, block_ops in ops.items()} if chunks else {},
     )
 
 
@@ -175,10 +178,11 @@ def chunk_gemms(ops: tuple[Op, ...], names: frozenset[str], chunks: int) -> tupl
     ``_fused_all_gather_matmul_impl``: one ``torch.mm`` per shard; ``_fused_matmul_reduce_scatter_impl``: one per
     chunk). Each chunk is priced by the cost model at its own size (the GEMM curve is FLOP-dependent: a smaller
     GEMM runs at a lower rate, and each chunk pays the kernel floor): FLOPs and bytes over ``chunks``, the shape's
-    M (tokens) over ``chunks``. Where ``names`` is the row-parallel set only, the result is that GEMM alone (the
-    block's row piece, ``Blocks.chunked_row``); otherwise the whole block with those GEMMs split."""
+    M (tokens) over ``chunks``. Where ``names`` is the row- or the column-parallel set alone, the result is those
+    GEMMs alone (the block's row piece, ``Blocks.chunked_row``; its column piece, ``Blocks.chunked_column``);
+    otherwise the whole block with those GEMMs split."""
     out: list[Op] = []
-    row_only = names == ROW_PARALLEL
+    row_only = names in (ROW_PARALLEL, COLUMN_PARALLEL)
     for op in ops:
         if op.name in names and op.matmul and op.has_weights:
             shape = op.shape and (op.shape[0], max(1, op.shape[1] // chunks), op.shape[2], op.shape[3])
@@ -402,6 +406,69 @@ def tp_overlap_chunks(plan: Plan) -> int:
     return chunks if chunks > 1 else 0  # one chunk: the whole collective, exposed
 
 
+def async_tp(plan: Plan) -> bool:
+    """Whether the chunked TP collectives are PyTorch's AsyncTP (``parallel.tp_comm_overlap_method: async_tp``:
+    torch.distributed._symmetric_memory's fused_all_gather_matmul / fused_matmul_reduce_scatter, which Inductor's
+    micro-pipeline TP pass puts in place of every all-gather -> matmul and matmul -> reduce-scatter it finds in a
+    compiled graph, the backward's included: torch/_inductor/fx_passes/post_grad.py post_grad_passes runs
+    micro_pipeline_tp_pass on each graph it compiles)."""
+    return bool(tp_overlap_chunks(plan)) and plan.scenario.parallel.tp_comm_overlap_method == "async_tp"
+
+
+def tp_overlap_chunk_gemms(plan: Plan) -> bool:
+    """Whether the GEMMs beside the chunked collectives are priced one per chunk (``chunk_gemms``):
+    ``parallel.tp_comm_overlap_chunk_gemms``, by default only under AsyncTP, which issues one ``mm`` per shard
+    from Python (_symmetric_memory ``_fused_all_gather_matmul_impl``'s shard_consumer,
+    ``_fused_matmul_reduce_scatter_impl``'s chunk_producer: ``mm_out_op(A_shards[rank], B, out=out)``)."""
+    flag = plan.scenario.parallel.tp_comm_overlap_chunk_gemms
+    return (plan.scenario.parallel.tp_comm_overlap_method == "async_tp") if flag is None else flag
+
+
+def reduce_partials_bytes(plan: Plan) -> float:
+    """HBM bytes of AsyncTP's reduction after a chunked reduce-scatter, 0 where there is none (not AsyncTP).
+
+    PyTorch's ``_fused_matmul_reduce_scatter_impl`` does not reduce while it communicates: each rank's chunk
+    GEMMs write the partial products of every shard, ``_pipelined_produce_and_all2all`` copies peer r's partial of
+    this rank's shard into ``stacked_partials`` (an all-to-all, one chunk per peer), and one kernel then sums the
+    tp partials (``reduce_partials``: ``torch.sum`` over the rank dimension, a Triton kernel accumulating in fp32
+    in later versions). That kernel reads the tp partials, tp x (b s h / tp) elements = ``tp_bytes``, and writes
+    one shard, ``tp_bytes / tp``: memory-bound, on the SMs, after the last chunk (nothing left to hide it under)."""
+    if not async_tp(plan):
+        return 0.0
+    return plan.tp_bytes * (1 + 1 / plan.tp)
+
+
+def shard_copy_seconds(plan: Plan, costs: CostModel) -> float:
+    """Seconds of AsyncTP's copy of the rank's shard into its symmetric-memory buffer before a chunked all-gather
+    (``_pipelined_all_gather_and_consume``: ``copy_shard(dst=local_p2p_bufs, src=shard)`` on the compute stream
+    between two barriers, so that the peers can pull it), a device copy reading and writing ``tp_bytes / tp``;
+    0 where there is none (not AsyncTP: TE's layer norm writes its output into the userbuffer)."""
+    if not async_tp(plan):
+        return 0.0
+    return costs.memory_time(2 * plan.tp_bytes / plan.tp)
+
+
+def fused_gather_seconds(copy: float, gemm: float, remote: float, chunks: int) -> float:
+    """AsyncTP's all-gather fused with ``gemm`` seconds of GEMM (``fused_all_gather_matmul``): the shard's copy
+    into symmetric memory, the GEMM's first n - 1 chunks beside the copies of the n - 1 remote shards
+    (``remote`` seconds), its last chunk after both (sim.workload.build ``_fused_gather``)."""
+    return copy + max(gemm * (chunks - 1) / chunks, remote) + gemm / chunks
+
+
+def fused_scatter_seconds(gemm: float, remote: float, reduction: float, chunks: int) -> float:
+    """AsyncTP's reduce-scatter fused with ``gemm`` (``fused_matmul_reduce_scatter``): the first chunk, the other
+    n - 1 beside the peers' pulls (``remote`` seconds), then the partials' reduction (sim.workload.build
+    ``_fused_scatter``)."""
+    return gemm / chunks + max(gemm * (chunks - 1) / chunks, remote) + reduction
+
+
+def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
+    """Seconds of AsyncTP's reduction after a chunked reduce-scatter (``reduce_partials_bytes`` through the cost
+    model's memory-bound kernel rate: one launch); 0 where there is none."""
+    nbytes = reduce_partials_bytes(plan)
+    return costs.memory_time(nbytes) if nbytes else 0.0
+
+
 # NeMo 2.x nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the launcher's ub_cfg_h100_*.yaml
 # alike), H100 bf16: the pipelined reduce-scatter after the output projection (proj_fprop) holds num_sm 24 (Llama 3
 # 70B, GPT-3 175B, Llama 3.1 405B) or 16 (GPT-3 20B), after FC2 (fc2_fprop) 16 (70B), 8 (405B), 24 (20B), each
@@ -422,6 +489,8 @@ def tp_overlap_sms(plan: Plan) -> int:
     if not tp_overlap_chunks(plan) or not plan.scenario.cluster.gpu.sms:
         return 0
     sms = plan.scenario.parallel.tp_comm_overlap_sms
+    if sms is None and async_tp(plan):
+        return 0  # its copies are cudaMemcpy's (copy engines) between chunk GEMMs: no SMs taken
     return TE_REDUCE_SCATTER_SMS.get(plan.dtype, TE_REDUCE_SCATTER_SMS["bf16"]) if sms is None else sms
 
 
