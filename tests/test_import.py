@@ -681,6 +681,12 @@ def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
     assert _status(draft, "ub_cfg.yaml: proj_fprop.num_splits") == "mapped"
     plain = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overlap), "megatron")
     assert "--tp-comm-overlap-cfg" not in plain.text
+    # SMs alone: the file still states the chunks the scenario prices (tp = 2), since a pipeline entry without
+    # num_splits runs TE's 4 (initialize_ub: ub_cfg.get("num_splits", 4 if method == "pipeline" else 0))
+    sms_only = load_scenario(ROOT / "scenarios" / "tiny.yaml", [*overlap, "parallel.tp_comm_overlap_sms=24"])
+    path.write_text(emit(sms_only, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu="A100-80GB-SXM")).scenario()
+    assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (sms_only.parallel.tp, 24)
 
 
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:

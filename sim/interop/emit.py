@@ -199,7 +199,8 @@ def _userbuffers_cfg(s: Scenario) -> str:
     userbuffers YAML Megatron-LM's ``--tp-comm-overlap-cfg`` hands to TE's initialize_ub
     (megatron/training/initialize.py _initialize_tp_communicators), in NeMo-Framework-Launcher 24.07's ub_cfg_h100
     form: the two row GEMMs' pipelined reduce-scatters (proj_fprop, fc2_fprop), ``num_sm`` with
-    ``set_sm_margin``, ``num_splits``; the other GEMMs keep TE's defaults. Empty where neither is set. An SM count
+    ``set_sm_margin``, ``num_splits`` (the chunks the scenario prices, tp unless set); the other GEMMs keep TE's
+    defaults. Empty where neither field is set. An SM count
     of 0 (PyTorch AsyncTP's reduce-scatter, on no SMs beside the GEMM) has no userbuffers form: refused."""
     p = s.parallel
     if p.tp_comm_overlap_sms is None and p.tp_comm_overlap_chunks is None:
@@ -210,8 +211,9 @@ def _userbuffers_cfg(s: Scenario) -> str:
     settings = ["method: pipeline"]
     if p.tp_comm_overlap_sms is not None:
         settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
-    if p.tp_comm_overlap_chunks is not None:
-        settings.append(f"num_splits: {p.tp_comm_overlap_chunks}")
+    # always written: a pipeline entry without it runs TE's 4 splits (initialize_ub: ub_cfg.get("num_splits", 4 if
+    # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: step.tp_overlap_chunks)
+    settings.append(f"num_splits: {p.tp_comm_overlap_chunks or p.tp}")
     return "".join(f"{gemm}:\n" + "".join(f"  {line}\n" for line in settings) for gemm in ("proj_fprop", "fc2_fprop"))
 
 
