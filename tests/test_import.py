@@ -751,3 +751,23 @@ def test_megatron_emit_round_trips_cp_capacity_and_bf16_reduction(base: str, ove
         section, name = field.split(".")
         assert getattr(getattr(back, section), name) == getattr(getattr(scenario, section), name), field
     assert _layout(back)[:10] == _layout(scenario)[:10]  # degrees and batch (SP: Megatron drops it at tp 1)
+
+
+@pytest.mark.parametrize(("base", "framework", "message"), [
+    ("llama3-8b_h100-1_lora.yaml", "megatron", "training.method: lora"),
+    ("llama3-8b_h100-1_lora.yaml", "torchtitan", "training.method: lora"),
+    ("llama3-8b_h100-1_lora.yaml", "deepspeed", "training.method: lora"),
+    ("llama3-70b_h100-1_qlora.yaml", "deepspeed", "training.method: qlora"),
+    ("validation/nemo2407-llama2-7b-8.yaml", "deepspeed", "training.dtype: fp8"),
+])
+def test_emit_refuses_what_the_framework_config_cannot_say(base: str, framework: str, message: str) -> None:
+    """A LoRA / QLoRA scenario emitted as a Megatron-LM script, a TorchTitan TOML or a DeepSpeed JSON with HF Trainer
+    flags (none of which has an adapter setting) was written as full fine-tuning, and an FP8 scenario's DeepSpeed
+    config as plain bf16: runs of another method or precision than the one priced. Each is refused in one line
+    naming the field (docs/ecosystem.md: the emitter refuses a knob the framework has no setting for)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(ROOT / "scenarios" / base), framework)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)

@@ -33,6 +33,10 @@ class Emitted:
 def emit(scenario: Scenario, framework: str) -> Emitted:
     if framework not in FRAMEWORKS:
         raise ConfigError(f"--emit: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    if scenario.training.method != "full":  # none of the three configurations has adapters or frozen layers: the
+        # run would train every parameter (another memory and step than the scenario's)
+        raise _refuse(framework, "training.method", f"{scenario.training.method} fine-tuning (the configuration "
+                      "trains every parameter)")
     return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[framework](scenario)
 
 
@@ -320,13 +324,15 @@ def _deepspeed(s: Scenario) -> Emitted:
         raise _refuse("the HF Trainer", "training.recompute", "selective recompute")
     if s.fsdp is not None:
         raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
+    if t.dtype == "fp8":  # its config has bf16 and fp16 sections only (FP8 needs Transformer Engine's modules)
+        raise _refuse("DeepSpeed", "training.dtype", "fp8 GEMMs (bf16 would run instead)")
     _optimizer_states(s, "DeepSpeed")
     _moe_refusals(s, "a DeepSpeed ZeRO run under the HF Trainer", expert_parallel=False)
     accumulation = d.microbatches
     config: dict[str, object] = {
         "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": accumulation, "gradient_clipping": t.clip_grad,
-        "bf16": {"enabled": t.dtype in ("bf16", "fp8")}, "fp16": {"enabled": t.dtype == "fp16"},
+        "bf16": {"enabled": t.dtype == "bf16"}, "fp16": {"enabled": t.dtype == "fp16"},
         "zero_optimization": {"stage": d.zero_stage, "overlap_comm": p.overlap_grad_reduce,
                               "offload_optimizer": {"device": "cpu" if s.offload.optimizer else "none"},
                               "offload_param": {"device": "cpu" if s.offload.params else "none"}}}
@@ -340,7 +346,7 @@ def _deepspeed(s: Scenario) -> Emitted:
                f"--max_seq_length {d.seq_len}"]
     if t.recompute == "full":
         trainer.append("--gradient_checkpointing")
-    if t.dtype in ("bf16", "fp8"):
+    if t.dtype == "bf16":
         trainer.append("--bf16")
     elif t.dtype == "fp16":
         trainer.append("--fp16")
