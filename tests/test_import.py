@@ -771,3 +771,23 @@ def test_emit_refuses_what_the_framework_config_cannot_say(base: str, framework:
     with pytest.raises(ConfigError) as error:
         emit(load_scenario(ROOT / "scenarios" / base), framework)
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_megatron_cp_comm_type(tmp_path: Path) -> None:
+    """--cp-comm-type (Megatron-LM arguments.py: p2p, a2a, allgather or a2a+p2p, one value or one per layer) sets
+    parallel.cp_comm_type under context parallelism; without it the flag is ignored, and the hierarchical a2a+p2p
+    is refused in one line naming the flag."""
+    script = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 1 "
+              "--pipeline-model-parallel-size 1 {cp} --micro-batch-size 1 --global-batch-size 8 --seq-length 2048 "
+              "--bf16 --num-layers 2 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16 "
+              "--max-position-embeddings 2048 --vocab-size 32000\n")
+    path = tmp_path / "run.sh"
+    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type allgather"))
+    assert import_megatron([str(path)], Options(gpu="H100-SXM")).scenario().parallel.cp_comm_type == "all_gather"
+    path.write_text(script.format(cp="--cp-comm-type a2a"))
+    draft = import_megatron([str(path)], Options(gpu="H100-SXM"))
+    assert _status(draft, "--cp-comm-type") == "ignored" and draft.scenario().parallel.cp == 1
+    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type a2a+p2p"))
+    with pytest.raises(ConfigError) as error:
+        import_megatron([str(path)], Options(gpu="H100-SXM"))
+    assert str(error.value).startswith("--cp-comm-type: a2a+p2p is not modelled") and "\n" not in str(error.value)

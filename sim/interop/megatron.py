@@ -167,13 +167,13 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     if args.has("context_parallel_size"):
         if "cp" in ParallelSpec.model_fields:
             put("parallel.cp", "context_parallel_size", cp)
-            _cp_comm_type(draft, args)
         elif cp > 1:
             draft.row(args.source("context_parallel_size"), cp, "unmapped",
                       "context parallelism is not in the scenario yet (parallel.cp): its ranks are simulated as "
                       "data-parallel ranks, each with whole sequences")
         else:
             draft.row(args.source("context_parallel_size"), cp, "ignored", "1: no context parallelism")
+    _cp_comm_type(draft, args, cp)
     if args.has("expert_model_parallel_size"):
         put("parallel.ep", "expert_model_parallel_size", args.int("expert_model_parallel_size"))
     if args.has("expert_tensor_parallel_size"):
@@ -269,12 +269,15 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
 CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
 
 
-def _cp_comm_type(draft: Draft, args: Args) -> None:
-    """``--cp-comm-type`` (with context parallelism) -> ``parallel.cp_comm_type``; a value it cannot model is refused
-    in one line naming the flag."""
+def _cp_comm_type(draft: Draft, args: Args, cp: int) -> None:
+    """``--cp-comm-type`` (with context parallelism, ``cp`` > 1) -> ``parallel.cp_comm_type``; a value it cannot
+    model is refused in one line naming the flag; without context parallelism it is ignored."""
     if not args.has("cp_comm_type"):
         return
     raw = args.get("cp_comm_type")
+    if cp == 1:
+        draft.row(args.source("cp_comm_type"), args.raw("cp_comm_type"), "ignored", "no context parallelism (cp 1)")
+        return
     values = {str(value) for value in raw} if isinstance(raw, list) else {str(raw)}
     if len(values) != 1 or next(iter(values)) not in CP_COMM_TYPES:
         raise refuse(f"{args.source('cp_comm_type')}: {' '.join(sorted(values))} is not modelled (one of "
