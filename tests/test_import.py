@@ -791,3 +791,27 @@ def test_megatron_cp_comm_type(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as error:
         import_megatron([str(path)], Options(gpu="H100-SXM"))
     assert str(error.value).startswith("--cp-comm-type: a2a+p2p is not modelled") and "\n" not in str(error.value)
+
+
+def test_torchtitan_emit_writes_partial_recompute_as_every_nth_block(tmp_path: Path) -> None:
+    """Full recomputation of some of a stage's blocks (recompute_num_layers) is TorchTitan's selective_ac_option = N
+    (every N-th block checkpointed), which `sim import torchtitan` reads as that many layers; the emitter wrote
+    mode = "full" (every block). The bundled IBM FSDP Llama 2 13B row: 20 of 40 layers -> every 2nd; a count that
+    is no such fraction (15 of 40) is refused in one line."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    base = ROOT / "scenarios" / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
+    scenario = load_scenario(base)
+    assert (scenario.training.recompute, scenario.training.recompute_num_layers) == ("full", 20)
+    emitted = emit(scenario, "torchtitan")
+    assert 'selective_ac_option = "2"' in emitted.text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model="llama2-13b")).scenario()
+    assert (back.training.recompute, back.training.recompute_num_layers) == ("full", 20)
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(base, ["training.recompute_num_layers=15"]), "torchtitan")
+    assert str(error.value).startswith("training.recompute_num_layers: 15") and "\n" not in str(error.value)

@@ -304,10 +304,19 @@ def _torchtitan(s: Scenario) -> Emitted:
                   f"pipeline_parallel_microbatch_size = {t.micro_batch}"]
         if p.vpp > 1:
             lines.append(f"pipeline_parallel_layers_per_stage = {d.layers_per_chunk}")
-    recompute = t.recompute
+    recompute, option = t.recompute, "op"
+    stage_layers = s.model.num_layers // p.pp
+    if recompute == "full" and t.recompute_num_layers is not None and t.recompute_num_layers < stage_layers:
+        # some of a stage's blocks: TorchTitan checkpoints every N-th block (selective_ac_option = N, which `sim
+        # import torchtitan` reads as stage layers // N recomputed); mode "full" would recompute every block
+        if stage_layers % t.recompute_num_layers:
+            raise _refuse("TorchTitan", "training.recompute_num_layers", f"{t.recompute_num_layers} of a stage's "
+                          f"{stage_layers} blocks (selective_ac_option checkpoints every N-th block: "
+                          f"{stage_layers} / N)")
+        recompute, option = "selective", str(stage_layers // t.recompute_num_layers)
     lines += ["", "[activation_checkpoint]", f'mode = "{recompute}"']
     if recompute == "selective":
-        lines.append('selective_ac_option = "op"')
+        lines.append(f'selective_ac_option = "{option}"')
     if t.fused_kernels:
         lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} -m torchtitan.train "
