@@ -815,3 +815,27 @@ def test_torchtitan_emit_writes_partial_recompute_as_every_nth_block(tmp_path: P
     with pytest.raises(ConfigError) as error:
         emit(load_scenario(base, ["training.recompute_num_layers=15"]), "torchtitan")
     assert str(error.value).startswith("training.recompute_num_layers: 15") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("base", "overrides", "bucket_bytes"), [
+    # the bundled MoE rows set Megatron-Core's default, max(40e6, 1e6 x dp) fp32 gradients: 160,000,000 bytes
+    ("validation/moe/mz-qwen3-235b-h100-256-deepep-ep32.yaml", [], 160_000_000),
+    # PyTorch's 25 MiB (the field's default) in bf16 gradients: 13,107,200 elements
+    ("tiny.yaml", ["parallel.overlap_grad_reduce=true", "training.grad_dtype=bf16"], 25 * 2**20),
+])
+def test_megatron_emit_round_trips_the_gradient_bucket_size(base: str, overrides: list[str], bucket_bytes: int,
+                                                           tmp_path: Path) -> None:
+    """parallel.dp_bucket_size (bytes of gradients per bucket) under --overlap-grad-reduce is Megatron-LM's
+    --ddp-bucket-size (elements: DistributedDataParallelConfig.bucket_size), written by the emitter and read back by
+    the importer at the gradients' element size (fp32 main gradients, 2 bytes with --grad-reduce-in-bf16); without
+    it Megatron buckets max(40e6, 1e6 x dp) elements whatever the scenario priced."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    assert scenario.parallel.dp_bucket_size == bucket_bytes
+    path = tmp_path / "run.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name))
+    assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
+    assert _status(draft, "--ddp-bucket-size") == "mapped"

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from sim.errors import ConfigError
+from sim.hardware.dtypes import bytes_per_element
 from sim.spec.degrees import degrees
 from sim.spec.scenario import MoeSpec, Scenario
 
@@ -109,6 +110,10 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--use-distributed-optimizer")
     if p.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
+        # the bucket the scenario priced, in gradients (DistributedDataParallelConfig.bucket_size; its default is
+        # max(40e6, 1e6 x dp) elements): fp32 main gradients unless grad_dtype says otherwise, fp16's own
+        element = bytes_per_element(t.grad_dtype) if t.grad_dtype != "auto" else 2 if t.dtype == "fp16" else 4
+        flags += ["--ddp-bucket-size", str(round(p.dp_bucket_size / element))]
     if p.overlap_param_gather:
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:

@@ -186,6 +186,12 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     put("parallel.overlap_grad_reduce", "overlap_grad_reduce", overlap_reduce,
         "" if overlap_reduce else "Megatron-LM's default: one reduction per model chunk after the backward",
         "mapped" if args.has("overlap_grad_reduce") else "default")
+    if args.has("ddp_bucket_size"):  # elements (DistributedDataParallelConfig.bucket_size) of the gradient buffer's
+        # dtype: fp32 main gradients, 2 bytes with --grad-reduce-in-bf16 or fp16 training
+        element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
+        elements = args.int("ddp_bucket_size") or 0
+        put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"{elements:,} gradients of {element} "
+            "bytes" + ("" if overlap_reduce else " (read only with --overlap-grad-reduce)"))
     if args.flag("overlap_param_gather"):
         if not distributed:
             raise refuse(f"{args.source('overlap_param_gather')}: needs --use-distributed-optimizer (Megatron-LM "
