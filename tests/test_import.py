@@ -839,3 +839,23 @@ def test_megatron_emit_round_trips_the_gradient_bucket_size(base: str, overrides
     draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name))
     assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
     assert _status(draft, "--ddp-bucket-size") == "mapped"
+
+
+@pytest.mark.parametrize(("overrides", "reduce"), [([], "bfloat16"), (["training.grad_dtype=fp32"], "float32")])
+def test_torchtitan_emit_writes_the_fsdp_reduce_dtype(overrides: list[str], reduce: str, tmp_path: Path) -> None:
+    """FSDP's reduce dtype (the scenario's gradient dtype: bf16 for sharded gradients unless grad_dtype says fp32,
+    Plan.grad_dtype) is TorchTitan's mixed_precision_reduce, whose default is float32: the emitter left it out, so
+    the bundled FSDP scenario's bf16 reduce-scatters ran in fp32 (twice the bytes) and came back as fp32."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-16_fsdp.yaml", overrides)
+    emitted = emit(scenario, "torchtitan")
+    assert f'mixed_precision_reduce = "{reduce}"' in emitted.text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model="llama2-7b")).scenario()
+    assert resolve(back).grad_dtype == resolve(scenario).grad_dtype == {"bfloat16": "bf16", "float32": "fp32"}[reduce]

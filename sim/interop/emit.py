@@ -291,6 +291,10 @@ def _torchtitan(s: Scenario) -> Emitted:
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
               f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
+    if shard > 1:  # FSDP2's reduce_dtype, float32 by default: the gradient dtype the scenario reduces in (sharded
+        # gradients stay in the parameters' dtype unless training.grad_dtype says fp32: Plan.grad_dtype)
+        wide = t.grad_dtype == "fp32" or t.dtype in ("fp32", "tf32")
+        lines.append(f'mixed_precision_reduce = "{"float32" if wide else "bfloat16"}"')
     if not t.master_weights:  # pure bf16 (pytorch/torchtitan#1646): parameters, gradients and Adam's states in bf16
         lines.append('dtype = "bfloat16"')
     lines += ["",
