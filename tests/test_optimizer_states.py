@@ -73,8 +73,9 @@ def test_pure_bf16_with_fp32_reduction_keeps_its_unsharded_gradients_in_fp32(zer
     # DDP / ZeRO-1 over 8 GPUs, no master, gradients reduced in fp32 (grad_dtype: fp32): the unsharded gradients the
     # buckets reduce are the fp32 main-gradient buffer (Megatron-LM's param_and_grad_buffer.py; the plan's
     # main_grad_buffer, so no separate bucket copy is counted), 4 bytes per parameter at rest, and Adam reads them
-    # there (the fp32 gradient read, the bf16 weight, m and v read and written: 4 + 6 + 6 bytes moved). Only sharded gradients (FSDP's foreach_reduce, ZeRO-2/3) are
-    # cast back to the parameters' dtype. Asking for fp32 reduction must not hold fewer gradient bytes than bf16's.
+    # there (the fp32 gradient read, the bf16 weight, m and v read and written: 4 + 6 + 6 bytes moved). Only sharded
+    # gradients (FSDP's foreach_reduce, ZeRO-2/3) are cast back to the parameters' dtype. Asking for fp32 reduction
+    # must not hold fewer gradient bytes than bf16's.
     parallel = {"tp": 1, "pp": 1, "dp": 8, "zero": zero}
     fp32 = resolve(make_scenario(training={**PURE_BF16, "grad_dtype": "fp32"}, parallel=parallel))
     bf16 = resolve(make_scenario(training={**PURE_BF16, "grad_dtype": "bf16"}, parallel=parallel))
