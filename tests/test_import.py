@@ -738,7 +738,7 @@ def test_megatron_emit_round_trips_cp_capacity_and_bf16_reduction(base: str, ove
                                                                   fields: tuple[str, ...], tmp_path: Path) -> None:
     """`sim search --emit megatron` of bundled scenarios writes what the scenario sets and `sim import megatron`
     reads back each of ``fields`` equal (Megatron-LM arguments.py: --context-parallel-size, --cp-comm-type
-    p2p / a2a / allgather, --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity, --grad-reduce-in-bf16,
+    p2p / a2a / all_gather, --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity, --grad-reduce-in-bf16,
     which works with --fp8-format as with --bf16 alone)."""
     from sim.interop.emit import emit
     from sim.spec.scenario import load_scenario
@@ -774,7 +774,8 @@ def test_emit_refuses_what_the_framework_config_cannot_say(base: str, framework:
 
 
 def test_megatron_cp_comm_type(tmp_path: Path) -> None:
-    """--cp-comm-type (Megatron-LM arguments.py: p2p, a2a, allgather or a2a+p2p, one value or one per layer) sets
+    """--cp-comm-type (Megatron-LM arguments.py: one value or one per layer, the names Transformer Engine's attention
+    checks: p2p, all_gather, a2a, a2a+p2p) sets
     parallel.cp_comm_type under context parallelism; without it the flag is ignored, and the hierarchical a2a+p2p
     is refused in one line naming the flag."""
     script = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 1 "
@@ -782,7 +783,7 @@ def test_megatron_cp_comm_type(tmp_path: Path) -> None:
               "--bf16 --num-layers 2 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16 "
               "--max-position-embeddings 2048 --vocab-size 32000\n")
     path = tmp_path / "run.sh"
-    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type allgather"))
+    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type all_gather"))
     assert import_megatron([str(path)], Options(gpu="H100-SXM")).scenario().parallel.cp_comm_type == "all_gather"
     path.write_text(script.format(cp="--cp-comm-type a2a"))
     draft = import_megatron([str(path)], Options(gpu="H100-SXM"))

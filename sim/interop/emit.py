@@ -199,8 +199,9 @@ def _megatron(s: Scenario) -> Emitted:
 
 
 UB_CFG_FILE = "ub_cfg.yaml"
-# parallel.cp_comm_type -> Megatron-LM's --cp-comm-type (arguments.py: p2p, a2a, allgather, a2a+p2p)
-MEGATRON_CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "allgather", "a2a": "a2a"}
+# parallel.cp_comm_type -> Megatron-LM's --cp-comm-type, the names Transformer Engine's attention checks (p2p,
+# all_gather, a2a, a2a+p2p; arguments.py's help spells the second 'allgather', which TE would refuse)
+MEGATRON_CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
 
 
 def _userbuffers_cfg(s: Scenario) -> str:

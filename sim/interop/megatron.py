@@ -270,9 +270,10 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     apply_model(draft, args, options, tp)
 
 
-# Megatron-LM's --cp-comm-type (arguments.py, one value for every layer) -> parallel.cp_comm_type; 'a2a+p2p'
-# (hierarchical: Ulysses inside a node, a ring across) is not modelled.
-CP_COMM_TYPES = {"p2p": "p2p", "allgather": "all_gather", "a2a": "a2a"}
+# Megatron-LM's --cp-comm-type (arguments.py, one value for every layer; passed to Transformer Engine's attention,
+# which checks p2p / all_gather / a2a / a2a+p2p) -> parallel.cp_comm_type; 'a2a+p2p' (hierarchical: Ulysses inside
+# a node, a ring across) is not modelled.
+CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
 
 
 def _cp_comm_type(draft: Draft, args: Args, cp: int) -> None:
