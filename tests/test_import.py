@@ -860,3 +860,18 @@ def test_torchtitan_emit_writes_the_fsdp_reduce_dtype(overrides: list[str], redu
     back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
                                                    model="llama2-7b")).scenario()
     assert resolve(back).grad_dtype == resolve(scenario).grad_dtype == {"bfloat16": "bf16", "float32": "fp32"}[reduce]
+
+
+def test_nemo_cp_comm_type(tmp_path: Path) -> None:
+    """NeMo's model.cp_comm_type (Megatron-Core TransformerConfig, passed to Transformer Engine's attention) reads
+    as Megatron's --cp-comm-type: the GPT-3 175B recipe at cp 2 with all_gather gives parallel.cp_comm_type
+    all_gather (it was not read: the ring's p2p default stayed)."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_gpt3_175b.yaml").read_text())
+    config["model"]["context_parallel_size"], config["model"]["cp_comm_type"] = 2, "all_gather"
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    assert (draft.scenario().parallel.cp, draft.scenario().parallel.cp_comm_type) == (2, "all_gather")
+    assert _status(draft, "model.cp_comm_type") == "mapped"
