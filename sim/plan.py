@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
+from sim.costs import host
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware.dtypes import bytes_per_element, parameter_dtype
@@ -47,7 +48,7 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import ModelSpec
 from sim.network import deepep
-from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.chunks import Layout, chunk_location, model_chunk, stage_chunks
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
@@ -321,7 +322,7 @@ class Plan:
     @cached_property
     def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, the model chunks its local chunks 0..v-1 hold."""
-        return tuple(tuple(self.model_chunk(s, c) for c in range(self.local_chunks)) for s in range(self.pp))
+        return stage_chunks(self.layout, self.pp, self.local_chunks)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:
@@ -391,10 +392,12 @@ class Plan:
         """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
         if self.is_moe and self.moe_layers[layer]:
             return self.moe_layer_params.per_tp_rank(self.tp)
-        return self._dense_layer_params
+        return self.dense_layer_params
 
     @cached_property
-    def _dense_layer_params(self) -> float:
+    def dense_layer_params(self) -> float:
+        """A dense layer's parameters on one TP rank (``layer_params(model).per_tp_rank(tp)``), counted once per
+        plan: FSDP's units ask for it per unit."""
         return layer_params(self.model).per_tp_rank(self.tp)
 
     # ----------------------------------------------------------------------------- mixture of experts
@@ -516,6 +519,23 @@ class Plan:
                                    self.model.num_moe_experts or 1, self.model.moe_router_topk, domains, per_domain)
 
     @cached_property
+    def moe_host_seconds(self) -> dict[str, float]:
+        """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
+        dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
+        dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
+        (sim.costs.host, docs/mechanisms/moe_host_sync.md); 0 without a sync, under CUDA graphs, fixed costs or
+        ``costs.eager_op_overhead`` 0."""
+        moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
+        syncs = moe.host_sync if moe.host_sync is not None else not (
+            moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
+        if (not self.model.is_moe or not syncs or training.cuda_graphs
+                or not isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec)) or not costs.eager_op_overhead):
+            return {"forward": 0.0, "backward": 0.0}
+        return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
+                                                       costs.launch_overhead)
+                for direction in ("forward", "backward")}
+
+    @cached_property
     def deepep_seconds(self) -> tuple[float, float]:
         """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
         DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
@@ -582,7 +602,7 @@ class Plan:
         """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
         training; LoRA's adapters; none in a frozen layer)."""
         if not self.peft.active:
-            return self._dense_layer_params
+            return self.dense_layer_params
         return layer_trainable_params(self.model, self.peft, layer, self.tp)
 
     def layer_weight_bytes(self, layer: int) -> float:

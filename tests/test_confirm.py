@@ -63,6 +63,10 @@ CASES = {
     "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),
     "mixtral 8x7b, DeepEP (its SMs: built eagerly)": ("mixtral-8x7b_h100-64.yaml", [
         "training.global_batch=64", "moe.token_dispatcher=flex"]),
+    "pipeline-4x8 FSDP + PP, dp 2 (whole passes stamped)": ("pipeline-4x8.yaml", [
+        "cluster.nodes=2", "parallel.dp=2", "parallel.zero=3", "fsdp.sharding=FULL_SHARD"]),
+    "tiny interleaved, p2p overlapped (whole passes stamped)": ("tiny.yaml", [
+        "schedule=interleaved", "parallel.vpp=2", "parallel.overlap_p2p_comm=true"]),
 }
 
 

@@ -47,6 +47,16 @@ CASES = {
     "tiny cp 2": ("tiny.yaml", ["parallel.tp=1", "parallel.cp=2", "training.flash_attention=true"]),
     "llama3-8b LoRA": ("llama3-8b_h100-1_lora.yaml", []),
     "mixtral 8x7b, global batch 64": ("mixtral-8x7b_h100-64.yaml", ["training.global_batch=64"]),
+    # Whole passes as one chain (_StageEmitter._pass_chain): FSDP + PP's later micro-batches, sends that do not
+    # block (overlap_p2p_comm), and asynchronous TP, where the collective blocking at a send can be the pass's given
+    # one (those passes stay layer by layer).
+    "pipeline-4x8 FSDP + PP, dp 2": ("pipeline-4x8.yaml", ["cluster.nodes=2", "parallel.dp=2", "parallel.zero=3",
+                                                           "fsdp.sharding=FULL_SHARD"]),
+    "tiny interleaved, p2p overlapped": ("tiny.yaml", ["schedule=interleaved", "parallel.vpp=2",
+                                                       "parallel.overlap_p2p_comm=true"]),
+    "tiny interleaved, TP overlapped, SP": ("tiny.yaml", ["schedule=interleaved", "parallel.vpp=2",
+                                                          "parallel.tp_comm_overlap=true",
+                                                          "parallel.sequence_parallel=true"]),
 }
 
 

@@ -99,6 +99,7 @@ def test_trace_flops_add_up_to_the_model_flops():
      "training.recompute=full"],
     ["schedule=zb-v", "parallel.vpp=2"], ["schedule=dualpipev", "parallel.vpp=2"],
     ["schedule=zb-h1", "ranks=all", "parallel.dp=2", "cluster.nodes=4"],
+    ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=3", "fsdp.sharding=FULL_SHARD"],  # FSDP + PP
 ], ids=lambda o: ",".join(o) or "base")
 def test_stamping_a_layer_chain_builds_the_same_graph(overrides):
     from pathlib import Path

@@ -32,7 +32,9 @@ rule (which task waits on which: its stream predecessor inside the chain or the 
 emitted before it, the blocking TP collective, the pass's upstream send on its first task) is compiled once into
 straight-line Python (``_chain_function``) that takes the same maxima of the same floats and adds the same
 durations in the same order as the walk above, so its times are equal bit for bit to the materialized graph's
-(tests/test_lazy_graph.py); 0.0, below every time, stands for a dependency a stamp does not have. A chain the
+(tests/test_lazy_graph.py); 0.0, below every time, stands for a dependency a stamp does not have. A lazy graph's
+whole pipeline pass is one such chain, its send the last entry (``_StageEmitter._pass_chain``): a rank suspended
+on that send is woken after the call that evaluated it. A chain the
 compiler does not cover (an edge out of the chain other than those), an edge added to a stamped task other than
 a chain's first, a rendezvous, a stall or given ``durations``: the graph is materialized and evaluated as above.
 """
@@ -49,7 +51,7 @@ import numpy as np
 from sim.engine.event import EngineResult, deadlock_error, task_durations
 from sim.engine.rendezvous import Rendezvous
 from sim.network.models import Network, transfer_time
-from sim.workload.ir import STAMP_FIELDS, STREAMS, Chain, TaskGraph
+from sim.workload.ir import STAMP_FIELDS, STREAMS, Chain, Stream, TaskGraph
 
 _STREAM_CODE = {stream: code for code, stream in enumerate(STREAMS)}  # a Stream hashes as its string
 
@@ -214,13 +216,16 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     firsts = records[:, 0]
     if late and not set(late) <= set(firsts.tolist()):
         return None
-    compiled: list[tuple[Callable[..., None], tuple[float, ...]]] = []  # per chain: function, entries' seconds
+    # Per chain: its function, its entries' seconds and its sends' entries (a pass's chain ends with its send,
+    # which the next stage waits for: checked after each call).
+    compiled: list[tuple[Callable[..., None], tuple[float, ...], tuple[int, ...]]] = []
     for chain in graph.chains:
         function = _chain_function(*_chain_rule(chain))
         if function is None:
             return None
         compiled.append((function, tuple(duration if duration is not None else price((op, nbytes, group, skew))
-                                         for _, _, _, duration, op, nbytes, _, group, skew, *_ in chain.entries)))
+                                         for _, _, _, duration, op, nbytes, _, group, skew, *_ in chain.entries),
+                         tuple(k for k, entry in enumerate(chain.entries) if entry[0] == Stream.PP)))
     chains = graph.chains
     chain_size = np.array([len(chain.entries) for chain in chains], dtype=np.int64)
     chain_rank = np.array([chain.rank for chain in chains], dtype=np.int64)
@@ -246,23 +251,31 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     heads = np.flatnonzero(~continues)
     length = np.zeros(count, dtype=np.int64)
     length[heads] = np.diff(np.append(heads, count))
-    lengths = length.tolist()
     plain_tasks = list(map(tasks.__getitem__, plain.tolist()))
     if max(map(attrgetter("collective"), plain_tasks), default=-1) >= 0:  # a rendezvous (DualPipe's meetings)
         return None
-    # Every rank's items in task order: a task id, or ~k for the run of stamps from record k.
+    # Every item read whole from one tuple (no lookup per visit): a plain task as (id, its dependencies, seconds,
+    # stream code), a run of stamps as (-1, the chain's function, its entries' seconds, its sends' entries, first
+    # task, the task its first stamp follows, the blocking collective it takes (-1: none: end[-1] is the sentinel
+    # 0.0), the stamps, the edges added to its first task or None).
+    seconds_of = [task.duration if task.duration is not None else
+                  price((task.op, task.nbytes, task.group, task.skew)) for task in plain_tasks]
+    objects: list[tuple] = list(zip(plain.tolist(), map(attrgetter("deps"), plain_tasks), seconds_of,
+                                    [_STREAM_CODE[stream] for stream in map(attrgetter("stream"), plain_tasks)],
+                                    strict=True))
+    head_records = records[heads]
+    objects += [(-1, *compiled[chain], first, follow, take, stamped, late.get(first))
+                for first, chain, follow, take, stamped in zip(
+                    head_records[:, 0].tolist(), head_records[:, 1].tolist(), head_records[:, 4].tolist(),
+                    head_records[:, 5].tolist(), length[heads].tolist(), strict=True)]
+    # Every rank's items in task order.
     position = np.concatenate([plain, firsts[heads]])
-    item = np.concatenate([plain, ~heads])
     rank = np.concatenate([np.fromiter(map(attrgetter("rank"), plain_tasks), np.int64, len(plain_tasks)),
                            chain_rank[chain_of[heads]]])
     order = np.lexsort((position, rank))
-    cuts = (np.flatnonzero(np.diff(rank[order])) + 1).tolist()
-    runs = [part.tolist() for part in np.split(item[order], cuts)] if n else []
-    stream_code = [_STREAM_CODE[stream] for stream in map(attrgetter("stream"), plain_tasks)]
-    seconds_of = [task.duration if task.duration is not None else
-                  price((task.op, task.nbytes, task.group, task.skew)) for task in plain_tasks]
-    plain_of = dict(zip(plain.tolist(), zip(map(attrgetter("deps"), plain_tasks), seconds_of, stream_code,
-                                            strict=True), strict=True))
+    ordered = list(map(objects.__getitem__, order.tolist()))
+    bounds = [0, *(np.flatnonzero(np.diff(rank[order])) + 1).tolist(), len(ordered)] if n else [0]
+    runs = [ordered[low:high] for low, high in zip(bounds[:-1], bounds[1:], strict=True)]
 
     inf = math.inf
     start = [math.nan] * (n + 1)
@@ -278,9 +291,10 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
         count = len(items)
         blocker = -1
         while i < count:
-            code = items[i]
+            item = items[i]
+            code = item[0]
             if code >= 0:
-                deps, seconds, stream = plain_of[code]
+                _, deps, seconds, stream = item
                 ready = fa[stream]
                 for dep in deps:
                     at = end[dep]
@@ -294,21 +308,23 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
                 if waiting and code in waiting:
                     work.extend(waiting.pop(code))
             else:
-                at_record = ~code * STAMP_FIELDS
-                first = stamps[at_record]
-                function, seconds_of = compiled[stamps[at_record + 1]]
+                _, function, seconds_of, sends, first, follow, take, stamped, lates = item
                 upstream = 0.0
-                if late:
-                    for dep in late.get(first, ()):
+                if lates is not None:
+                    for dep in lates:
                         at = end[dep]
                         if at > upstream:
                             upstream = at
                     if upstream == inf:
-                        blocker = next(d for d in late[first] if end[d] == inf)
+                        blocker = next(d for d in lates if end[d] == inf)
                         break
-                stamped = lengths[~code]
-                function(fa, end[stamps[at_record + 4]], end[stamps[at_record + 5]], upstream, first, start, end,
-                         seconds_of, stamped)
+                function(fa, end[follow], end[take], upstream, first, start, end, seconds_of, stamped)
+                if sends and waiting:  # a rank suspended on one of these sends
+                    size = len(seconds_of)
+                    for at_stamp in range(first, first + stamped * size, size):
+                        for k in sends:
+                            if at_stamp + k in waiting:
+                                work.extend(waiting.pop(at_stamp + k))
                 if stamped_waits:
                     last = first + stamped * len(seconds_of)
                     for task_id in [task_id for task_id in waiting if first <= task_id < last]:
@@ -318,7 +334,8 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
         at_item[run] = i
         if blocker >= 0:
             waiting.setdefault(blocker, []).append(run)
-            if tasks[blocker].id != blocker and len(waiting[blocker]) == 1:  # a proto stands there: stamped
+            # A proto stands there: a stamped task, other than a pass's send, that the calls above do not check.
+            if tasks[blocker].id != blocker and tasks[blocker].stream != Stream.PP and len(waiting[blocker]) == 1:
                 stamped_waits += 1
     if any(i != len(items) for i, items in zip(at_item, runs, strict=True)):
         return None

@@ -121,7 +121,8 @@ class _Columns:
     def of(cls, graph: TaskGraph) -> _Columns:
         """Read from the graph: the tasks made one by one from their stream lists (rank, compute stream: a few
         numpy calls per stream) and fields; a lazy graph's stamped chains (``TaskGraph.stamps``) from each chain's
-        entries, repeated for its stamps (a few numpy calls per chain), micro-batch and layer from the records."""
+        entries, repeated for its stamps (a few numpy calls per chain), micro-batch and layer from the records (a
+        chain spanning several layers: its entries' layers, ``Chain.layers``)."""
         tasks = graph.tasks
         n = len(tasks)
         rank = np.empty(n, dtype=np.int64)
@@ -154,7 +155,16 @@ class _Columns:
             kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)[entry]
             flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)[entry]
             microbatch[ids] = np.repeat(records[:, 2], size)
+            # A task's layer: its stamp's, or its entry's where the chain spans several (a lazy graph's pass).
             layer[ids] = np.repeat(records[:, 3], size)
+            spanning = [chain for chain in graph.chains if chain.layers is not None]
+            if spanning:
+                entry_layers = np.full(len(protos), np.iinfo(np.int64).min, dtype=np.int64)
+                for chain in spanning:
+                    entry_layers[at[chain.index]:at[chain.index] + len(chain.entries)] = chain.layers or ()
+                own = entry_layers[entry]
+                mine = own != np.iinfo(np.int64).min
+                layer[ids[mine]] = own[mine]
         ids = np.flatnonzero(plain) if len(graph.stamps) else np.arange(n)
         made = list(map(tasks.__getitem__, ids.tolist()))
         count = len(made)

@@ -44,10 +44,12 @@ from sim.workload.data_parallel import DataParallelEmitter
 from sim.workload.ir import (
     EP_STREAM,
     EXPERT_DP_STREAM,
+    HOST_STREAM,
     NCCL_STREAM,
     OFFLOAD_STREAM,
     REPLICA_STREAM,
     Chain,
+    Kind,
     Task,
     TaskGraph,
 )
@@ -116,6 +118,11 @@ class _StageEmitter:
         self.chains: dict[str, Chain] = {}  # direction -> one layer's tasks (``_stamp_entry``, see _layer)
         self.chain_keys: dict[str, dict[int, str]] = {"forward": {}, "backward": {}}  # layer -> ``_chain_key``
         self.stamping: dict[tuple[str, bool], bool] = {}  # (direction, micro-batch 0) -> ``_stamping``'s answer
+        # A lazy graph's whole passes (``_pass_chain``): (phase, local chunk) -> the pass's chain, its send's entry,
+        # each layer's last entry (layer, index); None where a pass of it cannot be one chain.
+        self.pass_chains: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...], int] | None] = {}
+        # Those stamped at a micro-batch other than 0: every later one of the chunk stamps it at once (forward).
+        self.fast_passes: dict[tuple[str, int], tuple[Chain, int, tuple[tuple[int, int], ...], int]] = {}
         # (phase, local chunk, the chunk it feeds) -> (its global chunk, the send's (src, dst) or None, its name)
         self.routes: dict[tuple[str, int, int], tuple[int, tuple[int, int] | None, str]] = {}
         # Megatron issues TP collectives synchronously: the compute stream runs nothing after one until it ends,
@@ -137,6 +144,7 @@ class _StageEmitter:
         self.offload = scenario.training.cpu_offloading_num_layers > 0
         self.pending_offload: int | None = None
         self.moe_layers = plan.moe_layers
+        self.moe_host = plan.moe_host_seconds  # direction -> the host's issue time of a MoE layer pass (0: none)
         self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
         self.cp = ContextEmitter(self) if self.cp_attention is not None else None
         if plan.is_moe:  # a MoE layer's MLP part (only MoE layers reach it)
@@ -460,13 +468,7 @@ class _StageEmitter:
         if self.unit_first is not None:
             self.unit_sends.append((phase, chunk, mb, to_global_chunk))
             return
-        route = self.routes.get((phase, chunk, to_global_chunk))
-        if route is None:  # the same few per stage: worked out once
-            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
-            route = self.routes[(phase, chunk, to_global_chunk)] = (
-                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
-                "send_forward" if phase == "F" else "send_backward")
-        g, group, name = route
+        g, group, name = self._route(phase, chunk, to_global_chunk)
         if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
             self.sends[(phase, g, mb)] = after  # type: ignore[assignment]
             return
@@ -479,6 +481,17 @@ class _StageEmitter:
             # Megatron-LM's _communicate waits on every isend/irecv request before returning, so the stage launches
             # nothing more until its send completes (parallel.overlap_p2p_comm: false; docs/mechanisms/p2p_wait.md).
             self.blocking_tp = task
+
+    def _route(self, phase: str, chunk: int, to_global_chunk: int) -> tuple[int, tuple[int, int] | None, str]:
+        """A pass's send: its global chunk, the send's (src, dst) (None at the turn of a V: the next chunk is on
+        this GPU) and its name; the same few per stage, worked out once."""
+        route = self.routes.get((phase, chunk, to_global_chunk))
+        if route is None:
+            to_stage, _ = self.plan.chunk_location(to_global_chunk, chunk)
+            route = self.routes[(phase, chunk, to_global_chunk)] = (
+                self._global_chunk(chunk), None if to_stage == self.stage else (self.rank, self.stage_rank[to_stage]),
+                "send_forward" if phase == "F" else "send_backward")
+        return route
 
     # ---------------------------------------------------------------------------------- tasks with exact edges
     def _exact_task(self, stream: str, kind: str, name: str, mb: int, layer: int, prev: int | None,
@@ -504,6 +517,12 @@ class _StageEmitter:
 
     # -------------------------------------------------------------------------------------------- phases
     def forward(self, mb: int, chunk: int) -> None:
+        fast = self.fast_passes.get(("F", chunk))
+        if fast is not None and mb and not self.pending_deps and self.unit_first is None:
+            # What the checks below found for this chunk at an earlier micro-batch other than 0, whose answers
+            # hold for every such micro-batch (_stamping, before_chunk), so straight to its chain
+            self._fast_pass(fast, "F", mb)
+            return
         g, last = self._global_chunk(chunk), self.p * self.v - 1
         self.dp.before_chunk(mb, g)  # FSDP + PP's gathers: not the pass's first task, which waits for its input
         first_task = len(self.g.tasks)
@@ -512,6 +531,14 @@ class _StageEmitter:
             self.dp.before_forward(mb, g, -1, after)
             after = self._compute("forward", "embedding", mb, -1, self.embed_work, after)
         chains, keys = self._stamping(mb, "forward")
+        if chains is not None and self.g.lazy and 0 < g < last and not self.pending_deps and self.unit_first is None:
+            fused = self._pass_chain("F", chunk, g + 1, chains, keys)
+            if fused is not None:  # the whole pass, its send included, as one record
+                if mb and _reads_first(fused[0]):
+                    self.fast_passes[("F", chunk)] = fused
+                self._stamp_pass(fused, "F", g, mb)
+                self._wait_upstream(self._first_reading(first_task), "F", g, mb)
+                return
         for layer in self._layers(chunk):
             if chains is not None and not self.pending_deps:  # a recorded chain, the layer hooks inert: stamp it
                 chain = chains.get(keys.get(layer) or self._key(keys, "forward", layer))
@@ -540,6 +567,11 @@ class _StageEmitter:
 
     def backward(self, mb: int, chunk: int) -> None:
         """The input-gradient pass (and the weight gradients too, unless the schedule splits them off)."""
+        fast = self.fast_passes.get(("B", chunk))
+        if (fast is not None and mb and not self.pending_deps and self.unit_first is None
+                and self.dp.chunk_backward_inert(mb)):  # as in forward
+            self._fast_pass(fast, "B", mb)
+            return
         g, last = self._global_chunk(chunk), self.p * self.v - 1
         phase: ComputePhase = "input_grad" if self.splits_backward else "backward"
         first_task = len(self.g.tasks)
@@ -547,6 +579,15 @@ class _StageEmitter:
         if g == last:
             after = self._compute("backward", "lm_head", mb, -1, self.head_work, after, phase)
         chains, keys = self._stamping(mb, "backward")
+        if (chains is not None and self.g.lazy and 0 < g < last and not self.pending_deps and self.unit_first is None
+                and self.dp.chunk_backward_inert(mb)):
+            fused = self._pass_chain("B", chunk, g - 1, chains, keys)
+            if fused is not None:  # as in forward
+                if mb:
+                    self.fast_passes[("B", chunk)] = fused
+                self._stamp_pass(fused, "B", g, mb)
+                self._wait_upstream(first_task, "B", g, mb)
+                return
         for layer in reversed(self._layers(chunk)):
             if chains is not None and not self.pending_deps:  # as in forward: the hooks below do nothing here
                 chain = chains.get(keys.get(layer) or self._key(keys, "backward", layer))
@@ -670,10 +711,33 @@ class _StageEmitter:
                     after = self.moe.backward(mb, layer, after, phase)
                 else:
                     after = self._block("backward", block, mb, layer, after, phase)
+        if moe and self.moe_host[direction] > 0 and after is not None:
+            # full recomputation reruns the layer's forward, its host sync and eager ops with it, in the backward
+            host = self.moe_host[direction] + (self.moe_host["forward"] if recomputes else 0.0)
+            after = self._moe_host(direction, host, mb, layer, first, after)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+    def _moe_host(self, direction: str, host: float, mb: int, layer: int, first: int, last: int) -> int:
+        """A MoE layer pass issued by the host behind the dispatcher's host sync (``Plan.moe_host_seconds``,
+        sim.costs.host; ``host`` seconds in all): the host's issue time on the ``host`` stream, from the end of the
+        pass's first task less that task's length where it is a compute task (so from its start; a collective's
+        length is the network's, the error then), and a zero-length task on the compute stream after both it and
+        the pass's last task, so the pass ends no earlier than the host has issued it. Both take their edges
+        inside the layer's chain (stamped like the rest). Returns the compute task."""
+        # the host issued the first task before it ran: count the issue time from that task's start where its
+        # length is known here (a compute task; a collective's is the network's)
+        head = self.g.tasks[first]
+        ran = head.duration if head.stream == "compute" and head.duration else 0.0
+        issue = self._add(HOST_STREAM, Kind.HOST, "moe_host_issue", mb, layer, None, (first,),
+                          duration=max(0.0, host - ran))
+        self._flagged(issue, False, False, (issue - first,))
+        kind = Kind.FORWARD if direction == "forward" else Kind.BACKWARD
+        wait = self._add("compute", kind, "moe_host_wait", mb, layer, issue, (last,), duration=0.0)
+        self._flagged(wait, True, True, (wait - last,))
+        return wait
 
     def _stamping(self, mb: int, direction: str) -> tuple[dict[str, Chain] | None, dict[int, str]]:
         """The recorded chains a pass may stamp layer by layer without the per-layer path (``_layer``), and its
@@ -688,6 +752,94 @@ class _StageEmitter:
                                                and (self.dp_inert or dp.inert(mb, direction))
                                                and dp.layers_inert(mb, direction))
         return (self.chains if stamps else None), self.chain_keys[direction]
+
+    def _pass_chain(self, phase: Literal["F", "B"], chunk: int, to_global_chunk: int, chains: dict[str, Chain],
+                    keys: dict[int, str]) -> tuple[Chain, int, tuple[tuple[int, int], ...], int] | None:
+        """A lazy graph's pass of local ``chunk`` (neither the embedding's nor the head's) as one chain: its layers'
+        recorded chains end to end, then its send, so a confirmation keeps one record and replays one unit per
+        pass instead of a record per layer and a send task (issue 25: on the 175B search's layouts of one to three
+        layers per chunk, a pass's send, its Python and its replay were most of a confirmation). The same tasks as
+        stamping layer by layer and adding the send (``_send``): each layer's entries with their rules (their
+        ``extra`` offsets are within their layer, the blocking TP collective carried from layer to layer as
+        ``Chain.stamp`` carries it), and the send after the last one, depending on it and on the TP collective then
+        blocking (the ``also`` edge of ``_send``: an entry of the pass, or none), and becoming the blocking one where
+        p2p waits (``p2p_blocks``). None, and stamped layer by layer as before, until every layer's chain is recorded
+        (micro-batch 0's pass records them), at the turn of a V (nothing is sent), or where the collective blocking
+        at the send would be the one given at the pass's start (an edge a chain's offsets cannot name). Returns the
+        chain, its send's entry, each layer's last entry and the chunk's global index."""
+        direction = "forward" if phase == "F" else "backward"
+        cached = self.pass_chains.get((phase, chunk), False)
+        if cached is not False:
+            return cached  # type: ignore[return-value]
+        layers = self._layers(chunk) if phase == "F" else reversed(self._layers(chunk))
+        parts = [(layer, chains.get(keys.get(layer) or self._key(keys, direction, layer))) for layer in layers]
+        stream = self.g.streams.get((self.rank, "pp"))
+        if any(chain is None for _, chain in parts) or stream is None:
+            return None  # not yet: recorded by this pass (stamped layer by layer meanwhile)
+        _, group, name = self._route(phase, chunk, to_global_chunk)
+        entries = [entry for _, chain in parts for entry in chain.entries]  # type: ignore[union-attr]
+        state = -1  # the blocking TP collective as Chain.__init__ follows it: -1 the one given, -2 none, k entry k
+        for k, entry in enumerate(entries):
+            if entry[11] and state != -2:
+                state = -2
+            if entry[12]:
+                state = k
+        if group is None or state == -1:
+            self.pass_chains[(phase, chunk)] = None
+            return None
+        send = len(entries)
+        entries.append(("pp", "pp", name, None, "send", self.p2p_bytes, 0.0, group, 1.0, True,
+                        (send - state,) if state >= 0 else (), False, self.p2p_blocks, False, stream.append))
+        protos = [proto for _, chain in parts for proto in chain.protos]  # type: ignore[union-attr]
+        protos.append(Task(-1, self.rank, self.stage, "pp", "pp", name, -1, -1, (), None, "send", self.p2p_bytes,
+                           0.0, group))
+        ends, at = [], 0
+        layer_of: list[int] = []
+        for layer, chain in parts:
+            size = len(chain.entries)  # type: ignore[union-attr]
+            layer_of += [layer] * size
+            at += size
+            ends.append((layer, at - 1))
+        chains_list = self.g.chains
+        chains_list.append(Chain(entries, protos, self.rank, self.stage, len(chains_list), (*layer_of, -1)))
+        fused = self.pass_chains[(phase, chunk)] = (chains_list[-1], send, tuple(ends), self._global_chunk(chunk))
+        return fused
+
+    def _stamp_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...], int], phase: Literal["F", "B"],
+                    g: int, mb: int) -> None:
+        """Stamps a pass's chain (``_pass_chain``) for micro-batch ``mb`` and keeps what ``forward`` / ``backward``
+        keep of its tasks: its last compute task (``tail``), its send, the layers' gradients (``grad_ready``,
+        backward without split weight gradients)."""
+        chain, send, ends, _ = fused
+        first = len(self.g.tasks)
+        _, self.blocking_tp = self.g.stamp(chain, mb, -1, None, self.blocking_tp)
+        self.tail = first + send - 1
+        self.sends[(phase, g, mb)] = first + send
+        if phase == "B" and not self.splits_backward:
+            grad_ready = self.grad_ready
+            for layer, end in ends:
+                grad_ready[layer] = first + end
+
+    def _fast_pass(self, fused: tuple[Chain, int, tuple[tuple[int, int], ...], int], phase: Literal["F", "B"],
+                   mb: int) -> None:
+        """``_stamp_pass`` and ``_wait_upstream`` of a pass whose chain ``forward`` / ``backward`` found at an
+        earlier micro-batch (not 0): its first task reads the input (no gather before it: ``_first_reading``) and
+        waits for the neighbouring chunk's pass of the same phase (``parallel.chunks.upstream`` on a chunk that
+        is neither the first nor the last)."""
+        chain, send, ends, g = fused
+        graph = self.g
+        first = len(graph.tasks)
+        _, self.blocking_tp = graph.stamp(chain, mb, -1, None, self.blocking_tp)
+        self.tail = first + send - 1
+        self.sends[(phase, g, mb)] = first + send
+        if phase == "B":
+            self.waits.append((first, ("B", g + 1, mb)))
+            if not self.splits_backward:
+                grad_ready = self.grad_ready
+                for layer, end in ends:
+                    grad_ready[layer] = first + end
+        else:
+            self.waits.append((first, ("F", g - 1, mb)))
 
     def _key(self, keys: dict[int, str], direction: str, layer: int) -> str:
         key = keys[layer] = self._chain_key(direction, layer)
@@ -785,6 +937,11 @@ class _StageEmitter:
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+def _reads_first(chain: Chain) -> bool:
+    """Whether a chain's first task is not a weight gather (``_StageEmitter._first_reading`` would pass it)."""
+    return chain.stream not in (NCCL_STREAM, EXPERT_DP_STREAM)
+
 
 def folds_tp(plan: Plan) -> bool:
     """Whether ``ranks: all`` may simulate one process per TP group: its ranks run the same tasks at the same

@@ -250,7 +250,10 @@ class DataParallelEmitter:
         ``unit_compute_done`` and ``after_layer_backward`` (backward) return without a task, a dependency or a
         record (the stage emitter then stamps its layers' chains without calling them)."""
         if self.sharded_units:
-            return False
+            # FSDP + PP gathers per unit in micro-batch 0's forward only (``before_layer``) and reduces after the
+            # chunk's last backward; the one record the other passes make, ``unit_ends``, is read only for a
+            # per-unit gather's lag (``_gather``), which FSDP + PP's gathers (``before_chunk``) do not take.
+            return self.per_step and not (phase == "forward" and mb == 0)
         if phase == "forward":
             return mb != 0 or not (self.bucket_starts or self.expert_starts)
         return not self.multi or self.zero < 2 or self.per_step
@@ -289,6 +292,10 @@ class DataParallelEmitter:
             return
         for unit in self.chunk_units[chunk]:
             self._reduce(mb, unit.layer, last_task, unit.grad_params * self.grad_bytes_per_param)
+
+    def chunk_backward_inert(self, mb: int) -> bool:
+        """Whether ``after_chunk_backward`` adds nothing after this micro-batch's backward of a chunk."""
+        return not (self.per_step and self.multi) or mb != self.plan.microbatches - 1
 
     def _reduce(self, mb: int, layer: int, after: int, nbytes: float) -> None:
         task = self.st._add(NCCL_STREAM, "dp", "grad_reduce_scatter", mb, layer, after, op="reduce_scatter",

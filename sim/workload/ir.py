@@ -54,6 +54,7 @@ class Kind(StrEnum):
     OFFLOAD = "offload"
     EP = "ep"  # token dispatch / combine of a MoE layer
     CP = "cp"  # context-parallel attention exchanges
+    HOST = "host"  # the CPU issuing a MoE layer pass behind the dispatcher's host sync (sim.costs.host)
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)
@@ -101,16 +102,20 @@ class Chain:
     ``entries`` are the recorded tasks' fields and chain rules, ``protos`` the recorded tasks themselves (a lazy
     graph holds them at the positions of the tasks stamped from them, for their static fields: stream, kind,
     name, duration, bytes, FLOPs, group), ``rank`` and ``stage`` the emitter's, ``index`` its place in
-    ``TaskGraph.chains``, ``stream`` its first task's. What of the stamp's surroundings its tasks read is decided
-    here once: ``follows``,
+    ``TaskGraph.chains``, ``stream`` its first task's; ``layers``: each entry's layer where a chain spans several
+    (a lazy graph's whole pipeline pass, its send included: ``_StageEmitter._pass_chain``), None where every task
+    takes the layer given at the stamp. What of the stamp's surroundings its tasks read is decided here once:
+    ``follows``,
     whether the first task depends on the task emitted before the stamp (when that one is on another stream);
     ``consumer``, the entry that takes the blocking TP collective given at the stamp (-1: none does); ``leaves``,
     the entry that is blocking at the end (-1: the one given, if no entry consumed it; -2: none)."""
 
-    __slots__ = ("entries", "protos", "rank", "stage", "index", "stream", "follows", "consumer", "leaves")
+    __slots__ = ("entries", "protos", "rank", "stage", "index", "stream", "follows", "consumer", "leaves", "layers")
 
-    def __init__(self, entries: list[ChainEntry], protos: list[Task], rank: int, stage: int, index: int) -> None:
+    def __init__(self, entries: list[ChainEntry], protos: list[Task], rank: int, stage: int, index: int,
+                 layers: tuple[int, ...] | None = None) -> None:
         self.entries, self.protos, self.rank, self.stage, self.index = entries, protos, rank, stage, index
+        self.layers = layers
         self.stream = entries[0][0]  # the first task's
         self.follows = bool(entries[0][9])
         state = -1  # -1: the blocking collective given at the stamp; -2: none; k: entry k
@@ -133,8 +138,9 @@ class Chain:
         rank, stage = self.rank, self.stage
         task_id = len(tasks)
         after_stream = tasks[after].stream if after is not None else None
+        layers = self.layers or (layer,) * len(self.entries)
         for (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes, keyed,
-             append) in self.entries:
+             append), layer in zip(self.entries, layers, strict=True):
             # A stamped task's dependencies are final (a tuple, as freeze() would make them): the pass's first
             # task may still get its upstream send (TaskGraph.add_dependency copies them into a list then).
             deps: tuple[int, ...] = (after,) if prev and after is not None and after_stream != stream else ()
