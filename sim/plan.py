@@ -226,9 +226,13 @@ class Plan:
         storing it (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce:
         ``_to_dtype_if_needed(reduce_output, orig_dtype)`` -> ``sharded_param.grad``; FSDP1 likewise,
         ``_cast_grad_to_param_dtype``). So TorchTitan's ``[training] dtype = "bfloat16"`` with its default
-        ``mixed_precision_reduce = "float32"`` reduces in fp32 and stores bf16 gradients."""
+        ``mixed_precision_reduce = "float32"`` reduces in fp32 and stores bf16 gradients. That cast back is the
+        sharded gradients' (FSDP, ZeRO-2/3); unsharded ones (DDP, ZeRO-1) stay in the buffer the buckets reduce,
+        in ``grad_dtype`` (Megatron-LM's main-gradient buffer, ``main_grad_buffer``, which the memory model counts
+        as the gradients themselves, with no bucket copy beside them)."""
         t = self.scenario.training
-        return self.grad_dtype if t.master_weights else parameter_dtype(t.dtype)
+        sharded = self.scenario.fsdp is not None or self.zero_stage >= 2
+        return parameter_dtype(t.dtype) if not t.master_weights and sharded else self.grad_dtype
 
     @cached_property
     def grad_storage_bytes_per_param(self) -> int:

@@ -10,8 +10,9 @@ any executor, resumably; ``prune`` drops those whose lower bound cannot beat the
 ``run_search`` does all of it: ``DIR/screen.parquet`` (every layout), ``DIR/results.csv|parquet`` (simulated).
 
 The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divisors of a node's GPUs that divide the
-heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose count divides the
-global batch; every schedule (interleaved with each vpp that divides the layers per stage); ZeRO 0-3 (with pp > 1,
+heads and the FFN; pp over the divisors of the layer count (or of the split the base sets: ``pipeline_splits``); dp
+the rest; micro-batch sizes whose count divides the global batch; every schedule (interleaved with each vpp that
+divides the layers per stage); ZeRO 0-3 (with pp > 1,
 stages 2 and 3 are PyTorch FSDP's SHARD_GRAD_OP and FULL_SHARD as TorchTitan runs them under a pipeline,
 ``Plan.pipelined_fsdp``: DeepSpeed refuses ZeRO-2/3 with its pipeline engine); recompute none / selective / full;
 sequence parallel on or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import multiprocessing
 import multiprocessing.connection
 import operator
@@ -48,7 +50,7 @@ from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import Degrees, degrees
+from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.scenario import FsdpSpec, Scenario, check_rules, load_scenario
 from sim.workload.size import Limits
 
@@ -168,14 +170,33 @@ def context_degrees(base: Scenario, ranks: int, only: Only | None = None) -> lis
     return out
 
 
+def pipeline_splits(base: Scenario) -> dict[int, int]:
+    """The pipeline degrees the base's layer split allows, each with the layer count every stage's share must be
+    divisible by for its vpp chunks: the layers over pp (pp over the divisors of the layer count); with
+    Megatron-Core's --account-for-embedding/loss-in-pipeline-split, the layers plus those slots
+    (``pipeline_slots``); with ``first_stage_layers`` / ``last_stage_layers``, the remaining layers over the other
+    stages, and vpp dividing the first, the last and a middle stage's count (sim.spec.rules checks the same)."""
+    p, layers = base.parallel, base.model.num_layers
+    if p.first_stage_layers is None and p.last_stage_layers is None:
+        total = layers + pipeline_slots(base)
+        return {pp: total // pp for pp in _divisors(total)}
+    given = [count for count in (p.first_stage_layers, p.last_stage_layers) if count is not None]
+    rest = layers - sum(given)
+    if rest <= 0:
+        return {len(given): math.gcd(*given)} if rest == 0 else {}
+    return {len(given) + others: math.gcd(rest // others, *given) for others in _divisors(rest)}
+
+
 def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
     implied = degrees(base)
     gpus, model, global_batch = implied.num_gpus, base.model, implied.global_batch
+    chunk_layers = pipeline_splits(base)
+    stage_counts = sorted(chunk_layers)
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
             continue
-        for pp, (cp, comm) in ((p, c) for p in _divisors(model.num_layers) if gpus % (tp * p) == 0
+        for pp, (cp, comm) in ((p, c) for p in stage_counts if gpus % (tp * p) == 0
                                for c in context_degrees(base, gpus // (tp * p), only)):
             dp = gpus // (tp * pp * cp)
             if global_batch % dp:
@@ -184,7 +205,7 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                 if mb > max_micro_batch:
                     break
                 for schedule in (SEARCHED_SCHEDULES if pp > 1 else ("1f1b",)):
-                    vpps = [v for v in _divisors(model.num_layers // pp) if v > 1] if schedule == "interleaved" \
+                    vpps = [v for v in _divisors(chunk_layers[pp]) if v > 1] if schedule == "interleaved" \
                         else [2] if schedule == "zb-v" else [1]
                     for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                           (False, True) if tp > 1 else (False,),
