@@ -127,9 +127,11 @@ class _Columns:
         n = len(tasks)
         rank = np.empty(n, dtype=np.int64)
         on_compute = np.zeros(n, dtype=bool)
-        for (owner, stream), order in graph.streams.items():  # the tasks made one by one (all, if eager)
+        plain = np.zeros(n, dtype=bool)  # the tasks made one by one (all, if eager): those in the stream lists
+        for (owner, stream), order in graph.streams.items():
             ids = np.array(order, dtype=np.int64)
             rank[ids] = owner
+            plain[ids] = True
             if stream == Stream.COMPUTE:
                 on_compute[ids] = True
         kind = np.empty(n, dtype=np.int8)
@@ -137,34 +139,35 @@ class _Columns:
         microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
         layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
         records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
-        plain = np.ones(n, dtype=bool)
         if len(records):
             # Every chain's entries end to end (``at``: where each chain's begin), then each stamped task's id and
-            # entry: stamp j's tasks are firsts[j] + 0..K-1 and its chain's entries at[c] + 0..K-1.
+            # entry: stamp j's tasks are firsts[j] + 0..K-1 (the tasks no stream list holds, ascending: the stamps
+            # in task order) and its chain's entries at[c] + 0..K-1, so entry = id - firsts[j] + at[c].
             protos = [proto for chain in graph.chains for proto in chain.protos]
             sizes = np.array([len(chain.protos) for chain in graph.chains], dtype=np.int64)
             at = np.cumsum(sizes) - sizes
             chain_of = records[:, 1]
             size = sizes[chain_of]
-            local = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-            ids = np.repeat(records[:, 0], size) + local
-            entry = np.repeat(at[chain_of], size) + local
-            plain[ids] = False
-            rank[ids] = np.array([chain.rank for chain in graph.chains], dtype=np.int64)[np.repeat(chain_of, size)]
+            ids = np.flatnonzero(~plain)
+            if len(ids) != int(size.sum()):
+                raise AssertionError(f"lazy graph: {len(ids)} tasks outside the stream lists, its stamps cover "
+                                     f"{int(size.sum())}")
+            entry = ids - np.repeat(records[:, 0] - at[chain_of], size)
+            rank[ids] = np.repeat(np.array([chain.rank for chain in graph.chains], dtype=np.int64), sizes)[entry]
             on_compute[ids] = np.array([proto.stream == Stream.COMPUTE for proto in protos], dtype=bool)[entry]
             kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)[entry]
             flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)[entry]
             microbatch[ids] = np.repeat(records[:, 2], size)
             # A task's layer: its stamp's, or its entry's where the chain spans several (a lazy graph's pass).
-            layer[ids] = np.repeat(records[:, 3], size)
+            stamp_layer = np.repeat(records[:, 3], size)
             spanning = [chain for chain in graph.chains if chain.layers is not None]
             if spanning:
                 entry_layers = np.full(len(protos), np.iinfo(np.int64).min, dtype=np.int64)
                 for chain in spanning:
                     entry_layers[at[chain.index]:at[chain.index] + len(chain.entries)] = chain.layers or ()
                 own = entry_layers[entry]
-                mine = own != np.iinfo(np.int64).min
-                layer[ids[mine]] = own[mine]
+                stamp_layer = np.where(own != np.iinfo(np.int64).min, own, stamp_layer)
+            layer[ids] = stamp_layer
         ids = np.flatnonzero(plain) if len(graph.stamps) else np.arange(n)
         made = list(map(tasks.__getitem__, ids.tolist()))
         count = len(made)
