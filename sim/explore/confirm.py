@@ -30,7 +30,7 @@ from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, s
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, TimelineRows, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, KINDS, STAMP_FIELDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = KINDS  # the codes footprint.TimelineRows reads
@@ -138,7 +138,7 @@ class _Columns:
         flops = np.empty(n, dtype=np.float64)
         microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
         layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
-        records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
+        records = graph.stamp_table()
         if len(records):
             # Every chain's entries end to end (``at``: where each chain's begin), then each stamped task's id and
             # entry: stamp j's tasks are firsts[j] + 0..K-1 (the tasks no stream list holds, ascending: the stamps
