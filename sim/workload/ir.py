@@ -179,7 +179,6 @@ class TaskGraph:
     stamps: list[int] = field(default_factory=list)
     late: dict[int, list[int]] = field(default_factory=dict)
     frozen: bool = field(default=False, init=False)  # set by ``freeze``: no task or edge may be added after
-    _table: Any = field(default=None, init=False, repr=False, compare=False)  # ``stamp_table``'s array, once frozen
     # (group, n): the n-th collective a rank issues on a group is the same collective on every member.
     _issued: dict[tuple[int, tuple[int, ...]], int] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[tuple[int, ...], int], int] = field(default_factory=dict, repr=False)
@@ -294,12 +293,13 @@ class TaskGraph:
         175B layout's 9,400 stamps)."""
         import numpy as np  # here: the IR itself needs no numpy, and its importers that never call this neither
 
-        table = self._table
+        # Kept in the instance's dict, not as a field: one more field slowed the build's attribute stores (5%).
+        table = vars(self).get("_stamp_table")
         if table is None:
             table = np.array(self.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
             table.flags.writeable = False
-            if self.frozen:  # no stamp can be added any more (materialize, which empties them, resets it)
-                self._table = table
+            if self.frozen:  # no stamp can be added any more (materialize, which empties them, drops it)
+                vars(self)["_stamp_table"] = table
         return table
 
     def records(self) -> Iterator[tuple[int, int, int, int, int, int]]:
@@ -331,4 +331,5 @@ class TaskGraph:
         for task_id, ons in late.items():
             task = tasks[task_id]
             task.deps = (*task.deps, *ons)
-        self.tasks, self.stamps, self.late, self._table = tasks, [], {}, None
+        self.tasks, self.stamps, self.late = tasks, [], {}
+        vars(self).pop("_stamp_table", None)
