@@ -19,6 +19,8 @@ the tasks), which gives the same timeline because it keeps only those rows of a 
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -60,9 +62,42 @@ class Figures:
     tasks: int
 
 
+# glibc's mallopt(3) parameters (malloc.h) and the values a confirming process sets (``_keep_freed_memory``).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOPTS = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 512 << 20), (_M_TOP_PAD, 64 << 20))
+_heap_kept = False
+
+
+def _keep_freed_memory() -> None:
+    """Lets this process keep the memory a confirmation frees for the next one (glibc only; elsewhere nothing).
+
+    Each layout allocates and frees 10^5-element arrays and lists (a 175B layout's graph, times and columns, a
+    megabyte each) and 10^5 small objects; by default glibc serves a block over 128 KiB with its own mmap and
+    returns it with munmap, and gives the heap's free top back to the kernel past 128 KiB, so every layout faulted
+    its memory in again: 3,200-3,700 minor page faults and 7-9 ms of system time a layout, about 8% of its CPU
+    (50 of the best 1,000 175B layouts, 2026-11-26). With blocks up to 32 MiB (glibc's largest mmap threshold)
+    served from the heap, up to 512 MiB of free heap kept and the heap grown 64 MiB at a time: 300-900 faults and
+    1-3 ms. Fixed values: glibc's dynamic threshold stops once they are set. The process's peak memory is what it
+    was; only giving freed memory back to the kernel waits for the process's end (a search worker, a sweep)."""
+    global _heap_kept
+    if _heap_kept:
+        return
+    _heap_kept = True
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's C library (glibc; musl has no mallopt)
+    except (OSError, AttributeError):
+        return
+    for parameter, value in _MALLOPTS:
+        mallopt(parameter, value)
+
+
 def confirm(scenario: Scenario, limits: Limits | None = None) -> Figures:
     """Simulate ``scenario``'s step as ``sim.runner.run`` does (same engine, SM-contention rounds, size check and
-    physical check) and return its table figures. Raises what ``run`` raises."""
+    physical check) and return its table figures. Raises what ``run`` raises. The first call in a process sets
+    how its C library keeps freed memory (``_keep_freed_memory``)."""
+    _keep_freed_memory()
     with runner.without_gc():
         simulated = runner.simulate(scenario, False, limits or Limits(), lazy=True)
         figures = _figures(simulated)
