@@ -24,7 +24,7 @@ from sim.workload.ir import COMPUTE_KINDS, STREAMS
 COLORS = {
     "forward": "#4C72B0", "backward": "#55A868", "weight": "#64B5CD", "recompute": "#8172B2", "optimizer": "#7F7F7F",
     "tp": "#C44E52", "pp": "#DD8452", "dp": "#937860", "offload": "#DA8BC3",
-    "ep": "#CCB974", "cp": "#8C564B",
+    "ep": "#CCB974", "cp": "#8C564B", "host": "#555555",
     # A kind's collectives apart where one kind issues several (the trace's ``op``): FSDP/ZeRO-3 gathers
     # parameters (light) and reduce-scatters gradients (dark) on the same stream; SP's TP all-gather and
     # reduce-scatter likewise. Keys are "kind op" with the op as nccl-tests names it.

@@ -44,8 +44,10 @@ def bare_simpy(events: int) -> float:
 
 def timed_run(scenario, replay) -> tuple[dict[str, float], object, int]:
     t0 = time.perf_counter()
-    graph = workload.build(resolve(scenario))
-    net = network.make(scenario.network.model, runner.build_topology(resolve(scenario)), scenario.network.algorithm)
+    plan = resolve(scenario)
+    graph = workload.build(plan)
+    net = network.make(scenario.network.model, runner.build_topology(plan), scenario.network.algorithm,
+                       scenario.network.protocol, plan.deepep_traffic)  # a flex scenario's DeepEP exchanges
     t1 = time.perf_counter()
     result = replay(graph, net)
     t2 = time.perf_counter()

@@ -6,7 +6,11 @@ estimate, and the wall time to confirm the best ``--top`` layouts by simulation 
    (forked processes, as ``sim search -j`` screens) and in this process alone. Layouts/s = layouts / the median
    time; CPU seconds count the forked processes too. Baseline in the same run: ``search.candidate`` alone over
    the same layouts (building each layout's scenario and checking its rules, which every screened layout pays
-   before it is priced).
+   before it is priced). The critical path of ``-j``: the parent's own CPU in the ``-j`` screen (columns, fork,
+   the rows back, the table) plus the CPU of the costlier of the shares the processes price
+   (``search._partition``), each priced alone in this process with a fresh ``Estimator`` (as a forked process
+   does): the wall time ``-j`` takes where each process has a core of its own, measured in CPU seconds so that a
+   shared machine's other jobs do not count.
 2. Confirm: ``python -m sim search SCENARIO --no-bound --top N -j J --no-plot`` as a whole process
    (``--confirm-repeat`` times), with the ``simulated N in S s`` it prints: the confirmation's own time.
 Peak RSS next to each time: the largest of this process and its screening processes after the screens, the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -28,6 +33,7 @@ import time
 from measure import ROOT, child_env, machine, mib, python, timed_call
 
 from sim.explore import search
+from sim.explore.estimate import Estimator
 from sim.spec.scenario import load_scenario
 
 SCENARIOS = {"GPT-3 175B, 1024 A100": "gpt3-175b_a100-1024.yaml", "Mixtral 8x7B, 64 H100": "mixtral-8x7b_h100-64.yaml"}
@@ -56,6 +62,20 @@ def screen_rate(name: str, file: str, repeat: int, jobs: int) -> None:
           f"{len(space) / alone.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in alone.runs)}; CPU "
           f"{alone.cpu:.3f} s = {len(space) / alone.cpu:,.0f} per CPU second); -j {jobs} is "
           f"{alone.seconds / timed.seconds:.2f}x its wall rate")
+    own = []  # the -j screen's parent alone: its columns, forks, the rows back and the table
+    for _ in range(repeat):
+        began = resource.getrusage(resource.RUSAGE_SELF)
+        search.screen(base, space, jobs=jobs)
+        ended = resource.getrusage(resource.RUSAGE_SELF)
+        own.append(ended.ru_utime + ended.ru_stime - began.ru_utime - began.ru_stime)
+    shares = [[space[i] for i in share] for share in search._partition(space, jobs)]
+    priced = [timed_call(lambda share=share: search._screen_columns(base, share, Estimator(base)), repeat).cpu
+              for share in shares]  # type: ignore[misc]
+    path = statistics.median(own) + max(priced)
+    print(f"[screen] {name}: -j {jobs} critical path {path:.3f} CPU s = {len(space) / path:,.0f} layouts per CPU "
+          f"second of the slowest process (the parent {statistics.median(own):.3f} CPU s, its shares "
+          f"{' and '.join(f'{len(share):,} layouts {cpu:.3f}' for share, cpu in zip(shares, priced, strict=True))} "
+          f"CPU s, medians of {repeat}): -j {jobs}'s wall time with a core for each process")
     print(f"[screen] {name}: baseline, building and rule-checking the layouts alone: {floor.seconds:.3f} s = "
           f"{len(space) / floor.seconds:,.0f} layouts/s (runs {', '.join(f'{s:.3f}' for s in floor.runs)}; "
           f"CPU {floor.cpu:.3f} s = {len(space) / floor.cpu:,.0f} per CPU second); the screen in one process takes "

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
+from sim.costs import host
 from sim.costs import profile as profiles
 from sim.costs.profile import Profile
 from sim.hardware.dtypes import bytes_per_element, parameter_dtype
@@ -47,7 +48,7 @@ from sim.model.peft import (
 from sim.model.peft import model_flops_per_step as peft_model_flops
 from sim.model.transformer import ModelSpec
 from sim.network import deepep
-from sim.parallel.chunks import Layout, chunk_location, model_chunk
+from sim.parallel.chunks import Layout, chunk_location, model_chunk, stage_chunks
 from sim.parallel.context import CpCommType, ring_buffer_bytes
 from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
@@ -225,9 +226,13 @@ class Plan:
         storing it (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, foreach_reduce:
         ``_to_dtype_if_needed(reduce_output, orig_dtype)`` -> ``sharded_param.grad``; FSDP1 likewise,
         ``_cast_grad_to_param_dtype``). So TorchTitan's ``[training] dtype = "bfloat16"`` with its default
-        ``mixed_precision_reduce = "float32"`` reduces in fp32 and stores bf16 gradients."""
+        ``mixed_precision_reduce = "float32"`` reduces in fp32 and stores bf16 gradients. That cast back is the
+        sharded gradients' (FSDP, ZeRO-2/3); unsharded ones (DDP, ZeRO-1) stay in the buffer the buckets reduce,
+        in ``grad_dtype`` (Megatron-LM's main-gradient buffer, ``main_grad_buffer``, which the memory model counts
+        as the gradients themselves, with no bucket copy beside them)."""
         t = self.scenario.training
-        return self.grad_dtype if t.master_weights else parameter_dtype(t.dtype)
+        sharded = self.scenario.fsdp is not None or self.zero_stage >= 2
+        return parameter_dtype(t.dtype) if not t.master_weights and sharded else self.grad_dtype
 
     @cached_property
     def grad_storage_bytes_per_param(self) -> int:
@@ -317,7 +322,7 @@ class Plan:
     @cached_property
     def stage_chunks(self) -> tuple[tuple[int, ...], ...]:
         """Per stage, the model chunks its local chunks 0..v-1 hold."""
-        return tuple(tuple(self.model_chunk(s, c) for c in range(self.local_chunks)) for s in range(self.pp))
+        return stage_chunks(self.layout, self.pp, self.local_chunks)
 
     @cached_property
     def _stage_layers(self) -> tuple[int, ...]:
@@ -387,10 +392,12 @@ class Plan:
         """Dense (non-expert) parameters of ``layer`` on one TP rank: what the data-parallel group reduces."""
         if self.is_moe and self.moe_layers[layer]:
             return self.moe_layer_params.per_tp_rank(self.tp)
-        return self._dense_layer_params
+        return self.dense_layer_params
 
     @cached_property
-    def _dense_layer_params(self) -> float:
+    def dense_layer_params(self) -> float:
+        """A dense layer's parameters on one TP rank (``layer_params(model).per_tp_rank(tp)``), counted once per
+        plan: FSDP's units ask for it per unit."""
         return layer_params(self.model).per_tp_rank(self.tp)
 
     # ----------------------------------------------------------------------------- mixture of experts
@@ -512,6 +519,23 @@ class Plan:
                                    self.model.num_moe_experts or 1, self.model.moe_router_topk, domains, per_domain)
 
     @cached_property
+    def moe_host_seconds(self) -> dict[str, float]:
+        """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
+        dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
+        dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
+        (sim.costs.host, docs/mechanisms/moe_host_sync.md); 0 without a sync, under CUDA graphs, fixed costs or
+        ``costs.eager_op_overhead`` 0."""
+        moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
+        syncs = moe.host_sync if moe.host_sync is not None else not (
+            moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
+        if (not self.model.is_moe or not syncs or training.cuda_graphs
+                or not isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec)) or not costs.eager_op_overhead):
+            return {"forward": 0.0, "backward": 0.0}
+        return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
+                                                       costs.launch_overhead)
+                for direction in ("forward", "backward")}
+
+    @cached_property
     def deepep_seconds(self) -> tuple[float, float]:
         """flex: (dispatch, combine) seconds of one DeepEP exchange: the slower of its RDMA and NVLink parts at
         DeepEP's achieved bandwidths (``moe.deepep_rdma_bandwidth`` / ``deepep_nvlink_bandwidth``, defaults from
@@ -578,7 +602,7 @@ class Plan:
         """Parameters of transformer layer ``layer`` that get gradients, per TP rank (all of them in full
         training; LoRA's adapters; none in a frozen layer)."""
         if not self.peft.active:
-            return self._dense_layer_params
+            return self.dense_layer_params
         return layer_trainable_params(self.model, self.peft, layer, self.tp)
 
     def layer_weight_bytes(self, layer: int) -> float:

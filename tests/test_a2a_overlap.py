@@ -48,7 +48,8 @@ def test_the_combined_1f1b_order(p: int, m: int, v: int) -> None:
 
 def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
     """One MoE layer, no pipeline, ep 8 over one node, the flex dispatcher with its NVLink bandwidth set (so an
-    exchange is exactly bytes / bandwidth) and no SMs held by it (``deepep_sms`` 0, tested on its own below),
+    exchange is exactly bytes / bandwidth), no SMs held by it (``deepep_sms`` 0, tested on its own below) and no
+    host bound (``host_sync`` false, tests/test_moe_host_sync.py),
     8 micro-batches of 4096 tokens."""
     doc: dict[str, Any] = {
         "name": "a2a", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
@@ -57,7 +58,7 @@ def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
         "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
         "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a,
-                "deepep_sms": 0},
+                "deepep_sms": 0, "host_sync": False},
         "schedule": "1f1b",
     }
     for section, values in changes.items():

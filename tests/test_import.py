@@ -681,6 +681,12 @@ def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
     assert _status(draft, "ub_cfg.yaml: proj_fprop.num_splits") == "mapped"
     plain = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", overlap), "megatron")
     assert "--tp-comm-overlap-cfg" not in plain.text
+    # SMs alone: the file still states the chunks the scenario prices (tp = 2), since a pipeline entry without
+    # num_splits runs TE's 4 (initialize_ub: ub_cfg.get("num_splits", 4 if method == "pipeline" else 0))
+    sms_only = load_scenario(ROOT / "scenarios" / "tiny.yaml", [*overlap, "parallel.tp_comm_overlap_sms=24"])
+    path.write_text(emit(sms_only, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu="A100-80GB-SXM")).scenario()
+    assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (sms_only.parallel.tp, 24)
 
 
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
@@ -715,3 +721,157 @@ def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() ->
     emitted = emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.tp_comm_overlap=true",
                                                                   "parallel.sequence_parallel=true"]), "megatron")
     assert "--tp-comm-overlap" in emitted.text
+
+
+@pytest.mark.parametrize(("base", "overrides", "fields"), [
+    # context parallelism (and its exchange): without --context-parallel-size Megatron runs cp 1 and takes the CP
+    # ranks as data-parallel ones, another layout
+    ("llama3.1-405b_h100-16384_cp16-128k.yaml", [], ("parallel.cp", "parallel.cp_comm_type")),
+    ("llama3.1-405b_h100-16384_cp16-128k.yaml", ["parallel.cp_comm_type=p2p"],
+     ("parallel.cp", "parallel.cp_comm_type")),
+    # token dropping: without --moe-expert-capacity-factor Megatron-Core runs dropless
+    ("mixtral-8x7b_h100-64.yaml", [], ("moe.capacity_factor", "moe.pad_to_capacity")),
+    # FP8 with gradients reduced in bf16 (NeMo's grad_sync_dtype bf16): Megatron-LM's --grad-reduce-in-bf16
+    ("validation/nemo2407-gpt3-175b-128.yaml", [], ("training.dtype", "training.grad_dtype")),
+])
+def test_megatron_emit_round_trips_cp_capacity_and_bf16_reduction(base: str, overrides: list[str],
+                                                                  fields: tuple[str, ...], tmp_path: Path) -> None:
+    """`sim search --emit megatron` of bundled scenarios writes what the scenario sets and `sim import megatron`
+    reads back each of ``fields`` equal (Megatron-LM arguments.py: --context-parallel-size, --cp-comm-type
+    p2p / a2a / all_gather, --moe-expert-capacity-factor, --moe-pad-expert-input-to-capacity, --grad-reduce-in-bf16,
+    which works with --fp8-format as with --bf16 alone)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    path = tmp_path / "run.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    for field in fields:
+        section, name = field.split(".")
+        assert getattr(getattr(back, section), name) == getattr(getattr(scenario, section), name), field
+    assert _layout(back)[:10] == _layout(scenario)[:10]  # degrees and batch (SP: Megatron drops it at tp 1)
+
+
+@pytest.mark.parametrize(("base", "framework", "message"), [
+    ("llama3-8b_h100-1_lora.yaml", "megatron", "training.method: lora"),
+    ("llama3-8b_h100-1_lora.yaml", "torchtitan", "training.method: lora"),
+    ("llama3-8b_h100-1_lora.yaml", "deepspeed", "training.method: lora"),
+    ("llama3-70b_h100-1_qlora.yaml", "deepspeed", "training.method: qlora"),
+    ("validation/nemo2407-llama2-7b-8.yaml", "deepspeed", "training.dtype: fp8"),
+])
+def test_emit_refuses_what_the_framework_config_cannot_say(base: str, framework: str, message: str) -> None:
+    """A LoRA / QLoRA scenario emitted as a Megatron-LM script, a TorchTitan TOML or a DeepSpeed JSON with HF Trainer
+    flags (none of which has an adapter setting) was written as full fine-tuning, and an FP8 scenario's DeepSpeed
+    config as plain bf16: runs of another method or precision than the one priced. Each is refused in one line
+    naming the field (docs/ecosystem.md: the emitter refuses a knob the framework has no setting for)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(ROOT / "scenarios" / base), framework)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_megatron_cp_comm_type(tmp_path: Path) -> None:
+    """--cp-comm-type (Megatron-LM arguments.py: one value or one per layer, the names Transformer Engine's attention
+    checks: p2p, all_gather, a2a, a2a+p2p) sets
+    parallel.cp_comm_type under context parallelism; without it the flag is ignored, and the hierarchical a2a+p2p
+    is refused in one line naming the flag."""
+    script = ("torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py --tensor-model-parallel-size 1 "
+              "--pipeline-model-parallel-size 1 {cp} --micro-batch-size 1 --global-batch-size 8 --seq-length 2048 "
+              "--bf16 --num-layers 2 --hidden-size 1024 --ffn-hidden-size 4096 --num-attention-heads 16 "
+              "--max-position-embeddings 2048 --vocab-size 32000\n")
+    path = tmp_path / "run.sh"
+    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type all_gather"))
+    assert import_megatron([str(path)], Options(gpu="H100-SXM")).scenario().parallel.cp_comm_type == "all_gather"
+    path.write_text(script.format(cp="--cp-comm-type a2a"))
+    draft = import_megatron([str(path)], Options(gpu="H100-SXM"))
+    assert _status(draft, "--cp-comm-type") == "ignored" and draft.scenario().parallel.cp == 1
+    path.write_text(script.format(cp="--context-parallel-size 2 --cp-comm-type a2a+p2p"))
+    with pytest.raises(ConfigError) as error:
+        import_megatron([str(path)], Options(gpu="H100-SXM"))
+    assert str(error.value).startswith("--cp-comm-type: a2a+p2p is not modelled") and "\n" not in str(error.value)
+
+
+def test_torchtitan_emit_writes_partial_recompute_as_every_nth_block(tmp_path: Path) -> None:
+    """Full recomputation of some of a stage's blocks (recompute_num_layers) is TorchTitan's selective_ac_option = N
+    (every N-th block checkpointed), which `sim import torchtitan` reads as that many layers; the emitter wrote
+    mode = "full" (every block). The bundled IBM FSDP Llama 2 13B row: 20 of 40 layers -> every 2nd; a count that
+    is no such fraction (15 of 40) is refused in one line."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    base = ROOT / "scenarios" / "validation" / "ibm-fsdp-llama2-13b-a100-128.yaml"
+    scenario = load_scenario(base)
+    assert (scenario.training.recompute, scenario.training.recompute_num_layers) == ("full", 20)
+    emitted = emit(scenario, "torchtitan")
+    assert 'selective_ac_option = "2"' in emitted.text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model="llama2-13b")).scenario()
+    assert (back.training.recompute, back.training.recompute_num_layers) == ("full", 20)
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(base, ["training.recompute_num_layers=15"]), "torchtitan")
+    assert str(error.value).startswith("training.recompute_num_layers: 15") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("base", "overrides", "bucket_bytes"), [
+    # the bundled MoE rows set Megatron-Core's default, max(40e6, 1e6 x dp) fp32 gradients: 160,000,000 bytes
+    ("validation/moe/mz-qwen3-235b-h100-256-deepep-ep32.yaml", [], 160_000_000),
+    # PyTorch's 25 MiB (the field's default) in bf16 gradients: 13,107,200 elements
+    ("tiny.yaml", ["parallel.overlap_grad_reduce=true", "training.grad_dtype=bf16"], 25 * 2**20),
+])
+def test_megatron_emit_round_trips_the_gradient_bucket_size(base: str, overrides: list[str], bucket_bytes: int,
+                                                           tmp_path: Path) -> None:
+    """parallel.dp_bucket_size (bytes of gradients per bucket) under --overlap-grad-reduce is Megatron-LM's
+    --ddp-bucket-size (elements: DistributedDataParallelConfig.bucket_size), written by the emitter and read back by
+    the importer at the gradients' element size (fp32 main gradients, 2 bytes with --grad-reduce-in-bf16); without
+    it Megatron buckets max(40e6, 1e6 x dp) elements whatever the scenario priced."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    assert scenario.parallel.dp_bucket_size == bucket_bytes
+    path = tmp_path / "run.sh"
+    path.write_text(emit(scenario, "megatron").text)
+    draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name))
+    assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
+    assert _status(draft, "--ddp-bucket-size") == "mapped"
+
+
+@pytest.mark.parametrize(("overrides", "reduce"), [([], "bfloat16"), (["training.grad_dtype=fp32"], "float32")])
+def test_torchtitan_emit_writes_the_fsdp_reduce_dtype(overrides: list[str], reduce: str, tmp_path: Path) -> None:
+    """FSDP's reduce dtype (the scenario's gradient dtype: bf16 for sharded gradients unless grad_dtype says fp32,
+    Plan.grad_dtype) is TorchTitan's mixed_precision_reduce, whose default is float32: the emitter left it out, so
+    the bundled FSDP scenario's bf16 reduce-scatters ran in fp32 (twice the bytes) and came back as fp32."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-16_fsdp.yaml", overrides)
+    emitted = emit(scenario, "torchtitan")
+    assert f'mixed_precision_reduce = "{reduce}"' in emitted.text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model="llama2-7b")).scenario()
+    assert resolve(back).grad_dtype == resolve(scenario).grad_dtype == {"bfloat16": "bf16", "float32": "fp32"}[reduce]
+
+
+def test_nemo_cp_comm_type(tmp_path: Path) -> None:
+    """NeMo's model.cp_comm_type (Megatron-Core TransformerConfig, passed to Transformer Engine's attention) reads
+    as Megatron's --cp-comm-type: the GPT-3 175B recipe at cp 2 with all_gather gives parallel.cp_comm_type
+    all_gather (it was not read: the ring's p2p default stayed)."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_gpt3_175b.yaml").read_text())
+    config["model"]["context_parallel_size"], config["model"]["cp_comm_type"] = 2, "all_gather"
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    assert (draft.scenario().parallel.cp, draft.scenario().parallel.cp_comm_type) == (2, "all_gather")
+    assert _status(draft, "model.cp_comm_type") == "mapped"

@@ -24,14 +24,14 @@ _QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-
                   "TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
                   "~2.5 s to host-side launches and syncs in the router/permute, which are not modelled "
                   "(docs/mechanisms/a2a_overlap.md)")
-_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -22.0%, tp 4: -47.9%): both need "
-               "~1.9-2.3 ms per layer pass (F or B) that no modelled mechanism gives, where the moe_dev rows need "
-               "0.3 ms (ep 32) and the 16k forced-balance row 0.1 ms; both route dropless (the ModelZoo's 16k table: "
-               "dropless 237 against 295 TFLOP/s forced, 1.24x, which would bring pp 32 to -4% but tp 4 only to "
-               "-34%); the tp 4 row is 1.42x less efficient per FLOP than the same layout's 16k dropless run "
-               "(167 vs 237 TFLOP/s) with 4x the micro-batches of a quarter the tokens: per-micro-batch host "
-               "overhead (Megatron's MoE README: 'CPU Overhead Bottleneck ... decrease TP size or increase "
-               "micro-batch size'), unsourced in size (docs/mechanisms/a2a_overlap.md 'The rows outside the band')")
+_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -21.7%, tp 4: -26.5%) with the "
+               "MoE host-sync bound (docs/mechanisms/moe_host_sync.md: each MoE layer pass lasts at least the host's "
+               "time to issue it, 3.36 ms forward / 3.26 ms backward at 16 local experts, measured 26-35 us per "
+               "eager kernel on an H100 host), which took tp 4 from -47.9% (its 1024-token forward is host-bound) "
+               "and pp 32 from -22.0%; they still lack 1.3 ms (tp 4) and 1.7 ms (pp 32) per layer pass. The replay "
+               "is plain PyTorch, not Megatron + Transformer Engine (whose Python costs the host more), and both "
+               "route dropless (the ModelZoo's 16k table: dropless 237 against 295 TFLOP/s forced, 1.24x, "
+               "not applied: no measured moe.imbalance for this router)")
 # folding-t2-mixtral-8x22b-h100-128-fp8-mcore.yaml came inside the band (-10.8% -> -9.4%) when H100's factor was
 # refitted 1.33 -> 1.355 after TE's userbuffers TP overlap (docs/mechanisms/tp_comm_overlap.md) sped up two fit rows;
 # FP8's speed-up over BF16 stays over-predicted (test_fp8_speedup_over_bf16_on_the_same_layout).

@@ -68,6 +68,25 @@ def test_memory_bound_drops_by_the_states_it_no_longer_keeps() -> None:
     assert (b["weights"], b["gradients"], b["optimizer"]) == pytest.approx((2 * params, 2 * params, 4 * params))
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_pure_bf16_with_fp32_reduction_keeps_its_unsharded_gradients_in_fp32(zero: int) -> None:
+    # DDP / ZeRO-1 over 8 GPUs, no master, gradients reduced in fp32 (grad_dtype: fp32): the unsharded gradients the
+    # buckets reduce are the fp32 main-gradient buffer (Megatron-LM's param_and_grad_buffer.py; the plan's
+    # main_grad_buffer, so no separate bucket copy is counted), 4 bytes per parameter at rest, and Adam reads them
+    # there (the fp32 gradient read, the bf16 weight, m and v read and written: 4 + 6 + 6 bytes moved). Only sharded
+    # gradients (FSDP's foreach_reduce, ZeRO-2/3) are cast back to the parameters' dtype. Asking for fp32 reduction
+    # must not hold fewer gradient bytes than bf16's.
+    parallel = {"tp": 1, "pp": 1, "dp": 8, "zero": zero}
+    fp32 = resolve(make_scenario(training={**PURE_BF16, "grad_dtype": "fp32"}, parallel=parallel))
+    bf16 = resolve(make_scenario(training={**PURE_BF16, "grad_dtype": "bf16"}, parallel=parallel))
+    params = fp32.stage_params(0)
+    wide, narrow = stage_memory(fp32, 0), stage_memory(bf16, 0)
+    assert fp32.grad_storage_dtype == "fp32" and fp32.main_grad_buffer
+    assert (wide["gradients"], wide["comm_buffers"]) == pytest.approx((4 * params, 0.0))
+    assert wide["gradients"] + wide["comm_buffers"] >= narrow["gradients"] + narrow["comm_buffers"]
+    assert fp32.optimizer_step_bytes_per_param == 4 + 6 + 6
+
+
 def test_the_optimizer_step_moves_half_the_bytes() -> None:
     # FSDP FULL_SHARD (bf16 gradients either way): the roofline's memory-bound Adam step over the rank's shard,
     # 28 bytes per parameter with the fp32 master, 14 without.

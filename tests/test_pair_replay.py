@@ -68,14 +68,15 @@ def test_a_trailing_tp_collective_holds_the_tp_stream():
 
 
 def _moe_scenario(**changes: Any) -> Scenario:
-    """A small MoE under DualPipe (pp 4, 16 micro-batches of 2048 tokens, roofline costs, analytic network),
-    with ``changes`` merged into its sections."""
+    """A small MoE under DualPipe (pp 4, 16 micro-batches of 2048 tokens, roofline costs, analytic network, no
+    host bound: ``moe.host_sync`` false, tests/test_moe_host_sync.py), with ``changes`` merged into its sections."""
     doc: dict[str, Any] = {
         "name": "pair", "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
         "model": small_moe_model("moe-small", num_layers=4, hidden_size=1024, heads=8, ffn_hidden_size=2048,
                                  max_seq_len=4096),
         "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
         "parallel": {"tp": 1, "pp": 4, "ep": 4, "zero": 1, "vpp": 1, "overlap_p2p_comm": True},
+        "moe": {"host_sync": False},
         "schedule": "dualpipe",
     }
     for section, values in changes.items():

@@ -246,3 +246,28 @@ def test_a_points_fsdp_section_is_its_candidates(zero, pp):
         assert screened.fsdp.sharding == ("FULL_SHARD" if zero == 3 else "SHARD_GRAD_OP")
     else:
         assert screened.fsdp is None
+
+
+@pytest.mark.parametrize("base", ["validation/moe/mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml",
+                                  "deepseek-v3_h800-2048.yaml"])
+def test_the_search_space_holds_the_base_layouts_uneven_pipeline_split(base: str) -> None:
+    """pp and vpp range over what the base's pipeline split divides, not the bare layer count: Qwen3 235B's 94
+    layers + the embedding's and the loss's slots (--account-for-*-in-pipeline-split) = 96 over pp 8 x vpp 4, and
+    DeepSeek-V3's 61 layers as 3 + 14 x 4 + 2 over pp 16 (first/last_stage_layers). Over the divisors of 94 (1, 2,
+    47, 94) or 61 (1, 61) the search screened no layout these bases accept and said none fits (DeepSeek's DualPipe
+    is not searched: its 1F1B layouts stand in)."""
+    scenario = load_scenario(ROOT / "scenarios" / base)
+    p = scenario.parallel
+    schedule = scenario.schedule if scenario.schedule in search.SEARCHED_SCHEDULES else "1f1b"  # DualPipe: unsearched
+    only = search.parse_only([f"tp={p.tp}", f"ep={p.ep}", "micro_batch=1", f"schedule={schedule}",
+                              f"zero={p.zero}", f"recompute={scenario.training.recompute}"])
+    found = [layout for layout in search.layouts(scenario, only) if (layout.pp, layout.vpp) == (p.pp, p.vpp)]
+    assert found
+    valid = 0
+    for layout in found:
+        try:
+            search.candidate(scenario, layout)
+        except ValueError:
+            continue
+        valid += 1
+    assert valid

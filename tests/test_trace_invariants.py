@@ -68,7 +68,8 @@ def test_one_forward_and_one_backward_per_layer_block_per_microbatch(run):
     split = sc.parallel.tp > 1 and sc.costs.model != "fixed" and not SCHEDULES[sc.schedule].splits_backward
     # A MoE layer's MLP part is its router, grouped experts and combine (and a shared expert), one task each.
     plan = resolve(sc)
-    moe_blocks = 3 + bool(sc.model.moe_shared_expert_intermediate_size)
+    # With the dispatcher's host sync (sim.costs.host) each MoE layer pass ends with a zero-length moe_host_wait.
+    moe_blocks = 3 + bool(sc.model.moe_shared_expert_intermediate_size) + bool(plan.moe_host_seconds["forward"])
     for (rank, kind), rows in layered.groupby(["rank", "kind"]):
         stage = plan.grid.coord(int(rank)).pp
         per_stage = plan.stage_layers(stage)  # uneven first/last stages included

@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from sim.costs.host import host_bound
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
@@ -97,19 +98,19 @@ class Estimator:
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int, bool], tuple[int, list[Unit]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
-        self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, Any]] = {}
-        self._stat_reduce: dict[Any, float] = {}
+        self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, _Timing, Any]] = {}
+        self._shape_parts: dict[Any, _ShapeParts] = {}
         self._tail_shapes: dict[Any, tuple[_TailShape, Scenario]] = {}
         self._layers: dict[Any, tuple[_LayerTimes, Scenario]] = {}
         self._structures: dict[Any, tuple[tuple[list[_StageShape], list[int]], Scenario]] = {}
-        self._tail_lists: dict[Any, list[_TailShape]] = {}  # every stage's, per shape key
         self._sends: dict[tuple[float, int, int], float] = {}
         self._tail_kinds: dict[tuple[Any, ...], int] = {}
-        self._flops: dict[Any, tuple[float, Any]] = {}
-        self._unit_gathers: dict[Any, tuple[list[list[float]], Scenario]] = {}
-        # per (shape, stage): the resident parts' sum (footprint.parts_total), gathered weights, unreduced gradients
-        self._memory_states: dict[Any, tuple[float, float, float, Any]] = {}
-        self._activations: dict[Any, float] = {}
+        self._flops: dict[Any, tuple[float, int, float, Any]] = {}
+        self._unit_gathers: dict[Any, tuple[list[list[list[float]]], Scenario]] = {}
+        # per shape, each stage that may peak: (stage, the resident parts' sum (footprint.parts_total), gathered
+        # weights, unreduced gradients); per activations key, those stages' activations
+        self._memory_states: dict[Any, tuple[list[tuple[int, float, float, float]], Any]] = {}
+        self._activations: dict[Any, list[float]] = {}
         self._stashes: dict[Any, float] = {}
         self._peak_stages: dict[Any, tuple[list[int], Any]] = {}  # the stages that may peak, per structure
         self._units: dict[Any, tuple[list[step.ChunkUnit], Scenario]] = {}
@@ -356,7 +357,10 @@ class Estimator:
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        return alone(forward_blocks), alone(backward_blocks), weight, forward_blocks, backward_blocks
+        # behind the dispatcher's host sync a pass lasts at least the host's time to issue it (sim.costs.host)
+        host = plan.moe_host_seconds
+        return (host_bound(alone(forward_blocks), host["forward"]),
+                host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
 
     def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
                       mix: tuple[tuple[int, int, int], ...] = ()) -> float:
@@ -385,13 +389,25 @@ class Estimator:
                 forward.append((Block(self._price(plan, "head", "forward"), None, 0.0),))
             if embedding:
                 backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
-            passes.append((chain(forward), chain(backward)))
+            moe_layers = sum(moe for moe, _ in layers)
+            passes.append((chain(forward), chain(backward), moe_layers))
+        # Behind the dispatcher's host sync (sim.costs.host) each MoE layer pass lasts at least the host's time to
+        # issue it: alone, its device time or that, whichever is longer; in a pair the host issues both passes'
+        # layers one after the other, so the pair lasts at least their sum (the host stream in the simulation).
+        host = plan.moe_host_seconds
+        moe_f = alone(pair.moe[0])
+        moe_b = alone(pair.moe[1])
+        extra = (max(0.0, host["forward"] - moe_f), max(0.0, host["backward"] - moe_b))
         # DeepEP's kernels hold n of the GPU's S SMs (Plan.deepep_sms): compute under an exchange runs on the rest
         # (pair_span's ``held``; sim.engine.sm_contention in the simulation)
         held = plan.deepep_sms / (plan.scenario.cluster.gpu.sms or 1) if plan.deepep_sms else 0.0
 
         def hides(a: int, b: int) -> float:
-            return alone(passes[a][0]) + alone(passes[b][1]) - pair_span(passes[a][0], passes[b][1], held)
+            forward, _, moe_forward = passes[a]
+            _, backward, moe_backward = passes[b]
+            apart = alone(forward) + moe_forward * extra[0] + alone(backward) + moe_backward * extra[1]
+            issue = moe_forward * host["forward"] + moe_backward * host["backward"]
+            return apart - max(pair_span(forward, backward, held), issue)
 
         if mix:
             return len(passes) * sum(count * hides(a, b) for a, b, count in mix) / sum(count for _, _, count in mix)
@@ -596,20 +612,21 @@ class Estimator:
             behind += st.backward / (v if name == "interleaved" else 1) + c
         return total, ends
 
-    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float,
-              shape: _TailShape) -> tuple[float, float]:
+    def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float, shape: _TailShape,
+              timing: _Timing, parts: _ShapeParts) -> tuple[float, float]:
         """(exposed data-parallel time after the last backward, optimizer + weight all-gather) of a stage, whose
-        tail, apart from its times, is ``shape`` (``_tail_shape``)."""
+        tail, apart from its times, is ``shape`` (``_tail_shape``); ``timing`` and ``parts``: the layout's facts
+        its stage times and its shape decide (read there, not from ``plan``, which the screen builds per layout)."""
         exposed = 0.0
-        if plan.data_parallel:
+        if parts.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
             # one layer_backward after the one before it
-            interleaved = plan.scenario.schedule == "interleaved"
+            interleaved, vpp, pp = timing.interleaved, timing.vpp, timing.pp
             when: dict[int, float] = {}
             at = backward_end - st.backward
             for c, layers in shape.chunks:
                 if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
-                    at = backward_end - st.backward / plan.vpp * (1 + c * plan.pp)
+                    at = backward_end - st.backward / vpp * (1 + c * pp)
                 for layer in layers:
                     at += st.layer_backward
                     when[layer] = at
@@ -618,7 +635,7 @@ class Estimator:
             if shape.after_backward:  # Megatron-LM's default: one bucket per model chunk, after the whole backward
                 when[-2] = backward_end
             for c in shape.unit_chunks:  # FSDP + PP: chunk c's last backward ends c*p chunk-passes before the stage's
-                when[-10 - c] = backward_end - (st.backward / plan.vpp * c * plan.pp if interleaved else 0.0)
+                when[-10 - c] = backward_end - (st.backward / vpp * c * pp if interleaved else 0.0)
             free_at = 0.0
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
                 ready = when[layer]
@@ -626,16 +643,16 @@ class Estimator:
             exposed = max(0.0, free_at - backward_end)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
-            if plan.zero_stage >= 2 and plan.microbatches > 1 and not plan.pipelined_fsdp:
+            m = timing.microbatches
+            if parts.zero_stage >= 2 and m > 1 and not parts.pipelined_fsdp:
                 # ZeRO-2/3 reduce-scatter every micro-batch's gradients: m times the buckets on one stream,
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
-                first_backward = backward_end - (plan.microbatches - 1) * (st.forward + st.backward + st.weight) \
-                    - st.backward
-                exposed = max(exposed, first_backward + plan.microbatches * shape.per_microbatch - backward_end)
-            if plan.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+                first_backward = backward_end - (m - 1) * (st.forward + st.backward + st.weight) - st.backward
+                exposed = max(exposed, first_backward + m * shape.per_microbatch - backward_end)
+            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
                 # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
                 # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
-                exposed = plan.microbatches * shape.per_microbatch
+                exposed = m * shape.per_microbatch
         if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += shape.copies
         return exposed, shape.optimizer
@@ -792,8 +809,8 @@ class Estimator:
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
-    def _unit_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float,
-                           shape_key: tuple[Any, ...]) -> float:
+    def _unit_gather_delay(self, ends: list[list[float]], unit_layers: int, st: StageTimes, start: float,
+                           timing: _Timing) -> float:
         """FSDP + PP (``Plan.pipelined_fsdp``): how much the once-per-step unit all-gathers delay the stage's
         forwards, whose compute could begin at ``start``. As the emitter issues them (``DataParallelEmitter.
         before_chunk``): every local chunk's at once, chunk by chunk, queued on the group's one stream, and a unit
@@ -801,33 +818,40 @@ class Estimator:
         the other micro-batches of the pipeline fill run (min(m, p) - 1 more chunk forwards, as
         ``_param_gather_delay``): with many chunks and few micro-batches the later chunks' gathers are not done
         before they are reached (GPT-3 175B tp 8, pp 2, vpp 24, dp 64, 4 micro-batches: the simulated step was
-        10% over the estimate that counted the first chunk's gathers alone). When each gather ends does not depend
-        on the stage's times: kept per ``shape_key`` (``_shape_key``) and stage."""
-        if not (plan.pipelined_fsdp and plan.data_parallel):
-            return 0.0
-        key = (shape_key, stage)
-        found = self._unit_gathers.get(key)
-        if found is None:
-            group = plan.shard_group(0)
-            ends: list[list[float]] = []  # per local chunk, when each of its units' gathers ends
-            gathered = 0.0
-            for chunk in plan.stage_chunks[stage]:
-                ends.append([])
-                for unit in self._chunk_units(plan, chunk, shape_key):
-                    gathered += self._dp_collective(plan, "all_gather",
-                                                    unit.weight_params * plan.weight_bytes_per_param, group)
-                    ends[-1].append(gathered)
-            found = self._unit_gathers[key] = (ends, plan.scenario)  # the scenario keeps the key's objects alive
-        unit_forward = st.forward / max(st.layers, 1) * plan.unit_layers  # embedding and head spread over layers
-        fill = (min(plan.microbatches, plan.pp) - 1) * st.forward / plan.local_chunks
+        10% over the estimate that counted the first chunk's gathers alone). ``ends``: when each of the stage's
+        units' gathers ends, per local chunk (``_unit_gather_ends``), ``unit_layers`` the layers of a unit."""
+        unit_forward = st.forward / max(st.layers, 1) * unit_layers  # embedding and head spread over layers
+        fill = (min(timing.microbatches, timing.pp) - 1) * st.forward / timing.local_chunks
         free, busy = start, 0.0
-        for index, chunk_ends in enumerate(found[0]):
+        last = len(ends) - 1
+        for index, chunk_ends in enumerate(ends):
             for gathered in chunk_ends:
                 free = (gathered if gathered > free else free) + unit_forward  # max(free, gathered), inline
                 busy += unit_forward
-            if index + 1 < len(found[0]):
+            if index < last:
                 free, busy = free + fill, busy + fill
         return max(0.0, free - start - busy)
+
+    def _unit_gather_ends(self, plan: Plan, shape_key: tuple[Any, ...]) -> list[list[list[float]]]:
+        """FSDP + PP: per stage, per local chunk, when each unit's all-gather ends (all of a stage's queued on its
+        group's one stream from the step start). It does not depend on the stages' times: kept per ``shape_key``
+        (``_shape_key``), every stage's at once (a layout's delay reads them all)."""
+        found = self._unit_gathers.get(shape_key)
+        if found is None:
+            group = plan.shard_group(0)
+            stages = []
+            for stage in range(plan.pp):
+                ends: list[list[float]] = []
+                gathered = 0.0
+                for chunk in plan.stage_chunks[stage]:
+                    ends.append([])
+                    for unit in self._chunk_units(plan, chunk, shape_key):
+                        gathered += self._dp_collective(plan, "all_gather",
+                                                        unit.weight_params * plan.weight_bytes_per_param, group)
+                        ends[-1].append(gathered)
+                stages.append(ends)
+            found = self._unit_gathers[shape_key] = (stages, plan.scenario)  # the scenario keeps the key's objects
+        return found[0]
 
     # ------------------------------------------------------------------------------------------ whole
     def estimate(self, sc: Scenario, keys: LayoutKeys | None = None, implied: Degrees | None = None) -> Estimate:
@@ -836,29 +860,27 @@ class Estimator:
         shares with others (stage times and the pipeline, the stages' memory parts, the tails' shapes) be
         looked up without pricing them again; the floats are the same either way. ``implied``: ``sc``'s degrees,
         where the caller has them (``check_rules`` returns them)."""
-        plan = resolve(sc, implied)
+        plan = resolve(sc, implied)  # its facts are worked out where a part is priced for the first time
         if keys is None:
             stages_free = _shape_key(sc, _STAGES_FREE)
             keys = LayoutKeys(stages_free, _shape_key(sc), _shape_key(sc, _MEMORY_FREE), stages_free, stages_free,
                               stages_free, sc)
+        shape_key = keys.shape
+        parts = self._shape_parts.get(shape_key)
+        if parts is None:
+            parts = self._shape_parts[shape_key] = self._parts_of_shape(plan, keys)
         # stage times and the pipeline: shared by the layouts that differ only in a ZeRO stage that gathers
         # nothing per unit, or gathers once per step outside the stages' times (FSDP + PP, Plan.pipelined_fsdp)
-        stages_key = (keys.stages, plan.zero_stage if plan.gathers_units and not plan.pipelined_fsdp else None)
+        stages_key = (keys.stages, parts.stages_zero)
         found = self._stage_times.get(stages_key)
         if found is None:
             stages = self._stages(plan, keys)
+            # the owner keeps the objects the keys name alive
             found = self._stage_times[stages_key] = (stages, self._pipeline(plan, stages), _work_bound(stages),
-                                                     keys.owner)  # the owner keeps the objects the keys name alive
-        stages, (pipeline, ends), slowest_pass, _ = found
+                                                     self._timing(plan), keys.owner)
+        stages, (pipeline, ends), slowest_pass, timing, _ = found
         step_s, exposed_dp, optimizer = pipeline, 0.0, 0.0
-        shape_key = keys.shape
-        delay = self._gather_delay(plan, stages, shape_key)
-        # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
-        # one shape on every stage, so priced once.
-        if shape_key not in self._stat_reduce:  # its group and bytes are the same for every micro-batch size
-            self._stat_reduce[shape_key] = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES,
-                                                                    step.grad_stats_group(plan, 0))
-        stat_reduce = self._stat_reduce[shape_key]
+        delay = self._gather_delay(plan, stages, timing, parts)
         # A stage whose tail is of a kind already worked out for another stage with the same times (an even
         # pipeline's middle stages) is skipped where it cannot set the step: its exposed tail is at most that
         # stage's or, had its backward ended before the buckets could all run from the step start, their sum
@@ -866,54 +888,68 @@ class Estimator:
         # from the backward's end), with a margin far above the floats' rounding. What it skips never changes
         # the result: only a stage above the step so far does.
         exposed_of: dict[tuple[int, int], float] = {}
-        shapes = self._tail_lists.get(shape_key)
-        if shapes is None:
-            shapes = self._tail_lists[shape_key] = [self._tail_shape(plan, s, stat_reduce, shape_key)
-                                                    for s in range(plan.pp)]
         skip = self.skip_tails
-        for s, (st, end, shape) in enumerate(zip(stages, ends, shapes, strict=True)):
+        for s, (st, end, shape) in enumerate(zip(stages, ends, parts.tails, strict=True)):
             seen = exposed_of.get((shape.kind, id(st))) if skip else None
             if seen is not None:
                 most = max(seen, shape.per_microbatch - end)
                 most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
                 if end + delay + most + shape.optimizer < step_s:
                     continue
-            exposed, opt = self._tail(plan, s, st, end, shape)
+            exposed, opt = self._tail(plan, s, st, end, shape, timing, parts)
             if not shape.experts and shape.copies is None:
                 exposed_of[shape.kind, id(st)] = exposed
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
-        gpus = plan.num_gpus
-        # the documents' FLOPs (fine-tuning methods, padding, packing): one per base, whatever its layout
+        gpu = sc.cluster.gpu
+        # the documents' FLOPs (fine-tuning methods, padding, packing) and the GPU's peak: one per base, whatever
+        # its layout
         flops_key = keys.base
         if flops_key not in self._flops:
-            self._flops[flops_key] = (plan.model_flops_per_step, keys.owner)
-        flops = self._flops[flops_key][0]
+            self._flops[flops_key] = (plan.model_flops_per_step, plan.num_gpus, gpu.peak(plan.dtype), keys.owner)
+        flops, gpus, peak_flops, _ = self._flops[flops_key]
         tflops = flops / gpus / step_s / 1e12
         peak = self._peak_memory(plan, keys)
-        # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
-        visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
-        bound = visits * slowest_pass
-        gpu = sc.cluster.gpu
-        return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / gpu.peak(plan.dtype), tflops, peak,
+        bound = timing.visits * slowest_pass
+        return Estimate(step_s, pipeline, exposed_dp, optimizer, tflops * 1e12 / peak_flops, tflops, peak,
                         peak <= gpu.hbm_capacity, bound)
 
-    def _gather_delay(self, plan: Plan, stages: list[StageTimes], shape_key: tuple[Any, ...]) -> float:
+    def _parts_of_shape(self, plan: Plan, keys: LayoutKeys) -> _ShapeParts:
+        """What a layout's estimate reads that its shape (``keys.shape``) decides (``_ShapeParts``)."""
+        shape_key = keys.shape
+        # A stage's gradient statistics are all-reduced over its model-parallel group (or every rank): groups of
+        # one shape on every stage, so priced once (its group and bytes are the same for every micro-batch size).
+        stat_reduce = self.net.collective_time("all_reduce", step.GRAD_STAT_BYTES, step.grad_stats_group(plan, 0))
+        units = plan.pipelined_fsdp and plan.data_parallel  # FSDP + PP's unit gathers (_unit_gather_delay)
+        tails = [self._tail_shape(plan, s, stat_reduce, shape_key) for s in range(plan.pp)]
+        ends = self._unit_gather_ends(plan, shape_key) if units else None
+        return _ShapeParts(plan.zero_stage if plan.gathers_units and not plan.pipelined_fsdp else None,
+                           step.overlaps_param_gather(plan), ends, plan.unit_layers, tails, plan.data_parallel,
+                           plan.zero_stage, plan.pipelined_fsdp, keys.owner)
+
+    def _timing(self, plan: Plan) -> _Timing:
+        """What a layout's estimate reads that its stage times decide (``_Timing``)."""
+        # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
+        visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
+        return _Timing(self._p2p(plan), plan.microbatches, visits, plan.pp, plan.vpp, plan.local_chunks,
+                       plan.scenario.schedule == "interleaved")
+
+    def _gather_delay(self, plan: Plan, stages: list[StageTimes], timing: _Timing, parts: _ShapeParts) -> float:
         """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
         step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
         their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
-        buckets = step.overlaps_param_gather(plan)  # else _param_gather_delay is 0
-        units = plan.pipelined_fsdp and plan.data_parallel  # else _unit_gather_delay is 0
-        if not buckets and not units:
+        buckets = parts.param_buckets  # else _param_gather_delay is 0
+        ends = parts.unit_ends  # else _unit_gather_delay is 0
+        if not buckets and ends is None:
             return 0.0
-        hop, chunks = self._p2p(plan), plan.local_chunks
+        hop, chunks, unit_layers = timing.hop, timing.local_chunks, parts.unit_layers
         start = delay = 0.0
         for s, st in enumerate(stages):
             held = 0.0
             if buckets:
                 held = self._param_gather_delay(plan, s, st, start)
-            if units:
-                held = max(held, self._unit_gather_delay(plan, s, st, start, shape_key))
+            if ends is not None:
+                held = max(held, self._unit_gather_delay(ends[s], unit_layers, st, start, timing))
             # the stage's first forward, held back, sends later: the next stage starts later too (a gather the
             # compute dispatches, ``align_param_gather: false``, is issued only then, so the holds add up)
             delay += held
@@ -922,35 +958,44 @@ class Estimator:
 
     def _peak_memory(self, plan: Plan, keys: LayoutKeys) -> float:
         """The largest stage's memory bound (``sim.workload.footprint``): even stages peak at an end of the pipe
-        (most in flight, or the head's); uneven ones may peak anywhere. A stage's resident states and sharded
-        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), its
-        activations per layout without the ZeRO stage."""
+        (most in flight, or the head's); uneven ones may peak anywhere. The stages' resident states and sharded
+        buffers are kept per tail shape (they do not depend on the micro-batch size, recomputation or SP), their
+        activations per layout without the ZeRO stage: each a list over the stages that may peak."""
+        found = self._memory_states.get(keys.shape)
+        if found is None:
+            found = self._memory_states[keys.shape] = (
+                [(s, sum(footprint.states_and_buffers(plan, s)[0].values()), *footprint.sharded_buffers(plan, s))
+                 for s in self._peak_stage_list(plan, keys)], keys.owner)  # the owner keeps the key's objects
+        states = found[0]
+        activations = self._activations.get(keys.activations)
+        if activations is None:
+            activations = self._activations[keys.activations] = [self._stage_activations(plan, keys, s)
+                                                                  for s, _, _, _ in states]
+        peak = None
+        for (_, resident, gathered, unreduced), stashed in zip(states, activations, strict=True):
+            total = footprint.parts_total(plan, resident, stashed, gathered, unreduced)
+            if peak is None or total > peak:
+                peak = total
+        assert peak is not None
+        return peak
+
+    def _peak_stage_list(self, plan: Plan, keys: LayoutKeys) -> list[int]:
+        """The stages that may peak (``_peak_memory``), per pipeline structure."""
         found = self._peak_stages.get(keys.structure)  # what the pipeline's structure decides
         if found is None:
             uneven = len(set(plan.chunk_sizes)) > 1
             stages = list(range(plan.pp)) if uneven else sorted({0, plan.head_stage, plan.pp - 1})
             found = self._peak_stages[keys.structure] = (stages, keys.owner)  # the owner keeps the key's objects
-        candidates = found[0]
-        peak = None
-        for s in candidates:
-            states_key = (keys.shape, s)
-            states = self._memory_states.get(states_key)
-            if states is None:
-                states = self._memory_states[states_key] = (sum(footprint.states_and_buffers(plan, s)[0].values()),
-                                                            *footprint.sharded_buffers(plan, s), keys.owner)
-            activations_key = (keys.activations, s)
-            activations = self._activations.get(activations_key)
-            if activations is None:
-                stash_key = (keys.activations if keys.stash is None else keys.stash, s)
-                stash = self._stashes.get(stash_key)
-                if stash is None:
-                    stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
-                activations = self._activations[activations_key] = footprint.stage_activations(plan, s, stash)[0]
-            total = footprint.parts_total(plan, states[0], activations, states[1], states[2])
-            if peak is None or total > peak:
-                peak = total
-        assert peak is not None
-        return peak
+        return found[0]
+
+    def _stage_activations(self, plan: Plan, keys: LayoutKeys, s: int) -> float:
+        """A stage's activations at its peak (``footprint.stage_activations``), its largest chunk's stash kept per
+        ``keys.stash`` (the chunk placement, not the schedule's name)."""
+        stash_key = (keys.activations if keys.stash is None else keys.stash, s)
+        stash = self._stashes.get(stash_key)
+        if stash is None:
+            stash = self._stashes[stash_key] = footprint.largest_chunk_stash(plan, s)
+        return footprint.stage_activations(plan, s, stash)[0]
 
 
 class LayoutKeys(NamedTuple):
@@ -976,6 +1021,35 @@ def _work_bound(stages: list[StageTimes]) -> float:
     """The slowest stage's work per micro-batch (less what a DualPipe F&B pair hides, as if every pass were
     paired): m times it bounds the step from below."""
     return max(st.forward + st.backward + st.weight - st.pair_overlap for st in stages)
+
+
+class _Timing(NamedTuple):
+    """What a layout's estimate reads that its stage times' key decides (the pipeline and the micro-batches), kept
+    with them (``Estimator._timing``), so the screen reads no fact of a layout's plan once its parts are priced."""
+
+    hop: float  # one pipeline send (Estimator._p2p)
+    microbatches: int
+    visits: float  # micro-batches each stage runs per step (half of them per copy in DualPipe's two copies)
+    pp: int
+    vpp: int
+    local_chunks: int
+    interleaved: bool  # the interleaved schedule (its chunks' backwards end apart: Estimator._tail)
+
+
+class _ShapeParts(NamedTuple):
+    """What a layout's estimate reads that its shape (``LayoutKeys.shape``: no micro-batch size, recomputation or
+    SP) decides: its sharding's facts, FSDP + PP's unit gathers and every stage's tail shape
+    (``Estimator._parts_of_shape``)."""
+
+    stages_zero: int | None  # the ZeRO stage where it changes the stage times (weights gathered per unit), else None
+    param_buckets: bool  # ZeRO-1/2's per-bucket weight gathers under the forward (step.overlaps_param_gather)
+    unit_ends: list[list[list[float]]] | None  # FSDP + PP: Estimator._unit_gather_ends, else None
+    unit_layers: int
+    tails: list[_TailShape]  # every stage's (Estimator._tail_shape)
+    data_parallel: bool
+    zero_stage: int
+    pipelined_fsdp: bool
+    owner: Any  # keeps the objects the shape key names alive
 
 
 class _LayerTimes(NamedTuple):

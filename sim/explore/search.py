@@ -10,8 +10,9 @@ any executor, resumably; ``prune`` drops those whose lower bound cannot beat the
 ``run_search`` does all of it: ``DIR/screen.parquet`` (every layout), ``DIR/results.csv|parquet`` (simulated).
 
 The space (Megatron-LM's knobs, Narayanan et al. SC21 Sec. 3): tp over the divisors of a node's GPUs that divide the
-heads and the FFN; pp over the divisors of the layer count; dp the rest; micro-batch sizes whose count divides the
-global batch; every schedule (interleaved with each vpp that divides the layers per stage); ZeRO 0-3 (with pp > 1,
+heads and the FFN; pp over the divisors of the layer count (or of the split the base sets: ``pipeline_splits``); dp
+the rest; micro-batch sizes whose count divides the global batch; every schedule (interleaved with each vpp that
+divides the layers per stage); ZeRO 0-3 (with pp > 1,
 stages 2 and 3 are PyTorch FSDP's SHARD_GRAD_OP and FULL_SHARD as TorchTitan runs them under a pipeline,
 ``Plan.pipelined_fsdp``: DeepSpeed refuses ZeRO-2/3 with its pipeline engine); recompute none / selective / full;
 sequence parallel on or off when tp > 1; for a MoE model, etp over the divisors of tp and ep over the divisors of
@@ -26,8 +27,10 @@ from __future__ import annotations
 
 import gc
 import itertools
+import math
 import multiprocessing
 import multiprocessing.connection
+import operator
 import os
 import sys
 import time
@@ -36,16 +39,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
 import pandas as pd
 from pydantic import BaseModel
 
 from sim.errors import ConfigError, SimError
+from sim.explore import layout_table
 from sim.explore.estimate import PRICED_AS, Estimator, LayoutKeys
 from sim.explore.executors import DASK_TIMEOUT_S, Executor
 from sim.explore.sweep import RESULTS_CSV, SweepSpec, parse_axis, point_id, run_sweep
 from sim.output.atomic import write_atomically
 from sim.parallel.schedules import SCHEDULES
-from sim.spec.degrees import Degrees, degrees
+from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.scenario import FsdpSpec, Scenario, check_rules, load_scenario
 from sim.workload.size import Limits
 
@@ -165,14 +170,33 @@ def context_degrees(base: Scenario, ranks: int, only: Only | None = None) -> lis
     return out
 
 
+def pipeline_splits(base: Scenario) -> dict[int, int]:
+    """The pipeline degrees the base's layer split allows, each with the layer count every stage's share must be
+    divisible by for its vpp chunks: the layers over pp (pp over the divisors of the layer count); with
+    Megatron-Core's --account-for-embedding/loss-in-pipeline-split, the layers plus those slots
+    (``pipeline_slots``); with ``first_stage_layers`` / ``last_stage_layers``, the remaining layers over the other
+    stages, and vpp dividing the first, the last and a middle stage's count (sim.spec.rules checks the same)."""
+    p, layers = base.parallel, base.model.num_layers
+    if p.first_stage_layers is None and p.last_stage_layers is None:
+        total = layers + pipeline_slots(base)
+        return {pp: total // pp for pp in _divisors(total)}
+    given = [count for count in (p.first_stage_layers, p.last_stage_layers) if count is not None]
+    rest = layers - sum(given)
+    if rest <= 0:
+        return {len(given): math.gcd(*given)} if rest == 0 else {}
+    return {len(given) + others: math.gcd(rest // others, *given) for others in _divisors(rest)}
+
+
 def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16) -> Iterator[Layout]:
     """Every combination of the knobs (those in ``only`` limited to its values); rule checks come later."""
     implied = degrees(base)
     gpus, model, global_batch = implied.num_gpus, base.model, implied.global_batch
+    chunk_layers = pipeline_splits(base)
+    stage_counts = sorted(chunk_layers)
     for tp in _divisors(base.cluster.gpus_per_node):
         if model.num_attention_heads % tp or model.ffn % tp or model.kv_heads % tp:
             continue
-        for pp, (cp, comm) in ((p, c) for p in _divisors(model.num_layers) if gpus % (tp * p) == 0
+        for pp, (cp, comm) in ((p, c) for p in stage_counts if gpus % (tp * p) == 0
                                for c in context_degrees(base, gpus // (tp * p), only)):
             dp = gpus // (tp * pp * cp)
             if global_batch % dp:
@@ -181,7 +205,7 @@ def layouts(base: Scenario, only: Only | None = None, max_micro_batch: int = 16)
                 if mb > max_micro_batch:
                     break
                 for schedule in (SEARCHED_SCHEDULES if pp > 1 else ("1f1b",)):
-                    vpps = [v for v in _divisors(model.num_layers // pp) if v > 1] if schedule == "interleaved" \
+                    vpps = [v for v in _divisors(chunk_layers[pp]) if v > 1] if schedule == "interleaved" \
                         else [2] if schedule == "zb-v" else [1]
                     for vpp, zero, rc, sp, (ep, etp) in itertools.product(vpps, (0, 1, 2, 3), RECOMPUTE_MODES,
                                                                           (False, True) if tp > 1 else (False,),
@@ -206,6 +230,13 @@ def candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
 def _checked_candidate(base: Scenario, layout: Layout, global_batch: int | None = None,
                        sections: Sections | None = None) -> tuple[Scenario, Degrees]:
     """``candidate``'s scenario and the degrees its rules checked (``check_rules``), which its plan keeps."""
+    scenario = _candidate_scenario(base, layout, global_batch, sections)
+    return scenario, check_rules(scenario)
+
+
+def _candidate_scenario(base: Scenario, layout: Layout, global_batch: int | None = None,
+                        sections: Sections | None = None) -> Scenario:
+    """``candidate``'s scenario, its rules not checked."""
     degrees_ = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.sequence_parallel, layout.ep,
                 layout.etp, layout.cp, layout.cp_comm_type)
     parallel = _section(base, "parallel", degrees_, lambda: {
@@ -216,9 +247,8 @@ def _checked_candidate(base: Scenario, layout: Layout, global_batch: int | None 
     training = _section(base, "training", (layout.micro_batch, layout.recompute, batch), lambda: {
         "micro_batch": layout.micro_batch, "recompute": layout.recompute, "microbatches": None,
         "global_batch": batch}, sections)
-    scenario = _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
-                               "fsdp": layout_fsdp(base, layout)})
-    return scenario, check_rules(scenario)
+    return _updated(base, {"parallel": parallel, "training": training, "schedule": layout.schedule,
+                           "fsdp": layout_fsdp(base, layout)})
 
 
 _Spec = TypeVar("_Spec", bound=BaseModel)
@@ -320,6 +350,8 @@ def layout_keys(base: Scenario, layout: Layout) -> LayoutKeys:
                       stash)
 
 
+# A scenario field a layout sets from some of its knobs -> those knobs: the fsdp section (``layout_fsdp``)
+_DERIVED = {"fsdp": ("zero", "pp")}
 SCREEN_PROGRESS_EVERY = 1000  # layouts between two calls of screen's on_progress
 # Below this many layouts the screen runs in this process whatever ``jobs`` says: starting the processes and
 # sending the rows back would cost more than the pricing.
@@ -337,20 +369,22 @@ def screen(base: Scenario, space: list[Layout], estimator: Estimator | None = No
     (``_screen_in_processes``); every row is the one the screen gives in this process."""
     estimator = estimator or Estimator(base)
     jobs = min(jobs, _usable_cpus())  # a Dask cluster's worker count need not fit this machine
+    values, codes = layout_table.columns(space, LAYOUT_FIELDS)  # the table's layout columns, the rules' codes
     if jobs > 1 and len(space) >= SCREEN_PARALLEL_MIN and "fork" in multiprocessing.get_all_start_methods() \
             and not multiprocessing.current_process().daemon:  # a daemonic process may not start processes
-        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs)
+        status, estimates = _screen_in_processes(base, space, estimator, on_progress, jobs, codes)
     else:
-        status, estimates = _screen_columns(base, space, estimator, on_progress)
-    table = pd.DataFrame({name: [getattr(layout, name) for layout in space] for name in LAYOUT_FIELDS}
-                         | {"status": status} | estimates)
+        status, estimates = _screen_columns(base, space, estimator, on_progress, codes)
+    table = pd.DataFrame(values | {"status": status} | estimates)
     return table.sort_values(["status", "est_step_time_s"], key=lambda col: col if col.name != "status" else
                              col.ne("ok"), kind="stable").reset_index(drop=True)
 
 
 def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
-                    on_progress: Callable[[int, int], None] | None = None) -> _Columns:
-    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``."""
+                    on_progress: Callable[[int, int], None] | None = None,
+                    codes: layout_table.Codes | None = None) -> _Columns:
+    """Each layout's status and estimate columns (NaN where it is invalid), in the order of ``space``. ``codes``:
+    the layout columns' codes (``layout_table.columns``), where the caller has them."""
     global_batch = degrees(base).global_batch
     hbm = base.cluster.gpu.hbm_capacity
     status: list[str] = []
@@ -362,7 +396,9 @@ def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _price_layouts(base, space, estimator, on_progress, global_batch, hbm, status, estimates)
+        if codes is None:
+            codes = layout_table.columns(space, LAYOUT_FIELDS)[1]
+        _price_layouts(base, space, estimator, on_progress, global_batch, hbm, status, estimates, codes)
     finally:
         if collecting:
             gc.enable()
@@ -373,21 +409,44 @@ def _screen_columns(base: Scenario, space: list[Layout], estimator: Estimator,
 
 def _price_layouts(base: Scenario, space: list[Layout], estimator: Estimator,
                    on_progress: Callable[[int, int], None] | None, global_batch: int, hbm: float, status: list[str],
-                   estimates: dict[str, list[Any]]) -> None:
+                   estimates: dict[str, list[Any]], codes: layout_table.Codes) -> None:
     """``_screen_columns``' loop: each layout's status and estimate appended to ``status`` and ``estimates``."""
     nan = float("nan")
     step_s, mfu, peak, bound, microbatches, capacity = estimates.values()
     sections: Sections = {}
+    built: dict[int, tuple[Scenario, Degrees]] = {}
+    degrees_of: dict[tuple[int, ...], Degrees] = {}  # per what a candidate's degrees read of its layout
+
+    def build(index: int) -> tuple[Scenario, Degrees]:  # a layout's candidate and its degrees, built once
+        found = built.get(index)
+        if found is None:
+            layout = space[index]
+            scenario = _candidate_scenario(base, layout, global_batch, sections)
+            # sim.spec.degrees reads these of a candidate (fsdp's ZeRO stage from zero and pp), the rest is the base's
+            key = (layout.tp, layout.pp, layout.dp, layout.vpp, layout.zero, layout.ep, layout.etp, layout.cp,
+                   layout.micro_batch)
+            of = degrees_of.get(key)
+            if of is None:
+                of = degrees_of[key] = degrees(scenario)
+            found = built[index] = (scenario, of)
+        return found
+
+    # The rules over the layout table: each runs once per distinct value of the knobs it reads (layout_table)
+    lines = layout_table.reasons(codes, LAYOUT_KEYS, _DERIVED, build, len(space))
+    invalid: dict[str, str] = {}  # one status string per line (the layouts a rule refuses alike share it)
     for index, layout in enumerate(space):
         if on_progress is not None and index and index % SCREEN_PROGRESS_EVERY == 0:
             on_progress(index, len(space))
-        try:
-            scenario, implied = _checked_candidate(base, layout, global_batch, sections)
-        except ValueError as error:
-            status.append(f"invalid: {error}")
+        line = lines[index]
+        if line is not None:
+            text = invalid.get(line)
+            if text is None:
+                text = invalid[line] = f"invalid: {line}"
+            status.append(text)
             for column in estimates.values():
                 column.append(nan)
             continue
+        scenario, implied = build(index)
         est = estimator.estimate(scenario, layout_keys(base, layout), implied)
         status.append("ok" if est.fits_in_memory else "oom")
         step_s.append(est.step_time_s)
@@ -462,14 +521,15 @@ _SPLITS_TRIED = 2 ** 16
 
 
 def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimator,
-                         on_progress: Callable[[int, int], None] | None, jobs: int) -> _Columns:
+                         on_progress: Callable[[int, int], None] | None, jobs: int,
+                         codes: layout_table.Codes) -> _Columns:
     """``_screen_columns`` in ``jobs`` forked processes, each over one share of ``space`` (``_partition``) with a
     copy of ``estimator`` (its topology and cost model built once, here); their rows put back in ``space``'s
     order. Each process reports its progress every ``SCREEN_PROGRESS_EVERY`` layouts."""
     context = multiprocessing.get_context("fork")
     shares = _partition(space, jobs)
     if len(shares) < 2:  # one group: nothing to share out
-        return _screen_columns(base, space, estimator, on_progress)
+        return _screen_columns(base, space, estimator, on_progress, codes)
     sys.stdout.flush()  # a forked child must not write this process's buffered output a second time
     sys.stderr.flush()
     workers, pipes = [], []
@@ -480,8 +540,10 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
     try:
         for share in shares:
             receive, send = context.Pipe(duplex=False)
+            rows = np.asarray(share)
             worker = context.Process(target=_screen_worker, daemon=True,
-                                     args=(base, [space[i] for i in share], estimator, send))
+                                     args=(base, [space[i] for i in share], estimator, send,
+                                           {name: column[rows] for name, column in codes.items()}))
             worker.start()
             send.close()
             workers.append(worker)
@@ -514,26 +576,25 @@ def _screen_in_processes(base: Scenario, space: list[Layout], estimator: Estimat
             if worker.is_alive() and len(results) < len(shares):
                 worker.terminate()
             worker.join()
-    status: list[str] = [""] * len(space)
-    estimates: dict[str, list[Any]] = {name: [0.0] * len(space) for name in _ESTIMATE_COLUMNS}
-    for part, share in enumerate(shares):
-        part_status, part_estimates = results[part]
-        for row, index in enumerate(share):
-            status[index] = part_status[row]
-        for name, column in estimates.items():
-            values = part_estimates[name]
-            for row, index in enumerate(share):
-                column[index] = values[row]
+    # the shares' rows one after another, then each row of space taken from there (the same objects, in its order)
+    back = np.argsort(np.concatenate([np.asarray(share) for share in shares]), kind="stable").tolist()
+
+    def in_order(parts: list[list[Any]]) -> list[Any]:
+        joined = list(itertools.chain.from_iterable(parts))
+        return [joined[i] for i in back] if len(back) < 2 else list(operator.itemgetter(*back)(joined))
+
+    status = in_order([results[part][0] for part in range(len(shares))])
+    estimates = {name: in_order([results[part][1][name] for part in range(len(shares))]) for name in _ESTIMATE_COLUMNS}
     if on_progress is not None:
         on_progress(len(space), len(space))
     return status, estimates
 
 
 def _screen_worker(base: Scenario, space: list[Layout], estimator: Estimator,
-                   send: multiprocessing.connection.Connection) -> None:
+                   send: multiprocessing.connection.Connection, codes: layout_table.Codes) -> None:
     """A screening process: ``_screen_columns`` over its share, its progress and then its rows sent back."""
     try:
-        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)))
+        columns = _screen_columns(base, space, estimator, lambda done, total: send.send(("progress", done)), codes)
         send.send(("done", columns))
     except BaseException as error:  # noqa: BLE001 - any failure goes back to the parent as one line
         send.send(("error", f"{type(error).__name__}: {error}"))

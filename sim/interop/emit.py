@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 
 from sim.errors import ConfigError
+from sim.hardware.dtypes import bytes_per_element
 from sim.spec.degrees import degrees
 from sim.spec.scenario import MoeSpec, Scenario
 
@@ -33,6 +34,10 @@ class Emitted:
 def emit(scenario: Scenario, framework: str) -> Emitted:
     if framework not in FRAMEWORKS:
         raise ConfigError(f"--emit: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
+    if scenario.training.method != "full":  # none of the three configurations has adapters or frozen layers: the
+        # run would train every parameter (another memory and step than the scenario's)
+        raise _refuse(framework, "training.method", f"{scenario.training.method} fine-tuning (the configuration "
+                      "trains every parameter)")
     return {"megatron": _megatron, "torchtitan": _torchtitan, "deepspeed": _deepspeed}[framework](scenario)
 
 
@@ -93,6 +98,10 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--account-for-loss-in-pipeline-split")
     if p.sequence_parallel:
         flags.append("--sequence-parallel")
+    if p.cp > 1:  # without it Megatron-LM takes the CP ranks as data-parallel ones (arguments.py)
+        flags += ["--context-parallel-size", str(p.cp)]
+        if p.cp_comm_type != "p2p":
+            flags += ["--cp-comm-type", MEGATRON_CP_COMM_TYPES[p.cp_comm_type]]
     if p.ep > 1:
         flags += ["--expert-model-parallel-size", str(p.ep)]
     if m.num_moe_experts and p.etp is not None and p.etp != p.tp:
@@ -101,6 +110,10 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--use-distributed-optimizer")
     if p.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
+        # the bucket the scenario priced, in gradients (DistributedDataParallelConfig.bucket_size; its default is
+        # max(40e6, 1e6 x dp) elements): fp32 main gradients unless grad_dtype says otherwise, fp16's own
+        element = bytes_per_element(t.grad_dtype) if t.grad_dtype != "auto" else 2 if t.dtype == "fp16" else 4
+        flags += ["--ddp-bucket-size", str(round(p.dp_bucket_size / element))]
     if p.overlap_param_gather:
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:
@@ -129,7 +142,7 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
     flags += _precision(s) + _optimizer_states(s, "Megatron-LM")
-    if t.dtype == "bf16" and t.grad_dtype == "bf16":
+    if t.dtype in ("bf16", "fp8") and t.grad_dtype == "bf16":  # fp8 runs on --bf16 (``_precision``)
         flags.append("--grad-reduce-in-bf16")
     flags += ["--num-layers", str(m.num_layers), "--hidden-size", str(m.hidden_size), "--ffn-hidden-size",
               str(m.ffn), "--num-attention-heads", str(m.num_attention_heads)]
@@ -162,6 +175,10 @@ def _megatron(s: Scenario) -> Emitted:
             flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
         elif m.moe_layer_freq != 1:
             flags += ["--moe-layer-freq", str(m.moe_layer_freq)]
+        if s.moe.capacity_factor is not None:  # token dropping; without it Megatron-Core runs dropless
+            flags += ["--moe-expert-capacity-factor", str(s.moe.capacity_factor)]
+        if s.moe.pad_to_capacity:
+            flags.append("--moe-pad-expert-input-to-capacity")
         if s.moe.token_dispatcher == "flex":
             flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
@@ -182,6 +199,9 @@ def _megatron(s: Scenario) -> Emitted:
 
 
 UB_CFG_FILE = "ub_cfg.yaml"
+# parallel.cp_comm_type -> Megatron-LM's --cp-comm-type, the names Transformer Engine's attention checks (p2p,
+# all_gather, a2a, a2a+p2p; arguments.py's help spells the second 'allgather', which TE would refuse)
+MEGATRON_CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
 
 
 def _userbuffers_cfg(s: Scenario) -> str:
@@ -189,7 +209,8 @@ def _userbuffers_cfg(s: Scenario) -> str:
     userbuffers YAML Megatron-LM's ``--tp-comm-overlap-cfg`` hands to TE's initialize_ub
     (megatron/training/initialize.py _initialize_tp_communicators), in NeMo-Framework-Launcher 24.07's ub_cfg_h100
     form: the two row GEMMs' pipelined reduce-scatters (proj_fprop, fc2_fprop), ``num_sm`` with
-    ``set_sm_margin``, ``num_splits``; the other GEMMs keep TE's defaults. Empty where neither is set. An SM count
+    ``set_sm_margin``, ``num_splits`` (the chunks the scenario prices, tp unless set); the other GEMMs keep TE's
+    defaults. Empty where neither field is set. An SM count
     of 0 (PyTorch AsyncTP's reduce-scatter, on no SMs beside the GEMM) has no userbuffers form: refused."""
     p = s.parallel
     if p.tp_comm_overlap_sms is None and p.tp_comm_overlap_chunks is None:
@@ -200,8 +221,9 @@ def _userbuffers_cfg(s: Scenario) -> str:
     settings = ["method: pipeline"]
     if p.tp_comm_overlap_sms is not None:
         settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
-    if p.tp_comm_overlap_chunks is not None:
-        settings.append(f"num_splits: {p.tp_comm_overlap_chunks}")
+    # always written: a pipeline entry without it runs TE's 4 splits (initialize_ub: ub_cfg.get("num_splits", 4 if
+    # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: step.tp_overlap_chunks)
+    settings.append(f"num_splits: {p.tp_comm_overlap_chunks or p.tp}")
     return "".join(f"{gemm}:\n" + "".join(f"  {line}\n" for line in settings) for gemm in ("proj_fprop", "fc2_fprop"))
 
 
@@ -270,6 +292,10 @@ def _torchtitan(s: Scenario) -> Emitted:
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
               f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
+    if shard > 1:  # FSDP2's reduce_dtype, float32 by default: the gradient dtype the scenario reduces in (sharded
+        # gradients stay in the parameters' dtype unless training.grad_dtype says fp32: Plan.grad_dtype)
+        wide = t.grad_dtype == "fp32" or t.dtype in ("fp32", "tf32")
+        lines.append(f'mixed_precision_reduce = "{"float32" if wide else "bfloat16"}"')
     if not t.master_weights:  # pure bf16 (pytorch/torchtitan#1646): parameters, gradients and Adam's states in bf16
         lines.append('dtype = "bfloat16"')
     lines += ["",
@@ -288,10 +314,19 @@ def _torchtitan(s: Scenario) -> Emitted:
                   f"pipeline_parallel_microbatch_size = {t.micro_batch}"]
         if p.vpp > 1:
             lines.append(f"pipeline_parallel_layers_per_stage = {d.layers_per_chunk}")
-    recompute = t.recompute
+    recompute, option = t.recompute, "op"
+    stage_layers = s.model.num_layers // p.pp
+    if recompute == "full" and t.recompute_num_layers is not None and t.recompute_num_layers < stage_layers:
+        # some of a stage's blocks: TorchTitan checkpoints every N-th block (selective_ac_option = N, which `sim
+        # import torchtitan` reads as stage layers // N recomputed); mode "full" would recompute every block
+        if stage_layers % t.recompute_num_layers:
+            raise _refuse("TorchTitan", "training.recompute_num_layers", f"{t.recompute_num_layers} of a stage's "
+                          f"{stage_layers} blocks (selective_ac_option checkpoints every N-th block: "
+                          f"{stage_layers} / N)")
+        recompute, option = "selective", str(stage_layers // t.recompute_num_layers)
     lines += ["", "[activation_checkpoint]", f'mode = "{recompute}"']
     if recompute == "selective":
-        lines.append('selective_ac_option = "op"')
+        lines.append(f'selective_ac_option = "{option}"')
     if t.fused_kernels:
         lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} -m torchtitan.train "
@@ -308,13 +343,15 @@ def _deepspeed(s: Scenario) -> Emitted:
         raise _refuse("the HF Trainer", "training.recompute", "selective recompute")
     if s.fsdp is not None:
         raise _refuse("DeepSpeed", "fsdp", "PyTorch FSDP")
+    if t.dtype == "fp8":  # its config has bf16 and fp16 sections only (FP8 needs Transformer Engine's modules)
+        raise _refuse("DeepSpeed", "training.dtype", "fp8 GEMMs (bf16 would run instead)")
     _optimizer_states(s, "DeepSpeed")
     _moe_refusals(s, "a DeepSpeed ZeRO run under the HF Trainer", expert_parallel=False)
     accumulation = d.microbatches
     config: dict[str, object] = {
         "train_batch_size": d.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": accumulation, "gradient_clipping": t.clip_grad,
-        "bf16": {"enabled": t.dtype in ("bf16", "fp8")}, "fp16": {"enabled": t.dtype == "fp16"},
+        "bf16": {"enabled": t.dtype == "bf16"}, "fp16": {"enabled": t.dtype == "fp16"},
         "zero_optimization": {"stage": d.zero_stage, "overlap_comm": p.overlap_grad_reduce,
                               "offload_optimizer": {"device": "cpu" if s.offload.optimizer else "none"},
                               "offload_param": {"device": "cpu" if s.offload.params else "none"}}}
@@ -328,7 +365,7 @@ def _deepspeed(s: Scenario) -> Emitted:
                f"--max_seq_length {d.seq_len}"]
     if t.recompute == "full":
         trainer.append("--gradient_checkpointing")
-    if t.dtype in ("bf16", "fp8"):
+    if t.dtype == "bf16":
         trainer.append("--bf16")
     elif t.dtype == "fp16":
         trainer.append("--fp16")

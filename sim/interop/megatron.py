@@ -173,6 +173,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
                       "data-parallel ranks, each with whole sequences")
         else:
             draft.row(args.source("context_parallel_size"), cp, "ignored", "1: no context parallelism")
+    _cp_comm_type(draft, args, cp)
     if args.has("expert_model_parallel_size"):
         put("parallel.ep", "expert_model_parallel_size", args.int("expert_model_parallel_size"))
     if args.has("expert_tensor_parallel_size"):
@@ -185,6 +186,12 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     put("parallel.overlap_grad_reduce", "overlap_grad_reduce", overlap_reduce,
         "" if overlap_reduce else "Megatron-LM's default: one reduction per model chunk after the backward",
         "mapped" if args.has("overlap_grad_reduce") else "default")
+    if args.has("ddp_bucket_size"):  # elements (DistributedDataParallelConfig.bucket_size) of the gradient buffer's
+        # dtype: fp32 main gradients, 2 bytes with --grad-reduce-in-bf16 or fp16 training
+        element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
+        elements = args.int("ddp_bucket_size") or 0
+        put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"{elements:,} gradients of {element} "
+            "bytes" + ("" if overlap_reduce else " (read only with --overlap-grad-reduce)"))
     if args.flag("overlap_param_gather"):
         if not distributed:
             raise refuse(f"{args.source('overlap_param_gather')}: needs --use-distributed-optimizer (Megatron-LM "
@@ -261,6 +268,29 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
     apply_model(draft, args, options, tp)
+
+
+# Megatron-LM's --cp-comm-type (arguments.py, one value for every layer; passed to Transformer Engine's attention,
+# which checks p2p / all_gather / a2a / a2a+p2p) -> parallel.cp_comm_type; 'a2a+p2p' (hierarchical: Ulysses inside
+# a node, a ring across) is not modelled.
+CP_COMM_TYPES = {"p2p": "p2p", "all_gather": "all_gather", "a2a": "a2a"}
+
+
+def _cp_comm_type(draft: Draft, args: Args, cp: int) -> None:
+    """``--cp-comm-type`` (with context parallelism, ``cp`` > 1) -> ``parallel.cp_comm_type``; a value it cannot
+    model is refused in one line naming the flag; without context parallelism it is ignored."""
+    if not args.has("cp_comm_type"):
+        return
+    raw = args.get("cp_comm_type")
+    if cp == 1:
+        draft.row(args.source("cp_comm_type"), args.raw("cp_comm_type"), "ignored", "no context parallelism (cp 1)")
+        return
+    values = {str(value) for value in raw} if isinstance(raw, list) else {str(raw)}
+    if len(values) != 1 or next(iter(values)) not in CP_COMM_TYPES:
+        raise refuse(f"{args.source('cp_comm_type')}: {' '.join(sorted(values))} is not modelled (one of "
+                     f"{', '.join(CP_COMM_TYPES)} for every layer)")
+    draft.put("parallel.cp_comm_type", CP_COMM_TYPES[next(iter(values))], args.source("cp_comm_type"),
+              args.raw("cp_comm_type"))
 
 
 # TE userbuffers' pipelined reduce-scatters after the two row-parallel GEMMs (attention's output projection, the

@@ -33,7 +33,8 @@ RENAMED = {
 }
 SAME = frozenset({
     "micro_batch_size", "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
-    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size", "sequence_parallel",
+    "context_parallel_size", "cp_comm_type", "expert_model_parallel_size", "expert_tensor_parallel_size",
+    "sequence_parallel",
     "max_position_embeddings", "num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
     "kv_channels", "make_vocab_size_divisible_by", "moe_router_topk", "moe_token_dispatcher_type",
     "moe_shared_expert_intermediate_size", "overlap_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",

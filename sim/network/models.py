@@ -300,11 +300,19 @@ class ContentionNetwork(AnalyticNetwork):
 
     def _deepep_phase(self, op: str, group: tuple[int, ...], skew: float) -> TransferPhase:
         """A DeepEP dispatch or combine: no latency term (the closed form has none: docs/mechanisms/deepep.md),
-        then its RDMA and NVLink flows at once (sim.network.deepep.deepep_flows), each on its route."""
+        then its RDMA and NVLink flows at once (sim.network.deepep.deepep_flows), each on its route. A sender's
+        flows of one tier (and to the hot receiver apart) move as one channel, as NCCL's all-to-all's do
+        (sim.network.collectives.all_to_all_channels): each pair still loads its own route with its own bytes at
+        its own cap, and the pairs progress together (they leave through the sender's one NIC, or its one NVLink
+        port), so the solver sees about 2 flows per rank rather than one per destination (2 nodes x 4 ranks:
+        16 flows, not 32)."""
         domain_of = {rank: self.topology.domain_of(rank) for rank in group}
-        flows: list[FlowChannel] = []
+        channels: dict[tuple[int, float, float], list[tuple[int, int]]] = {}
         for src, dst, nbytes, cap in deepep_flows(op, self._deepep_traffic(op), group, domain_of, skew):
-            flows += self._channels([Channel(((src, dst),), nbytes)], cap)
+            channels.setdefault((src, nbytes, cap), []).append((src, dst))
+        flows: list[FlowChannel] = []
+        for (_, nbytes, cap), hops in channels.items():
+            flows += self._channels([Channel(tuple(hops), nbytes)], cap)
         return TransferPhase(0.0, tuple(flows))
 
     def _transfer(self, op: str, nbytes: float, group: tuple[int, ...],

@@ -8,6 +8,7 @@ and the ZB-H2 and ZB-V schedule builders).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 PassKind = Literal["F", "B", "W"]
@@ -24,6 +25,13 @@ def model_chunk(layout: Layout, p: int, stage: int, chunk: int) -> int:
     if layout == "dual":
         return stage if chunk == 0 else p - 1 - stage
     return chunk * p + stage
+
+
+@functools.cache
+def stage_chunks(layout: Layout, p: int, local_chunks: int) -> tuple[tuple[int, ...], ...]:
+    """Per stage, the model chunks its local chunks 0..local_chunks-1 hold (``model_chunk``), built once per
+    (layout, p, local chunks): the search's plans ask for it layout after layout."""
+    return tuple(tuple(model_chunk(layout, p, s, c) for c in range(local_chunks)) for s in range(p))
 
 
 def chunk_location(layout: Layout, p: int, global_chunk: int, copy: int = 0) -> tuple[int, int]:

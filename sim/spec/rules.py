@@ -8,7 +8,8 @@ message starts with the field(s) it concerns and states the rule (``parallel: tp
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
 
 from sim.costs import profile
 from sim.parallel.context import check_context
@@ -22,17 +23,48 @@ if TYPE_CHECKING:
     from sim.spec.scenario import MoeSpec, Scenario
 
 
+class Rule(NamedTuple):
+    """One cross-field rule: ``check(s, d)`` raises its one-line ValueError or returns; ``reads`` names the scenario
+    fields (dotted paths; a section's name stands for all its fields) it reads, those behind the degrees it reads
+    included, wherever a caller may vary them: a caller that checks many scenarios differing in a few fields (the
+    search's layouts) runs a rule once per distinct value of the fields it reads (``sim.explore.layout_table``).
+    The model, cluster and other fields no search varies are read freely."""
+
+    reads: tuple[str, ...]
+    check: Callable[[Scenario, Degrees], None]
+
+
+# What the degrees' fields are read from (sim.spec.degrees): the data-parallel degree, the micro-batches, the chunks
+_DP = ("parallel.tp", "parallel.cp", "parallel.pp", "parallel.dp")
+_MICROBATCHES = (*_DP, "training.micro_batch", "training.microbatches", "training.global_batch")
+_CHUNKS = ("parallel.pp", "parallel.vpp", "parallel.first_stage_layers", "parallel.last_stage_layers",
+           "parallel.account_for_embedding_in_pipeline_split", "parallel.account_for_loss_in_pipeline_split")
+_ZERO = ("parallel.zero", "fsdp")
+_SEQ_LEN = ("training.seq_len",)
+
+
 def check_rules(s: Scenario) -> Degrees:
-    """Cross-field rules; each message starts with the field(s) it concerns. Returns the degrees it checked
-    (``degrees(s)``), for a caller that resolves the scenario next (the search's candidates)."""
-    p, m = s.parallel, s.model
+    """Cross-field rules (``RULES``, in this order: the first that fails is the one reported); each message starts
+    with the field(s) it concerns. Returns the degrees it checked (``degrees(s)``), for a caller that resolves the
+    scenario next (the search's candidates)."""
     d = degrees(s)
+    for rule in RULES:
+        rule.check(s, d)
+    return d
+
+
+def _gpus(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     gpus = d.num_gpus
     split, name = p.tp * p.cp * p.pp, "tp*pp" if p.cp == 1 else "tp*cp*pp"
     if p.dp is None and gpus % split:
         raise ValueError(f"parallel: {name} = {split} does not divide the cluster's {gpus} GPUs")
     if split * d.dp != gpus:
         raise ValueError(f"parallel: {name}*dp = {split * d.dp} but the cluster has {gpus} GPUs")
+
+
+def _pipeline_split(s: Scenario, d: Degrees) -> None:
+    p, m = s.parallel, s.model
     uneven = p.first_stage_layers is not None or p.last_stage_layers is not None
     slots = pipeline_slots(s)
     if uneven:
@@ -42,19 +74,33 @@ def check_rules(s: Scenario) -> Degrees:
     elif m.num_layers % (p.pp * p.vpp):
         what = "pp" if p.vpp == 1 else "pp*vpp"
         raise ValueError(f"parallel.{what}: {p.pp * p.vpp} does not divide model.num_layers = {m.num_layers}")
+
+
+def _tp_divides(s: Scenario, d: Degrees) -> None:
+    p, m = s.parallel, s.model
     if m.num_attention_heads % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_attention_heads = {m.num_attention_heads}")
     if m.kv_heads % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.num_kv_heads = {m.kv_heads}")
     if m.ffn % p.tp:
         raise ValueError(f"parallel.tp: {p.tp} does not divide model.ffn_hidden_size = {m.ffn}")
+
+
+def _async_tp_chunks(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     if p.tp_comm_overlap_method == "async_tp" and p.tp_comm_overlap_chunks not in (None, 1, p.tp):
         # torch/distributed/_symmetric_memory: one chunk per rank of the group (1: the ablation, not split)
         raise ValueError(f"parallel.tp_comm_overlap_chunks: {p.tp_comm_overlap_chunks} under async_tp, whose "
                          f"collectives move one chunk per TP rank: leave it unset (tp = {p.tp}) or 1 (not split)")
+
+
+def _one_sharding(s: Scenario, d: Degrees) -> None:
     if s.fsdp is not None and s.deepspeed is not None:
         raise ValueError("deepspeed: a scenario runs either PyTorch FSDP (fsdp) or DeepSpeed ZeRO "
                          "(zero_optimization / deepspeed), not both")
+
+
+def _batch(s: Scenario, d: Degrees) -> None:
     t = s.training
     if t.global_batch is None and t.microbatches is None:
         raise ValueError("training: give global_batch (sequences per step) or microbatches (per pipeline)")
@@ -70,13 +116,20 @@ def check_rules(s: Scenario) -> Degrees:
         raise ValueError(f"training.microbatches: {t.microbatches} disagrees with global_batch {t.global_batch}: "
                          f"global_batch = microbatches*dp*micro_batch needs microbatches = "
                          f"{t.global_batch // (d.dp * t.micro_batch)}")
+
+
+def _recompute_layers(s: Scenario, d: Degrees) -> None:
+    t = s.training
     if t.recompute_num_layers is not None:
         if t.recompute != "full":
             raise ValueError(f"training.recompute_num_layers: needs recompute: full (got {t.recompute})")
         if t.recompute_num_layers > d.layers_per_chunk:
             raise ValueError(f"training.recompute_num_layers: {t.recompute_num_layers} exceeds the "
                              f"{d.layers_per_chunk} layers of a model chunk")
-    _check_recompute_modules(s)
+
+
+def _offload_layers(s: Scenario, d: Degrees) -> None:
+    t = s.training
     if t.cpu_offloading_num_layers:
         # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
         # "CPU offloading does not work when activation recomputation is enabled".
@@ -86,28 +139,65 @@ def check_rules(s: Scenario) -> Degrees:
         if t.cpu_offloading_num_layers >= min(d.chunk_sizes):
             raise ValueError(f"training.cpu_offloading_num_layers: {t.cpu_offloading_num_layers} must be below the "
                              f"{min(d.chunk_sizes)} layers of a model chunk (the last layer's backward starts at once)")
+
+
+def _seq_len(s: Scenario, d: Degrees) -> None:
+    m = s.model
     if m.position_embedding == "learned" and d.seq_len > m.max_seq_len:
         raise ValueError(f"training.seq_len: {d.seq_len} exceeds model.max_seq_len = {m.max_seq_len}")
+
+
+def _sequence_parallel(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     if p.sequence_parallel and d.seq_len % p.tp:
         raise ValueError(f"parallel.sequence_parallel: seq_len {d.seq_len} is not a multiple of tp = {p.tp}")
+
+
+def _dtype(s: Scenario, d: Degrees) -> None:
+    t = s.training
     if t.dtype not in s.cluster.gpu.peak_flops:
         raise ValueError(f"training.dtype: {t.dtype} has no tensor-core peak on {s.cluster.gpu.name}")
+
+
+def _reshard(s: Scenario, d: Degrees) -> None:
     if s.fsdp is not None and s.fsdp.reshard_after_forward is not None:
-        _check_reshard_after_forward(s.fsdp.sharding, s.fsdp.reshard_after_forward, p.pp)
+        _check_reshard_after_forward(s.fsdp.sharding, s.fsdp.reshard_after_forward, s.parallel.pp)
+
+
+def _fsdp_zero(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     if s.fsdp is not None and p.zero not in (0, s.fsdp.zero_stage):
         raise ValueError(f"fsdp.sharding: {s.fsdp.sharding} is ZeRO-{s.fsdp.zero_stage} but parallel.zero = {p.zero}")
+
+
+def _deepspeed_pipeline(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     if d.zero_stage >= 2 and s.fsdp is None and p.pp > 1:
         # DeepSpeed's PipelineEngine asserts zero_optimization_stage() < ZeroStageEnum.gradients ("ZeRO-2 and
         # ZeRO-3 are incompatible with pipeline parallelism", deepspeed/runtime/pipe/engine.py).
         raise ValueError(f"parallel.zero: ZeRO-{d.zero_stage} with pp = {p.pp}: DeepSpeed's pipeline engine refuses "
                          "ZeRO-2/3 with pipelines; use an fsdp section (FSDP2 + pipelining) or ZeRO-1")
-    if s.fsdp is not None and p.pp > 1 and any(size % s.fsdp.unit_layers for size in d.chunk_sizes):
+
+
+def _unit_per_stage(s: Scenario, d: Degrees) -> None:
+    if s.fsdp is not None and s.parallel.pp > 1 and any(size % s.fsdp.unit_layers for size in d.chunk_sizes):
         raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide the layers of every model chunk "
                          f"({sorted(set(d.chunk_sizes))}); an FSDP unit lives on one pipeline stage")
+
+
+def _sharded_split_backward(s: Scenario, d: Degrees) -> None:
     if d.zero_stage >= 2 and SCHEDULES[s.schedule].splits_backward:
         raise ValueError(f"schedule: {s.schedule} splits the backward; with ZeRO-{d.zero_stage}/FSDP use 1f1b or gpipe")
+
+
+def _unit_layers(s: Scenario, d: Degrees) -> None:
+    m = s.model
     if s.fsdp is not None and m.num_layers % s.fsdp.unit_layers:
         raise ValueError(f"fsdp.unit_layers: {s.fsdp.unit_layers} does not divide model.num_layers = {m.num_layers}")
+
+
+def _hybrid_shard(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     if s.fsdp is not None and s.fsdp.sharding == "HYBRID_SHARD":
         # FSDP shards over the gradient group, dp x cp (context parallelism's ranks reduce gradients too)
         per_node = s.cluster.gpus_per_node // p.tp if s.cluster.gpus_per_node % p.tp == 0 else 0
@@ -115,18 +205,36 @@ def check_rules(s: Scenario) -> Degrees:
         if per_node < 1 or ranks % per_node or ranks == per_node:
             raise ValueError(f"fsdp.sharding: HYBRID_SHARD needs the {what} ranks to span several whole nodes "
                              f"({max(per_node, 1)} per node)")
+
+
+def _method(s: Scenario, d: Degrees) -> None:
     check_method(s)
+
+
+def _sequence(s: Scenario, d: Degrees) -> None:
     check_sequence(s.training.sequence, d.seq_len)
-    _check_sm_contention(s)
-    _check_experts(s, d)
-    m, t = s.model, s.training
+
+
+def _context(s: Scenario, d: Degrees) -> None:
+    p, m, t = s.parallel, s.model, s.training
     check_context(p.cp, p.cp_comm_type, d.seq_len, p.tp, p.sequence_parallel, m.num_attention_heads, m.kv_heads,
                   flash_attention=t.flash_attention, sliding_window=m.window_size is not None,
                   latent_attention=m.multi_latent_attention)
+
+
+def _variation(s: Scenario, d: Degrees) -> None:
     check_variation(s)
+
+
+def _schedule(s: Scenario, d: Degrees) -> None:
+    p = s.parallel
     reason = SCHEDULES[s.schedule].invalid_reason(p.pp, d.microbatches, p.vpp)
     if reason:
         raise ValueError(f"schedule: {reason}")
+
+
+def _offload(s: Scenario, d: Degrees) -> None:
+    p, t = s.parallel, s.training
     if s.offload.params and not s.offload.optimizer:
         raise ValueError("offload.params: the host keeps the master weights only with offload.optimizer: true "
                          "(FSDP's CPUOffload and ZeRO-Infinity offload both)")
@@ -147,12 +255,15 @@ def check_rules(s: Scenario) -> Degrees:
     if s.offload.optimizer and (not t.master_weights or t.optimizer_dtype != "fp32"):
         raise ValueError("offload.optimizer: the host Adam is modelled with an fp32 master and fp32 moments "
                          "(DeepSpeed's CPUAdam); set training.master_weights: true and optimizer_dtype: fp32")
+
+
+def _calibrated(s: Scenario, d: Degrees) -> None:
+    t = s.training
     if s.costs.model == "calibrated":
         measured = profile.load(s.costs.profile)  # ProfileError: file, format, version, fields
         if t.dtype not in measured.gemm:
             raise ValueError(f"costs.profile: {s.costs.profile} has no {t.dtype} GEMM measurements (it has: "
                              f"{', '.join(sorted(measured.gemm)) or 'none'}); set training.dtype or recalibrate")
-    return d
 
 
 def _check_reshard_after_forward(sharding: str, reshard: bool, pp: int) -> None:
@@ -326,3 +437,45 @@ def _check_a2a_overlap(s: Scenario, d: Degrees) -> None:
                          "(Megatron-Core requires it off)")
     if t.dtype not in ("bf16", "fp16", "fp8"):
         raise ValueError(f"training.dtype: moe.a2a_overlap needs a bf16 or fp16 model, not {t.dtype}")
+
+
+def _experts(s: Scenario, d: Degrees) -> None:
+    _check_experts(s, d)
+
+
+# The rules in the order check_rules runs them, each with the fields it reads (``Rule.reads``).
+RULES: tuple[Rule, ...] = (
+    Rule(_DP, _gpus),
+    Rule((*_CHUNKS, "schedule"), _pipeline_split),
+    Rule(("parallel.tp",), _tp_divides),
+    Rule(("parallel.tp_comm_overlap_method", "parallel.tp_comm_overlap_chunks", "parallel.tp"), _async_tp_chunks),
+    Rule(("fsdp", "deepspeed"), _one_sharding),
+    Rule(_MICROBATCHES, _batch),
+    Rule((*_CHUNKS, "training.recompute", "training.recompute_num_layers"), _recompute_layers),
+    Rule(("training.recompute_modules",), lambda s, d: _check_recompute_modules(s)),
+    Rule((*_CHUNKS, "training.recompute", "training.cpu_offloading_num_layers"), _offload_layers),
+    Rule(_SEQ_LEN, _seq_len),
+    Rule(("parallel.sequence_parallel", "parallel.tp", *_SEQ_LEN), _sequence_parallel),
+    Rule(("training.dtype",), _dtype),
+    Rule(("fsdp", "parallel.pp"), _reshard),
+    Rule(_ZERO, _fsdp_zero),
+    Rule((*_ZERO, "parallel.pp"), _deepspeed_pipeline),
+    Rule(("fsdp", *_CHUNKS), _unit_per_stage),
+    Rule((*_ZERO, "schedule"), _sharded_split_backward),
+    Rule(("fsdp",), _unit_layers),
+    Rule(("fsdp", *_DP), _hybrid_shard),
+    # check_method reads the training method's fields, the dtype and (under a DeepSpeed block) parallel.zero
+    Rule(("training.method", "training.frozen_layers", "training.frozen_embedding", "training.lora",
+          "training.qlora", "training.dtype", "deepspeed", "parallel.zero"), _method),
+    Rule(("training.sequence", *_SEQ_LEN), _sequence),
+    Rule(("network",), lambda s, d: _check_sm_contention(s)),
+    Rule(("parallel.ep", "parallel.etp", "parallel.sequence_parallel", "parallel.vpp", "training.recompute",
+          "training.recompute_modules", "training.dtype", "schedule", "moe", *_ZERO, *_DP), _experts),
+    Rule(("parallel.cp", "parallel.cp_comm_type", "parallel.tp", "parallel.sequence_parallel",
+          "training.flash_attention", *_SEQ_LEN), _context),
+    Rule(("variation", "ranks", "network"), _variation),
+    Rule(("schedule", "parallel.vpp", *_MICROBATCHES), _schedule),
+    Rule(("offload", "parallel.overlap_param_gather", "training.master_weights", "training.dtype",
+          "training.optimizer_dtype", *_ZERO, *_DP), _offload),
+    Rule(("costs", "training.dtype"), _calibrated),
+)

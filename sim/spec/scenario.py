@@ -271,6 +271,13 @@ class MoeSpec(FrozenSpec):
     imbalance: float = Field(default=1.0, ge=1.0, description=(
         "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
         "pace of the all-to-all and the expert GEMMs (1: even routing)"))
+    host_sync: bool | None = Field(default=None, description=(
+        "whether the token dispatcher waits on the host for the routed token counts in every MoE layer's forward "
+        "(Megatron-Core: the dropless alltoall dispatcher's cuda_dtoh_stream.synchronize(), the allgather "
+        "dispatcher's .cpu(), DeepEP's dispatch waiting for the received counts): then a MoE layer pass takes at "
+        "least the host's time to issue it (costs.eager_op_overhead; docs/mechanisms/moe_host_sync.md). None: "
+        "Megatron's rule, every dispatcher but alltoall with pad_to_capacity (fixed shapes, no sync); off under "
+        "training.cuda_graphs"))
     a2a_overlap: bool = Field(default=False, description=(
         "--overlap-moe-expert-parallel-comm --delay-wgrad-compute (Megatron-Core's combined 1F1B): one more "
         "warm-up forward, then each steady forward issued with a backward of another micro-batch, the two "
@@ -374,6 +381,11 @@ class KernelCostsSpec(FrozenSpec):
     launch_overhead: Seconds = Field(default=parse_seconds("5 us"), ge=0, description=(
         "CPU time to launch one kernel without CUDA graphs (training.cuda_graphs: false): a piece of work of n "
         "launches takes at least n times this. 5 us: the low end of HTA's 5-20 us for the CPU launch event"))
+    eager_op_overhead: Seconds = Field(default=parse_seconds("32 us"), ge=0, description=(
+        "host time per kernel an eager PyTorch op issues from Python (dispatch, autograd bookkeeping, launch): "
+        "what a MoE layer pass's eager ops cost the host behind the token dispatcher's host sync (moe.host_sync; "
+        "sim.costs.host). 32 us: the median of an H100 host's 26-35 us per kernel replaying Megatron-Core's MoE "
+        "layer (sim/data/reference/moe_host_measurements.csv); 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
         "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
         "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "

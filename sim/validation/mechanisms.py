@@ -120,6 +120,16 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/kernel_launch.md",
     ),
     Mechanism(
+        name="MoE layer pass bound by the host behind the dispatcher's host sync",
+        off=("costs.eager_op_overhead=0",),  # moe.host_sync=false is refused on a dense model's scenario
+        knob="moe.host_sync (None: every dropless dispatcher syncs, Megatron-Core), costs.eager_op_overhead (32 us)",
+        source="Megatron-LM 1e05700595 token_dispatcher.py (cuda_dtoh_stream.synchronize() before the EP "
+               "all-to-all; DeepEP's dispatch waits for the received counts); this project's H100 replay of the "
+               "MoE layer's eager op sequence (moe_host_measurements.csv: 26-35 us of host per kernel, a pass = "
+               "max(kernel, host) within 0.7 ms)",
+        doc="mechanisms/moe_host_sync.md",
+    ),
+    Mechanism(
         name="FSDP1 gradient kernels per micro-batch (flatten, reduce-dtype cast, pre-division)",
         off=(),  # fsdp.version=2 on every row would give the rows without FSDP an fsdp section
         knob="fsdp.version (default 1: torch.distributed.fsdp.FullyShardedDataParallel; 2: fully_shard, none)",

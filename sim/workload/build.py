@@ -44,10 +44,12 @@ from sim.workload.data_parallel import DataParallelEmitter
 from sim.workload.ir import (
     EP_STREAM,
     EXPERT_DP_STREAM,
+    HOST_STREAM,
     NCCL_STREAM,
     OFFLOAD_STREAM,
     REPLICA_STREAM,
     Chain,
+    Kind,
     Task,
     TaskGraph,
 )
@@ -142,6 +144,7 @@ class _StageEmitter:
         self.offload = scenario.training.cpu_offloading_num_layers > 0
         self.pending_offload: int | None = None
         self.moe_layers = plan.moe_layers
+        self.moe_host = plan.moe_host_seconds  # direction -> the host's issue time of a MoE layer pass (0: none)
         self.cp_attention = context_attention(plan)  # context parallelism's attention core and exchanges
         self.cp = ContextEmitter(self) if self.cp_attention is not None else None
         if plan.is_moe:  # a MoE layer's MLP part (only MoE layers reach it)
@@ -708,10 +711,33 @@ class _StageEmitter:
                     after = self.moe.backward(mb, layer, after, phase)
                 else:
                     after = self._block("backward", block, mb, layer, after, phase)
+        if moe and self.moe_host[direction] > 0 and after is not None:
+            # full recomputation reruns the layer's forward, its host sync and eager ops with it, in the backward
+            host = self.moe_host[direction] + (self.moe_host["forward"] if recomputes else 0.0)
+            after = self._moe_host(direction, host, mb, layer, first, after)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
             self.chains[chain_key] = self._record(first)
         return after
+
+    def _moe_host(self, direction: str, host: float, mb: int, layer: int, first: int, last: int) -> int:
+        """A MoE layer pass issued by the host behind the dispatcher's host sync (``Plan.moe_host_seconds``,
+        sim.costs.host; ``host`` seconds in all): the host's issue time on the ``host`` stream, from the end of the
+        pass's first task less that task's length where it is a compute task (so from its start; a collective's
+        length is the network's, the error then), and a zero-length task on the compute stream after both it and
+        the pass's last task, so the pass ends no earlier than the host has issued it. Both take their edges
+        inside the layer's chain (stamped like the rest). Returns the compute task."""
+        # the host issued the first task before it ran: count the issue time from that task's start where its
+        # length is known here (a compute task; a collective's is the network's)
+        head = self.g.tasks[first]
+        ran = head.duration if head.stream == "compute" and head.duration else 0.0
+        issue = self._add(HOST_STREAM, Kind.HOST, "moe_host_issue", mb, layer, None, (first,),
+                          duration=max(0.0, host - ran))
+        self._flagged(issue, False, False, (issue - first,))
+        kind = Kind.FORWARD if direction == "forward" else Kind.BACKWARD
+        wait = self._add("compute", kind, "moe_host_wait", mb, layer, issue, (last,), duration=0.0)
+        self._flagged(wait, True, True, (wait - last,))
+        return wait
 
     def _stamping(self, mb: int, direction: str) -> tuple[dict[str, Chain] | None, dict[int, str]]:
         """The recorded chains a pass may stamp layer by layer without the per-layer path (``_layer``), and its

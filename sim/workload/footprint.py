@@ -87,7 +87,8 @@ def offload_buffer_bytes(plan: Plan, stage: int) -> float:
     by layer parity, allocated once and reused) and copies that buffer to the host, so min(N, 2) layers' stash
     stays on the GPU (transformer_engine/pytorch/cpu_offload.py, TE 1.x)."""
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
-    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    offloaded = ([plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+                 if plan.scenario.training.cpu_offloading_num_layers else [])  # none offloads: no layer to ask
     return min(len(offloaded), 2) * max(offloaded) if offloaded else 0.0
 
 
@@ -155,7 +156,8 @@ def stage_activations(plan: Plan, stage: int, stash: float | None = None) -> tup
     chunks_in_flight = plan.schedule.in_flight(plan.pp, plan.microbatches, plan.vpp, stage)
     first_chunk = plan.chunk_layers(plan.stage_chunks[stage][0])
     activations = chunks_in_flight * (largest_chunk_stash(plan, stage) if stash is None else stash)
-    offloaded = [plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+    offloaded = ([plan.stash_bytes(layer) for layer in first_chunk if plan.offloads(layer)]
+                 if plan.scenario.training.cpu_offloading_num_layers else [])  # none offloads: no layer to ask
     if offloaded:
         # Activation offload: the offloaded layers' stash is on the host between forward and backward; on the GPU,
         # Transformer Engine's ping-pong copy buffers (``offload_buffer_bytes``) and, in the backward, the layer

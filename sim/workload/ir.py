@@ -55,6 +55,7 @@ class Kind(StrEnum):
     OFFLOAD = "offload"
     EP = "ep"  # token dispatch / combine of a MoE layer
     CP = "cp"  # context-parallel attention exchanges
+    HOST = "host"  # the CPU issuing a MoE layer pass behind the dispatcher's host sync (sim.costs.host)
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)

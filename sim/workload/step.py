@@ -39,7 +39,7 @@ from sim.model.fp8_casts import Fp8Casts
 from sim.model.layer_ops import RECOMPUTE_OPS, layer_forward_ops
 from sim.model.moe_ops import moe_forward_ops
 from sim.model.ops import COLUMN_PARALLEL, ROW_PARALLEL, Op
-from sim.model.params import embedding_params, head_params, layer_modules, layer_params
+from sim.model.params import embedding_params, head_params, layer_modules
 from sim.model.peft import adapt_layer_ops, frozen
 from sim.model.vocab_ops import embedding_forward_ops, head_forward_ops
 from sim.network import deepep
@@ -520,7 +520,7 @@ def unit_params(plan: Plan, unit: int) -> float:
     """Parameters (per TP rank) of FSDP / ZeRO-3 unit ``unit`` (``plan.unit_layers`` layers), with the embedding
     in the first unit and the head in the last."""
     layers = plan.unit_layers
-    params = layers * layer_params(plan.model).per_tp_rank(plan.tp)
+    params = layers * plan.dense_layer_params
     first, last = unit * layers, (unit + 1) * layers - 1
     if first == 0:
         params += embedding_params(plan.model) / plan.tp

@@ -1,0 +1,51 @@
+"""The host's time to issue one MoE layer pass in eager PyTorch, and what of it the GPU waits for
+(docs/mechanisms/moe_host_sync.md).
+
+In: the pass's direction, the rank's local experts, the host's seconds per eager op and per kernel launch
+(``costs.eager_op_overhead``, ``costs.launch_overhead``), the pass's device time. Out: the host's issue time of
+the pass, and the pass's time when the host issues it behind a sync.
+
+Megatron-Core's dropless token dispatchers copy the token counts to the host in every MoE layer's forward and wait
+for them (Megatron-LM 1e05700595 ``token_dispatcher.py``: ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
+``cuda_dtoh_stream.synchronize()`` at ``before_ep_alltoall``; ``MoEAllGatherTokenDispatcher`` ``.cpu()``;
+``fused_a2a.py`` DeepEP's dispatch, "the CPU will wait for GPU's signal to arrive"): the grouped GEMM needs the
+split sizes on the host. After the wait the host has no lead on the GPU, so whatever the host's time to issue the
+layer exceeds the layer's device time shows as GPU idle:
+
+    pass = max(device, host),   host = n_eager x eager_op_overhead + n_gemm x launch_overhead
+
+Measured on an H100 (sim/data/reference/moe_host_measurements.csv, scripts/measure_moe_host_overhead.py: the layer's
+op sequence replayed per rank for the Qwen3-235B ModelZoo rows): the wall time of a layer pass is the larger of its
+kernel time and its host time within 0.2-0.6 ms, and the host issues one kernel in 26-35 us (median 32 us) of
+eager PyTorch, not the 5 us of a bare CUDA launch.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Direction = Literal["forward", "backward"]
+
+# Kernels one MoE transformer layer pass launches from eager PyTorch besides the routed experts' GEMMs (attention
+# block, router with its aux loss, the dispatcher's preprocess, permute, exchanges, sort, activation, unpermute):
+# the replay's counts (sim/data/reference/moe_host_measurements.csv, quantity ``kernels``, exchange ``copy``) less
+# its per-expert GEMMs, averaged over its three rows (forward 105, 99, 96; backward 86, 98, 91).
+EAGER_MOE_LAYER_KERNELS: dict[Direction, int] = {"forward": 100, "backward": 92}
+# The routed experts' GEMMs per local expert: Transformer Engine's GroupedLinear (mid-2025, bf16) loops one cuBLAS
+# GEMM per expert in C++ (general_grouped_gemm), fc1 and fc2 in the forward, each one's input- and weight-gradient
+# GEMM in the backward; issued at a CUDA launch's cost (``costs.launch_overhead``), not an eager op's.
+EXPERT_GEMMS: dict[Direction, int] = {"forward": 2, "backward": 4}
+
+
+def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_overhead: float,
+                           launch_overhead: float) -> float:
+    """Seconds the host takes to issue one MoE layer's ``direction`` pass on a rank with ``local_experts``
+    experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each."""
+    return (EAGER_MOE_LAYER_KERNELS[direction] * eager_op_overhead
+            + EXPERT_GEMMS[direction] * local_experts * launch_overhead)
+
+
+def host_bound(device: float, host: float) -> float:
+    """A pass the GPU runs in ``device`` seconds and the host issues in ``host``, from a host sync (no lead): the
+    GPU cannot end it before the host has issued its last kernel."""
+    return max(device, host)

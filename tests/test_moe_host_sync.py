@@ -1,0 +1,152 @@
+"""moe.host_sync: a MoE layer pass lasts at least the host's time to issue it, behind the token dispatcher's host
+sync (sim.costs.host, docs/mechanisms/moe_host_sync.md): the closed form, the measurement it comes from
+(sim/data/reference/moe_host_measurements.csv), when Megatron-Core syncs, the pass spans on the trace, and the
+estimate against the simulation."""
+
+from __future__ import annotations
+
+import statistics
+from importlib import resources
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from sim import runner
+from sim.api import estimate
+from sim.costs.host import EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, host_bound, moe_layer_host_seconds
+from sim.plan import resolve
+from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
+
+from conftest import SCENARIOS, small_moe_model
+
+TP4 = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-tp4.yaml"
+
+
+def _measured() -> pd.DataFrame:
+    path = resources.files("sim").joinpath("data/reference/moe_host_measurements.csv")
+    table = pd.read_csv(path)  # type: ignore[arg-type]
+    return table.pivot_table(index=["row", "exchange", "pass", "local_experts"], columns="quantity",
+                             values="median").reset_index()
+
+
+def test_the_host_cost_per_kernel_is_the_measured_median() -> None:
+    """costs.eager_op_overhead's default (32 us) is the median host time per kernel of the H100 replay's twelve
+    (row, exchange stand-in, pass) measurements, each 26-36 us: six times the 5 us of a bare CUDA launch."""
+    table = _measured()
+    per_kernel = table["host_per_kernel_s"]
+    assert len(per_kernel) == 12
+    assert per_kernel.between(26e-6, 36e-6).all()
+    assert statistics.median(per_kernel) == pytest.approx(32e-6, abs=0.5e-6)
+    assert load_scenario(TP4).costs.eager_op_overhead == 32e-6  # type: ignore[union-attr]
+
+
+def test_the_eager_kernel_counts_are_the_replays_less_its_expert_gemms() -> None:
+    """EAGER_MOE_LAYER_KERNELS: the replay's kernels per layer pass (exchange stand-in ``copy``) less its
+    per-expert GEMMs (2 per local expert forward, 4 backward), averaged over the three rows, to the kernel."""
+    table = _measured()
+    copy = table[table["exchange"] == "copy"]
+    for direction in ("forward", "backward"):
+        rows = copy[copy["pass"] == direction]
+        eager = rows["kernels"] - EXPERT_GEMMS[direction] * rows["local_experts"]  # type: ignore[literal-required]
+        assert round(eager.mean()) == EAGER_MOE_LAYER_KERNELS[direction]  # type: ignore[index]
+
+
+def test_a_pass_takes_the_larger_of_its_kernel_and_host_time_on_the_h100() -> None:
+    """The rule, on the measurement: each replayed layer pass's wall time (without the sync, so the host time is
+    the same run's) is the larger of its kernel time and its host time, up to 0.7 ms above it (the host-bound
+    router stretch and the device-bound expert GEMMs do not fully average out inside a pass); the sync itself
+    adds at most 0.2 ms to a pass (the GPU has little queued when the host waits)."""
+    table = _measured()
+    bound = table[["kernel_s", "host_s"]].max(axis=1)
+    assert (table["wall_nosync_s"] >= 0.99 * bound).all()
+    assert (table["wall_nosync_s"] - bound <= 0.7e-3).all()
+    assert (table["exposed_sync_s"] <= 0.2e-3).all()
+    assert host_bound(1e-3, 3e-3) == 3e-3 and host_bound(4e-3, 3e-3) == 4e-3
+
+
+def test_the_qwen3_tp4_rows_host_time_in_closed_form() -> None:
+    """DeepEP tp 4, ep 8: 16 local experts. Forward 100 eager kernels x 32 us + 32 expert GEMMs x 5 us =
+    3.36 ms; backward 92 x 32 us + 64 x 5 us = 3.264 ms."""
+    plan = resolve(load_scenario(TP4))
+    assert plan.local_experts == 16
+    assert plan.moe_host_seconds["forward"] == pytest.approx(100 * 32e-6 + 32 * 5e-6, rel=1e-12)
+    assert plan.moe_host_seconds["backward"] == pytest.approx(92 * 32e-6 + 64 * 5e-6, rel=1e-12)
+    assert moe_layer_host_seconds("forward", 4, 10e-6, 1e-6) == pytest.approx(100 * 10e-6 + 8 * 1e-6)
+
+
+def _doc(**moe: Any) -> dict[str, Any]:
+    """One MoE layer of a small model on 8 GPUs (ep 8, flex), no pipeline, 4 micro-batches: its passes last well
+    under the host's ~3.2 ms."""
+    return {
+        "name": "host-sync", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": small_moe_model("moe-one", num_layers=1, hidden_size=1024, heads=8, ffn_hidden_size=2048,
+                                 max_seq_len=2048),
+        "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+        "moe": {"token_dispatcher": "flex", **moe},
+        "schedule": "1f1b",
+    }
+
+
+def _scenario(**moe: Any) -> Scenario:
+    return scenario_from_dict(_doc(**moe))
+
+
+@pytest.mark.parametrize(("moe", "training", "costs", "on"), [
+    ({"token_dispatcher": "flex"}, {}, {}, True),
+    ({"token_dispatcher": "alltoall"}, {}, {}, True),  # dropless: cuda_dtoh_stream.synchronize()
+    ({"token_dispatcher": "allgather"}, {}, {}, True),  # local_map.sum(dim=0).long().cpu()
+    ({"token_dispatcher": "alltoall", "capacity_factor": 1.0}, {}, {}, True),  # before_permutation_1
+    ({"token_dispatcher": "alltoall", "capacity_factor": 1.0, "pad_to_capacity": True}, {}, {}, False),
+    ({"token_dispatcher": "flex", "host_sync": False}, {}, {}, False),
+    ({"token_dispatcher": "alltoall", "capacity_factor": 1.0, "pad_to_capacity": True, "host_sync": True}, {}, {},
+     True),
+    ({"token_dispatcher": "flex"}, {"cuda_graphs": True}, {}, False),
+    ({"token_dispatcher": "flex"}, {}, {"eager_op_overhead": 0}, False),
+])
+def test_which_configurations_sync_the_host(moe: dict[str, Any], training: dict[str, Any], costs: dict[str, Any],
+                                            on: bool) -> None:
+    """Megatron-Core's rule (token_dispatcher.py at 1e05700595): every dispatcher syncs the host in each MoE
+    layer's forward except alltoall with pad_to_capacity (drop_and_pad: fixed shapes); moe.host_sync overrides it;
+    training.cuda_graphs and costs.eager_op_overhead 0 turn the bound off."""
+    doc = _doc(**moe)
+    doc["training"] = {**doc["training"], **training}
+    if costs:
+        doc["costs"] = {"model": "roofline", **costs}
+    plan = resolve(scenario_from_dict(doc))
+    assert (plan.moe_host_seconds["forward"] > 0) is on
+    assert (plan.moe_host_seconds["backward"] > 0) is on
+
+
+def _pass_spans(scenario: Scenario) -> dict[tuple[str, int], float]:
+    """Rank 0's layer pass spans (first compute task's start to the last one's end), per (kind, micro-batch)."""
+    trace = runner.run(scenario).trace
+    compute = trace[(trace["rank"] == 0) & (trace["stream"] == "compute") & (trace["layer"] == 0)]
+    spans = compute.groupby(["kind", "microbatch"]).agg(start=("start_s", "min"), end=("end_s", "max"))
+    return {(str(kind), int(mb)): float(row.end - row.start) for (kind, mb), row in spans.iterrows()}
+
+
+def test_each_moe_layer_pass_lasts_the_larger_of_its_device_and_host_time() -> None:
+    """On the trace: each MoE layer pass with the host sync spans max(its span without it, the host's issue time)
+    (the host task counted from the pass's first task's start); the host stream holds one issue per pass."""
+    on, off = _scenario(), _scenario(host_sync=False)
+    host = resolve(on).moe_host_seconds
+    spans_on, spans_off = _pass_spans(on), _pass_spans(off)
+    assert spans_on.keys() == spans_off.keys()
+    bound = 0
+    for (kind, mb), span in spans_off.items():
+        assert spans_on[(kind, mb)] == pytest.approx(max(span, host[kind]), rel=1e-9)
+        bound += host[kind] > span
+    assert bound == len(spans_off)  # this small layer is host-bound in every pass
+    trace = runner.run(on).trace
+    issues = trace[(trace["rank"] == 0) & (trace["stream"] == "host")]
+    assert len(issues) == len(spans_on) and set(issues["name"]) == {"moe_host_issue"}
+
+
+def test_the_estimate_follows_the_simulation_where_the_host_binds() -> None:
+    """The estimate prices each MoE layer pass as max(device, host) too: within 5% of the simulation on the
+    small host-bound model and on the Qwen3 tp 4 row, whose forward is host-bound (3.36 ms against ~1.7 ms)."""
+    for scenario in (_scenario(), load_scenario(TP4)):
+        simulated = runner.run(scenario).summary.step_time_s
+        assert estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)
