@@ -95,6 +95,17 @@ def test_edges_added_to_stamped_tasks_are_kept_until_materialized():
         assert eager.tasks[task_id].deps[-len(ons):] == tuple(ons)
 
 
+def test_the_stamp_table_is_the_records_made_once_and_reset_by_materialize():
+    """``TaskGraph.stamp_table``: the records as rows, one read-only array kept by the frozen graph (the replay and
+    the confirmation's figures share it), dropped when ``materialize`` empties the stamps."""
+    _, _, _, lazy = _graphs("pipeline-4x8.yaml", ["schedule=zb-h1"])
+    table = lazy.stamp_table()
+    assert table.tolist() == [list(record) for record in lazy.records()] and len(table) == len(lazy.stamps) // 6
+    assert lazy.stamp_table() is table and not table.flags.writeable
+    lazy.materialize()
+    assert lazy.stamp_table().shape == (0, 6)
+
+
 def test_chain_rule_decides_the_blocking_collective_once():
     """``Chain``'s ``consumer`` and ``leaves`` follow ``Chain.stamp``'s rule: the first entry that waits takes the
     blocking collective given; the last that becomes blocking (not taken after) is left."""

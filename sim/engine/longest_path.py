@@ -212,7 +212,7 @@ def _walk_stamped(graph: TaskGraph, price: Callable[[tuple[str, float, tuple[int
     tasks, stamps, late = graph.tasks, graph.stamps, graph.late
     n = len(tasks)
     count = len(stamps) // STAMP_FIELDS
-    records = np.array(stamps, dtype=np.int64).reshape(count, STAMP_FIELDS)
+    records = graph.stamp_table()
     firsts = records[:, 0]
     if late and not set(late) <= set(firsts.tolist()):
         return None

@@ -19,6 +19,8 @@ the tasks), which gives the same timeline because it keeps only those rows of a 
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -30,7 +32,7 @@ from sim.output.summary import exposed_kinds, per_rank, rank_positions, rates, s
 from sim.output.trace import TRACE_COLUMNS
 from sim.spec.scenario import Scenario
 from sim.workload.footprint import TIMELINE_KINDS, TimelineRows, memory_timeline
-from sim.workload.ir import COMPUTE_KINDS, KINDS, STAMP_FIELDS, Kind, Stream, TaskGraph
+from sim.workload.ir import COMPUTE_KINDS, KINDS, Kind, Stream, TaskGraph
 from sim.workload.size import Limits
 
 _KINDS: tuple[Kind, ...] = KINDS  # the codes footprint.TimelineRows reads
@@ -60,9 +62,42 @@ class Figures:
     tasks: int
 
 
+# glibc's mallopt(3) parameters (malloc.h) and the values a confirming process sets (``_keep_freed_memory``).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_MALLOPTS = ((_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 512 << 20), (_M_TOP_PAD, 64 << 20))
+_heap_kept = False
+
+
+def _keep_freed_memory() -> None:
+    """Lets this process keep the memory a confirmation frees for the next one (glibc only; elsewhere nothing).
+
+    Each layout allocates and frees 10^5-element arrays and lists (a 175B layout's graph, times and columns, a
+    megabyte each) and 10^5 small objects; by default glibc serves a block over 128 KiB with its own mmap and
+    returns it with munmap, and gives the heap's free top back to the kernel past 128 KiB, so every layout faulted
+    its memory in again: 3,200-3,700 minor page faults and 7-9 ms of system time a layout, about 8% of its CPU
+    (50 of the best 1,000 175B layouts, 2026-11-26). With blocks up to 32 MiB (glibc's largest mmap threshold)
+    served from the heap, up to 512 MiB of free heap kept and the heap grown 64 MiB at a time: 300-900 faults and
+    1-3 ms. Fixed values: glibc's dynamic threshold stops once they are set. The process's peak memory is what it
+    was; only giving freed memory back to the kernel waits for the process's end (a search worker, a sweep)."""
+    global _heap_kept
+    if _heap_kept:
+        return
+    _heap_kept = True
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's C library (glibc; musl has no mallopt)
+    except (OSError, AttributeError):
+        return
+    for parameter, value in _MALLOPTS:
+        mallopt(parameter, value)
+
+
 def confirm(scenario: Scenario, limits: Limits | None = None) -> Figures:
     """Simulate ``scenario``'s step as ``sim.runner.run`` does (same engine, SM-contention rounds, size check and
-    physical check) and return its table figures. Raises what ``run`` raises."""
+    physical check) and return its table figures. Raises what ``run`` raises. The first call in a process sets
+    how its C library keeps freed memory (``_keep_freed_memory``)."""
+    _keep_freed_memory()
     with runner.without_gc():
         simulated = runner.simulate(scenario, False, limits or Limits(), lazy=True)
         figures = _figures(simulated)
@@ -127,44 +162,47 @@ class _Columns:
         n = len(tasks)
         rank = np.empty(n, dtype=np.int64)
         on_compute = np.zeros(n, dtype=bool)
-        for (owner, stream), order in graph.streams.items():  # the tasks made one by one (all, if eager)
+        plain = np.zeros(n, dtype=bool)  # the tasks made one by one (all, if eager): those in the stream lists
+        for (owner, stream), order in graph.streams.items():
             ids = np.array(order, dtype=np.int64)
             rank[ids] = owner
+            plain[ids] = True
             if stream == Stream.COMPUTE:
                 on_compute[ids] = True
         kind = np.empty(n, dtype=np.int8)
         flops = np.empty(n, dtype=np.float64)
         microbatch = np.empty(n, dtype=TRACE_COLUMNS["microbatch"])
         layer = np.empty(n, dtype=TRACE_COLUMNS["layer"])
-        records = np.array(graph.stamps, dtype=np.int64).reshape(-1, STAMP_FIELDS)
-        plain = np.ones(n, dtype=bool)
+        records = graph.stamp_table()
         if len(records):
             # Every chain's entries end to end (``at``: where each chain's begin), then each stamped task's id and
-            # entry: stamp j's tasks are firsts[j] + 0..K-1 and its chain's entries at[c] + 0..K-1.
+            # entry: stamp j's tasks are firsts[j] + 0..K-1 (the tasks no stream list holds, ascending: the stamps
+            # in task order) and its chain's entries at[c] + 0..K-1, so entry = id - firsts[j] + at[c].
             protos = [proto for chain in graph.chains for proto in chain.protos]
             sizes = np.array([len(chain.protos) for chain in graph.chains], dtype=np.int64)
             at = np.cumsum(sizes) - sizes
             chain_of = records[:, 1]
             size = sizes[chain_of]
-            local = np.arange(int(size.sum())) - np.repeat(np.cumsum(size) - size, size)
-            ids = np.repeat(records[:, 0], size) + local
-            entry = np.repeat(at[chain_of], size) + local
-            plain[ids] = False
-            rank[ids] = np.array([chain.rank for chain in graph.chains], dtype=np.int64)[np.repeat(chain_of, size)]
+            ids = np.flatnonzero(~plain)
+            if len(ids) != int(size.sum()):
+                raise AssertionError(f"lazy graph: {len(ids)} tasks outside the stream lists, its stamps cover "
+                                     f"{int(size.sum())}")
+            entry = ids - np.repeat(records[:, 0] - at[chain_of], size)
+            rank[ids] = np.repeat(np.array([chain.rank for chain in graph.chains], dtype=np.int64), sizes)[entry]
             on_compute[ids] = np.array([proto.stream == Stream.COMPUTE for proto in protos], dtype=bool)[entry]
             kind[ids] = np.array([_KIND_CODE[proto.kind] for proto in protos], dtype=np.int8)[entry]
             flops[ids] = np.array([proto.flops for proto in protos], dtype=np.float64)[entry]
             microbatch[ids] = np.repeat(records[:, 2], size)
             # A task's layer: its stamp's, or its entry's where the chain spans several (a lazy graph's pass).
-            layer[ids] = np.repeat(records[:, 3], size)
+            stamp_layer = np.repeat(records[:, 3], size)
             spanning = [chain for chain in graph.chains if chain.layers is not None]
             if spanning:
                 entry_layers = np.full(len(protos), np.iinfo(np.int64).min, dtype=np.int64)
                 for chain in spanning:
                     entry_layers[at[chain.index]:at[chain.index] + len(chain.entries)] = chain.layers or ()
                 own = entry_layers[entry]
-                mine = own != np.iinfo(np.int64).min
-                layer[ids[mine]] = own[mine]
+                stamp_layer = np.where(own != np.iinfo(np.int64).min, own, stamp_layer)
+            layer[ids] = stamp_layer
         ids = np.flatnonzero(plain) if len(graph.stamps) else np.arange(n)
         made = list(map(tasks.__getitem__, ids.tolist()))
         count = len(made)

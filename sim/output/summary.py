@@ -216,11 +216,14 @@ def _merge(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return starts[new], ends[group_end]
 
 
-def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Length of the merged intervals (starts, ends) lying before each point."""
+def _covered(points: np.ndarray, starts: np.ndarray, ends: np.ndarray, before: np.ndarray | None = None
+             ) -> np.ndarray:
+    """Length of the merged intervals (starts, ends) lying before each point; ``before``: their lengths' prefix
+    sums (``_prefix``) where the caller keeps them for several calls."""
     if len(starts) == 0:
         return np.zeros_like(points)
-    before = np.concatenate([[0.0], np.cumsum(ends - starts)])
+    if before is None:
+        before = _prefix(starts, ends)
     idx = np.searchsorted(starts, points, side="right") - 1
     safe = np.clip(idx, 0, None)
     partial = np.clip(np.minimum(points, ends[safe]) - starts[safe], 0, None)
@@ -231,12 +234,23 @@ def _exposed(comm: pd.DataFrame, compute_union: tuple[np.ndarray, np.ndarray]) -
     return _exposed_seconds(comm["start_s"].to_numpy(), comm["end_s"].to_numpy(), compute_union)
 
 
+def _prefix(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The covered length before each merged interval (starts, ends), and their total last: ``_covered``'s table."""
+    return np.concatenate([[0.0], np.cumsum(ends - starts)])
+
+
 def _exposed_seconds(comm_starts: np.ndarray, comm_ends: np.ndarray,
-                     compute_union: tuple[np.ndarray, np.ndarray]) -> float:
-    """Seconds of the intervals (comm_starts, comm_ends) outside the merged ``compute_union``."""
+                     compute_union: tuple[np.ndarray, np.ndarray], before: np.ndarray | None = None) -> float:
+    """Seconds of the intervals (comm_starts, comm_ends) outside the merged ``compute_union`` (``before``: its
+    ``_prefix``, kept by a caller that asks for several kinds against one union)."""
     starts, ends = _merge(comm_starts, comm_ends)
+    count = len(starts)
+    if not count:  # nothing to expose: what the lines below give, 0.0 - 0.0, without their numpy calls
+        return 0.0
     total = float(np.sum(ends - starts))
-    hidden = _covered(ends, *compute_union) - _covered(starts, *compute_union)
+    # The ends' and the starts' covered lengths in one call: each element as in two calls, the same subtraction.
+    covered = _covered(np.concatenate([ends, starts]), *compute_union, before)
+    hidden = covered[:count] - covered[count:]
     return total - float(np.sum(hidden))
 
 
@@ -373,6 +387,7 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
         starts, ends = starts_all[rows], ends_all[rows]
         compute_rows = on_compute_stream[rows]
         union = _merge(starts[compute_rows], ends[compute_rows])
+        before = _prefix(*union) if len(union[0]) else None  # read by each kind's exposed seconds below
         busy_compute.append(float(np.sum(union[1] - union[0])) / step if step > 0 else 0.0)
         busy_rows = busy_kind[rows]
         busy_ends = np.minimum(ends[busy_rows], pipeline_end)
@@ -381,7 +396,7 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
         bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
         for kind, of_all in of_kinds.items():
             of_kind = of_all[rows]
-            exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union))
+            exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union, before))
     return PerRank(bubbles, busy_compute, exposed)
 
 
