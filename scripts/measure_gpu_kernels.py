@@ -222,6 +222,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--only", default="gemm,grouped,attention,eager,layer")
+    parser.add_argument("--head-dims", default="128", help=(
+        "comma-separated head dims for the attention rows (128: Llama's; 64: GPT-OSS's; 192: MLA's q/k head "
+        "of DeepSeek-V3, its v head timed at 192 too)"))
     args = parser.parse_args()
     args.output.mkdir(parents=True, exist_ok=True)
     only = set(args.only.split(","))
@@ -253,8 +256,9 @@ def main() -> None:
         bench_grouped("mixtral_fc1_8x1024", 8, 8192, 4096, 2 * 14336, args)
         bench_grouped("qwen3_fc1_128x256", 128, 32768, 2048, 2 * 768, args)
     if "attention" in only:
-        for seq in (2048, 4096, 8192, 16384):
-            bench_attention(seq, 32, 128, 1, args)
+        for head_dim in (int(d) for d in args.head_dims.split(",")):
+            for seq in (2048, 4096, 8192, 16384):
+                bench_attention(seq, 32, head_dim, 1, args)
     if "eager" in only:
         bench_eager(8192, 4096, 32, 8, 14336, args)
     if "layer" in only:
