@@ -47,7 +47,8 @@ backend (``training.attention_backend``: cuDNN's fused attention or FlashAttenti
 the flash attention op runs at the measured rate of its pass over its executed FLOPs, forward and backward each
 (``Profile.attention``); without them on the GEMM curve, as a GEMM of the same FLOPs. On an H100 the measured
 rates are far below a GEMM's: cuDNN at 32 heads x 8k tokens 616 TFLOP/s forward and 428 backward (counted as twice
-the forward's FLOPs), FlashAttention-2 318 and 226, against 800 for the GEMM curve.
+the forward's FLOPs), FlashAttention-2 318 and 226, against 800 for the GEMM curve. The curves are head dim 128's;
+on the GPUs that measured other head dims (H100, H800) the rate is scaled to the op's own (``sim.costs.head_dim``).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sim.costs.head_dim import REFERENCE_HEAD_DIM, head_dim_scale
 from sim.costs.profile import AttentionCurves, Profile
 from sim.hardware.gpus import GpuSpec
 from sim.model.attention_ops import FLASH_ATTENTION
@@ -185,6 +187,7 @@ class RooflineCosts:
         self.attention: AttentionCurves | None = None
         if self.profile is not None and dtype in ("bf16", "fp16") and attention_backend is not None:
             self.attention = self.profile.attention.get(attention_backend)
+        self.attention_backend, self.gpu_name = attention_backend, gpu.name
         # FP8 GEMMs on the bf16 curve (``fp8_gemm: scaled_bf16``): an FP8 GEMM of f FLOPs takes the time of a
         # bf16 GEMM of f / R FLOPs, R = FP8 peak / bf16 peak (2 on Hopper and Blackwell): the tensor cores do R
         # times the multiply-adds per cycle and the fixed costs (launch, tile ramp, wave tail) stay. On B200,
@@ -227,13 +230,15 @@ class RooflineCosts:
         attention = self.bf16.attention if self.bf16 is not None else self.attention
         if attention is not None and op.name == FLASH_ATTENTION and flops > 0:
             curve_pass = "forward" if phase == "forward" else "backward"
-            if self.bf16 is None:
-                compute = flops / (attention.rate(curve_pass, flops) * self.scale)
-            else:  # fp8_attention: the measured bf16 kernel's time at flops / R, as FP8 GEMMs on the bf16 curve
-                # (fp8_gemm: scaled_bf16): the tensor cores run R x the multiply-adds, the softmax's exponentials
-                # and the fixed costs do not speed up; at most R x the bf16 kernel (tests/test_attention_kernels.py)
-                ratio = self.fp8_peak_ratio
-                compute = flops / (ratio * attention.rate(curve_pass, flops / ratio) * self.bf16.scale)
+            # fp8_attention: the measured bf16 kernel's time at flops / R, as FP8 GEMMs on the bf16 curve
+            # (fp8_gemm: scaled_bf16): the tensor cores run R x the multiply-adds, the softmax's exponentials
+            # and the fixed costs do not speed up; at most R x the bf16 kernel (tests/test_attention_kernels.py)
+            ratio = 1.0 if self.bf16 is None else self.fp8_peak_ratio
+            scale = self.scale if self.bf16 is None else self.bf16.scale
+            # A head dim other than the curve's 128 at its own measured rate (sim.costs.head_dim; H100 only).
+            head = (head_dim_scale(self.gpu_name, self.attention_backend or "", curve_pass, op.head_dim,
+                                   flops / ratio) if attention.head_dim == REFERENCE_HEAD_DIM else 1.0)
+            compute = flops / (ratio * attention.rate(curve_pass, flops / ratio) * head * scale)
         else:
             compute = flops / self.gemm_rate(flops) if flops > 0 else 0.0
         if self.bf16 is not None and op.matmul and op.te_linear:

@@ -111,7 +111,7 @@ def attention_forward_ops(
             flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
             flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
         share = _executed_share(spec, s, causal) if executed is None else executed
-        attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share))
+        attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share, head_dim=int(qk_dim)))
     else:
         score_elems = b * heads * s * s
         attention += [

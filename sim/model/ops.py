@@ -41,6 +41,9 @@ class Op:
     executed: float = 1.0
     # False for a frozen weight (LoRA's base model, frozen layers: sim.model.peft): no weight-gradient GEMM.
     trainable: bool = True
+    # Flash attention: the q/k head dim its kernel runs at (sim.costs.head_dim prices a d other than the profile
+    # curve's 128); 0 for every other op.
+    head_dim: int = 0
 
     @property
     def executed_flops(self) -> float:
