@@ -20,7 +20,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-# Low to high. ``plan`` (the resolved Plan of issue 21) is placed before its module exists.
+# Low to high. ``plan`` is the resolved Plan of issue 21: the package sim/plan/, its fact modules included.
 ORDER: tuple[tuple[str, ...], ...] = (
     ("units", "errors"),
     ("hardware",),
