@@ -301,9 +301,9 @@ def _exposed_ep(trace, rank):
 
 
 def _back_to_back(monkeypatch):
-    from sim.workload.build import _StageEmitter
+    from sim.workload import build as emitter
 
-    monkeypatch.setattr(_StageEmitter, "_interleave_pair", lambda self, *args: None)
+    monkeypatch.setattr(emitter, "interleave_pair", lambda *args: None)
 
 
 @pytest.mark.parametrize("parallel", [{}, {"tp": 2, "sequence_parallel": True, "ep": 2}])
@@ -375,3 +375,29 @@ def test_moe_chart(tmp_path):
 
     out = write_dualpipe_moe_chart(tmp_path / "moe.png")
     assert out.stat().st_size > 50_000
+
+
+def test_interleave_pair_alternates_the_passes_at_their_moe_exchanges():
+    """sim.workload.pair_interleave on a hand-built F&B pair of one MoE layer each: F = router | dispatch, experts |
+    combine, unpermute; B = its first block | exchange, then a compute task that also waits for F's last task. Cut
+    before every compute task that waits for an ep exchange, the blocks alternate F, B, F, B, F; B's edge to F's
+    unpermute (now later) moves to the last F compute task before it (the experts); the unit's last task is F's
+    unpermute. A pair without exchanges keeps its order and leaves the tail alone."""
+    from sim.workload.ir import EP_STREAM, TaskGraph
+    from sim.workload.pair_interleave import interleave_pair
+
+    graph = TaskGraph()
+    tasks = [("compute", []), (EP_STREAM, [0]), ("compute", [1]), (EP_STREAM, [2]), ("compute", [3]),  # F: 0..4
+             ("compute", []), (EP_STREAM, [5]), ("compute", [6, 4])]  # B: 5..7
+    for stream, deps in tasks:
+        graph.add(0, 0, stream, "ep" if stream == EP_STREAM else "forward", "t", 0, 0, deps, duration=1.0)
+    assert interleave_pair(graph, 0, 0, 5, 8) == 4
+    assert graph.streams[(0, "compute")] == [0, 5, 2, 7, 4]
+    assert graph.streams[(0, EP_STREAM)] == [1, 6, 3]
+    assert tuple(graph.tasks[7].deps) == (6, 2)
+
+    dense = TaskGraph()
+    for deps in ([], [0], [], [2, 1]):
+        dense.add(0, 0, "compute", "forward", "t", 0, 0, deps, duration=1.0)
+    assert interleave_pair(dense, 0, 0, 2, 4) is None
+    assert dense.streams[(0, "compute")] == [0, 1, 2, 3]

@@ -2,7 +2,7 @@
 exchanges of both queued on one ``ep`` stream, with the dependencies the emitter gives them.
 
 In: each pass as its blocks (``Block``), in the order the pass runs them: a pass is cut before every compute
-task that waits for an ``ep`` exchange (``sim.workload.build._StageEmitter._interleave_pair``), so a block is the
+task that waits for an ``ep`` exchange (``sim.workload.pair_interleave.interleave_pair``), so a block is the
 compute up to the exchange it issues, that exchange (the collectives of one dispatch or combine, back to back),
 and the compute issued after it that does not wait for it (the shared expert beside the dispatch and beside the
 dispatch's gradient, Megatron-Core ``--moe-shared-expert-overlap``), with the TP collective that trails it and

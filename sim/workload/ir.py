@@ -91,7 +91,7 @@ class Task:
 
 
 STAMP_FIELDS = 6  # a lazy graph's stamp record: first task, chain, micro-batch, layer, follows, takes (TaskGraph)
-# A recorded chain's entry (``sim.workload.build._StageEmitter._stamp_entry``): the task's fields, then its chain rule.
+# A recorded chain's entry (``sim.workload.chain_emit``, ``_stamp_entry``): the task's fields, then its chain rule.
 ChainEntry = tuple  # (stream, kind, name, duration, op, nbytes, flops, group, skew, prev, extra, waits_tp, becomes,
 #                     keyed, append)
 

@@ -124,13 +124,13 @@ def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
     tp_collectives = (before is not None) + (after is not None)
     moe = plan.moe_layers[layer]
     block = 1 + tp_collectives  # [all-gather] compute [all-reduce | reduce-scatter]
-    # TE's userbuffers (sim.workload.build._chunked_block): each collective in two parts, the row GEMM apart in the
+    # TE's userbuffers (sim.workload.block_emit._chunked_block): each collective in two parts, the row GEMM apart in the
     # forward (under CP the output part is a task already: two more); the backward's gather in two parts
     chunked = tp_overlap_chunks(plan) > 0
     dense_forward = block + (3 if chunked else 0)
     attention_forward = dense_forward - (1 if chunked and cp[0] else 0)
     # Backward: Megatron's asynchronous backward (TP, weight gradients in B) splits the compute in two and, with
-    # SP, all-gathers the input again (sim.workload.build._overlapped_backward).
+    # SP, all-gathers the input again (sim.workload.block_emit._overlapped_backward).
     overlapped = plan.tp > 1 and not plan.splits_backward
     dense_backward = block + (1 if chunked else 0) + (1 + (before is not None) if overlapped else 0)
     moe_forward = 0
@@ -142,7 +142,7 @@ def _layer_tasks(plan: Plan, layer: int, cp: tuple[int, int]) -> int:
     backward = dense_backward + (moe_forward if moe else dense_backward) + cp[1]
     if plan.recomputes(layer):
         backward += forward
-    modules = plan.recompute_modules  # selective (sim.workload.build._selective_recompute): attention's part,
+    modules = plan.recompute_modules  # selective (sim.workload.layer_emit._selective_recompute): attention's part,
     if modules:  # and the MLP's when its module or its norm is replayed
         backward += 1
         if moe and "moe" in modules:
