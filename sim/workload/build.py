@@ -87,6 +87,9 @@ class _StageEmitter(LayerEmitter):
             after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
+            for op, nbytes in self.loss_collectives:  # each waited for by the loss's next kernel
+                after = self._add("tp", "tp", op, mb, -1, after, op=op, nbytes=nbytes, group=self.tp_group)
+                self.blocking_tp = after
         self.tail = after
         self._wait_upstream(self._first_reading(first_task), "F", g, mb)
         if g < last:

@@ -27,6 +27,7 @@ from sim.workload.step import (
     blocks,
     context_attention,
     frozen_layer_blocks,
+    loss_collectives,
     reduce_partials_bytes,
     reduce_partials_seconds,
     shard_copy_seconds,
@@ -65,6 +66,7 @@ class TaskEmitter:
         self.chunked_column = work.chunked_column or work.column
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
+        self.loss_collectives = loss_collectives(plan)  # the unfused loss's TP all-reduces
         self.trained_work = (self.block_work, self.column_work)
         self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
         self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
