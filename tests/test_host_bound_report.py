@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from test_moe_host_sync import _doc as host_sync_doc
 
 from sim import runner
 from sim.cli.tables import summary_table
@@ -22,24 +23,16 @@ from sim.runner import RunResult
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload.ir import COMPUTE_KINDS, Kind, Stream
 
-from conftest import SCENARIOS, small_moe_model
+from conftest import SCENARIOS
 
 TP4 = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-tp4.yaml"
 BUSY_KINDS = (*COMPUTE_KINDS, Kind.TP)  # the bubble's busy set: compute passes and blocking TP collectives
 
 
 def _small(ranks: str = "slice", **moe: Any) -> Scenario:
-    """One MoE layer of a small model on 8 GPUs (ep 8, DeepEP), one stage, 4 micro-batches: each pass's device
-    time is well under the host's ~3.2 ms to issue it (tests/test_moe_host_sync.py's layer)."""
-    return scenario_from_dict({
-        "name": "host-bound", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": small_moe_model("moe-one", num_layers=1, hidden_size=1024, heads=8, ffn_hidden_size=2048,
-                                 max_seq_len=2048),
-        "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
-        "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
-        "moe": {"token_dispatcher": "flex", **moe},
-        "schedule": "1f1b", "ranks": ranks,
-    })
+    """tests/test_moe_host_sync.py's layer: one MoE layer of a small model on 8 GPUs (ep 8, DeepEP), one stage,
+    4 micro-batches, each pass's device time well under the host's ~3.2 ms to issue it."""
+    return scenario_from_dict({**host_sync_doc(**moe), "ranks": ranks})
 
 
 @cache
