@@ -393,15 +393,14 @@ class PerRank:
 
 
 def host_bound_seconds(issue_ends: np.ndarray, issue_starts: np.ndarray, compute: tuple[np.ndarray, np.ndarray],
-                       compute_starts: np.ndarray, busy: tuple[np.ndarray, np.ndarray], pipeline_end: float,
-                       busy_before: np.ndarray | None = None) -> float:
+                       compute_starts: np.ndarray, busy: tuple[np.ndarray, np.ndarray], pipeline_end: float) -> float:
     """Seconds one rank's compute stream idles waiting for the host to finish issuing a MoE layer pass (behind the
     dispatcher's host sync, ``moe_host_issue`` tasks on the ``host`` stream; sim.costs.host).
 
     In: the rank's host-issue tasks' ends and starts; ``compute``, the merged intervals (``_merge``) of its
     compute stream's tasks, and ``compute_starts`` their tasks' starts, sorted; ``busy``, the merged intervals the
-    bubble counts as busy (compute passes and blocking TP collectives, cut at ``pipeline_end``; ``busy_before``
-    their ``_prefix`` where the caller has it); the end of the step's last forward/backward. A MoE pass ends with
+    bubble counts as busy (compute passes and blocking TP collectives, cut at ``pipeline_end``); the end of the
+    step's last forward/backward. A MoE pass ends with
     a zero-length ``moe_host_wait`` on the compute stream after the pass's last task, its own stream predecessor
     and the issue (sim.workload.build ``_moe_host``); the engines start a task at the max of its dependencies'
     ends (the same float), so where the issue ended last, a compute-stream task starts exactly at the issue's end
@@ -426,7 +425,7 @@ def host_bound_seconds(issue_ends: np.ndarray, issue_starts: np.ndarray, compute
     if not bound.any():
         return 0.0
     starts = np.maximum(np.maximum(gap_start, issue_starts), 0.0)[bound]
-    return _exposed_seconds(starts, ends[bound], busy, busy_before)
+    return _exposed_seconds(starts, ends[bound], busy)
 
 
 def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.ndarray, kind_codes: np.ndarray,
