@@ -138,7 +138,7 @@ def test_the_host_bound_time_is_what_the_graph_waited_for(case: str) -> None:
     """On pipelined and overlapped layouts, the trace-only rule (``summary.host_bound_seconds``) gives each rank
     the compute stream's waits for the host that the task graph's dependencies say it had; the bubble plus the
     host-bound fraction is version 1's bubble; the stage-wise bubble counts the host-bound seconds as busy. Cases:
-    the Qwen3 tp 4 row (pp 8, vpp 4, SP with TP comm overlap: forward host-bound, backward device-bound); Mixtral
+    the Qwen3 tp 4 row (pp 8, vpp 4, SP: forward host-bound, backward device-bound); Mixtral
     8x7B dropless (pp 4, vpp 8, alltoall) at 100 us per eager op; the small layer under ``moe.a2a_overlap``,
     whose merged F&B pairs issue two passes back to back on the host while the compute stream interleaves them."""
     result = {
