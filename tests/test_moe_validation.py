@@ -24,12 +24,14 @@ _QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-
                   "TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
                   "~2.5 s to host-side launches and syncs in the router/permute, which are not modelled "
                   "(docs/mechanisms/a2a_overlap.md)")
-_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -21.7%, tp 4: -26.5%) with the "
+_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -20.3%, tp 4: -23.3%) with the "
                "MoE host-sync bound (docs/mechanisms/moe_host_sync.md: each MoE layer pass lasts at least the host's "
-               "time to issue it, 3.36 ms forward / 3.26 ms backward at 16 local experts, measured 26-35 us per "
-               "eager kernel on an H100 host), which took tp 4 from -47.9% (its 1024-token forward is host-bound) "
-               "and pp 32 from -22.0%; they still lack 1.3 ms (tp 4) and 1.7 ms (pp 32) per layer pass. The replay "
-               "is plain PyTorch, not Megatron + Transformer Engine (whose Python costs the host more), and both "
+               "time to issue it, 3.69 ms forward / 3.26 ms backward at 16 local experts, measured 26-35 us per "
+               "eager kernel on an H100 host plus 83 us per Transformer Engine linear module in the forward, "
+               "TransformerEngine#1191), which took tp 4 from -47.9% (its 1024-token forward is host-bound) "
+               "and pp 32 from -22.0%; they still lack ~1.1 ms (tp 4) and ~1.6 ms (pp 32) per layer pass. The "
+               "replay is plain PyTorch, not Megatron + Transformer Engine (whose Python, the TE modules' backward "
+               "included, costs the host more), and both "
                "route dropless (the ModelZoo's 16k table: dropless 237 against 295 TFLOP/s forced, 1.24x, "
                "not applied: no measured moe.imbalance for this router)")
 # folding-t2-mixtral-8x22b-h100-128-fp8-mcore.yaml came inside the band (-10.8% -> -9.4%) when H100's factor was
