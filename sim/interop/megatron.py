@@ -56,12 +56,24 @@ HARMLESS_NOTE = {
 }
 
 
-def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int, str]]) -> None:
-    """Megatron's argument destinations -> scenario fields (the rules refused, the defaults written out)."""
+def ddp_bucket_elements(dp: int) -> int:
+    """Megatron-Core's default gradient bucket, in elements, for ``dp`` data-parallel ranks (the data-parallel
+    group without cp): ``max(40000000, 1000000 * dp)`` (megatron/core/distributed/distributed_data_parallel.py, when
+    DistributedDataParallelConfig.bucket_size is None: larger dp, larger buckets, so each rank's ring chunk stays
+    bandwidth-bound; the same at 1e05700595 and at d98e8a64dd). Megatron-LM's --ddp-bucket-size and NeMo's
+    ``model.optim.ddp_bucket_size`` / ``trainer.strategy.ddp.bucket_size`` leave it None unless given."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int, str]],
+          mcore_ddp: bool = True) -> None:
+    """Megatron's argument destinations -> scenario fields (the rules refused, the defaults written out).
+    ``mcore_ddp``: Megatron-Core's DistributedDataParallel buckets the gradients (``ddp_bucket_size`` or its
+    default); false where another optimizer does (NeMo 1.x's Apex distributed_fused_adam, sim.interop.nemo)."""
     def put(target: str, dest: str, value: Any, note: str = "", status: Status = "mapped") -> None:
         draft.put(target, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note, status)
 
-    cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
+    gpus = cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
     # Precision (arguments.py: fp16 and bf16 are exclusive; fp8 runs on top of either).
     fp16, bf16 = args.flag("fp16"), args.flag("bf16")
     if fp16 and bf16:
@@ -186,12 +198,19 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     put("parallel.overlap_grad_reduce", "overlap_grad_reduce", overlap_reduce,
         "" if overlap_reduce else "Megatron-LM's default: one reduction per model chunk after the backward",
         "mapped" if args.has("overlap_grad_reduce") else "default")
-    if args.has("ddp_bucket_size"):  # elements (DistributedDataParallelConfig.bucket_size) of the gradient buffer's
-        # dtype: fp32 main gradients, 2 bytes with --grad-reduce-in-bf16 or fp16 training
-        element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
-        elements = args.int("ddp_bucket_size") or 0
+    # The bucket, in elements of the gradient buffer's dtype (DistributedDataParallelConfig.bucket_size): fp32 main
+    # gradients (arguments.py sets accumulate_allreduce_grads_in_fp32 under --bf16), 2 bytes with
+    # --grad-reduce-in-bf16 or fp16 training.
+    element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
+    elements = args.int("ddp_bucket_size") if mcore_ddp else None
+    if elements is not None:
         put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"{elements:,} gradients of {element} "
             "bytes" + ("" if overlap_reduce else " (read only with --overlap-grad-reduce)"))
+    elif overlap_reduce and mcore_ddp:  # without it Megatron-Core sets bucket_size None (one bucket per chunk)
+        dp = max(1, gpus // (tp * pp * cp))
+        elements = ddp_bucket_elements(dp)
+        put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"Megatron-Core's default max(40e6, "
+            f"1e6 x dp {dp}) = {elements:,} gradients of {element} bytes", "default")
     if args.flag("overlap_param_gather"):
         if not distributed:
             raise refuse(f"{args.source('overlap_param_gather')}: needs --use-distributed-optimizer (Megatron-LM "
