@@ -969,3 +969,37 @@ def test_nemo2_bucket_is_megatron_cores(tmp_path: Path, ddp: dict[str, Any], buc
     assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
     if ddp:
         assert _status(draft, "trainer.strategy.ddp.bucket_size") == "mapped"
+
+
+@pytest.mark.parametrize(("cfg", "sms", "chunks", "defaults"), [
+    # fc2_fprop says only its method: TE's pipeline defaults, num_sm 16 and num_splits 4 -> mean(24, 16) = 20
+    ({"proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 1},
+      "fc2_fprop": {"method": "pipeline"}}, 20, 4, ["fc2_fprop.num_sm", "fc2_fprop.num_splits"]),
+    # no row-GEMM entry at all: both are TE's defaults (pipeline, 16 SMs with set_sm_margin, 4 splits)
+    ({"qkv_dgrad": {"method": "bulk", "num_sm": 8}}, 16, 4,
+     ["proj_fprop.num_sm", "proj_fprop.num_splits", "fc2_fprop.num_sm", "fc2_fprop.num_splits"]),
+    # ring exchange without num_sm / set_sm_margin: TE's 1 SM and no margin, so the GEMM keeps every SM; its
+    # chunks are tp (the field's default), not num_splits
+    ({"proj_fprop": {"method": "ring_exchange"}, "fc2_fprop": {"method": "ring_exchange"}}, 0, None,
+     ["proj_fprop.num_sm", "fc2_fprop.num_sm"]),
+    # an explicit set_sm_margin 0: the GEMM runs on all SMs beside that reduce-scatter (TE comm_gemm_overlap.cpp)
+    ({"proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 0},
+      "fc2_fprop": {"method": "pipeline", "num_sm": 16, "num_splits": 4, "set_sm_margin": 1}}, 8, 4, []),
+])
+def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path, cfg: dict[str, Any], sms: int,
+                                                                 chunks: int | None, defaults: list[str]) -> None:
+    """A ub_cfg entry (or a row GEMM with no entry) runs Transformer Engine's defaults for what it omits
+    (transformer_engine/pytorch/module/base.py initialize_ub, get_default_config, TE 2.x: num_sm 16 / 1,
+    set_sm_margin for all but ring_exchange, num_splits 4 / tp for pipeline / ring_exchange; the user's keys
+    update that dict): the imported scenario prices those, each filled key reported as TE's default."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_llama2_70b.yaml").read_text())
+    config["model"]["ub_tp_comm_overlap_cfg"] = cfg
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama2-70b"))
+    s = draft.scenario()
+    assert (s.parallel.tp_comm_overlap_sms, s.parallel.tp_comm_overlap_chunks) == (sms, chunks)
+    for key in defaults:
+        assert _status(draft, f"model.ub_tp_comm_overlap_cfg.{key}") == "default"

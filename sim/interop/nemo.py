@@ -266,7 +266,7 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
                   "Apex DistributedFusedAdam's default 100 MiB", "default")
     if draft.get("parallel.dp_bucket_size") is not None or cap is not None:
         read.add("model.optim.bucket_cap_mb")
-    read.update(apply_userbuffers(draft, flat))
+    read.update(apply_userbuffers(draft, flat, "model.ub_tp_comm_overlap_cfg."))
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")
