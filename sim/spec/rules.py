@@ -133,6 +133,11 @@ def _offload_layers(s: Scenario, d: Degrees) -> None:
     if t.cpu_offloading_num_layers:
         # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
         # "CPU offloading does not work when activation recomputation is enabled".
+        if s.parallel.pp > 1:  # TransformerConfig: "Currently there is no support for Pipeline parallelism with
+            # CPU offloading" (1e05700595 and d98e8a64dd); Megatron-LM's fine-grained offloading has no such check
+            raise ValueError(f"training.cpu_offloading_num_layers: Megatron-Core offloads activations only without "
+                             f"pipeline parallelism (parallel.pp = {s.parallel.pp}; it refuses "
+                             "--cpu-offloading with --pipeline-model-parallel-size > 1)")
         if t.recompute != "none":
             raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
                              f"{t.recompute}), as Megatron-Core refuses both together")
