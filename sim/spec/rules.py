@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from sim.costs import profile
+from sim.network import deepep
 from sim.parallel.context import check_context
+from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES
 from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.method import check_method
@@ -406,6 +408,12 @@ def _check_experts(s: Scenario, d: Degrees) -> None:
     if moe.token_dispatcher == "flex" and d.etp > 1:
         raise ValueError(f"moe.token_dispatcher: flex (DeepEP) with parallel.etp = {d.etp} is not modelled; use "
                          "etp 1 or the alltoall dispatcher")
+    if moe.token_dispatcher == "flex" and d.ep > 1:  # DeepEP V1's peer limits (docs/mechanisms/deepep.md)
+        grid = RankGrid(d.tp, d.pp, d.dp, s.cluster.gpus_per_node, d.ep, d.etp, d.cp)
+        why = deepep.beyond_peer_limits(*deepep.ep_group_shape(grid.ep_group(0), s.cluster.nvlink_domain))
+        if why:
+            raise ValueError(f"moe.token_dispatcher: flex (DeepEP): {why}; use the alltoall dispatcher or another "
+                             "layout")
     if moe.a2a_overlap:
         _check_a2a_overlap(s, d)
     if len(m.moe_layers) != m.num_layers:
