@@ -982,9 +982,12 @@ def test_nemo2_bucket_is_megatron_cores(tmp_path: Path, ddp: dict[str, Any], buc
     # chunks are tp (the field's default), not num_splits
     ({"proj_fprop": {"method": "ring_exchange"}, "fc2_fprop": {"method": "ring_exchange"}}, 0, None,
      ["proj_fprop.num_sm", "fc2_fprop.num_sm"]),
-    # an explicit set_sm_margin 0: the GEMM runs on all SMs beside that reduce-scatter (TE comm_gemm_overlap.cpp)
+    # an explicit set_sm_margin 0: the GEMM runs on all SMs beside that reduce-scatter (TE comm_gemm_overlap.cpp);
+    # NeMo 2.x writes the margin as a boolean
     ({"proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 0},
       "fc2_fprop": {"method": "pipeline", "num_sm": 16, "num_splits": 4, "set_sm_margin": 1}}, 8, 4, []),
+    ({"proj_fprop": {"method": "ring_exchange", "num_sm": 1, "set_sm_margin": True},
+      "fc2_fprop": {"method": "pipeline", "num_sm": 16, "set_sm_margin": False}}, 0, 4, ["fc2_fprop.num_splits"]),
 ])
 def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path, cfg: dict[str, Any], sms: int,
                                                                  chunks: int | None, defaults: list[str]) -> None:
@@ -1003,3 +1006,4 @@ def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path,
     assert (s.parallel.tp_comm_overlap_sms, s.parallel.tp_comm_overlap_chunks) == (sms, chunks)
     for key in defaults:
         assert _status(draft, f"model.ub_tp_comm_overlap_cfg.{key}") == "default"
+    assert not any(row.status == "unknown" for row in draft.rows if "ub_tp_comm_overlap_cfg" in row.source)

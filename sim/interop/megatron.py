@@ -357,14 +357,17 @@ def apply_userbuffers(draft: Draft, flat: dict[str, Any], prefix: str) -> set[st
             value = flat.get(f"{prefix}{gemm}.{key}")
             if value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not isinstance(value, int) or (isinstance(value, bool) and key != "set_sm_margin"):
                 raise refuse(f"{prefix}{gemm}.{key}: expected a whole number (got {value!r})")
             settings[key], given = value, given | {key}
             read.add(f"{prefix}{gemm}.{key}")
-        if "method" in {key.rsplit(".", 1)[-1] for key in flat if key.startswith(f"{prefix}{gemm}.")}:
+        if f"{prefix}{gemm}.method" in flat:
             read.add(f"{prefix}{gemm}.method")
-        sms = settings["num_sm"] if settings["set_sm_margin"] else 0
-        values["num_sm"].append((f"{prefix}{gemm}.num_sm", sms, "num_sm" in given or "set_sm_margin" in given))
+        # without the margin the GEMM keeps every SM: that row names set_sm_margin
+        margin = bool(settings["set_sm_margin"])
+        source = f"{prefix}{gemm}." + ("num_sm" if margin or "set_sm_margin" not in given else "set_sm_margin")
+        values["num_sm"].append((source, settings["num_sm"] if margin else 0,
+                                 "num_sm" in given or "set_sm_margin" in given))
         if method == "pipeline":
             values["num_splits"].append((f"{prefix}{gemm}.num_splits", settings["num_splits"], "num_splits" in given))
     for name, (target, what) in USERBUFFERS_FIELDS.items():
