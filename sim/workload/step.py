@@ -475,7 +475,7 @@ def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
 # --tp-comm-overlap-cfg hands TE an empty config (megatron/training/initialize.py _initialize_tp_communicators:
 # ub_cfgs = {}), so this is what it runs. NeMo's H100 configs differ (bf16 proj_fprop 24 / fc2_fprop 16, fp8 a ring
 # exchange on 1; the validation rows set theirs); sim import fills TE's defaults for what a config omits
-# (sim.interop.megatron.te_userbuffers_default).
+# (te_userbuffers_default in the Megatron importer).
 TE_REDUCE_SCATTER_SMS = 16
 
 
