@@ -24,12 +24,12 @@ _QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-
                   "TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
                   "~2.5 s to host-side launches and syncs in the router/permute, which are not modelled "
                   "(docs/mechanisms/a2a_overlap.md)")
-_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32 and tp 4; numbers in docs/validation.md) "
+_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32, tp 4; see docs/validation.md) "
                "with the MoE host-sync bound (docs/mechanisms/moe_host_sync.md: each MoE layer pass lasts at least the "
                "host's time to issue it, 3.69 ms forward / 3.26 ms backward at 16 local experts: 26-35 us per eager "
                "kernel measured on an H100 host plus 83 us per Transformer Engine linear module in the forward, "
                "TransformerEngine#1191), Megatron's unfused loss (cross_entropy: megatron) and no TP overlap, as the "
-               "rows' commands at 8017e11 ran them; they still lack about 1 ms per layer pass. The host replay is plain "
+               "rows' commands at 8017e11 ran them; they still lack about 1 ms per layer pass. The replay is plain "
                "PyTorch, not Megatron + Transformer Engine (whose Python, the TE modules' backward included, costs the "
                "host more); routing was forced to balance (--moe-router-force-load-balancing in every row's command), "
                "so imbalance explains none of it")
