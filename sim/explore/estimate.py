@@ -168,21 +168,24 @@ class Estimator:
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
         pair = None
+        rebuilt_moe = 0.0
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
+            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward)
             lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
             pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
                                (moe_forward, moe_backward))
-        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair)
+        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair, rebuilt_moe)
         self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
         return layer
 
     def _stages(self, plan: Plan, keys: LayoutKeys) -> list[StageTimes]:
         """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``), from its
         layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
-        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair = self._layer_times(plan, keys.layer)
+        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair, rebuilt_moe = self._layer_times(plan,
+                                                                                                        keys.layer)
         c = self._p2p(plan)
         shapes, of_stage = self._stage_shapes(plan, keys.structure)
         priced: list[StageTimes] = []  # stages of one shape (most of an even pipeline's) priced once
@@ -197,7 +200,7 @@ class Estimator:
                 n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
-                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * moe[0]
+                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * rebuilt_moe
             layer_bwd = bwd_layer + rebuilt / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
@@ -361,6 +364,20 @@ class Estimator:
         host = plan.moe_host_seconds
         return (host_bound(alone(forward_blocks), host["forward"]),
                 host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
+
+    @staticmethod
+    def _rebuilt_moe(plan: Plan, forward: float, backward: float, forward_blocks: tuple[Block, ...],
+                     backward_blocks: tuple[Block, ...]) -> float:
+        """Seconds full recomputation adds to a MoE layer's backward (``forward`` and ``backward``: its passes,
+        each host-bound on its own; the blocks: their device work, ``_moe_layer``). The emitter reruns the layer's
+        forward, host sync and eager ops included, inside the backward pass, so the host issues both in one pass
+        (sim.workload.build's ``_layer_tasks``): the rebuilt backward lasts max(device forward + backward, host
+        forward + backward), not the sum of the two passes' maxima (Qwen3-235B tp 4, pp 8, vpp 12, micro-batch 2,
+        ep 4, full recomputation: +5.4% over the simulation that way). Without a host bound: the forward."""
+        host = plan.moe_host_seconds
+        if not host["forward"] and not host["backward"]:
+            return forward
+        return host_bound(alone(forward_blocks) + alone(backward_blocks), host["forward"] + host["backward"]) - backward
 
     def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
                       mix: tuple[tuple[int, int, int], ...] = ()) -> float:
@@ -1091,6 +1108,7 @@ class _LayerTimes(NamedTuple):
     dense: tuple[float, float, float]  # a MoE model's dense layer: (forward, backward, weight); zeros if dense
     moe: tuple[float, float, float]  # its MoE layer's; zeros in a dense model
     pair: _PairBlocks | None  # a MoE model's layers as DualPipe's F&B pairs cut them (Estimator._pair_overlap)
+    rebuilt_moe: float  # what full recomputation adds to a MoE layer's backward (Estimator._rebuilt_moe); 0 if dense
 
 
 class _PairBlocks(NamedTuple):
