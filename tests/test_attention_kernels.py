@@ -24,6 +24,7 @@ from sim.hardware.gpus import GPU_PRESETS
 from sim.model.attention_ops import FLASH_ATTENTION
 from sim.model.flash_tiles import causal_fraction
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.ops import Op
 from sim.model.presets import MODEL_PRESETS
 from sim.spec.scenario import load_scenario
@@ -32,7 +33,9 @@ SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 
 
 def flash_op(seq_len: int = 8192, heads_model: str = "llama3-8b", tp: int = 1):
-    ops = layer_forward_ops(MODEL_PRESETS[heads_model], 1, seq_len, tp, False, 2, True, True, None, True)
+    shape = LayerShape(MODEL_PRESETS[heads_model], 1, seq_len, tp, sequence_parallel=False, elem_bytes=2,
+                       flash_attention=True, causal=True)
+    ops = layer_forward_ops(shape)
     return next(op for op in ops["attention"] if op.name == FLASH_ATTENTION)
 
 

@@ -14,6 +14,7 @@ from sim.costs.models import RooflineCosts, Work
 from sim.costs.profile import default_for
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.ops import EAGER_RMSNORM_BYTES
 from sim.model.presets import MODEL_PRESETS
 
@@ -30,7 +31,8 @@ def measured(gpu: str, op: str, phase: str = "forward+backward") -> float:
 def priced(gpu: str, name: str) -> tuple[float, float]:
     """(forward, forward + backward) seconds of the named op of an eager Llama 3 8B layer on one GPU."""
     costs = RooflineCosts(GPU_PRESETS[gpu], "bf16", default_for(gpu), factor=1.0)
-    ops = layer_forward_ops(MODEL_PRESETS["llama3-8b"], 1, 8192, 1, False, 2, True, False, None, True)
+    ops = layer_forward_ops(LayerShape(MODEL_PRESETS["llama3-8b"], 1, 8192, 1, sequence_parallel=False, elem_bytes=2,
+                                       flash_attention=True, fused_kernels=False, causal=True))
     op = next(op for block in ops.values() for op in block if op.name == name)
     forward = costs.compute_time(Work((op,), 0.0), "forward")
     return forward, forward + costs.compute_time(Work((op,), 0.0), "backward")

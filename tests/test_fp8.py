@@ -4,12 +4,15 @@ gradients stay bf16 (tests/test_grad_dtype.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.attention_ops import ATTENTION_CORE
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
@@ -22,7 +25,7 @@ H100 = GPU_PRESETS["H100-SXM"]
 @pytest.mark.parametrize("flash", [False, True])
 def test_fp8_runs_the_linear_gemms_in_fp8_and_the_attention_core_in_bf16(flash: bool) -> None:
     spec = MODEL_PRESETS["llama2-7b"]  # GEMMs large enough to be compute-bound at FP8's peak
-    ops = layer_forward_ops(spec, 1, 4096, 1, False, 2, flash, True)
+    ops = layer_forward_ops(LayerShape(spec, 1, 4096, 1, sequence_parallel=False, elem_bytes=2, flash_attention=flash))
     core = Work(tuple(op for op in ops["attention"] if op.name in ATTENTION_CORE), 0.0)
     linear = Work(tuple(op for op in ops["mlp"] if op.has_weights), 0.0)
     fp8, bf16 = RooflineCosts(H100, "fp8"), RooflineCosts(H100, "bf16")
@@ -65,7 +68,8 @@ def test_fp8_cast_kernels_bytes_per_pass_follow_transformer_engine(sp: bool) -> 
     """TE v1.8 Linear/LayerNormLinear with delayed scaling, per layer on one TP rank (closed forms)."""
     spec, b, s, tp, m = MODEL_PRESETS["gpt3-13b"], 2, 2048, 4, 8
     h, f, t = spec.hidden_size, spec.ffn, b * s
-    ops = layer_forward_ops(spec, b, s, tp, sp, 2, True, True, Fp8Casts(1.0 / m))
+    bf16 = LayerShape(spec, b, s, tp, sequence_parallel=sp, elem_bytes=2, flash_attention=True)
+    ops = layer_forward_ops(replace(bf16, fp8_casts=Fp8Casts(1.0 / m)))
     weights = (3 * h * h + h * h + 2 * h * f) / tp  # qkv, out_proj, mlp up and down on this rank
     # forward: out_proj and mlp_down inputs cast (+ transposed unless SP), qkv/mlp_up inputs written FP8 by the
     # norm; weights cast with their transpose once per step (1/m per micro-batch)
@@ -83,7 +87,7 @@ def test_fp8_cast_kernels_bytes_per_pass_follow_transformer_engine(sp: bool) -> 
     assert _cast_bytes(ops, "input_grad") == pytest.approx(column_outputs * CAST_TRANSPOSE_BYTES + row)
     assert _cast_bytes(ops, "backward") == pytest.approx(_cast_bytes(ops, "input_grad") + weight_grad)
     # bf16 has none, and the casts ride after their GEMM in the same block
-    assert not any(op.runs_in for block in layer_forward_ops(spec, b, s, tp, sp, 2, True).values() for op in block)
+    assert not any(op.runs_in for block in layer_forward_ops(bf16).values() for op in block)
     assert [op.name for op in ops["mlp"]][:5] == ["post_attention_norm", "mlp_up", "mlp_up_input_transpose",
                                                   "mlp_up_weight_cast", "mlp_up_grad_cast"]
 
@@ -124,7 +128,7 @@ def test_the_lm_head_stays_bf16_under_fp8() -> None:
     head = Work(head_forward_ops(spec, 1, 8192, 1, 2), 0.0)
     fp8, bf16 = RooflineCosts(H100, "fp8"), RooflineCosts(H100, "bf16")
     assert fp8.compute_time(head, "backward") == pytest.approx(bf16.compute_time(head, "backward"))
-    layer = layer_forward_ops(spec, 1, 8192, 1, False, 2, True)
+    layer = layer_forward_ops(LayerShape(spec, 1, 8192, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True))
     assert all(op.te_linear == op.has_weights for block in layer.values() for op in block)
 
 
@@ -165,8 +169,10 @@ def test_squared_relu_mlp_has_two_matrices_and_two_elementwise_passes() -> None:
     from sim.model.params import layer_params
     assert layer_params(sq) == layer_params(gelu)
     assert layer_forward_flops(sq, 1, 2048) == layer_forward_flops(gelu, 1, 2048)
-    act = {m: next(op for op in layer_forward_ops(spec, 1, 2048, 1, False, 2, True)["mlp"]
-                   if op.name == "mlp_activation") for m, spec in (("gelu", gelu), ("sq", sq))}
+    shapes = {m: LayerShape(spec, 1, 2048, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+              for m, spec in (("gelu", gelu), ("sq", sq))}
+    act = {m: next(op for op in layer_forward_ops(shape)["mlp"] if op.name == "mlp_activation")
+           for m, shape in shapes.items()}
     assert act["sq"].bytes == pytest.approx(2 * act["gelu"].bytes)  # torch.pow(F.relu(x), 2): two kernels
     hf = {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32, "vocab_size": 256000,
           "max_position_embeddings": 4096, "intermediate_size": 16384, "hidden_act": "relu2"}

@@ -11,6 +11,7 @@ from sim.costs.models import CalibratedCosts, RooflineCosts, Work
 from sim.costs.profile import DeviceInfo, GemmCurve, Profile
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.workload.step import make_costs
@@ -23,7 +24,9 @@ SPLIT = 1.15
 
 def _mlp() -> tuple[Work, Work]:
     """Llama 2 7B's MLP at 4096 tokens: its FP8 linear GEMMs, and the block's other kernels."""
-    ops = layer_forward_ops(MODEL_PRESETS["llama2-7b"], 1, 4096, 1, False, 2, True, True)["mlp"]
+    shape = LayerShape(MODEL_PRESETS["llama2-7b"], 1, 4096, 1, sequence_parallel=False, elem_bytes=2,
+                       flash_attention=True)
+    ops = layer_forward_ops(shape)["mlp"]
     return Work(tuple(op for op in ops if op.te_linear), 0.0), Work(tuple(op for op in ops if not op.te_linear), 0.0)
 
 
@@ -88,7 +91,8 @@ def test_current_scaling_adds_one_bf16_read_per_cast_tensor(sp: bool) -> None:
     the weight (as often as it is cast) and of the output gradient (the local shard for a row-parallel linear
     under sequence parallelism), in the pass of the cast."""
     tp, m = 2, 4
-    ops = layer_forward_ops(MODEL_PRESETS["llama2-7b"], 1, 4096, tp, sp, 2, True, True)
+    ops = layer_forward_ops(LayerShape(MODEL_PRESETS["llama2-7b"], 1, 4096, tp, sequence_parallel=sp, elem_bytes=2,
+                                       flash_attention=True))
     gemms = [op for block in ops.values() for op in block if op.te_linear]
     assert {op.name for op in gemms} >= NORM_FUSED_LINEAR
     for op in gemms:

@@ -21,6 +21,7 @@ from sim.hardware.gpus import GPU_PRESETS
 from sim.model.attention_ops import FLASH_ATTENTION
 from sim.model.flash_tiles import causal_fraction
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 
 BACKENDS = {"fused": "cudnn_attention", "flash": "flash_attention"}
@@ -99,7 +100,8 @@ def test_between_and_outside_the_measured_head_dims():
 
 
 def flash(model: str, seq_len: int = 4096):
-    ops = layer_forward_ops(MODEL_PRESETS[model], 1, seq_len, 1, False, 2, True, True, None, True)
+    ops = layer_forward_ops(LayerShape(MODEL_PRESETS[model], 1, seq_len, 1, sequence_parallel=False, elem_bytes=2,
+                                       flash_attention=True, causal=True))
     return next(op for op in ops["attention"] if op.name == FLASH_ATTENTION)
 
 

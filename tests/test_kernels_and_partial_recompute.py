@@ -4,6 +4,8 @@ checkpointing of a fraction of the blocks)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -11,6 +13,7 @@ from sim import runner
 from sim.cli import commands as cli
 from sim.explore.estimate import estimate
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.memory import activation_bytes_per_layer
 from sim.model.ops import EAGER_RMSNORM_BYTES, EAGER_ROPE_BYTES
 from sim.model.presets import MODEL_PRESETS
@@ -32,8 +35,9 @@ def test_eager_kernels_move_the_counted_bytes_and_leave_the_gemms_alone(model: s
     spec = MODEL_PRESETS[model]
     b, s = 2, 4096
     tokens, h, kv, f = b * s, spec.hidden_size, spec.kv_dim, spec.ffn
-    fused = layer_forward_ops(spec, b, s, 1, False, 2, True, fused_kernels=True)
-    eager = layer_forward_ops(spec, b, s, 1, False, 2, True, fused_kernels=False)
+    shape = LayerShape(spec, b, s, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+    fused = layer_forward_ops(replace(shape, fused_kernels=True))
+    eager = layer_forward_ops(replace(shape, fused_kernels=False))
     for block in ("attention", "mlp"):
         assert {op.name: op.flops for op in fused[block] if op.matmul} == \
             {op.name: op.flops for op in eager[block] if op.matmul}
@@ -128,7 +132,8 @@ def test_causal_flash_attention_computes_the_tiles_on_and_below_the_diagonal():
     assert causal_fraction(2048) == 17 / 32 and causal_fraction(8192) == 65 / 128 and causal_fraction(128) == 1.0
     assert causal_fraction(200) == 3 / 4  # two tiles per row: the diagonal pair and one below
     spec = MODEL_PRESETS["llama2-7b"]
-    full, causal = (next(op for op in layer_forward_ops(spec, 2, 4096, 1, False, 2, True, causal=c)["attention"]
+    shape = LayerShape(spec, 2, 4096, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+    full, causal = (next(op for op in layer_forward_ops(replace(shape, causal=c))["attention"]
                          if op.name == "flash_attention") for c in (False, True))
     assert full.flops == causal.flops == 2 * 2 * 2 * 32 * 4096 * 4096 * 128  # 4 b s^2 h: Megatron's count (MFU)
     assert (full.executed, causal.executed) == (1.0, 33 / 64) and causal.bytes == full.bytes
@@ -140,7 +145,9 @@ def test_eager_layernorm_is_one_kernel_and_eager_rmsnorm_eight():
     tests/test_eager_kernels.py)."""
     llama = MODEL_PRESETS["llama2-7b"]
     gpt = llama.model_copy(update={"norm": "layernorm"})
-    norm = {name: next(op for op in layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)
-                       ["attention"] if op.name == "input_norm") for name, spec in (("rms", llama), ("ln", gpt))}
+    shapes = {name: LayerShape(spec, 1, 1024, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True,
+                               fused_kernels=False) for name, spec in (("rms", llama), ("ln", gpt))}
+    norm = {name: next(op for op in layer_forward_ops(shape)["attention"] if op.name == "input_norm")
+            for name, shape in shapes.items()}
     assert norm["ln"].kernels == 1 and norm["ln"].bytes == 1024 * 4096 * 2 * 2
     assert norm["rms"].kernels == 8 and norm["rms"].bytes == 1024 * 4096 * 52

@@ -71,12 +71,16 @@ def test_bad_value_is_one_line() -> None:
 def test_fused_norm_rope_overrides_fused_kernels() -> None:
     # Eager modelling code calling flash-attn's fused RMSNorm and rotary kernels: the norms one read and one
     # write, no eager rotary kernels, the rest (SwiGLU, residual adds) eager.
-    from sim.model.layer_ops import layer_forward_ops
+    from dataclasses import replace
 
-    spec = MODEL_PRESETS["llama3-8b"]
-    eager = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False)
-    mixed = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=False, fused_norm_rope=True)
-    fused = layer_forward_ops(spec, 1, 1024, 1, False, 2, True, fused_kernels=True)
+    from sim.model.layer_ops import layer_forward_ops
+    from sim.model.layer_shape import LayerShape
+
+    shape = LayerShape(MODEL_PRESETS["llama3-8b"], 1, 1024, 1, sequence_parallel=False, elem_bytes=2,
+                       flash_attention=True)
+    eager = layer_forward_ops(replace(shape, fused_kernels=False))
+    mixed = layer_forward_ops(replace(shape, fused_kernels=False, fused_norm_rope=True))
+    fused = layer_forward_ops(replace(shape, fused_kernels=True))
     names = {block: [op.name for op in ops] for block, ops in mixed.items()}
     assert "rotary_embedding" in [op.name for op in eager["attention"]]
     assert "rotary_embedding" not in names["attention"]

@@ -5,12 +5,15 @@ Card figures are rounded to their last digit; each test asserts the exact hand s
 half a unit of its last digit (or, where the card truncates, below the next unit), with the convention the
 publisher uses for "active" said at each test."""
 
+from dataclasses import replace
+
 import pytest
 
 from sim.model.attention_ops import attention_forward_ops
 from sim.model.flops import layer_forward_flops, logits_forward_flops, model_flops_per_step, moe_mlp_forward_flops
 from sim.model.fp8_casts import Fp8Casts
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.memory import activation_bytes_per_layer
 from sim.model.mlp_ops import dense_mlp_forward_ops
 from sim.model.moe_ops import moe_forward_ops
@@ -232,8 +235,9 @@ def flops(ops):
 @pytest.mark.parametrize("flash", [False, True])
 def test_layer_forward_ops_is_the_attention_and_dense_mlp_blocks(name, flash):
     spec = MODEL_PRESETS[name]
-    args = (spec, 1, 2048, 2, True, 2, flash, True, Fp8Casts(0.5), True)
-    assert layer_forward_ops(*args) == {"attention": attention_forward_ops(*args), "mlp": dense_mlp_forward_ops(*args)}
+    shape = LayerShape(spec, 1, 2048, 2, sequence_parallel=True, elem_bytes=2, flash_attention=flash,
+                       fp8_casts=Fp8Casts(0.5), causal=True)
+    assert layer_forward_ops(shape) == {"attention": attention_forward_ops(shape), "mlp": dense_mlp_forward_ops(shape)}
 
 
 @pytest.mark.parametrize("name", ["qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b"])
@@ -244,13 +248,14 @@ def test_attention_ops_summed_over_tp_ranks_are_the_layer_attention_flops(name, 
     spec = MODEL_PRESETS[name]
     b, s, tp = 2, 4096, 4
     attention = layer_forward_flops(spec, b, s, moe=True) - moe_mlp_forward_flops(spec, b * s)
-    ops = attention_forward_ops(spec, b, s, tp, True, 2, flash)
+    ops = attention_forward_ops(LayerShape(spec, b, s, tp, sequence_parallel=True, elem_bytes=2, flash_attention=flash))
     assert tp * flops(ops) == pytest.approx(attention, rel=1e-12)
 
 
 def test_deepseek_v3_mla_projection_shapes():
     spec = MODEL_PRESETS["deepseek-v3"]
-    ops = {op.name: op for op in attention_forward_ops(spec, 1, 4096, 8, True, 2, True)}
+    shape = LayerShape(spec, 1, 4096, 8, sequence_parallel=True, elem_bytes=2, flash_attention=True)
+    ops = {op.name: op for op in attention_forward_ops(shape)}
     tokens = 4096
     assert ops["q_down_proj"].shape == (1, tokens // 8, 1536, 7168)  # duplicated, on the rank's own tokens
     assert ops["kv_down_proj"].shape == (1, tokens // 8, 512 + 64, 7168)
@@ -276,8 +281,8 @@ def test_moe_ops_summed_over_ranks_are_the_active_moe_flops(name, tp, sp, ep, et
     pairs = microbatches * tokens * spec.moe_router_topk
     routed = pairs / ep  # per rank; every etp rank of an expert sees all its pairs
     experts = spec.num_moe_experts
-    total = ranks * flops(op for block in moe_forward_ops(spec, b, s, tp, sp, 2, etp, experts // ep, routed).values()
-                          for op in block)
+    shape = LayerShape(spec, b, s, tp, sequence_parallel=sp, elem_bytes=2, flash_attention=True)
+    total = ranks * flops(op for block in moe_forward_ops(shape, etp, experts // ep, routed).values() for op in block)
     h, m = spec.hidden_size, spec.mlp_matrices
     closed = 2 * tokens * (experts * h + spec.moe_router_topk * m * h * spec.moe_ffn
                            + m * h * (spec.moe_shared_expert_intermediate_size or 0))
@@ -287,7 +292,8 @@ def test_moe_ops_summed_over_ranks_are_the_active_moe_flops(name, tp, sp, ep, et
 
 def test_moe_grouped_gemm_shapes_and_block_order():
     spec = MODEL_PRESETS["deepseek-v3"]
-    blocks = moe_forward_ops(spec, 1, 4096, 2, True, 2, etp=2, local_experts=32, routed_tokens=32 * 256.0)
+    shape = LayerShape(spec, 1, 4096, 2, sequence_parallel=True, elem_bytes=2, flash_attention=True)
+    blocks = moe_forward_ops(shape, etp=2, local_experts=32, routed_tokens=32 * 256.0)
     assert list(blocks) == ["moe_router", "moe_shared", "moe_experts", "moe_combine"]
     ops = {op.name: op for block in blocks.values() for op in block}
     assert ops["experts_fc1"].shape == (32, 256, 2 * 2048 // 2, 7168)  # (local experts, m, n, k)
@@ -297,14 +303,17 @@ def test_moe_grouped_gemm_shapes_and_block_order():
     assert ops["moe_permute"].bytes == 2 * (2048 * 8 * 7168) * 2  # read and write tokens x topk x h
     assert ops["shared_expert_up"].shape == (1, 4096, 2 * 2048 // 2, 7168)
     assert [op.name for op in blocks["moe_experts"]] == ["experts_fc1", "experts_activation", "experts_fc2"]
-    mixtral = moe_forward_ops(MODEL_PRESETS["mixtral-8x7b"], 1, 4096, 1, False, 2, 1, 8, 8192.0)
+    shape = LayerShape(MODEL_PRESETS["mixtral-8x7b"], 1, 4096, 1, sequence_parallel=False, elem_bytes=2,
+                       flash_attention=True)
+    mixtral = moe_forward_ops(shape, 1, 8, 8192.0)
     assert mixtral["moe_shared"] == ()
 
 
 def test_fp8_casts_of_a_grouped_gemm_cover_every_expert():
     spec = MODEL_PRESETS["mixtral-8x7b"]
     casts = Fp8Casts(weight_casts_per_microbatch=1.0)
-    blocks = moe_forward_ops(spec, 1, 4096, 1, False, 2, 1, 4, 4 * 1024.0, fp8_casts=casts)
+    shape = LayerShape(spec, 1, 4096, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True, fp8_casts=casts)
+    blocks = moe_forward_ops(shape, 1, 4, 4 * 1024.0)
     ops = {op.name: op for op in blocks["moe_experts"]}
     # TE's cast+transpose reads 2 bytes and writes 1 + 1 per element: 4 local experts x (2 x 14336) x 4096.
     assert ops["experts_fc1_weight_cast"].bytes == 4 * 2 * 14336 * 4096 * 4.0
@@ -358,11 +367,11 @@ def test_gpt_oss_sliding_window_layers_run_a_band_of_tiles():
     spec = MODEL_PRESETS["gpt-oss-120b"]
     assert spec.window_layers == (True, False) * 18
     assert window_fraction(4096, 128) == 63 / 1024
-    ops = {op.name: op for op in attention_forward_ops(spec, 1, 4096, 1, False, 2, True, causal=True)}
+    shape = LayerShape(spec, 1, 4096, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True, causal=True)
+    ops = {op.name: op for op in attention_forward_ops(shape)}
     assert ops["flash_attention"].executed == pytest.approx((18 * 33 / 64 + 18 * 63 / 1024) / 36, rel=1e-15)
     assert ops["flash_attention"].flops == 4 * 64 * 4096 * 4096 * 64
-    dense = {op.name: op for op in attention_forward_ops(MODEL_PRESETS["llama3-8b"], 1, 4096, 1, False, 2, True,
-                                                         causal=True)}
+    dense = {op.name: op for op in attention_forward_ops(replace(shape, spec=MODEL_PRESETS["llama3-8b"]))}
     assert dense["flash_attention"].executed == 33 / 64
 
 

@@ -8,6 +8,7 @@ import pytest
 from sim.costs.models import Work
 from sim.errors import ConfigError
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.params import total_params
 from sim.model.peft import Peft, adapt_layer_ops, nf4_bits_per_param, trainable_params
 from sim.model.presets import MODEL_PRESETS
@@ -97,18 +98,19 @@ def test_frozen_linear_backward_is_its_input_gradient_only() -> None:
     """A frozen layer's backward FLOPs: each linear GEMM once (its input gradient), the attention core twice,
     and no weight gradient; the adapters' GEMMs train (forward, input and weight gradient)."""
     spec, b, s = LLAMA3_8B, 1, 2048
-    base = layer_forward_ops(spec, b, s, 1, False, 2, True)
+    shape = LayerShape(spec, b, s, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+    base = layer_forward_ops(shape)
     tokens = b * s
     h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
     linear = 2.0 * tokens * (h * (h + 2 * kv) + h * h + 3 * h * f)
     attention = 2.0 * 2 * b * spec.num_attention_heads * s * s * spec.head_dim
-    frozen_only = adapt_layer_ops(base, spec, Peft("lora", rank=8, targets=()), tokens, 1, 2)
+    frozen_only = adapt_layer_ops(base, shape, Peft("lora", rank=8, targets=()))
     work = Work(tuple(op for ops in frozen_only.values() for op in ops), 1.0)
     assert work.flops("forward") == linear + attention
     assert work.flops("backward") == linear + 2 * attention
     assert work.flops("input_grad") == linear + 2 * attention
     assert work.flops("weight_grad") == 0.0
-    adapted = adapt_layer_ops(base, spec, Peft("lora", rank=8), tokens, 1, 2)
+    adapted = adapt_layer_ops(base, shape, Peft("lora", rank=8))
     work = Work(tuple(op for ops in adapted.values() for op in ops), 1.0)
     adapter = 2.0 * tokens * 8 * ((h + h) + 2 * (h + kv) + (h + h) + 3 * (h + f))
     assert work.flops("forward") == linear + attention + adapter
@@ -118,8 +120,9 @@ def test_frozen_linear_backward_is_its_input_gradient_only() -> None:
 
 def test_qlora_dequantises_before_forward_and_input_gradient() -> None:
     spec, tokens = LLAMA3_8B, 2048
-    base = layer_forward_ops(spec, 1, tokens, 1, False, 2, True)
-    ops = [op for block in adapt_layer_ops(base, spec, Peft("qlora", rank=8), tokens, 1, 2).values() for op in block]
+    shape = LayerShape(spec, 1, tokens, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+    base = layer_forward_ops(shape)
+    ops = [op for block in adapt_layer_ops(base, shape, Peft("qlora", rank=8)).values() for op in block]
     dequant = [op for op in ops if "dequant" in op.name]
     h, kv, f = spec.hidden_size, spec.kv_dim, spec.ffn
     weights = h * (h + 2 * kv) + h * h + 3 * h * f
@@ -191,8 +194,8 @@ def test_frozen_layers_skip_their_weight_gradients() -> None:
     frozen = sim.run(scenario_from_dict({**base, "training": {**base["training"], "method": "frozen",
                                                               "frozen_layers": list(range(8))}}))
     spec, s = LLAMA3_8B, 2048
-    linear = sum(op.flops for ops in layer_forward_ops(spec, 1, s, 1, False, 2, True).values() for op in ops
-                 if op.has_weights)
+    shape = LayerShape(spec, 1, s, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True)
+    linear = sum(op.flops for ops in layer_forward_ops(shape).values() for op in ops if op.has_weights)
     executed = full.trace["flops"].sum() - frozen.trace["flops"].sum()
     assert executed == pytest.approx(8 * linear, rel=1e-9)
     assert frozen.summary.step_time_s < full.summary.step_time_s

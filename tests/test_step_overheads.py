@@ -8,6 +8,7 @@ from sim import runner
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.ops import EAGER_RMSNORM_KERNELS, Op
 from sim.network import models as network_models
 from sim.plan import resolve
@@ -38,12 +39,14 @@ def test_a_block_of_tiny_kernels_costs_n_floors_or_n_launches():
 
 def test_an_eager_rmsnorm_is_eight_launches():
     llama = make_scenario().model.model_copy(update={"norm": "rmsnorm"})  # eager LayerNorm is one ATen kernel
-    ops = layer_forward_ops(llama, 1, 8, 1, False, 2, True, fused_kernels=False)
+    ops = layer_forward_ops(LayerShape(llama, 1, 8, 1, sequence_parallel=False, elem_bytes=2, flash_attention=True,
+                                       fused_kernels=False))
     norm = next(op for op in ops["attention"] if op.name == "input_norm")
     assert norm.kernels == EAGER_RMSNORM_KERNELS == 8
     costs = RooflineCosts(A100, "bf16", kernel_floor=1e-6)
     assert costs.kernel_time(norm) == pytest.approx(8e-6, rel=1e-12)  # 8 tokens: the floors dominate
-    fused = layer_forward_ops(make_scenario().model, 1, 8, 1, False, 2, True)
+    fused = layer_forward_ops(LayerShape(make_scenario().model, 1, 8, 1, sequence_parallel=False, elem_bytes=2,
+                                         flash_attention=True))
     assert next(op for op in fused["attention"] if op.name == "input_norm").kernels == 1
 
 

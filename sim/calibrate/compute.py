@@ -20,6 +20,7 @@ from typing import Any
 
 from sim.model.flash_tiles import causal_fraction
 from sim.model.layer_ops import layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.transformer import ModelSpec
 
 TORCH_DTYPES = {"fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -29,7 +30,8 @@ def transformer_shapes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int
     """The GEMMs one layer runs on one TP rank: each forward (b, m, n, k) and its two backward GEMMs (the input
     gradient (m, k, n) and the weight gradient (k, n, m); for the attention core, the gradients of its two
     operands), deduplicated: the first name that needs a shape keeps it."""
-    ops = layer_forward_ops(model, micro_batch, seq_len, tp, False, 2, False)
+    ops = layer_forward_ops(LayerShape(model, micro_batch, seq_len, tp, sequence_parallel=False, elem_bytes=2,
+                                       flash_attention=False))
     shapes: dict[tuple[int, ...], str] = {}
     for block in ops.values():
         for op in block:

@@ -1,8 +1,8 @@
 """The kernels of one layer's attention block on one TP rank: MHA/GQA or multi-head latent attention.
 
-In: a ``ModelSpec`` (sim.model.transformer), the micro-batch, sequence length (and under context parallelism
-the keys each query sees), TP split, dtype size and the kernel options (flash attention, fused or eager
-kernels, causal attention, FP8's casts). Out: ``Op`` tuples in forward order: input norm, QKV projection (MLA:
+In: a ``LayerShape`` (sim.model.layer_shape: the ``ModelSpec``, micro-batch, sequence length, TP split, dtype
+size and the kernel options: flash attention, fused or eager kernels, causal attention, FP8's casts) and under
+context parallelism the keys each query sees. Out: ``Op`` tuples in forward order: input norm, QKV projection (MLA:
 its down and up projections and latent norms), the attention core (one flash kernel, or scores, softmax and
 values), output projection, dropout + residual. ``FLASH_ATTENTION`` and ``ATTENTION_CORE`` name the core's ops.
 """
@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sim.model.flash_tiles import causal_fraction, window_fraction
-from sim.model.fp8_casts import Fp8Casts, with_fp8_casts
-from sim.model.ops import Op, eager_norm, eager_rope, elementwise, gemm, linear
+from sim.model.fp8_casts import with_fp8_casts
+from sim.model.layer_shape import LayerShape
+from sim.model.ops import Op, eager_rope, elementwise, gemm, linear
 from sim.model.transformer import ModelSpec
 
 # The fused attention kernel's op name (priced on an attention curve where the profile has one: sim.costs.models).
@@ -56,33 +57,21 @@ def _mla_projections(spec: ModelSpec, tokens: float, replicated_tokens: float, t
     return ops
 
 
-def attention_forward_ops(
-    spec: ModelSpec,
-    micro_batch: int,
-    seq_len: int,
-    tp: int,
-    sequence_parallel: bool,
-    elem_bytes: int,
-    flash_attention: bool,
-    fused_kernels: bool = True,
-    fp8_casts: Fp8Casts | None = None,
-    causal: bool = False,
-    fused_norm_rope: bool | None = None,
-    kv_seq_len: int | None = None,
-    executed: float | None = None,
-) -> tuple[Op, ...]:
+def attention_forward_ops(shape: LayerShape, kv_seq_len: int | None = None,
+                          executed: float | None = None) -> tuple[Op, ...]:
     """Forward kernels of one layer's attention block on one TP rank (``layer_forward_ops``'s ``attention``):
     input norm, QKV projection (MLA: its down and up projections), the attention core, output projection,
-    dropout + residual. Arguments as ``layer_forward_ops``; under context parallelism (sim.parallel.context)
-    ``seq_len`` is the rank's s/cp tokens, ``kv_seq_len`` the keys each query sees (all s; default ``seq_len``)
-    and ``executed`` the share of the flash kernel's full-matrix FLOPs it runs (default: ``causal_fraction``)."""
-    b, s, h = micro_batch, seq_len, spec.hidden_size
+    dropout + residual. ``shape``: the rank's shape and kernel options (sim.model.layer_shape; all of them apply);
+    under context parallelism (sim.parallel.context) ``shape.seq_len`` is the rank's s/cp tokens, ``kv_seq_len``
+    the keys each query sees (all s; default ``shape.seq_len``) and ``executed`` the share of the flash kernel's
+    full-matrix FLOPs it runs (default: ``causal_fraction``)."""
+    spec, tp, elem_bytes = shape.spec, shape.tp, shape.elem_bytes
+    b, s, h = shape.micro_batch, shape.seq_len, spec.hidden_size
     kv_s = kv_seq_len or s
-    tokens = b * s
+    tokens, replicated_tokens = shape.tokens, shape.replicated_tokens
     heads = spec.num_attention_heads / tp
     kv_local = spec.kv_dim / tp
     q_local = spec.q_dim / tp
-    replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
     if spec.multi_latent_attention:
         qk_dim = (spec.qk_head_dim or 0) + (spec.qk_pos_emb_head_dim or 0)
@@ -90,18 +79,15 @@ def attention_forward_ops(
     else:
         qk_dim = v_dim = spec.head_dim
 
-    # Eager PyTorch's LayerNorm is one fused ATen kernel (aten/src/ATen/native/cuda/layer_norm_kernel.cu: one
-    # read, one write); only RMSNorm written in Python (HF/FMS LlamaRMSNorm) runs as eight (sim.model.ops.eager_norm).
-    fused_norm = fused_kernels if fused_norm_rope is None else fused_norm_rope
-    norm = eager_norm if not fused_norm and spec.norm == "rmsnorm" else elementwise
+    norm = shape.norm
     attention: list[Op] = [norm("input_norm", hidden_elems, elem_bytes, reads=1, writes=1)]
     if spec.multi_latent_attention:
         attention += _mla_projections(spec, tokens, replicated_tokens, tp, elem_bytes, norm)
     else:
         attention.append(linear("qkv_proj", tokens, q_local + 2 * kv_local, h, elem_bytes))
-    if not fused_norm and spec.position_embedding == "rope":
+    if not shape.norm_rope_fused and spec.position_embedding == "rope":
         attention.append(eager_rope(tokens * (q_local + kv_local)))
-    if flash_attention:
+    if shape.flash_attention:
         # Fused kernel: reads Q, K, V and writes O once; the s x s scores never reach HBM (Dao et al. 2022).
         # Its FLOPs are Megatron's full-matrix count (MFU, HFU); its time is that of the tiles it executes.
         if spec.multi_latent_attention:  # q and k of d_nope + d_rope, v and o of d_v per head
@@ -110,7 +96,7 @@ def attention_forward_ops(
         else:  # q and o of the rank's tokens, k and v of the keys they see
             flash_flops = 2.0 * 2 * b * heads * s * kv_s * spec.head_dim
             flash_bytes = float(elem_bytes * b * (2 * q_local * s + 2 * kv_local * kv_s))
-        share = _executed_share(spec, s, causal) if executed is None else executed
+        share = _executed_share(spec, s, shape.causal) if executed is None else executed
         attention.append(Op(FLASH_ATTENTION, flash_flops, flash_bytes, True, executed=share, head_dim=int(qk_dim)))
     else:
         score_elems = b * heads * s * s
@@ -120,11 +106,11 @@ def attention_forward_ops(
             gemm("attention_values", s, v_dim, s, elem_bytes, batch=b * heads, weights=False),
         ]
     out_local = heads * v_dim if spec.multi_latent_attention else q_local
-    if not fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
+    if not shape.fused_kernels:  # (b, heads, s, d) attention output copied back to (b, s, h) before the projection
         attention.append(elementwise("attention_transpose", tokens * out_local, elem_bytes, reads=1, writes=1))
     attention += [
         linear("out_proj", tokens, h, out_local, elem_bytes),
         elementwise("attn_dropout_residual", hidden_elems, elem_bytes, reads=2, writes=1,
-                    masks=1 if fused_kernels else 0),
+                    masks=1 if shape.fused_kernels else 0),
     ]
-    return with_fp8_casts(tuple(attention), tp, sequence_parallel, fp8_casts)
+    return with_fp8_casts(tuple(attention), tp, shape.sequence_parallel, shape.fp8_casts)

@@ -1,30 +1,20 @@
 """The kernels of one MoE layer's MLP on one rank: router, shared expert, grouped expert GEMMs, combine.
 
-In: a ``ModelSpec`` (sim.model.transformer), the micro-batch, sequence length, TP and expert-TP split, the
-rank's local experts and the token-expert pairs they compute (the Plan's), dtype size and FP8's casts. Out:
-``Op`` tuples in four blocks, between which the Plan puts the token dispatch and combine.
+In: a ``LayerShape`` (sim.model.layer_shape: the ``ModelSpec``, micro-batch, sequence length, TP split, dtype
+size and FP8's casts), the expert-TP split, the rank's local experts and the token-expert pairs they compute
+(the Plan's). Out: ``Op`` tuples in four blocks, between which the Plan puts the token dispatch and combine.
 """
 
 from __future__ import annotations
 
-from sim.model.fp8_casts import Fp8Casts, with_fp8_casts
+from sim.model.fp8_casts import with_fp8_casts
+from sim.model.layer_shape import LayerShape
 from sim.model.mlp_ops import mlp_activation
 from sim.model.ops import Op, elementwise, gemm, grouped_linear, linear
-from sim.model.transformer import ModelSpec
 
 
-def moe_forward_ops(
-    spec: ModelSpec,
-    micro_batch: int,
-    seq_len: int,
-    tp: int,
-    sequence_parallel: bool,
-    elem_bytes: int,
-    etp: int,
-    local_experts: int,
-    routed_tokens: float,
-    fp8_casts: Fp8Casts | None = None,
-) -> dict[str, tuple[Op, ...]]:
+def moe_forward_ops(shape: LayerShape, etp: int, local_experts: int,
+                    routed_tokens: float) -> dict[str, tuple[Op, ...]]:
     """Forward kernels of one MoE layer's MLP on one rank, in four blocks, between which the Plan puts the
     token dispatch and combine (Megatron-Core moe_layer.py MoELayer.forward, token_dispatcher.py):
 
@@ -43,10 +33,14 @@ def moe_forward_ops(
     ``routed_tokens``: token-expert pairs this rank's local experts compute for one micro-batch (the Plan
     decides it, imbalance included; uniform routing over ep ranks: b*s x topk / (tp when SP) per rank, since
     each of the ep x etp ranks' experts sees its share). Gives FLOPs of the router, the routed experts and the
-    shared expert (``sim.model.flops.moe_mlp_forward_flops`` summed over the ranks)."""
-    tokens = micro_batch * seq_len
+    shared expert (``sim.model.flops.moe_mlp_forward_flops`` summed over the ranks).
+
+    Of ``shape`` (sim.model.layer_shape) the model, micro-batch, sequence length, tp, sequence parallelism,
+    dtype size and FP8's casts apply; the norm, activations and combine are priced as the fused kernels
+    (Megatron-Core's), whatever ``fused_kernels`` and ``fused_norm_rope`` say."""
+    spec, tp, elem_bytes, fp8_casts = shape.spec, shape.tp, shape.elem_bytes, shape.fp8_casts
+    tokens, replicated_tokens = shape.tokens, shape.replicated_tokens
     h, experts, topk = spec.hidden_size, spec.num_moe_experts or 0, spec.moe_router_topk
-    replicated_tokens = tokens / tp if sequence_parallel else tokens
     hidden_elems = replicated_tokens * h
     router = (
         elementwise("post_attention_norm", hidden_elems, elem_bytes, reads=1, writes=1),
@@ -79,7 +73,7 @@ def moe_forward_ops(
     )
     return {
         "moe_router": router,
-        "moe_shared": with_fp8_casts(shared, tp, sequence_parallel, fp8_casts),
+        "moe_shared": with_fp8_casts(shared, tp, shape.sequence_parallel, fp8_casts),
         "moe_experts": with_fp8_casts(grouped, etp, False, fp8_casts),
         "moe_combine": combine,
     }

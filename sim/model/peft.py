@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from sim.model.flops import layer_forward_flops, logits_forward_flops
+from sim.model.layer_shape import LayerShape
 from sim.model.ops import Op
 from sim.model.params import embedding_params, head_params, layer_params
 from sim.model.transformer import ModelSpec
@@ -230,14 +231,15 @@ def dequant_buffer_bytes(spec: ModelSpec, peft: Peft, tp: int, elem_bytes: int) 
     return max(fan_in * fan_out for fan_in, fan_out in (target_shape(spec, t) for t in TARGETS)) / tp * elem_bytes
 
 
-def adapt_layer_ops(blocks: dict[str, tuple[Op, ...]], spec: ModelSpec, peft: Peft, tokens: float, tp: int,
-                    elem_bytes: int, fused_kernels: bool = True) -> dict[str, tuple[Op, ...]]:
-    """A layer's forward kernels (sim.model.layer_ops.layer_forward_ops) under LoRA/QLoRA: the base linears frozen
-    (``Op.trainable`` false: no weight-gradient GEMM), each preceded by its dequantisation under QLoRA, and
-    the adapters' kernels appended to their block."""
+def adapt_layer_ops(blocks: dict[str, tuple[Op, ...]], shape: LayerShape, peft: Peft) -> dict[str, tuple[Op, ...]]:
+    """A layer's forward kernels (sim.model.layer_ops.layer_forward_ops of ``shape``, sim.model.layer_shape)
+    under LoRA/QLoRA: the base linears frozen (``Op.trainable`` false: no weight-gradient GEMM), each preceded by
+    its dequantisation under QLoRA, and the adapters' kernels (over ``shape``'s tokens, tp, dtype size and fused
+    or eager kernels) appended to their block."""
     if not peft.adapters:
         return blocks
-    extra = adapter_ops(spec, peft, tokens, tp, elem_bytes, fused_kernels)
+    elem_bytes = shape.elem_bytes
+    extra = adapter_ops(shape.spec, peft, shape.tokens, shape.tp, elem_bytes, shape.fused_kernels)
     out = {}
     for name, ops in blocks.items():
         adapted: list[Op] = []

@@ -37,6 +37,7 @@ from sim.hardware.sms import on_fewer_sms
 from sim.model.attention_ops import attention_forward_ops
 from sim.model.fp8_casts import Fp8Casts
 from sim.model.layer_ops import RECOMPUTE_OPS, layer_forward_ops
+from sim.model.layer_shape import LayerShape
 from sim.model.moe_ops import moe_forward_ops
 from sim.model.ops import COLUMN_PARALLEL, ROW_PARALLEL, Op
 from sim.model.params import embedding_params, head_params, layer_modules
@@ -117,6 +118,18 @@ def fp8_casts(plan: Plan) -> Fp8Casts | None:
     return Fp8Casts(1.0 / plan.microbatches if t.fp8_weight_cache else 1.0, t.fp8_recipe == "current")
 
 
+def layer_shape(plan: Plan) -> LayerShape:
+    """What the layer op builders read under ``plan`` (sim.model.layer_shape), built here alone: the model, the
+    micro-batch, the rank's s/cp tokens per sequence, tp, sequence parallelism, the compute dtype's bytes and the
+    ``training`` section's kernel options (flash attention, fused kernels, causal attention, fused RMSNorm/RoPE),
+    with FP8's casts (``fp8_casts``)."""
+    t = plan.scenario.training
+    return LayerShape(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp,
+                      sequence_parallel=plan.sequence_parallel, elem_bytes=plan.elem_bytes,
+                      flash_attention=t.flash_attention, fused_kernels=t.fused_kernels, fp8_casts=fp8_casts(plan),
+                      causal=t.causal_attention, fused_norm_rope=t.fused_norm_rope)
+
+
 def frozen_layer_blocks(plan: Plan) -> tuple[dict[str, Work], dict[str, Work]] | None:
     """``training.method: frozen``: (block, column) work of a frozen layer, whose linears run no weight-gradient
     GEMM (sim.model.peft.frozen); None where no layer is frozen that way."""
@@ -135,12 +148,12 @@ def blocks(plan: Plan) -> Blocks:
     keys (``cp_attention_ops``)."""
     t = plan.scenario.training
     b, s, elem = plan.micro_batch, plan.local_seq_len, plan.elem_bytes
-    ops = layer_forward_ops(plan.model, b, s, plan.tp, plan.sequence_parallel, elem, t.flash_attention,
-                            t.fused_kernels, fp8_casts(plan), t.causal_attention, t.fused_norm_rope)
+    shape = layer_shape(plan)
+    ops = layer_forward_ops(shape)
     if plan.cp > 1:
-        ops["attention"] = cp_attention_ops(plan)
+        ops["attention"] = cp_attention_ops(plan, shape)
     # LoRA/QLoRA: frozen base linears (input gradient only), their dequantisation, the adapters' kernels.
-    ops = adapt_layer_ops(ops, plan.model, plan.peft, b * s, plan.tp, elem, t.fused_kernels)
+    ops = adapt_layer_ops(ops, shape, plan.peft)
     ops = {name: block_ops + fsdp_grad_ops(plan, block_ops) for name, block_ops in ops.items()}
     if plan.attention_work is not None:  # documents shorter than the row: flash attention per document
         share, causal = plan.attention_work
@@ -247,15 +260,12 @@ def moe_recompute(plan: Plan) -> dict[str, Work]:
     return {name: Work(replayed(work.ops, modules), 0.0) for name, work in moe_blocks(plan).items()}
 
 
-def cp_attention_ops(plan: Plan) -> tuple[Op, ...]:
-    """A layer's attention block on one CP rank: its s/cp queries against all s keys, the flash kernel executing
-    the blocks ``sim.parallel.context.executed_share`` counts (the causal tile rule per chunk)."""
-    t = plan.scenario.training
-    share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, t.causal_attention)
-    return attention_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
-                                 plan.elem_bytes, t.flash_attention, t.fused_kernels, fp8_casts(plan),
-                                 t.causal_attention, kv_seq_len=plan.seq_len, executed=share,
-                                 fused_norm_rope=t.fused_norm_rope)
+def cp_attention_ops(plan: Plan, shape: LayerShape) -> tuple[Op, ...]:
+    """A layer's attention block on one CP rank (``shape``: ``layer_shape(plan)``, its s/cp tokens): its s/cp
+    queries against all s keys, the flash kernel executing the blocks ``sim.parallel.context.executed_share``
+    counts (the causal tile rule per chunk)."""
+    share = executed_share(plan.seq_len, plan.cp, plan.cp_comm_type, shape.causal)
+    return attention_forward_ops(shape, kv_seq_len=plan.seq_len, executed=share)
 
 
 @dataclass(frozen=True)
@@ -304,8 +314,7 @@ def moe_blocks(plan: Plan) -> dict[str, Work]:
     """The work of a MoE layer's MLP part on one rank (``MOE_BLOCKS``): the router, the shared expert (sharded by
     tp), the grouped GEMMs of the local experts over ``plan.routed_tokens`` token-expert pairs (the most loaded
     rank's), the combine. The expert GEMMs stand for the half layer the dense MLP is under fixed costs."""
-    ops = moe_forward_ops(plan.model, plan.micro_batch, plan.local_seq_len, plan.tp, plan.sequence_parallel,
-                          plan.elem_bytes, plan.etp, plan.local_experts, plan.routed_tokens, fp8_casts(plan))
+    ops = moe_forward_ops(layer_shape(plan), plan.etp, plan.local_experts, plan.routed_tokens)
     return {name: Work(ops[name], 0.5 if name == "moe_experts" else 0.0) for name in MOE_BLOCKS}
 
 
