@@ -523,8 +523,8 @@ class Plan:
         """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
         dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
         dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
-        (sim.costs.host, docs/mechanisms/moe_host_sync.md); 0 without a sync, under CUDA graphs, fixed costs or
-        ``costs.eager_op_overhead`` 0."""
+        (sim.costs.host, docs/mechanisms/moe_host_sync.md: eager ops, expert GEMM launches and Transformer Engine
+        linear-module calls); 0 without a sync, under CUDA graphs, fixed costs or ``costs.eager_op_overhead`` 0."""
         moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
         syncs = moe.host_sync if moe.host_sync is not None else not (
             moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
@@ -532,7 +532,7 @@ class Plan:
                 or not isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec)) or not costs.eager_op_overhead):
             return {"forward": 0.0, "backward": 0.0}
         return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
-                                                       costs.launch_overhead)
+                                                       costs.launch_overhead, costs.te_module_overhead)
                 for direction in ("forward", "backward")}
 
     @cached_property

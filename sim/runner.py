@@ -206,7 +206,7 @@ def _run(scenario: Scenario, record_links: bool, limits: Limits) -> RunResult:
         summary = replace(summary, critical_rank=path.critical_rank,
                           critical_path_s=CriticalPathSeconds(
                               compute_by_rank={str(r): s for r, s in sorted(path.compute_s.items())},
-                              comm_by_kind=path.comm_s),
+                              comm_by_kind=path.comm_s, host=path.host_s),
                           collective_wait_s={str(r): s for r, s in sorted(path.wait_s.items())})
     links = segments = None
     if result.flows is not None:

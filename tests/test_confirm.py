@@ -110,8 +110,9 @@ def test_the_cases_reach_the_branches_they_name():
     assert len(result("tiny every rank").summary.peak_memory_bytes.per_rank) == 4  # dp 2 x pp 2, TP folded
     asynctp = set(result("tiny AsyncTP, interleaved, p2p overlapped (whole passes stamped)").trace["name"])
     assert {"attention_shard_copy", "mlp_reduce_partials"} <= asynctp  # AsyncTP's own tasks
-    host = result("mixtral 8x7b dropless alltoall, host sync, full recompute").trace
-    assert {"moe_host_issue"} == set(host[host["stream"] == "host"]["name"])
+    host = result("mixtral 8x7b dropless alltoall, host sync, full recompute")
+    assert {"moe_host_issue"} == set(host.trace[host.trace["stream"] == "host"]["name"])
+    assert host.summary.host_bound_fraction > 0.05  # the host-bound rule's branch (summary.host_bound_seconds)
 
 
 def test_a_sweep_row_is_the_full_runs_summary():
@@ -124,7 +125,8 @@ def test_a_sweep_row_is_the_full_runs_summary():
     summary = runner.run(load_scenario(base, ["parallel.dp=2", "cluster.nodes=4", "parallel.zero=1"])).summary
     exposed = summary.exposed_comm_s
     expected = {**{k: getattr(summary, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
-                                                     "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
+                                                     "bubble_fraction", "bubble_rate_stagewise",
+                                                     "host_bound_fraction", "fits_in_memory",
                                                      "microbatches", "num_gpus", "tasks")},
                 "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
                 "exposed_ep_s": 0.0, "peak_memory_bytes": summary.peak_memory_bytes.max, "global_batch": 8}

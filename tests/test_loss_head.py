@@ -89,3 +89,100 @@ def test_fused_norm_rope_overrides_fused_kernels() -> None:
     assert norm.bytes == 1024 * 4096 * 2 * 2
     assert next(op for op in mixed["mlp"] if op.name == "mlp_activation") == next(
         op for op in eager["mlp"] if op.name == "mlp_activation")
+
+
+# ------------------------------------------------------------------- Megatron's unfused loss, kernel by kernel
+def _phase_bytes(ops: tuple, phase: str) -> float:
+    from sim.costs.models import phase_scale
+    return sum(op.bytes * phase_scale(op, phase) for op in ops)
+
+
+def test_megatron_loss_bytes_per_logit_element() -> None:
+    # megatron/core/tensor_parallel/cross_entropy.py (1e05700595): forward .float() 2+4, max 4, -= max 4+4,
+    # exp 4+4, sum 4, div_ 4+4 = 38 bytes per logit element; backward mul_(grad_output) 4+4 and the cast back to
+    # bf16 4+2 = 14; plus 139 / 81 bytes per token of the target's kernels (12 / 6 launches).
+    from sim.model.vocab_ops import megatron_cross_entropy_ops
+
+    tokens, vocab = 4096.0, 151_936 / 2
+    ops = megatron_cross_entropy_ops(tokens, vocab)
+    logits = tokens * vocab
+    assert [op.name for op in ops] == ["ce_upcast", "ce_max", "ce_sub_max", "ce_exp", "ce_sum_exp", "ce_softmax",
+                                       "ce_target", "ce_grad_scale", "ce_grad_downcast", "ce_target_grad"]
+    assert _phase_bytes(ops, "forward") == 38 * logits + 139 * tokens
+    assert _phase_bytes(ops, "backward") == _phase_bytes(ops, "input_grad") == 14 * logits + 81 * tokens
+    assert _phase_bytes(ops, "weight_grad") == 0.0
+    assert sum(op.kernels for op in ops if op.runs_in == "forward") == 6 + 12
+    assert sum(op.kernels for op in ops if op.runs_in == "input_grad") == 2 + 6
+    # The fused kernel's model is unchanged: 12 bytes forward, the weightless op's 2x backward.
+    spec = MODEL_PRESETS["llama3-8b"]
+    fused = head_forward_ops(spec, 1, 4096, 1, 2)
+    megatron = head_forward_ops(spec, 1, 4096, 1, 2, "megatron")
+    assert megatron[:2] == fused[:2] and fused[2].bytes == 12 * 4096 * 128_256
+    assert _phase_bytes(fused[2:], "backward") == 24 * 4096 * 128_256
+
+
+def _head_tasks(cross_entropy: str, tp: int = 1):
+    from sim import runner
+    plan = plan_of(cross_entropy, tp=tp)
+    result = runner.run(plan.scenario)  # type: ignore[attr-defined]
+    trace = result.trace
+    head = trace[(trace["name"] == "lm_head") & (trace["rank"] == 0)]
+    durations = {kind: float((rows["end_s"] - rows["start_s"]).iloc[0]) for kind, rows in head.groupby("kind")}
+    return durations, result
+
+
+def test_megatron_loss_moves_the_head_by_its_bytes_over_bandwidth() -> None:
+    # The simulated head task (Llama 3 8B, 2 x 4096 tokens, one H100) moves by exactly the bytes the unfused loss
+    # adds over the fused kernel's, at the cost model's HBM rate x the end-to-end factor, plus its per-token
+    # kernels at the launch floor: forward +26 bytes per logit element, backward -10.
+    from sim.workload.step import make_costs
+
+    fused, _ = _head_tasks("fused")
+    megatron, result = _head_tasks("megatron")
+    costs = make_costs(result.plan)
+    per_byte = costs.factor / costs.bytes_rate  # type: ignore[attr-defined]
+    floor = costs.kernel_floor  # type: ignore[attr-defined]
+    tokens, logits = 2 * 4096, 2 * 4096 * 128_256
+    token_f = max(139 * tokens * per_byte, 12 * floor)
+    token_b = max(81 * tokens * per_byte, 6 * floor)
+    assert megatron["forward"] - fused["forward"] == pytest.approx((38 - 12) * logits * per_byte + token_f, rel=1e-9)
+    assert megatron["backward"] - fused["backward"] == pytest.approx((14 - 24) * logits * per_byte + token_b,
+                                                                     rel=1e-9)
+    # 1.05 G logit elements: +27.3 GB forward, -10.5 GB backward
+    assert (38 - 12) * logits / 1e9 == pytest.approx(27.3, abs=0.05)
+
+
+def test_estimate_moves_with_the_simulation() -> None:
+    # The estimate reads the same head ops: its step moves by what the simulation's does (one stage, 2 micro-batches).
+    import sim
+
+    steps = {}
+    for mode in ("fused", "megatron"):
+        scenario = plan_of(mode).scenario  # type: ignore[attr-defined]
+        steps[mode] = (sim.run(scenario).summary.step_time_s, sim.estimate(scenario).step_time_s)
+    simulated = steps["megatron"][0] - steps["fused"][0]
+    estimated = steps["megatron"][1] - steps["fused"][1]
+    assert simulated > 0 and estimated == pytest.approx(simulated, rel=0.01)
+
+
+def test_megatron_loss_all_reduces_three_token_vectors_under_tp() -> None:
+    # _VocabParallelCrossEntropy.forward all-reduces the logits' max, the predicted logits and the sums of exps
+    # over the TP group: three [tokens] fp32 vectors per micro-batch, after the head's forward, and the head's
+    # backward waits for them. None without TP, none for the fused kernel.
+    from sim.workload.step import loss_collectives
+
+    _, result = _head_tasks("megatron", tp=2)
+    trace = result.trace
+    loss = trace[(trace["layer"] == -1) & (trace["kind"] == "tp") & (trace["rank"] == 0)]
+    tokens = 2 * 4096
+    assert list(loss["name"]) == ["all_reduce"] * 3 * 2  # 2 micro-batches
+    assert set(loss["bytes"]) == {tokens * 4}
+    head = trace[(trace["name"] == "lm_head") & (trace["rank"] == 0)].set_index(["kind", "microbatch"])
+    for mb in (0, 1):
+        reduces = loss[loss["microbatch"] == mb]
+        assert reduces["start_s"].min() >= head.loc[("forward", mb), "end_s"]
+        assert head.loc[("backward", mb), "start_s"] >= reduces["end_s"].max()
+    assert loss_collectives(plan_of("megatron", tp=1)) == ()  # type: ignore[arg-type]
+    assert loss_collectives(plan_of("fused", tp=2)) == ()  # type: ignore[arg-type]
+    fused, _ = _head_tasks("fused", tp=2)
+    assert set(fused) == {"forward", "backward"}

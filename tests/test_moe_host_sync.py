@@ -14,7 +14,7 @@ import pytest
 
 from sim import runner
 from sim.api import estimate
-from sim.costs.host import EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, host_bound, moe_layer_host_seconds
+from sim.costs.host import EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, TE_LINEAR_MODULES, host_bound, moe_layer_host_seconds
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
@@ -66,13 +66,68 @@ def test_a_pass_takes_the_larger_of_its_kernel_and_host_time_on_the_h100() -> No
 
 
 def test_the_qwen3_tp4_rows_host_time_in_closed_form() -> None:
-    """DeepEP tp 4, ep 8: 16 local experts. Forward 100 eager kernels x 32 us + 32 expert GEMMs x 5 us =
-    3.36 ms; backward 92 x 32 us + 64 x 5 us = 3.264 ms."""
+    """DeepEP tp 4, ep 8: 16 local experts. Forward 100 eager kernels x 32 us + 32 expert GEMMs x 5 us + 4
+    Transformer Engine linear modules x 83 us = 3.692 ms; backward 92 x 32 us + 64 x 5 us = 3.264 ms (no TE
+    module term: no public figure prices a TE module's backward)."""
     plan = resolve(load_scenario(TP4))
     assert plan.local_experts == 16
-    assert plan.moe_host_seconds["forward"] == pytest.approx(100 * 32e-6 + 32 * 5e-6, rel=1e-12)
+    assert plan.moe_host_seconds["forward"] == pytest.approx(100 * 32e-6 + 32 * 5e-6 + 4 * 83e-6, rel=1e-12)
+    assert plan.moe_host_seconds["forward"] == pytest.approx(3.692e-3, rel=1e-12)
     assert plan.moe_host_seconds["backward"] == pytest.approx(92 * 32e-6 + 64 * 5e-6, rel=1e-12)
-    assert moe_layer_host_seconds("forward", 4, 10e-6, 1e-6) == pytest.approx(100 * 10e-6 + 8 * 1e-6)
+    assert moe_layer_host_seconds("forward", 4, 10e-6, 1e-6, 0.0) == pytest.approx(100 * 10e-6 + 8 * 1e-6)
+    assert moe_layer_host_seconds("forward", 4, 10e-6, 1e-6, 50e-6) == pytest.approx(
+        100 * 10e-6 + 8 * 1e-6 + 4 * 50e-6)
+    assert moe_layer_host_seconds("backward", 4, 10e-6, 1e-6, 50e-6) == pytest.approx(92 * 10e-6 + 16 * 1e-6)
+
+
+def _te_measured() -> pd.DataFrame:
+    path = resources.files("sim").joinpath("data/reference/te_module_host_measurements.csv")
+    return pd.read_csv(path)  # type: ignore[arg-type]
+
+
+def test_the_te_module_overhead_is_the_measured_te_linear_less_the_replays_eager_op() -> None:
+    """costs.te_module_overhead's default (83 us) is the host time of one Megatron-Core TEColumnParallelLinear
+    forward as measured in NVIDIA/TransformerEngine#1191 (115 us, BF16, TP 1, with that PR's 1.22x: 140 us before)
+    less the one eager op (costs.eager_op_overhead, 32 us) the plain-PyTorch replay issued for its GEMM; the same
+    source's Megatron-Core ColumnParallelLinear (a torch GEMM) took 74 us, so TE's module costs the host more than
+    Megatron's own. Counted four times per forward (qkv, proj, fc1, fc2), none in the backward."""
+    table = _te_measured()
+    issue_1191 = table[table["source"].str.startswith("NVIDIA/TransformerEngine#1191")]
+    te_after = issue_1191[issue_1191["module"] == "Megatron-Core TEColumnParallelLinear"]["value_us"].min()
+    torch_module = float(issue_1191[issue_1191["module"].str.startswith("Megatron-Core ColumnParallel")]
+                         ["value_us"].iloc[0])
+    assert te_after == 115 and torch_module == 74
+    assert issue_1191["value_us"].max() / te_after == pytest.approx(1.22, abs=0.005)  # the PR's speed-up
+    costs = load_scenario(TP4).costs
+    assert costs.te_module_overhead == pytest.approx(te_after * 1e-6 - costs.eager_op_overhead)  # type: ignore[union-attr]
+    assert TE_LINEAR_MODULES == {"forward": 4, "backward": 0}
+
+
+def test_te_linear_costs_the_host_more_than_torchs_on_every_host_measured() -> None:
+    """The cross-check rows (NVIDIA/TransformerEngine#2053, BF16 hidden 2048 x 8192 tokens): on both Grace hosts
+    te.Linear's forward costs the host 2.7x torch.nn.Linear's (GB200 99.66 / 37.08 us, GH200 90.53 / 33.17 us);
+    the DGX H100's Xeon 8480C issues torch.nn.Linear in 13.48 us. The extra over torch, 57-63 us on Grace, is of
+    the order of the 41 us TransformerEngine#1191 measured between Megatron's TE and torch column-parallel linears
+    (115 against 74 us)."""
+    table = _te_measured().set_index(["host", "module"])["value_us"]
+    for grace in ("GB200 (Grace)", "GH200 (Grace)"):
+        ratio = table[(grace, "te.Linear")] / table[(grace, "torch.nn.Linear")]
+        assert ratio == pytest.approx(2.71, abs=0.03)
+        assert 55 <= table[(grace, "te.Linear")] - table[(grace, "torch.nn.Linear")] <= 65
+    assert table[("H100 DGX (Intel Xeon Platinum 8480C)", "torch.nn.Linear")] == 13.48
+
+
+def test_the_te_module_term_moves_only_the_forward_bound() -> None:
+    """costs.te_module_overhead adds 4 x its value to each MoE layer forward's host time and nothing to the
+    backward's; 0 restores the replay-only bound, and costs.eager_op_overhead 0 still turns the whole bound off."""
+    base = resolve(_scenario()).moe_host_seconds
+    doc = _doc()
+    doc["costs"] = {"model": "roofline", "te_module_overhead": 0}
+    bare = resolve(scenario_from_dict(doc)).moe_host_seconds
+    assert base["forward"] - bare["forward"] == pytest.approx(4 * 83e-6, rel=1e-9)
+    assert base["backward"] == bare["backward"]
+    doc["costs"] = {"model": "roofline", "eager_op_overhead": 0, "te_module_overhead": 200e-6}
+    assert resolve(scenario_from_dict(doc)).moe_host_seconds == {"forward": 0.0, "backward": 0.0}
 
 
 def _doc(**moe: Any) -> dict[str, Any]:
@@ -146,7 +201,7 @@ def test_each_moe_layer_pass_lasts_the_larger_of_its_device_and_host_time() -> N
 
 def test_the_estimate_follows_the_simulation_where_the_host_binds() -> None:
     """The estimate prices each MoE layer pass as max(device, host) too: within 5% of the simulation on the
-    small host-bound model and on the Qwen3 tp 4 row, whose forward is host-bound (3.36 ms against ~1.7 ms)."""
+    small host-bound model and on the Qwen3 tp 4 row, whose forward is host-bound (3.69 ms against ~1.7 ms)."""
     for scenario in (_scenario(), load_scenario(TP4)):
         simulated = runner.run(scenario).summary.step_time_s
         assert estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)

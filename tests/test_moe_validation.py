@@ -18,21 +18,22 @@ ROWS = list(published(FOLDER)["scenario"])
 
 # Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
 # (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
-_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-14.9%): moe.a2a_overlap takes the "
-                  "exposed DeepEP time of its no-overlap twin (-3.3%) from 6.5 to 1.5 s and saves 4.1 s net of "
+_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-12.8%): moe.a2a_overlap takes the "
+                  "exposed DeepEP time of its no-overlap twin (-1.4%) from 6.5 to 1.5 s and saves 4.1 s net of "
                   "DeepEP's 20 SMs (the forward's send leaving beside the backward's last block, as Megatron's "
                   "combined 1F1B issues it), the run saved 2.1 s. The ModelZoo's run_h100_235b.sh puts this layout "
                   "at 320 TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s "
                   "run lost ~2.5 s to host-side launches and syncs in the router/permute, which are not modelled "
                   "(docs/mechanisms/a2a_overlap.md)")
-_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32: -21.7%, tp 4: -26.5%) with the "
-               "MoE host-sync bound (docs/mechanisms/moe_host_sync.md: each MoE layer pass lasts at least the host's "
-               "time to issue it, 3.36 ms forward / 3.26 ms backward at 16 local experts, measured 26-35 us per "
-               "eager kernel on an H100 host), which took tp 4 from -47.9% (its 1024-token forward is host-bound) "
-               "and pp 32 from -22.0%; they still lack 1.3 ms (tp 4) and 1.7 ms (pp 32) per layer pass. The replay "
-               "is plain PyTorch, not Megatron + Transformer Engine (whose Python costs the host more), and both "
-               "route dropless (the ModelZoo's 16k table: dropless 237 against 295 TFLOP/s forced, 1.24x, "
-               "not applied: no measured moe.imbalance for this router)")
+_QWEN3_MAIN = ("Qwen3-235B rows run on main(1e057005) predicted too fast (pp 32, tp 4; see docs/validation.md) "
+               "with the MoE host-sync bound (docs/mechanisms/moe_host_sync.md: each MoE layer pass lasts at least the "
+               "host's time to issue it, 3.69 ms forward / 3.26 ms backward at 16 local experts: 26-35 us per eager "
+               "kernel measured on an H100 host plus 83 us per Transformer Engine linear module in the forward, "
+               "TransformerEngine#1191), Megatron's unfused loss (cross_entropy: megatron) and no TP overlap, as the "
+               "rows' commands at 8017e11 ran them; they still lack about 1 ms per layer pass. The replay is plain "
+               "PyTorch, not Megatron + Transformer Engine (whose Python, the TE modules' backward included, costs the "
+               "host more); routing was forced to balance (--moe-router-force-load-balancing in every row's command), "
+               "so imbalance explains none of it")
 # folding-t2-mixtral-8x22b-h100-128-fp8-mcore.yaml came inside the band (-10.8% -> -9.4%) when H100's factor was
 # refitted 1.33 -> 1.355 after TE's userbuffers TP overlap (docs/mechanisms/tp_comm_overlap.md) sped up two fit rows;
 # FP8's speed-up over BF16 stays over-predicted (test_fp8_speedup_over_bf16_on_the_same_layout).

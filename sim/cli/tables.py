@@ -95,6 +95,8 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
                       + (f" (causal count: {summary.mfu_causal:.1%})" if summary.mfu_causal is not None
                          and summary.mfu_causal < 0.99 * summary.mfu else "")),
         ("bubble fraction", f"{summary.bubble_fraction:.2%}"),
+        *([("host-bound fraction", f"{summary.host_bound_fraction:.2%}")]
+          if summary.host_bound_fraction > 0 else []),  # MoE passes behind the dispatcher's host sync
         ("exposed comm " + " / ".join(kinds := [k for k in ("tp", "pp", "dp", "ep", "cp") if k in exposed]),
          " / ".join(f"{exposed[k] * 1e3:.1f}" for k in kinds) + " ms"),
         ("peak memory per GPU", f"{_gib(peak.max)} of {_gib(summary.hbm_capacity_bytes)}"
@@ -106,6 +108,8 @@ def summary_table(summary: Summary, wall_s: float | None = None) -> Table:
         waits = summary.collective_wait_s or {}
         rows.append(("critical rank", f"{rank}: {summary.critical_path_s.compute_by_rank.get(rank, 0.0):.4f} s "
                                       f"of compute on the critical path"))
+        if summary.critical_path_s.host > 0:
+            rows.append(("host on the critical path", f"{summary.critical_path_s.host:.4f} s issuing MoE passes"))
         worst = max(waits, key=lambda r: waits[r]) if waits else None
         if worst is not None and waits[worst] > 0:
             rows.append(("longest collective wait", f"rank {worst}: {waits[worst] * 1e3:.1f} ms"))

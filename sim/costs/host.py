@@ -1,9 +1,10 @@
 """The host's time to issue one MoE layer pass in eager PyTorch, and what of it the GPU waits for
 (docs/mechanisms/moe_host_sync.md).
 
-In: the pass's direction, the rank's local experts, the host's seconds per eager op and per kernel launch
-(``costs.eager_op_overhead``, ``costs.launch_overhead``), the pass's device time. Out: the host's issue time of
-the pass, and the pass's time when the host issues it behind a sync.
+In: the pass's direction, the rank's local experts, the host's seconds per eager op, per kernel launch and per
+Transformer Engine module call beyond its kernels (``costs.eager_op_overhead``, ``costs.launch_overhead``,
+``costs.te_module_overhead``), the pass's device time. Out: the host's issue time of the pass, and the pass's time
+when the host issues it behind a sync.
 
 Megatron-Core's dropless token dispatchers copy the token counts to the host in every MoE layer's forward and wait
 for them (Megatron-LM 1e05700595 ``token_dispatcher.py``: ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
@@ -12,12 +13,16 @@ for them (Megatron-LM 1e05700595 ``token_dispatcher.py``: ``MoEAlltoAllTokenDisp
 split sizes on the host. After the wait the host has no lead on the GPU, so whatever the host's time to issue the
 layer exceeds the layer's device time shows as GPU idle:
 
-    pass = max(device, host),   host = n_eager x eager_op_overhead + n_gemm x launch_overhead
+    pass = max(device, host),
+    host = n_eager x eager_op_overhead + n_gemm x launch_overhead + n_te x te_module_overhead
 
 Measured on an H100 (sim/data/reference/moe_host_measurements.csv, scripts/measure_moe_host_overhead.py: the layer's
 op sequence replayed per rank for the Qwen3-235B ModelZoo rows): the wall time of a layer pass is the larger of its
 kernel time and its host time within 0.2-0.6 ms, and the host issues one kernel in 26-35 us (median 32 us) of
-eager PyTorch, not the 5 us of a bare CUDA launch.
+eager PyTorch, not the 5 us of a bare CUDA launch. The replay stood in plain torch ops for Transformer Engine's
+modules; what a TE linear module's forward costs the host beyond them is ``te_module_overhead`` per call
+(sim/data/reference/te_module_host_measurements.csv: 115 us per Megatron-Core TEColumnParallelLinear forward,
+NVIDIA/TransformerEngine#1191, less the one eager op the replay issued for its GEMM).
 """
 
 from __future__ import annotations
@@ -35,14 +40,23 @@ EAGER_MOE_LAYER_KERNELS: dict[Direction, int] = {"forward": 100, "backward": 92}
 # GEMM per expert in C++ (general_grouped_gemm), fc1 and fc2 in the forward, each one's input- and weight-gradient
 # GEMM in the backward; issued at a CUDA launch's cost (``costs.launch_overhead``), not an eager op's.
 EXPERT_GEMMS: dict[Direction, int] = {"forward": 2, "backward": 4}
+# Transformer Engine linear-module calls per MoE transformer layer pass as Megatron-Core's TE spec builds the
+# layer (gpt_layer_specs.py, get_gpt_layer_with_transformer_engine_spec): linear_qkv (TELayerNormColumnParallelLinear),
+# linear_proj (TERowParallelLinear), the experts' linear_fc1 and linear_fc2 (TEColumnParallelGroupedLinear,
+# TERowParallelGroupedLinear). The measured cost (TransformerEngine#1191) is a forward's; no public figure gives the
+# backward's, so the backward counts none (a lower bound). TE's norms and DotProductAttention are modules too, but
+# no figure prices them, so they stay at the replay's eager-op count.
+TE_LINEAR_MODULES: dict[Direction, int] = {"forward": 4, "backward": 0}
 
 
 def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_overhead: float,
-                           launch_overhead: float) -> float:
+                           launch_overhead: float, te_module_overhead: float) -> float:
     """Seconds the host takes to issue one MoE layer's ``direction`` pass on a rank with ``local_experts``
-    experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each."""
+    experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each, and
+    its Transformer Engine linear-module calls at ``te_module_overhead`` each beyond those kernels."""
     return (EAGER_MOE_LAYER_KERNELS[direction] * eager_op_overhead
-            + EXPERT_GEMMS[direction] * local_experts * launch_overhead)
+            + EXPERT_GEMMS[direction] * local_experts * launch_overhead
+            + TE_LINEAR_MODULES[direction] * te_module_overhead)
 
 
 def host_bound(device: float, host: float) -> float:

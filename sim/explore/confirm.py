@@ -1,9 +1,10 @@
 """Confirm a layout by simulation: the figures a sweep's or search's results table holds, without a trace.
 
 In: a validated ``Scenario`` and its run budget (``Limits``). Out: ``Figures``: step time, tokens/s, TFLOP/s per
-GPU, MFU, HFU, both bubble rates, exposed communication per kind, peak memory and whether it fits, the
-micro-batches, GPUs and tasks: each equal, bit for bit, to the same field of ``sim.runner.run(scenario).summary``
-(tests/test_confirm.py compares them on layouts of every kind the search explores).
+GPU, MFU, HFU, both bubble rates, the host-bound fraction, exposed communication per kind, peak memory and whether
+it fits, the micro-batches, GPUs and tasks: each equal, bit for bit, to the same field of
+``sim.runner.run(scenario).summary`` (tests/test_confirm.py compares them on layouts of every kind the search
+explores).
 
 Why it exists (issue 25, must-show 4: the best 1,000 layouts confirmed in under 60 s with two processes): a full
 run turns the replayed graph into the trace DataFrame (ten columns, strings included, 10^5 rows per layout) and
@@ -11,10 +12,11 @@ summarises it; on the 175B search's best layouts that was half of a confirmation
 layout, 2026-11-25, before the summary itself went to numpy). Here the same simulation (``runner.simulate``:
 plan, graph, replay) is read straight from the task graph into a few numpy arrays (rank, kind, compute stream,
 FLOPs) and each figure is computed by the summary's own functions on the same values in the same order
-(``summary.per_rank``: bubble fractions and exposed communication; ``rates``; ``stagewise_bubble_rate``), so no
-rule is restated here. The memory timeline (``workload.footprint.memory_timeline``) gets a frame of only the rows
-it reads (``footprint.TIMELINE_KINDS``: compute passes, offload copies, data-parallel collectives; about 40% of
-the tasks), which gives the same timeline because it keeps only those rows of a full trace.
+(``summary.per_rank``: bubble and host-bound fractions and exposed communication; ``rates``;
+``stagewise_bubble_rate``), so no rule is restated here. The memory timeline (``workload.footprint.memory_timeline``)
+gets a frame of only the rows it reads (``footprint.TIMELINE_KINDS``: compute passes, offload copies,
+data-parallel collectives; about 40% of the tasks), which gives the same timeline because it keeps only those
+rows of a full trace.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Figures:
     hfu: float
     bubble_fraction: float
     bubble_rate_stagewise: float
+    host_bound_fraction: float
     exposed_comm_s: dict[str, float]
     peak_memory_bytes: float
     fits_in_memory: bool
@@ -130,11 +133,12 @@ def _figures(simulated: runner.Simulated) -> Figures:
     peak_memory = max(m["total"] for m in memory.values())
     compute_rows = np.isin(timeline_rows.kind, _COMPUTE)
     stagewise = stagewise_bubble(timeline_rows.rank[compute_rows], timeline_rows.start[compute_rows],
-                                 timeline_rows.end[compute_rows])
+                                 timeline_rows.end[compute_rows], ranks.host_bound_s)
     runner.check_step(step, figures.hfu, plan.scenario)
     return Figures(step_time_s=step, tokens_per_s=figures.tokens_per_s, tflops_per_gpu=figures.tflops_per_gpu,
                    mfu=figures.mfu, hfu=figures.hfu, bubble_fraction=float(np.mean(ranks.bubbles)),
-                   bubble_rate_stagewise=stagewise, exposed_comm_s=ranks.exposed,
+                   bubble_rate_stagewise=stagewise, host_bound_fraction=float(np.mean(ranks.host_bound)),
+                   exposed_comm_s=ranks.exposed,
                    peak_memory_bytes=peak_memory,
                    fits_in_memory=bool(peak_memory <= plan.scenario.cluster.gpu.hbm_capacity),
                    microbatches=plan.microbatches, num_gpus=plan.num_gpus, tasks=n)

@@ -127,7 +127,7 @@ class Estimator:
             shape = (plan.micro_batch, plan.seq_len, plan.tp, plan.sequence_parallel, t.flash_attention,
                      t.fused_kernels, t.causal_attention, plan.recompute_modules, plan.cp, plan.cp_comm_type,
                      plan.attention_work, plan.peft.method, plan.dtype, step.fp8_casts(plan), _fsdp_grad_key(plan),
-                     step.tp_overlap_chunks(plan), step.tp_overlap_chunk_gemms(plan))
+                     step.tp_overlap_chunks(plan), step.tp_overlap_chunk_gemms(plan), t.cross_entropy)
             self._shape_of = (plan, shape)  # holding the plan keeps its id from being reused
         key = (what, phase, shape)
         if key not in self._compute:
@@ -135,6 +135,12 @@ class Estimator:
                 self._blocks[shape] = step.blocks(plan)
             self._compute[key] = self.costs.compute_time(_work(self._blocks[shape], what), phase)
         return self._compute[key]
+
+    def _loss_comm(self, plan: Plan) -> float:
+        """Seconds of the loss's blocking TP collectives after the head's forward (step.loss_collectives; 0 unless
+        Megatron's unfused loss runs under TP), on the compute stream's path as the emitter orders them."""
+        group = plan.grid.tp_group(0)
+        return sum(self.net.collective_time(op, nbytes, group) for op, nbytes in step.loss_collectives(plan))
 
     def _layer_times(self, plan: Plan, key: Any) -> _LayerTimes:
         """One layer's forward, backward and weight-gradient times (``_LayerTimes``), kept per ``key`` (the search
@@ -220,7 +226,7 @@ class Estimator:
                 b += offloaded * max(0.0, copy - layer_bwd - fsdp_b)
             for piece, holds in (("embedding", embedding), ("head", head)):
                 if holds:
-                    f += self._price(plan, piece, "forward")
+                    f += self._price(plan, piece, "forward") + (self._loss_comm(plan) if piece == "head" else 0.0)
                     b += self._price(plan, piece, bwd)
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
@@ -403,7 +409,7 @@ class Estimator:
                 backward += [blocks[0], blocks[1]] if recomputed else [blocks[1]]
             forward += [pair.moe[0] if moe else pair.dense[0] for moe, _ in layers]
             if head:
-                forward.append((Block(self._price(plan, "head", "forward"), None, 0.0),))
+                forward.append((Block(self._price(plan, "head", "forward") + self._loss_comm(plan), None, 0.0),))
             if embedding:
                 backward.append((Block(self._price(plan, "embedding", bwd), None, 0.0),))
             moe_layers = sum(moe for moe, _ in layers)

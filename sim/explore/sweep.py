@@ -47,8 +47,8 @@ from sim.workload.size import Limits
 
 METRICS = (
     "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction", "bubble_rate_stagewise",
-    "exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_ep_s", "peak_memory_bytes", "fits_in_memory",
-    "microbatches", "global_batch", "num_gpus", "tasks",
+    "host_bound_fraction", "exposed_tp_s", "exposed_pp_s", "exposed_dp_s", "exposed_ep_s", "peak_memory_bytes",
+    "fits_in_memory", "microbatches", "global_batch", "num_gpus", "tasks",
 )
 RESULTS_CSV = "results.csv"
 
@@ -190,7 +190,8 @@ def run_point(base_data: dict[str, Any], base_dir: str, overrides: list[str], po
     row |= {
         "status": "ok" if figures.fits_in_memory else "oom",
         **{k: getattr(figures, k) for k in ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu",
-                                            "bubble_fraction", "bubble_rate_stagewise", "fits_in_memory",
+                                            "bubble_fraction", "bubble_rate_stagewise", "host_bound_fraction",
+                                            "fits_in_memory",
                                             "microbatches", "num_gpus", "tasks")},
         "exposed_tp_s": exposed["tp"], "exposed_pp_s": exposed["pp"], "exposed_dp_s": exposed["dp"],
         "exposed_ep_s": exposed.get("ep", 0.0),  # MoE token dispatch/combine; 0 for a dense model

@@ -51,7 +51,9 @@ HARMLESS_NOTE = {
     "step_batch_size_schedule": "a batch-size schedule: the steady-state --global-batch-size is simulated",
     "fp8_param_gather": "FP8 weights gathered by the distributed optimizer: its all-gather bytes are not halved "
                         "in the simulation (bf16 bytes)",
-    "cross_entropy_loss_fusion": "the loss kernel's fusion: not priced apart",
+    "cross_entropy_loss_fusion": "the fused loss: training.cross_entropy's default, fused (without the flag "
+                                 "Megatron runs the unfused loss, cross_entropy: megatron, which the import "
+                                 "does not set; docs/mechanisms/loss_head.md)",
     "moe_grouped_gemm": "grouped GEMMs are what the simulator prices for experts",
 }
 

@@ -2,9 +2,10 @@
 
 In: a trace DataFrame (``sim.output.trace`` schema) and its ``Plan`` (``summarize``); the memory timeline comes
 from ``sim.workload.footprint.memory_timeline``. Out: a ``Summary``, a
-frozen dataclass: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble fraction, exposed communication per
-kind, peak memory per rank and whether it fits; the runner adds the optional fields (NCCL's SM stretch; the
-critical rank and path with ``ranks: all``; the busiest and the critical link on the ``contention`` network).
+frozen dataclass: step time, tokens/s, TFLOP/s per GPU, MFU/HFU, bubble and host-bound fractions, exposed
+communication per kind, peak memory per rank and whether it fits; the runner adds the optional fields (NCCL's SM
+stretch; the critical rank and path with ``ranks: all``; the busiest and the critical link on the ``contention``
+network).
 ``Summary.to_dict()`` is the ``summary.json`` a run directory holds (``Summary.to_json()`` its text, finite numbers
 only): ``schema_version`` first, then every field in
 every mode (an optional figure that does not apply is null), and ``Summary.from_dict`` reads it back;
@@ -13,8 +14,13 @@ every mode (an optional figure that does not apply is null), and ``Summary.from_
 Definitions. MFU uses model FLOPs without recomputation (Korthikanti et al. 2022 eq. 7); HFU the FLOPs the
 trace executed, each task's ``flops`` being what its kernels' time was priced on (``Op.executed_flops``: a causal
 flash kernel's executed tiles, not MFU's full matrix), so HFU <= 1 and may be below MFU. Bubble fraction of a
-rank = 1 - (time its compute stream or blocking TP collectives are busy) / (time until the last forward/backward
-of the step ends), averaged over simulated ranks; with fixed costs and an ideal network it is (p-1)/(m+p-1).
+rank = 1 - (time its compute stream or blocking TP collectives are busy + its host-bound time) / (time until the
+last forward/backward of the step ends, ``pipeline_end``), averaged over simulated ranks; with fixed costs and an
+ideal network it is (p-1)/(m+p-1). Host-bound fraction of a rank = its host-bound time / ``pipeline_end``,
+averaged alike: the host-bound time is the compute stream's idle after a MoE layer pass's device work until the
+host has issued the pass (behind the token dispatcher's host sync, sim.costs.host; ``host_bound_seconds`` says
+exactly which idle), so it is idle time the bubble fraction counted before (schema version 1) and the two add
+up to that figure; 0 without a host sync.
 Exposed communication of a kind = time that kind's collectives run while the rank's compute stream is idle (worst
 rank reported).
 """
@@ -41,7 +47,10 @@ from sim.workload.ir import COMM_KINDS, COMPUTE_KINDS, CP_COMM_KINDS, MOE_COMM_K
 
 # summary.json's schema version: bump it when a key is renamed or removed or its meaning changes (adding a key
 # keeps the version: readers ignore keys they do not know). docs/summary.md lists the keys.
-SCHEMA_VERSION = 1
+# Version 2: ``bubble_fraction`` no longer counts the compute stream's wait for the host (now
+# ``host_bound_fraction``), and ``critical_path_s`` holds the host's seconds as ``host``, no longer as
+# ``comm_by_kind["host"]``.
+SCHEMA_VERSION = 2
 
 
 def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
@@ -80,10 +89,13 @@ class PeakMemory:
 
 @dataclass(frozen=True)
 class CriticalPathSeconds:
-    """Seconds the step's critical path spends computing on each rank and communicating per kind (tp/pp/dp)."""
+    """Seconds the step's critical path spends computing on each rank, communicating per kind (tp, pp, dp, ep, cp,
+    ...) and on the host issuing MoE layer passes behind the dispatcher's host sync (``host``; sim.costs.host),
+    which is neither; the three sum to the step time."""
 
     compute_by_rank: dict[str, float]
     comm_by_kind: dict[str, float]
+    host: float
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,7 @@ class Summary:
     hfu: float
     bubble_fraction: float
     bubble_rate_stagewise: float
+    host_bound_fraction: float  # compute idle waiting for the host to issue a MoE layer pass (host_bound_seconds)
     exposed_comm_s: dict[str, float]  # kind (tp, pp, dp; ep: MoE; cp: cp > 1) -> seconds, worst rank
     peak_memory_bytes: PeakMemory
     memory_breakdown_bytes: dict[str, dict[str, float]]  # rank -> part (weights, activations, ..., total) -> bytes
@@ -290,24 +303,34 @@ def rank_positions(rank: np.ndarray) -> list[np.ndarray]:
     return np.split(order, bounds) if len(order) else []
 
 
-def stagewise_bubble_rate(trace: pd.DataFrame) -> float:
+def stagewise_bubble_rate(trace: pd.DataFrame, host_bound_s: Sequence[float] | None = None) -> float:
     """Qi et al. ICLR 2024 Sec. 5.3: (cost - busy) / cost with cost the longest stage's span from its first
     to its last compute task, and busy that stage's compute time (the skew between stages' starts is not a
-    bubble there: their optimizer step does not synchronize the stages)."""
+    bubble there: their optimizer step does not synchronize the stages). ``host_bound_s``: each rank's host-bound
+    seconds (``PerRank.host_bound_s``, rank order), counted with its compute time as not a bubble; they lie inside
+    the rank's span and outside its compute tasks (``host_bound_seconds``)."""
     compute = trace[trace["kind"].isin(COMPUTE_KINDS)]
-    return stagewise_bubble(compute["rank"].to_numpy(), compute["start_s"].to_numpy(), compute["end_s"].to_numpy())
+    return stagewise_bubble(compute["rank"].to_numpy(), compute["start_s"].to_numpy(), compute["end_s"].to_numpy(),
+                            host_bound_s)
 
 
-def stagewise_bubble(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> float:
+def stagewise_bubble(rank: np.ndarray, start: np.ndarray, end: np.ndarray,
+                     host_bound_s: Sequence[float] | None = None) -> float:
     """``stagewise_bubble_rate`` of the compute tasks given as columns (rank, start, end; in trace order). Each
     rank's first start and last end in numpy (exact); the busy seconds summed by pandas' grouped sum, whose
-    compensated summation the summary has always used."""
+    compensated summation the summary has always used, plus the rank's host-bound seconds where any rank has
+    some (``host_bound_s``, in the grouped sum's ascending rank order)."""
     if not len(rank):
         return 0.0
     order = np.argsort(rank, kind="stable")
     firsts = np.flatnonzero(np.r_[True, np.diff(rank[order]) != 0])
     cost = float(np.max(np.fmax.reduceat(end[order], firsts) - np.fmin.reduceat(start[order], firsts)))
-    busy = float(pd.Series(end - start).groupby(rank).sum().max())
+    per_rank_busy = pd.Series(end - start).groupby(rank).sum()
+    if host_bound_s is not None and any(host_bound_s):
+        if len(host_bound_s) != len(per_rank_busy):  # every simulated rank runs compute tasks
+            raise AssertionError(f"host-bound seconds of {len(host_bound_s)} ranks, compute on {len(per_rank_busy)}")
+        per_rank_busy = per_rank_busy + np.asarray(host_bound_s, dtype=np.float64)
+    busy = float(per_rank_busy.max())
     return max(0.0, (cost - busy) / cost) if cost > 0 else 0.0  # clamp float noise of a zero bubble
 
 
@@ -359,12 +382,50 @@ def exposed_kinds(plan: Plan) -> tuple[Kind, ...]:
 
 @dataclass(frozen=True)
 class PerRank:
-    """``per_rank``'s figures: each simulated rank's bubble fraction and share of the step its compute stream is
-    busy (rank order), and each reported kind's exposed seconds on the worst rank."""
+    """``per_rank``'s figures: each simulated rank's bubble fraction, host-bound fraction and share of the step
+    its compute stream is busy (rank order), and each reported kind's exposed seconds on the worst rank."""
 
     bubbles: list[float]
     busy_compute: list[float]
     exposed: dict[str, float]
+    host_bound_s: list[float]  # seconds (host_bound_seconds)
+    host_bound: list[float]  # fraction of the time until the last forward/backward ends
+
+
+def host_bound_seconds(issue_ends: np.ndarray, issue_starts: np.ndarray, compute: tuple[np.ndarray, np.ndarray],
+                       compute_starts: np.ndarray, busy: tuple[np.ndarray, np.ndarray], pipeline_end: float) -> float:
+    """Seconds one rank's compute stream idles waiting for the host to finish issuing a MoE layer pass (behind the
+    dispatcher's host sync, ``moe_host_issue`` tasks on the ``host`` stream; sim.costs.host).
+
+    In: the rank's host-issue tasks' ends and starts; ``compute``, the merged intervals (``_merge``) of its
+    compute stream's tasks, and ``compute_starts`` their tasks' starts, sorted; ``busy``, the merged intervals the
+    bubble counts as busy (compute passes and blocking TP collectives, cut at ``pipeline_end``); the end of the
+    step's last forward/backward. A MoE pass ends with
+    a zero-length ``moe_host_wait`` on the compute stream after the pass's last task, its own stream predecessor
+    and the issue (sim.workload.build ``_moe_host``); the engines start a task at the max of its dependencies'
+    ends (the same float), so where the issue ended last, a compute-stream task starts exactly at the issue's end
+    ``e``, and the compute stream was idle before it. That idle, from the end of the compute stream's last task
+    before ``e`` (no earlier than the issue's start) to ``e``, is the host-bound gap: the compute stream's next
+    task waited for nothing but the host. Out: the length of the union of the gaps less what the bubble counts as
+    busy in them (a TP collective still running), within [0, pipeline_end]; for a pass issued from its first
+    task's start it is max(0, host - device), the part of max(device, host) the host adds
+    (docs/mechanisms/moe_host_sync.md). So it lies outside the bubble's busy set, and the summary moves it out of
+    ``bubble_fraction`` into ``host_bound_fraction``, which sum to the bubble as it was; an exchange (ep, cp, pp,
+    dp) running in a gap does not make it a bubble, since the compute stream waits for the host, not for it."""
+    if not len(issue_ends) or not len(compute_starts):
+        return 0.0
+    ends = np.minimum(issue_ends, pipeline_end)
+    first = np.searchsorted(compute_starts, ends, side="left")  # the compute stream's first task starting at >= e
+    resumed = compute_starts[np.clip(first, 0, len(compute_starts) - 1)] == ends
+    c_starts, c_ends = compute
+    last = np.searchsorted(c_starts, ends, side="left") - 1  # the compute stream's last interval starting before e
+    gap_start = np.where(last >= 0, c_ends[np.clip(last, 0, None)], -np.inf) if len(c_starts) else \
+        np.full(len(ends), -np.inf)
+    bound = resumed & (gap_start < ends)  # idle before e (an interval ending at e or later covers it: not idle)
+    if not bound.any():
+        return 0.0
+    starts = np.maximum(np.maximum(gap_start, issue_starts), 0.0)[bound]
+    return _exposed_seconds(starts, ends[bound], busy)
 
 
 def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.ndarray, kind_codes: np.ndarray,
@@ -378,8 +439,13 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
     0.13 of 0.20 CPU s on 175B)."""
     bubbles: list[float] = []
     busy_compute: list[float] = []
+    host_bound_s: list[float] = []
+    host_bound: list[float] = []
     exposed: dict[str, float] = {str(kind): 0.0 for kind in kinds}
     busy_kind = np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name in (*COMPUTE_KINDS, Kind.TP)])
+    # The host's issue tasks of MoE layer passes (sim.costs.host), where there are any (none: no host-bound time).
+    host_codes = [i for i, name in enumerate(kind_names) if name == Kind.HOST]
+    is_host = np.isin(kind_codes, host_codes) if host_codes else None
     # Each reported kind's rows, once over all tasks (per rank below, a take of it: the same rows as isin per rank)
     of_kinds = {str(kind): np.isin(kind_codes, [i for i, name in enumerate(kind_names) if name == kind])
                 for kind in kinds}
@@ -393,11 +459,18 @@ def per_rank(positions: list[np.ndarray], starts_all: np.ndarray, ends_all: np.n
         busy_ends = np.minimum(ends[busy_rows], pipeline_end)
         busy_starts, busy_ends = _merge(starts[busy_rows], busy_ends)
         busy = float(np.sum(busy_ends - busy_starts))
-        bubbles.append(1.0 - busy / pipeline_end if pipeline_end > 0 else 0.0)
+        waiting = 0.0
+        if is_host is not None:
+            issues = is_host[rows]
+            waiting = host_bound_seconds(ends[issues], starts[issues], union, np.sort(starts[compute_rows]),
+                                         (busy_starts, busy_ends), pipeline_end)
+        host_bound_s.append(waiting)
+        host_bound.append(waiting / pipeline_end if pipeline_end > 0 else 0.0)
+        bubbles.append(1.0 - (busy + waiting) / pipeline_end if pipeline_end > 0 else 0.0)
         for kind, of_all in of_kinds.items():
             of_kind = of_all[rows]
             exposed[kind] = max(exposed[kind], _exposed_seconds(starts[of_kind], ends[of_kind], union, before))
-    return PerRank(bubbles, busy_compute, exposed)
+    return PerRank(bubbles, busy_compute, exposed, host_bound_s, host_bound)
 
 
 def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
@@ -438,7 +511,8 @@ def summarize(trace: pd.DataFrame, plan: Plan) -> Summary:
         hardware_tflops_per_gpu=figures.hardware_tflops_per_gpu,
         hfu=figures.hfu,
         bubble_fraction=float(np.mean(bubbles)),
-        bubble_rate_stagewise=stagewise_bubble_rate(trace),
+        bubble_rate_stagewise=stagewise_bubble_rate(trace, ranks.host_bound_s),
+        host_bound_fraction=float(np.mean(ranks.host_bound)),
         exposed_comm_s=exposed,
         peak_memory_bytes=PeakMemory(max=peak_memory, per_rank={str(r): m["total"] for r, m in memory.items()}),
         memory_breakdown_bytes={str(r): m for r, m in memory.items()},

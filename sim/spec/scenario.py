@@ -386,6 +386,12 @@ class KernelCostsSpec(FrozenSpec):
         "what a MoE layer pass's eager ops cost the host behind the token dispatcher's host sync (moe.host_sync; "
         "sim.costs.host). 32 us: the median of an H100 host's 26-35 us per kernel replaying Megatron-Core's MoE "
         "layer (sim/data/reference/moe_host_measurements.csv); 0 = off"))
+    te_module_overhead: Seconds = Field(default=parse_seconds("83 us"), ge=0, description=(
+        "host time one Transformer Engine linear module's forward call costs beyond the eager op counted for its "
+        "GEMM, added per TE linear module (qkv, proj, the experts' fc1 and fc2) to a MoE layer forward's host "
+        "time behind the dispatcher's sync (sim.costs.host). 83 us: 115 us measured per Megatron-Core "
+        "TEColumnParallelLinear forward (BF16, TP 1; NVIDIA/TransformerEngine#1191, "
+        "sim/data/reference/te_module_host_measurements.csv) less costs.eager_op_overhead's 32 us; 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
         "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
         "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "

@@ -122,11 +122,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="MoE layer pass bound by the host behind the dispatcher's host sync",
         off=("costs.eager_op_overhead=0",),  # moe.host_sync=false is refused on a dense model's scenario
-        knob="moe.host_sync (None: every dropless dispatcher syncs, Megatron-Core), costs.eager_op_overhead (32 us)",
+        knob="moe.host_sync (None: every dropless dispatcher syncs, Megatron-Core), costs.eager_op_overhead (32 us), "
+             "costs.te_module_overhead (83 us per TE linear module forward)",
         source="Megatron-LM 1e05700595 token_dispatcher.py (cuda_dtoh_stream.synchronize() before the EP "
                "all-to-all; DeepEP's dispatch waits for the received counts); this project's H100 replay of the "
                "MoE layer's eager op sequence (moe_host_measurements.csv: 26-35 us of host per kernel, a pass = "
-               "max(kernel, host) within 0.7 ms)",
+               "max(kernel, host) within 0.7 ms); TransformerEngine#1191 (Megatron TEColumnParallelLinear forward: "
+               "115 us of host, te_module_host_measurements.csv)",
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(

@@ -61,6 +61,7 @@ from sim.workload.step import (
     blocks,
     context_attention,
     frozen_layer_blocks,
+    loss_collectives,
     make_costs,
     offload_buffer_copy_seconds,
     overlaps_backward,
@@ -104,6 +105,7 @@ class _StageEmitter:
         self.chunked_column = work.chunked_column or work.column
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
         self.embed_work, self.head_work = work.embedding, work.head
+        self.loss_collectives = loss_collectives(plan)  # the unfused loss's TP all-reduces
         self.trained_work = (self.block_work, self.column_work)
         self.frozen_work = frozen_layer_blocks(plan)  # method frozen: its layers' backward skips weight gradients
         self.flags: dict[int, tuple[bool, bool, tuple[int, ...], bool]] = {}  # task -> non-default chain deps
@@ -561,6 +563,9 @@ class _StageEmitter:
             after = self._layer("forward", mb, layer, after)
         if g == last:
             after = self._compute("forward", "lm_head", mb, -1, self.head_work, after)
+            for op, nbytes in self.loss_collectives:  # each waited for by the loss's next kernel
+                after = self._add("tp", "tp", op, mb, -1, after, op=op, nbytes=nbytes, group=self.tp_group)
+                self.blocking_tp = after
         self.tail = after
         self._wait_upstream(self._first_reading(first_task), "F", g, mb)
         if g < last:

@@ -30,6 +30,7 @@ from sim.workload.step import (
     context_attention,
     dispatch_exchanges,
     gather_calls,
+    loss_collectives,
     tp_ops,
     tp_overlap_chunks,
 )
@@ -175,6 +176,7 @@ def estimate_size(plan: Plan) -> RunSize:
     per_microbatch = sum(_layer_tasks(plan, layer, cp) for layer in range(layers))
     passes = 3 if plan.splits_backward else 2
     per_microbatch += 2 * passes  # the embedding and the LM head
+    per_microbatch += len(loss_collectives(plan))  # the unfused loss's TP all-reduces
     per_microbatch += 2 * (plan.chunks - 1)  # a send each way across every chunk boundary
     if plan.zero_stage == 2 and not plan.gathers_units and plan.data_parallel:
         per_microbatch += plan.pp  # ZeRO-2's reduce-scatter buckets (at least one per stage per micro-batch)

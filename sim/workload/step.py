@@ -42,7 +42,7 @@ from sim.model.moe_ops import moe_forward_ops
 from sim.model.ops import COLUMN_PARALLEL, ROW_PARALLEL, Op
 from sim.model.params import embedding_params, head_params, layer_modules
 from sim.model.peft import adapt_layer_ops, frozen
-from sim.model.vocab_ops import embedding_forward_ops, head_forward_ops
+from sim.model.vocab_ops import embedding_forward_ops, head_forward_ops, loss_tp_collectives
 from sim.network import deepep
 from sim.network.collectives import p2p_time
 from sim.network.models import transfer_time
@@ -178,6 +178,13 @@ def blocks(plan: Plan) -> Blocks:
         chunked_column={name: Work(chunk_gemms(block_ops, COLUMN_PARALLEL, chunks), 0.0)
                         for name, block_ops in ops.items()} if chunks else {},
     )
+
+
+def loss_collectives(plan: Plan) -> tuple[tuple[str, float], ...]:
+    """The loss's TP collectives in the head's forward, (op, bytes) in issue order, each blocking the compute that
+    follows (the next kernel reads its result): Megatron's unfused loss all-reduces three [tokens] fp32 vectors
+    (sim.model.vocab_ops.loss_tp_collectives); none for the other ``training.cross_entropy`` values."""
+    return loss_tp_collectives(plan.micro_batch * plan.local_seq_len, plan.tp, plan.scenario.training.cross_entropy)
 
 
 def chunk_gemms(ops: tuple[Op, ...], names: frozenset[str], chunks: int) -> tuple[Op, ...]:
