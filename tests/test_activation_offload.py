@@ -136,3 +136,20 @@ def test_one_line_errors(training: dict, message: str) -> None:
     data["training"].update(training)
     with pytest.raises(ConfigError, match=message):
         sim.load_scenario(data)
+
+
+@pytest.mark.parametrize("parallel", [{"pp": 2}, {"pp": 2, "vpp": 2}])
+def test_pipeline_parallelism_is_refused(parallel: dict) -> None:
+    """Megatron-Core's TransformerConfig raises "Currently there is no support for Pipeline parallelism with CPU
+    offloading" when cpu_offloading and pipeline_model_parallel_size > 1 (transformer_config.py
+    __post_init__, at 1e05700595 and at d98e8a64dd), interleaved or not: one line naming the field; pp 1 runs."""
+    data = scenario(1)
+    data["cluster"]["gpus_per_node"] = 2
+    data["parallel"] = parallel
+    with pytest.raises(ConfigError) as error:
+        sim.load_scenario(data)
+    assert str(error.value).startswith("training.cpu_offloading_num_layers: Megatron-Core offloads activations "
+                                       "only without pipeline parallelism (parallel.pp = 2;")
+    assert "\n" not in str(error.value)
+    data["parallel"] = {"pp": 1}
+    assert sim.load_scenario(data).parallel.pp == 1

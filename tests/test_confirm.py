@@ -42,7 +42,9 @@ CASES = {
     "tiny interleaved, selective, SP": ("tiny.yaml", ["schedule=interleaved", "parallel.vpp=2",
                                                       "training.recompute=selective",
                                                       "parallel.sequence_parallel=true"]),
-    "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1"]),
+    # Megatron-Core refuses --cpu-offloading with pipeline parallelism (training.cpu_offloading_num_layers' rule)
+    "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1", "parallel.pp=1",
+                                              "parallel.dp=2"]),
     "tiny cp 2": ("tiny.yaml", ["parallel.tp=1", "parallel.cp=2", "training.flash_attention=true"]),
     "tiny every rank": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "ranks=all"]),
     "tiny contention, every rank": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "network.model=contention",

@@ -282,26 +282,26 @@ def test_sim_import_nemo_reads_the_flex_backend_the_overlap_and_the_recompute_mo
 
 
 def _two_nodes(network: str, **moe: Any) -> Scenario:
-    """One MoE layer of 8 experts, ep 8 over 2 nodes of 4 H100s (DeepEP's internode kernels: 2 domains of 4
-    ranks), dp 8, 4 micro-batches, on ``network``."""
+    """One MoE layer of 16 experts, ep 16 over 2 nodes of 8 H100s (DeepEP's internode kernels: 2 domains of 8
+    ranks, the smallest internode group DeepEP V1 runs), dp 16, 4 micro-batches, on ``network``."""
     return scenario_from_dict({
-        "name": "deepep-net", "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 4},
+        "name": "deepep-net", "cluster": {"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 8},
         "model": small_moe_model("moe-one", num_layers=1, hidden_size=1024, heads=8, ffn_hidden_size=2048,
-                                 max_seq_len=2048),
-        "training": {"global_batch": 32, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
-        "parallel": {"tp": 1, "pp": 1, "dp": 8, "ep": 8}, "schedule": "1f1b",
+                                 max_seq_len=2048) | {"num_moe_experts": 16},
+        "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 2048, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "dp": 16, "ep": 16}, "schedule": "1f1b",
         "moe": {"token_dispatcher": "flex", **moe}, "network": {"model": network}})
 
 
 @pytest.mark.parametrize("op", [deepep.DISPATCH, deepep.COMBINE])
 def test_contention_flows_put_the_closed_form_bytes_on_each_link(op: str) -> None:
-    """The contention model's DeepEP exchange over 2 nodes x 4 ranks: each GPU sends R / 2 to the GPU of its local
-    index on the other node (its NIC, PCIe and the rail's leaf: (D - 1) R / D with D = 2) and N / 4 to each of
-    its 3 node peers (its NVLink port: (P - 1) N / P with P = 4), R and N as DeepEP counts them. Alone, every
+    """The contention model's DeepEP exchange over 2 nodes x 8 ranks: each GPU sends R / 2 to the GPU of its local
+    index on the other node (its NIC, PCIe and the rail's leaf: (D - 1) R / D with D = 2) and N / 8 to each of
+    its 7 node peers (its NVLink port: (P - 1) N / P with P = 8), R and N as DeepEP counts them. Alone, every
     flow ends at the closed form (RDMA bound here: R / 43 GB/s), and the hottest receiver's at skew x it."""
     plan = resolve(_two_nodes("contention"))
     traffic, group = plan.deepep_traffic, plan.grid.ep_group(0)
-    assert traffic is not None and plan.deepep_shape == (2, 4)
+    assert traffic is not None and plan.deepep_shape == (2, 8)
     topo = runner.build_topology(plan)
     net = network_models.make("contention", topo, deepep=traffic)
     assert isinstance(net, network_models.ContentionNetwork)
@@ -313,12 +313,12 @@ def test_contention_flows_put_the_closed_form_bytes_on_each_link(op: str) -> Non
             carried[ends] = carried.get(ends, 0.0) + hops * channel.nbytes
     rdma, nvlink = traffic.rdma_bytes, traffic.nvlink_bytes
     for rank in group:
-        node, local = divmod(rank, 4)
+        node, local = divmod(rank, 8)
         assert carried[(f"gpu{rank}", f"nic{node}.{local}")] == pytest.approx(rdma / 2, rel=1e-12)
         assert carried[(f"nic{node}.{local}", f"leaf0.{local}")] == pytest.approx(rdma / 2, rel=1e-12)
-        assert carried[(f"gpu{rank}", f"nvswitch{node}")] == pytest.approx(3 * nvlink / 4, rel=1e-12)
-        assert carried[(f"nvswitch{node}", f"gpu{rank}")] == pytest.approx(3 * nvlink / 4, rel=1e-12)
-    assert len(carried) == 8 * 6  # per GPU, each way: PCIe to its NIC, that NIC to the rail's leaf, its NVLink port
+        assert carried[(f"gpu{rank}", f"nvswitch{node}")] == pytest.approx(7 * nvlink / 8, rel=1e-12)
+        assert carried[(f"nvswitch{node}", f"gpu{rank}")] == pytest.approx(7 * nvlink / 8, rel=1e-12)
+    assert len(carried) == 16 * 6  # per GPU, each way: PCIe to its NIC, that NIC to the rail's leaf, its NVLink port
     alone = max(channel.nbytes / channel.rate_cap for channel in phase.channels)
     assert alone == pytest.approx(traffic.seconds(op), rel=1e-12)
     assert traffic.seconds(op) == pytest.approx(rdma / 43e9, rel=1e-12)  # the README's 2-node row, 50 GB/s NIC
@@ -330,7 +330,7 @@ def test_contention_replay_times_the_exchanges_as_the_analytic_one_when_unconten
     """The same 2-node layout under both models. The dispatches and combines (and their gradients) share no link
     with anything (no TP, the gradients reduced after the last backward), so their flows end exactly at the closed
     form (to 1e-9); the step agrees to 0.1%. The links' load over the first micro-batch's forward (before any
-    backward) carries exactly the two exchanges' RDMA bytes on the NICs: 8 GPUs x R / 2 each."""
+    backward) carries exactly the two exchanges' RDMA bytes on the NICs: 16 GPUs x R / 2 each."""
     analytic = runner.run(_two_nodes("analytic"))
     contention = runner.run(_two_nodes("contention"), record_links=True)
     plan = contention.plan
@@ -350,15 +350,16 @@ def test_contention_replay_times_the_exchanges_as_the_analytic_one_when_unconten
                    & (segments["end_s"] <= first_backward + 1e-12)]
     capacity = runner.build_topology(plan).links[0].capacity  # nic0.0 -> leaf0.0, as every NIC link
     moved = float(((nic["end_s"] - nic["start_s"]) * nic["load_fraction"]).sum() * capacity)
-    assert moved == pytest.approx(2 * 8 * plan.deepep_traffic.rdma_bytes / 2, rel=1e-9)
+    assert moved == pytest.approx(2 * 16 * plan.deepep_traffic.rdma_bytes / 2, rel=1e-9)
 
 
 def test_a_gradient_all_reduce_on_the_nics_slows_the_exchange_flows() -> None:
-    """Contention with DP traffic: two gradient buckets' ring all-reduces over the 8 ranks (across both nodes) in
-    flight with a dispatch. Max-min fair on the links (sim.network.flows): each rail's NIC link carries one RDMA
-    flow (cap B_rdma / D = 21.5 GB/s) and one channel of each ring (cap 47 GB/s, the link's capacity), so the
-    RDMA flows get a third of 47 GB/s, less than their cap, and the dispatch outlasts its closed form by 21.5 /
-    15.67. One ring alone would leave them their cap (a half of 47 GB/s)."""
+    """Contention with DP traffic: two gradient buckets' ring all-reduces on each rail's pair of GPUs (rank r and
+    r + 8, one per node, as data-parallel groups that span the nodes rail by rail) in flight with a dispatch.
+    Max-min fair on the links (sim.network.flows): each rail's NIC link carries one RDMA flow (cap B_rdma / D =
+    21.5 GB/s) and one channel of each ring (cap 47 GB/s, the link's capacity), so the RDMA flows get a third of
+    47 GB/s, less than their cap, and the dispatch outlasts its closed form by 21.5 / 15.67. One ring alone would
+    leave them their cap (a half of 47 GB/s)."""
     from sim.network.flows import max_min_rates
 
     plan = resolve(_two_nodes("contention"))
@@ -368,18 +369,18 @@ def test_a_gradient_all_reduce_on_the_nics_slows_the_exchange_flows() -> None:
     assert isinstance(net, network_models.ContentionNetwork)
     (dispatch,) = net.transfer(deepep.DISPATCH, traffic.rdma_bytes, group)
     channels = list(dispatch.channels)
-    ring = [ch for phase in net.transfer("all_reduce", 256e6, group) for ch in phase.channels]
-    ring += [ch for phase in net.transfer("all_reduce", 128e6, group) for ch in phase.channels]
+    ring = [ch for rail in range(8) for size in (256e6, 128e6)
+            for phase in net.transfer("all_reduce", size, (rail, rail + 8)) for ch in phase.channels]
     loads = {key: ch.loads for key, ch in enumerate(channels + ring)}
     caps = {key: ch.rate_cap for key, ch in enumerate(channels + ring)}
     rates = max_min_rates(loads, caps, net.capacities)
     nic_links = {i for i, link in enumerate(net.topology.links) if link.tier == "nic"}
     rdma = [key for key, ch in enumerate(channels) if any(link in nic_links for link, _ in ch.loads)]
     nvlink = [key for key in range(len(channels)) if key not in rdma]
-    # one RDMA channel per sender (one other node) and one NVLink channel per sender carrying its 3 node peers'
-    # pairs (its NVLink port loaded 3 times; sim.network.models ContentionNetwork._deepep_phase)
-    assert len(rdma) == 8 and len(nvlink) == 8
-    assert all(max(hops for _, hops in channels[key].loads) == 3 for key in nvlink)
+    # one RDMA channel per sender (one other node) and one NVLink channel per sender carrying its 7 node peers'
+    # pairs (its NVLink port loaded 7 times; sim.network.models ContentionNetwork._deepep_phase)
+    assert len(rdma) == 16 and len(nvlink) == 16
+    assert all(max(hops for _, hops in channels[key].loads) == 7 for key in nvlink)
     assert all(rates[key] == pytest.approx(net.capacities[0] / 3, rel=1e-9) for key in rdma)
     assert all(rates[key] < 0.99 * caps[key] for key in rdma)
     slowest = max(channels[key].nbytes / rates[key] for key in range(len(channels)))
@@ -387,3 +388,51 @@ def test_a_gradient_all_reduce_on_the_nics_slows_the_exchange_flows() -> None:
     alone = max_min_rates({key: channels[key].loads for key in rdma}, {key: caps[key] for key in rdma},
                           net.capacities)
     assert all(alone[key] == pytest.approx(caps[key], rel=1e-9) for key in rdma)
+
+
+def _flex(gpus_per_node: int, nodes: int, ep: int, experts: int, tp: int = 1) -> dict[str, Any]:
+    """One MoE layer on ``nodes`` x ``gpus_per_node`` H100s, ep ``ep`` (etp 1), the flex dispatcher."""
+    gpus = nodes * gpus_per_node
+    return {"name": "deepep-peers", "cluster": {"gpu": "H100-SXM", "nodes": nodes, "gpus_per_node": gpus_per_node},
+            "model": small_moe_model("moe-one", num_layers=1, hidden_size=1024, heads=8, ffn_hidden_size=2048,
+                                     max_seq_len=2048) | {"num_moe_experts": experts},
+            "training": {"global_batch": gpus // tp, "micro_batch": 1, "seq_len": 2048},
+            "parallel": {"tp": tp, "pp": 1, "ep": ep, "etp": 1, "sequence_parallel": tp > 1},
+            "moe": {"token_dispatcher": "flex"}}
+
+
+@pytest.mark.parametrize(("gpus_per_node", "nodes", "ep", "experts", "message"), [
+    # 16 EP ranks in one 16-GPU NVLink domain: DeepEP V1 reaches 8 NVLink peers (NUM_MAX_NVL_PEERS)
+    (16, 1, 16, 16, "16 ranks of the EP group share an NVLink domain; DeepEP's normal kernels reach at most 8 "
+                    "NVLink peers"),
+    # an NVL72-like domain holding the whole ep 72 group
+    (72, 1, 72, 72, "72 ranks of the EP group share an NVLink domain"),
+    # ep 8 over two 4-GPU nodes: DeepEP takes 8 consecutive EP ranks as one NVLink node (rank / 8)
+    (4, 2, 8, 8, "4 ranks of the EP group per NVLink domain over 2 domains; DeepEP's internode kernels take each 8 "
+                 "consecutive EP ranks as one NVLink node"),
+    # ep 168 over 21 nodes of 8: 21 RDMA peers, above NUM_MAX_RDMA_PEERS 20 (num_ranks <= 8 x 20)
+    (8, 21, 168, 168, "the EP group spans 21 NVLink domains; DeepEP's normal kernels reach at most 20 RDMA peers"),
+])
+def test_deepeps_peer_limits_are_refused_in_one_line(gpus_per_node: int, nodes: int, ep: int, experts: int,
+                                                     message: str) -> None:
+    """DeepEP V1's normal kernels (csrc/kernels/configs.cuh: NUM_MAX_NVL_PEERS 8, NUM_MAX_RDMA_PEERS 20;
+    csrc/deep_ep.cpp Buffer: num_ranks <= 8 x 20, num_ranks < 8 or a multiple of 8, rdma_rank = rank / 8 and
+    nvl_rank = rank % 8, the 8 NVLink ranks' buffers opened by CUDA IPC) run an EP group of at most 8 ranks in one
+    NVLink domain, or of 8 ranks in each of at most 20 domains: a flex layout outside that is one line naming
+    moe.token_dispatcher."""
+    with pytest.raises(ConfigError) as error:
+        scenario_from_dict(_flex(gpus_per_node, nodes, ep, experts))
+    assert str(error.value).startswith("moe.token_dispatcher: flex (DeepEP): ") and message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("gpus_per_node", "nodes", "ep", "experts", "tp", "shape"), [
+    (8, 1, 8, 8, 1, (1, 8)),  # intranode, 8 NVLink peers
+    (8, 2, 4, 8, 4, (1, 4)),  # ep 4 inside a node (tp 4): fewer than 8 ranks, intranode
+    (8, 20, 160, 160, 1, (20, 8)),  # the largest internode group: 20 RDMA peers of 8
+    (4, 1, 4, 8, 1, (1, 4)),  # a 4-GPU node, ep 4
+])
+def test_layouts_within_deepeps_limits_run(gpus_per_node: int, nodes: int, ep: int, experts: int, tp: int,
+                                           shape: tuple[int, int]) -> None:
+    plan = resolve(scenario_from_dict(_flex(gpus_per_node, nodes, ep, experts, tp)))
+    assert plan.deepep_shape == shape

@@ -185,8 +185,12 @@ def test_only_the_cli_imports_interop() -> None:
 
 def test_nemo_gpt3_175b_recipe() -> None:
     """NeMo-Framework-Launcher conf/training/gpt3/175b.yaml (NeMo 1.x): 128 nodes x 8, tp 4 x pp 8 x 6 virtual
-    stages, sequence parallel, the mcore distributed optimizer with both overlaps and 220 MB buckets, bf16;
-    ffn_hidden_size is the interpolation ${multiply:4, ${.hidden_size}}; GPT-2's BPE vocabulary padded."""
+    stages, sequence parallel, the mcore distributed optimizer with both overlaps, bf16; ffn_hidden_size is the
+    interpolation ${multiply:4, ${.hidden_size}}; GPT-2's BPE vocabulary padded. The recipe's bucket_cap_mb 220 is
+    not what runs: NeMo hands Megatron-Core's DDP ``model.optim.ddp_bucket_size`` (None here), so its default
+    max(40e6, 1e6 x dp 32) = 40e6 fp32 gradients buckets them (megatron_gpt_model.py
+    setup_mcore_distributed_parallel: "mcore bucket_size is based on num of parameters, therefore not using
+    bucket_cap_mb")."""
     from sim.interop.nemo import import_nemo
 
     draft = import_nemo([str(DATA / "nemo_gpt3_175b.yaml")], Options(gpu="H100-SXM"))
@@ -195,7 +199,8 @@ def test_nemo_gpt3_175b_recipe() -> None:
     assert (s.parallel.tp, s.parallel.pp, s.parallel.vpp, s.schedule) == (4, 8, 6, "interleaved")
     assert s.parallel.sequence_parallel and s.parallel.overlap_p2p_comm and s.parallel.zero == 1
     assert s.parallel.overlap_grad_reduce and s.parallel.overlap_param_gather and s.parallel.align_param_gather
-    assert s.parallel.dp_bucket_size == 220 * 2**20 and s.parallel.grad_bucket_view
+    assert s.parallel.dp_bucket_size == 160_000_000 and s.parallel.grad_bucket_view
+    assert _status(draft, "model.optim.bucket_cap_mb") == "ignored"
     assert (s.training.dtype, s.training.micro_batch, s.training.global_batch, s.training.seq_len) == \
         ("bf16", 1, 2048, 2048)
     m = s.model
@@ -875,3 +880,130 @@ def test_nemo_cp_comm_type(tmp_path: Path) -> None:
     draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
     assert (draft.scenario().parallel.cp, draft.scenario().parallel.cp_comm_type) == (2, "all_gather")
     assert _status(draft, "model.cp_comm_type") == "mapped"
+
+
+@pytest.mark.parametrize(("flags", "gpus", "bucket_bytes"), [
+    # dp 8 (8 GPUs, tp 1): max(40e6, 8e6) = 40e6 fp32 main gradients (bf16 training: Megatron-LM's arguments.py
+    # sets accumulate_allreduce_grads_in_fp32) -> 160,000,000 bytes
+    ("--bf16", 8, 160_000_000),
+    # dp 256 (2,048 GPUs / tp 4 / pp 2): 256e6 gradients of 4 bytes
+    ("--bf16 --tensor-model-parallel-size 4 --pipeline-model-parallel-size 2", 2048, 1_024_000_000),
+    # dp without cp (the dp_group Megatron-Core sizes the bucket by): 2,048 / tp 2 / cp 4 = 256 -> 256e6 elements,
+    # in bf16 with --grad-reduce-in-bf16
+    ("--bf16 --tensor-model-parallel-size 2 --context-parallel-size 4 --grad-reduce-in-bf16", 2048, 512_000_000),
+    # fp16 training reduces fp16 gradients: dp 64 -> max(40e6, 64e6) x 2 bytes
+    ("--fp16", 64, 128_000_000),
+    # --ddp-bucket-size given: it, in elements of the gradient buffer's dtype
+    ("--bf16 --ddp-bucket-size 10000000", 8, 40_000_000),
+])
+def test_megatron_import_carries_megatron_cores_default_bucket(flags: str, gpus: int, bucket_bytes: int) -> None:
+    """Without --ddp-bucket-size Megatron-Core buckets max(40,000,000, 1,000,000 x dp) gradients
+    (megatron/core/distributed/distributed_data_parallel.py: ``ddp_config.bucket_size = max(40000000, 1000000 *
+    dp_group.size())``, the data-parallel group without cp; the same rule at 1e05700595), not PyTorch DDP's 25 MiB:
+    the imported scenario carries it in bytes of the gradient buffer's dtype, reported as Megatron's default."""
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 " \
+        "--overlap-grad-reduce --use-distributed-optimizer "
+    draft = import_megatron((base + flags).split(), Options(gpu="H100-SXM", gpus=gpus))
+    assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
+    assert _status(draft, "--ddp-bucket-size") == ("mapped" if "--ddp-bucket-size" in flags else "default")
+
+
+def test_megatron_import_without_overlap_leaves_the_bucket_out() -> None:
+    """Without --overlap-grad-reduce Megatron-Core sets bucket_size None (one bucket per model chunk after the
+    backward), which the simulator models whatever parallel.dp_bucket_size says: no default row is written."""
+    base = "--num-layers 4 --hidden-size 256 --num-attention-heads 8 --seq-length 128 --vocab-size 1000 --bf16"
+    draft = import_megatron(base.split(), Options(gpu="H100-SXM", gpus=8))
+    assert draft.get("parallel.dp_bucket_size") is None
+    assert not any(row.target.startswith("parallel.dp_bucket_size") for row in draft.rows)
+
+
+@pytest.mark.parametrize(("optim", "bucket_bytes", "status"), [
+    # NeMo 1.x mcore_distributed_optim: Megatron-Core's DDP with model.optim.ddp_bucket_size, in elements of the
+    # gradient buffer (fp32: grad_reduce_in_fp32 = grad_sync_dtype == 'fp32'); bucket_cap_mb is not read
+    ({"name": "mcore_distributed_optim", "ddp_bucket_size": 50_000_000}, 200_000_000, "mapped"),
+    ({"name": "mcore_distributed_optim", "grad_sync_dtype": "bf16"}, 80_000_000, "default"),
+    # Apex's DistributedFusedAdam (NeMo's distributed_fused_adam): bucket_cap_mb MiB of gradients in
+    # grad_sync_dtype (apex distributed_fused_adam.py: bucket_size = 1024 * 1024 * bucket_cap_mb / dtype_size),
+    # Apex's default 100 when the config leaves it out
+    ({"name": "distributed_fused_adam", "bucket_cap_mb": 220}, 220 * 2**20, "mapped"),
+    ({"name": "distributed_fused_adam", "bucket_cap_mb": None}, 100 * 2**20, "default"),
+])
+def test_nemo_bucket_follows_the_optimizer_that_buckets(tmp_path: Path, optim: dict[str, Any], bucket_bytes: int,
+                                                        status: str) -> None:
+    """The GPT-3 175B recipe (dp 32, overlap_grad_sync) under each of NeMo 1.x's distributed optimizers: the
+    bucket the optimizer that owns the gradients runs, each row's source reported."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_gpt3_175b.yaml").read_text())
+    config["model"]["optim"].update(optim)
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    s = draft.scenario()
+    assert s.parallel.dp_bucket_size == bucket_bytes
+    assert s.training.grad_dtype == ("bf16" if optim.get("grad_sync_dtype") == "bf16" else "auto")
+    source = {"mcore_distributed_optim": "model.optim.ddp_bucket_size"}.get(optim["name"],
+                                                                          "model.optim.bucket_cap_mb")
+    assert next(row.status for row in draft.rows if row.target.startswith("parallel.dp_bucket_size")
+                and row.source == source) == status
+
+
+@pytest.mark.parametrize(("ddp", "bucket_bytes"), [
+    ({}, 160_000_000),  # dp 4: max(40e6, 4e6) fp32 gradients (MegatronMixedPrecision's grad_reduce_in_fp32 True)
+    ({"bucket_size": 100_000_000}, 400_000_000),  # DistributedDataParallelConfig.bucket_size, in elements
+])
+def test_nemo2_bucket_is_megatron_cores(tmp_path: Path, ddp: dict[str, Any], bucket_bytes: int) -> None:
+    """NeMo 2.0's trainer.strategy.ddp is Megatron-Core's DistributedDataParallelConfig: its bucket_size, else
+    Megatron-Core's default for the data-parallel size (16 GPUs / tp 2 / pp 2 = 4)."""
+    from sim.interop.nemo import import_nemo
+
+    config = {"trainer": {"num_nodes": 2, "devices": 8, "strategy": {
+        "tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2, "sequence_parallel": True,
+        "ddp": {"overlap_grad_reduce": True, "use_distributed_optimizer": True, **ddp}},
+        "plugins": {"precision": "bf16-mixed"}},
+        "model": {"config": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}},
+        "data": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 128}}
+    path = tmp_path / "nemo2.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
+    assert draft.scenario().parallel.dp_bucket_size == bucket_bytes
+    if ddp:
+        assert _status(draft, "trainer.strategy.ddp.bucket_size") == "mapped"
+
+
+@pytest.mark.parametrize(("cfg", "sms", "chunks", "defaults"), [
+    # fc2_fprop says only its method: TE's pipeline defaults, num_sm 16 and num_splits 4 -> mean(24, 16) = 20
+    ({"proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 1},
+      "fc2_fprop": {"method": "pipeline"}}, 20, 4, ["fc2_fprop.num_sm", "fc2_fprop.num_splits"]),
+    # no row-GEMM entry at all: both are TE's defaults (pipeline, 16 SMs with set_sm_margin, 4 splits)
+    ({"qkv_dgrad": {"method": "bulk", "num_sm": 8}}, 16, 4,
+     ["proj_fprop.num_sm", "proj_fprop.num_splits", "fc2_fprop.num_sm", "fc2_fprop.num_splits"]),
+    # ring exchange without num_sm / set_sm_margin: TE's 1 SM and no margin, so the GEMM keeps every SM; its
+    # chunks are tp (the field's default), not num_splits
+    ({"proj_fprop": {"method": "ring_exchange"}, "fc2_fprop": {"method": "ring_exchange"}}, 0, None,
+     ["proj_fprop.num_sm", "fc2_fprop.num_sm"]),
+    # an explicit set_sm_margin 0: the GEMM runs on all SMs beside that reduce-scatter (TE comm_gemm_overlap.cpp);
+    # NeMo 2.x writes the margin as a boolean
+    ({"proj_fprop": {"method": "pipeline", "num_sm": 24, "num_splits": 4, "set_sm_margin": 0},
+      "fc2_fprop": {"method": "pipeline", "num_sm": 16, "num_splits": 4, "set_sm_margin": 1}}, 8, 4, []),
+    ({"proj_fprop": {"method": "ring_exchange", "num_sm": 1, "set_sm_margin": True},
+      "fc2_fprop": {"method": "pipeline", "num_sm": 16, "set_sm_margin": False}}, 0, 4, ["fc2_fprop.num_splits"]),
+])
+def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path, cfg: dict[str, Any], sms: int,
+                                                                 chunks: int | None, defaults: list[str]) -> None:
+    """A ub_cfg entry (or a row GEMM with no entry) runs Transformer Engine's defaults for what it omits
+    (transformer_engine/pytorch/module/base.py initialize_ub, get_default_config, TE 2.x: num_sm 16 / 1,
+    set_sm_margin for all but ring_exchange, num_splits 4 / tp for pipeline / ring_exchange; the user's keys
+    update that dict): the imported scenario prices those, each filled key reported as TE's default."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_llama2_70b.yaml").read_text())
+    config["model"]["ub_tp_comm_overlap_cfg"] = cfg
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama2-70b"))
+    s = draft.scenario()
+    assert (s.parallel.tp_comm_overlap_sms, s.parallel.tp_comm_overlap_chunks) == (sms, chunks)
+    for key in defaults:
+        assert _status(draft, f"model.ub_tp_comm_overlap_cfg.{key}") == "default"
+    assert not any(row.status == "unknown" for row in draft.rows if "ub_tp_comm_overlap_cfg" in row.source)

@@ -40,7 +40,9 @@ CASES = {
     "tiny zero-1 dp 2": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=1"]),
     "tiny FSDP + PP": ("tiny.yaml", ["cluster.nodes=4", "parallel.dp=2", "parallel.zero=3",
                                      "fsdp.sharding=FULL_SHARD"]),
-    "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1"]),
+    # Megatron-Core refuses --cpu-offloading with pipeline parallelism (training.cpu_offloading_num_layers' rule)
+    "tiny activation offload": ("tiny.yaml", ["training.cpu_offloading_num_layers=1", "parallel.pp=1",
+                                              "parallel.dp=2"]),
     "tiny AsyncTP, full recompute": ("tiny.yaml", ["parallel.sequence_parallel=true", "parallel.tp_comm_overlap=true",
                                                    "parallel.tp_comm_overlap_method=async_tp",
                                                    "training.recompute=full"]),

@@ -80,7 +80,8 @@ def test_the_shared_screen_gives_each_layout_the_estimate_it_gets_alone(scenario
     ("llama2-7b_h100-16_fsdp.yaml", ["training.dtype=fp8", "training.fp8_recipe=current",
                                      "costs.fp8_split_accumulation=1.15"], 17),
     ("llama2-7b_h100-16_fsdp.yaml", ["fsdp.version=2", "fsdp.reshard_after_forward=false"], 17),
-    ("llama2-7b_h100-16_fsdp.yaml", ["training.cpu_offloading_num_layers=2", "fsdp=null"], 17),
+    # (activation offload refuses pp > 1, as Megatron-Core does: a finer stride keeps > 5 layouts priced)
+    ("llama2-7b_h100-16_fsdp.yaml", ["training.cpu_offloading_num_layers=2", "fsdp=null"], 7),
     ("llama2-7b_h100-16_fsdp.yaml", ["training.sequence.packing=true", "training.sequence.lengths=uniform",
                                      "training.sequence.split_across_pack=false"], 17),
     ("llama2-7b_h100-16_fsdp.yaml", ["training.seq_len=16384", "model.max_seq_len=16384", "fsdp=null"], 11),

@@ -110,8 +110,8 @@ def _megatron(s: Scenario) -> Emitted:
         flags.append("--use-distributed-optimizer")
     if p.overlap_grad_reduce:
         flags.append("--overlap-grad-reduce")
-        # the bucket the scenario priced, in gradients (DistributedDataParallelConfig.bucket_size; its default is
-        # max(40e6, 1e6 x dp) elements): fp32 main gradients unless grad_dtype says otherwise, fp16's own
+        # the bucket the scenario priced, in gradients (DistributedDataParallelConfig.bucket_size; its default,
+        # sim.interop.megatron.ddp_bucket_elements): fp32 main gradients unless grad_dtype says otherwise, fp16's own
         element = bytes_per_element(t.grad_dtype) if t.grad_dtype != "auto" else 2 if t.dtype == "fp16" else 4
         flags += ["--ddp-bucket-size", str(round(p.dp_bucket_size / element))]
     if p.overlap_param_gather:

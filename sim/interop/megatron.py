@@ -58,12 +58,24 @@ HARMLESS_NOTE = {
 }
 
 
-def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int, str]]) -> None:
-    """Megatron's argument destinations -> scenario fields (the rules refused, the defaults written out)."""
+def ddp_bucket_elements(dp: int) -> int:
+    """Megatron-Core's default gradient bucket, in elements, for ``dp`` data-parallel ranks (the data-parallel
+    group without cp): ``max(40000000, 1000000 * dp)`` (megatron/core/distributed/distributed_data_parallel.py, when
+    DistributedDataParallelConfig.bucket_size is None: larger dp, larger buckets, so each rank's ring chunk stays
+    bandwidth-bound; the same at 1e05700595 and at d98e8a64dd). Megatron-LM's --ddp-bucket-size and NeMo's
+    ``model.optim.ddp_bucket_size`` / ``trainer.strategy.ddp.bucket_size`` leave it None unless given."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int, str]],
+          mcore_ddp: bool = True) -> None:
+    """Megatron's argument destinations -> scenario fields (the rules refused, the defaults written out).
+    ``mcore_ddp``: Megatron-Core's DistributedDataParallel buckets the gradients (``ddp_bucket_size`` or its
+    default); false where another optimizer does (NeMo 1.x's Apex distributed_fused_adam, sim.interop.nemo)."""
     def put(target: str, dest: str, value: Any, note: str = "", status: Status = "mapped") -> None:
         draft.put(target, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note, status)
 
-    cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
+    gpus = cluster(draft, options, world.get("nodes"), world.get("per_node"), world.get("world"))
     # Precision (arguments.py: fp16 and bf16 are exclusive; fp8 runs on top of either).
     fp16, bf16 = args.flag("fp16"), args.flag("bf16")
     if fp16 and bf16:
@@ -188,12 +200,19 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     put("parallel.overlap_grad_reduce", "overlap_grad_reduce", overlap_reduce,
         "" if overlap_reduce else "Megatron-LM's default: one reduction per model chunk after the backward",
         "mapped" if args.has("overlap_grad_reduce") else "default")
-    if args.has("ddp_bucket_size"):  # elements (DistributedDataParallelConfig.bucket_size) of the gradient buffer's
-        # dtype: fp32 main gradients, 2 bytes with --grad-reduce-in-bf16 or fp16 training
-        element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
-        elements = args.int("ddp_bucket_size") or 0
+    # The bucket, in elements of the gradient buffer's dtype (DistributedDataParallelConfig.bucket_size): fp32 main
+    # gradients (arguments.py sets accumulate_allreduce_grads_in_fp32 under --bf16), 2 bytes with
+    # --grad-reduce-in-bf16 or fp16 training.
+    element = 2 if args.flag("grad_reduce_in_bf16") or fp16 else 4
+    elements = args.int("ddp_bucket_size") if mcore_ddp else None
+    if elements is not None:
         put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"{elements:,} gradients of {element} "
             "bytes" + ("" if overlap_reduce else " (read only with --overlap-grad-reduce)"))
+    elif overlap_reduce and mcore_ddp:  # without it Megatron-Core sets bucket_size None (one bucket per chunk)
+        dp = max(1, gpus // (tp * pp * cp))
+        elements = ddp_bucket_elements(dp)
+        put("parallel.dp_bucket_size", "ddp_bucket_size", elements * element, f"Megatron-Core's default max(40e6, "
+            f"1e6 x dp {dp}) = {elements:,} gradients of {element} bytes", "default")
     if args.flag("overlap_param_gather"):
         if not distributed:
             raise refuse(f"{args.source('overlap_param_gather')}: needs --use-distributed-optimizer (Megatron-LM "
@@ -306,27 +325,63 @@ USERBUFFERS_FIELDS = {"num_sm": ("parallel.tp_comm_overlap_sms", "the SMs its re
                       "num_splits": ("parallel.tp_comm_overlap_chunks", "the chunks of its reduce-scatter")}
 
 
-def apply_userbuffers(draft: Draft, flat: dict[str, Any]) -> set[str]:
-    """A userbuffers config's row-GEMM settings (``flat``: keys ending ``proj_fprop.num_sm`` and the like, as the
-    config flattened under any prefix) -> ``parallel.tp_comm_overlap_sms`` and ``parallel.tp_comm_overlap_chunks``
-    (sim.workload.step.tp_overlap_sms, tp_overlap_chunks). The simulator prices both row GEMMs with one count of each,
-    so two different counts give their mean (NeMo's H100 configs: num_sm 24 and 16 -> 20). ``num_splits`` counts
-    only where the GEMM's method is ``pipeline`` (a ``ring_exchange`` runs one chunk per TP peer: the field's
-    default, tp). Returns the keys read, each reported as setting its field."""
+def te_userbuffers_default(method: str) -> dict[str, Any]:
+    """Transformer Engine's settings for a userbuffers GEMM of ``method`` whose config entry omits them
+    (transformer_engine/pytorch/module/base.py ``initialize_ub``, ``get_default_config``, TE 2.0 to d0067d0da; the
+    entry's keys update this dict): ``num_sm`` 1 for a ring exchange, else 16; ``set_sm_margin`` for all but a ring
+    exchange; ``num_splits`` 4 (a ring exchange: tp, one per peer, left to the field's default here). The row
+    GEMMs' own method, without an entry, is ``pipeline``. (TE 1.x read the same num_sm and num_splits defaults and
+    set_sm_margin 0 for every method.)"""
+    ring = method == "ring_exchange"
+    return {"num_sm": 1 if ring else 16, "set_sm_margin": not ring, "num_splits": None if ring else 4}
+
+
+def apply_userbuffers(draft: Draft, flat: dict[str, Any], prefix: str) -> set[str]:
+    """A userbuffers config's row-GEMM settings (``flat``: the config flattened, its keys ``prefix`` +
+    ``proj_fprop.num_sm`` and the like) -> ``parallel.tp_comm_overlap_sms`` and ``parallel.tp_comm_overlap_chunks``
+    (sim.workload.step.tp_overlap_sms, tp_overlap_chunks); nothing where no key starts with ``prefix`` (no config:
+    the fields' defaults). Each row GEMM runs its entry over TE's defaults for its method
+    (``te_userbuffers_default``), so a key the entry omits, or a row GEMM with no entry, prices TE's value,
+    reported as a default. The SMs taken from the GEMM are ``num_sm`` with ``set_sm_margin``, else 0 (TE
+    comm_gemm_overlap.cpp: the GEMM keeps every SM without the margin). The simulator prices both row GEMMs with
+    one count of each, so two different counts give their mean (NeMo's H100 configs: num_sm 24 and 16 -> 20).
+    ``num_splits`` counts only where the GEMM's method is ``pipeline`` (a ``ring_exchange`` runs one chunk per TP
+    peer: the field's default, tp). Returns the keys read."""
+    if not any(key.startswith(prefix) for key in flat):
+        return set()
     read: set[str] = set()
+    values: dict[str, list[tuple[str, int, bool]]] = {name: [] for name in USERBUFFERS_FIELDS}
+    for gemm in USERBUFFERS_ROW_GEMMS:
+        method = str(flat.get(f"{prefix}{gemm}.method", "pipeline"))
+        settings = te_userbuffers_default(method)
+        given: set[str] = set()
+        for key in ("num_sm", "set_sm_margin", "num_splits"):
+            value = flat.get(f"{prefix}{gemm}.{key}")
+            if value is None:
+                continue
+            if not isinstance(value, int) or (isinstance(value, bool) and key != "set_sm_margin"):
+                raise refuse(f"{prefix}{gemm}.{key}: expected a whole number (got {value!r})")
+            settings[key], given = value, given | {key}
+            read.add(f"{prefix}{gemm}.{key}")
+        if f"{prefix}{gemm}.method" in flat:
+            read.add(f"{prefix}{gemm}.method")
+        # without the margin the GEMM keeps every SM: that row names set_sm_margin
+        margin = bool(settings["set_sm_margin"])
+        source = f"{prefix}{gemm}." + ("num_sm" if margin or "set_sm_margin" not in given else "set_sm_margin")
+        values["num_sm"].append((source, settings["num_sm"] if margin else 0,
+                                 "num_sm" in given or "set_sm_margin" in given))
+        if method == "pipeline":
+            values["num_splits"].append((f"{prefix}{gemm}.num_splits", settings["num_splits"], "num_splits" in given))
     for name, (target, what) in USERBUFFERS_FIELDS.items():
-        found = [(key, flat[key]) for key in flat for gemm in USERBUFFERS_ROW_GEMMS
-                 if (key == f"{gemm}.{name}" or key.endswith(f".{gemm}.{name}") or key.endswith(f" {gemm}.{name}"))
-                 and isinstance(flat[key], int) and not isinstance(flat[key], bool)
-                 and (name != "num_splits" or flat.get(key[:-len(name)] + "method", "pipeline") == "pipeline")]
+        found = values[name]
         if not found:
             continue
-        value = round(sum(value for _, value in found) / len(found))
+        value = round(sum(count for _, count, _ in found) / len(found))
         note = f"{what}: " + ("mean of " if len(found) > 1 else "") + ", ".join(
-            f"{key.rsplit('.', 2)[-2].rsplit(' ', 1)[-1]} {count}" for key, count in found)
-        for key, count in found:  # one row per key read, each naming the field it sets
-            draft.put(target, value, key, count, note)
-        read.update(key for key, _ in found)
+            f"{key.removeprefix(prefix).split('.')[0]} {count}" for key, count, _ in found)
+        for key, count, mapped in found:  # one row per row GEMM, each naming the field it sets
+            draft.put(target, value, key, count, note + ("" if mapped else " (TE's default for the method)"),
+                      "mapped" if mapped else "default")
     return read
 
 
@@ -346,7 +401,7 @@ def _userbuffers_file(draft: Draft, args: Args, inputs: list[str]) -> None:
         raise refuse(f"{args.source('tp_comm_overlap_cfg')}: {name} is not a mapping of GEMM names to settings")
     flat = {f"{name}: {gemm}.{key}": value for gemm, settings in cfg.items() if isinstance(settings, dict)
             for key, value in settings.items()}
-    read = apply_userbuffers(draft, flat)
+    read = apply_userbuffers(draft, flat, f"{name}: ")
     for key, value in flat.items():
         if key not in read:
             draft.row(key, value, "ignored", "a userbuffers setting the simulator does not price")

@@ -30,6 +30,9 @@ RENAMED = {
     "ffn_hidden_size": "ffn_hidden_size", "moe_ffn_hidden_size": "moe_ffn_hidden_size",
     "recompute_granularity": "recompute_granularity", "recompute_method": "recompute_method",
     "recompute_num_layers": "recompute_num_layers", "clip_grad": "clip_grad",
+    # Megatron-Core DistributedDataParallelConfig.bucket_size (elements): NeMo 1.x model.optim.ddp_bucket_size
+    # (megatron_gpt_model.py setup_mcore_distributed_parallel), NeMo 2.0 trainer.strategy.ddp.bucket_size
+    "ddp_bucket_size": "ddp_bucket_size",
 }
 SAME = frozenset({
     "micro_batch_size", "global_batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
@@ -151,6 +154,8 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
         if section + "." not in sections or value is None:
             continue
         dest = RENAMED.get(name) or (name if name in SAME else None)
+        if name == "bucket_size" and section == "trainer.strategy.ddp":
+            dest = "ddp_bucket_size"
         if dest is not None:
             if dest == "clip_grad" and section == "optim.config" and "trainer.gradient_clip_val" in flat:
                 continue
@@ -205,6 +210,20 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
     for key in (model + "fp8", model + "fp8_hybrid", model + "fp8_e4m3"):
         read.add(key)
     optimizer = flat.get("model.optim.name")
+    # Who buckets the gradients: Megatron-Core's DDP in NeMo 2.0 and under NeMo 1.x's mcore_distributed_optim (its
+    # ddp_bucket_size, else Megatron-Core's default; bucket_cap_mb is not passed on), Apex's DistributedFusedAdam
+    # under distributed_fused_adam (bucket_cap_mb MiB of gradients, Apex's default 100).
+    mcore_ddp = nemo2 or optimizer == "mcore_distributed_optim"
+    if mcore_ddp and "ddp_bucket_size" not in args.values:  # a default is reported under the key NeMo reads
+        args.add("ddp_bucket_size", None, "trainer.strategy.ddp.bucket_size" if nemo2 else
+                 "model.optim.ddp_bucket_size")
+    sync_dtype = flat.get("model.optim.grad_sync_dtype")  # NeMo 1.x: grad_reduce_in_fp32 = (grad_sync_dtype
+    if sync_dtype is not None:  # == 'fp32') for Megatron-Core's DDP; Apex's grad_sync_dtype alike
+        if str(sync_dtype) in ("bf16", "bfloat16"):
+            args.add("grad_reduce_in_bf16", True, "model.optim.grad_sync_dtype", sync_dtype)
+        elif str(sync_dtype) not in ("fp32", "float32"):
+            raise refuse(f"model.optim.grad_sync_dtype: {sync_dtype!r} is not modelled (fp32, bf16)")
+        read.add("model.optim.grad_sync_dtype")
     if optimizer is not None:
         read.add("model.optim.name")
         if optimizer in ("distributed_fused_adam", "mcore_distributed_optim"):
@@ -222,7 +241,7 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
     tokenizer = flat.get("model.tokenizer.type")
     if tokenizer == "GPT2BPETokenizer" and "vocab_size" not in args.values:
         args.add("vocab_size", 50257, "model.tokenizer.type", tokenizer)  # GPT-2's BPE vocabulary
-    apply(draft, args, options, world)
+    apply(draft, args, options, world, mcore_ddp)
     if flat.get("model.fsdp"):
         strategy = str(flat.get("model.fsdp_sharding_strategy", "full"))
         sharding = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad": "SHARD_GRAD_OP"}.get(strategy)
@@ -236,11 +255,18 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
         draft.put("parallel.grad_bucket_view", bool(flat["model.gradient_as_bucket_view"]),
                   "model.gradient_as_bucket_view")
         read.add("model.gradient_as_bucket_view")
-    if flat.get("model.optim.bucket_cap_mb") is not None:
-        draft.put("parallel.dp_bucket_size", float(flat["model.optim.bucket_cap_mb"]) * 2**20,
-                  "model.optim.bucket_cap_mb", flat["model.optim.bucket_cap_mb"], "MiB")
+    cap = flat.get("model.optim.bucket_cap_mb")
+    if cap is not None and mcore_ddp:
+        draft.row("model.optim.bucket_cap_mb", cap, "ignored", "Megatron-Core's DDP buckets ddp_bucket_size "
+                  "elements; NeMo does not pass bucket_cap_mb to it (megatron_gpt_model.py)")
+    elif cap is not None:
+        draft.put("parallel.dp_bucket_size", float(cap) * 2**20, "model.optim.bucket_cap_mb", cap, "MiB")
+    elif optimizer == "distributed_fused_adam" and draft.get("parallel.overlap_grad_reduce"):
+        draft.put("parallel.dp_bucket_size", 100.0 * 2**20, "model.optim.bucket_cap_mb", None,
+                  "Apex DistributedFusedAdam's default 100 MiB", "default")
+    if draft.get("parallel.dp_bucket_size") is not None or cap is not None:
         read.add("model.optim.bucket_cap_mb")
-    read.update(apply_userbuffers(draft, flat))
+    read.update(apply_userbuffers(draft, flat, "model.ub_tp_comm_overlap_cfg."))
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")

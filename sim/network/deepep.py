@@ -37,6 +37,36 @@ README_RDMA: dict[int, tuple[float, float]] = {2: (43e9, 43e9), 4: (58e9, 57e9),
 README_NIC = 50e9  # the CX7's "~50 GB/s maximum bandwidth" those rows ran on (one NIC per GPU)
 README_NVLINK: tuple[float, float] = (153e9, 158e9)  # intranode EP 8, dispatch / combine
 README_NVLINK_LINE = 200e9  # H800 NVLink per direction (DeepSeek-V3 report Sec. 3.1: 400 GB/s bidirectional)
+# DeepEP V1 (v1.2.1) csrc/kernels/configs.cuh: the NVLink ranks of one node and the RDMA ranks (nodes) the normal
+# kernels address. csrc/deep_ep.cpp Buffer: rdma_rank = rank / NUM_MAX_NVL_PEERS, nvl_rank = rank %
+# NUM_MAX_NVL_PEERS (each 8 consecutive EP ranks are one node, their buffers opened by CUDA IPC), num_ranks <
+# NUM_MAX_NVL_PEERS or a multiple of it, num_ranks <= NUM_MAX_NVL_PEERS x NUM_MAX_RDMA_PEERS (low-latency mode apart).
+NUM_MAX_NVL_PEERS = 8
+NUM_MAX_RDMA_PEERS = 20
+
+
+def ep_group_shape(group: tuple[int, ...], nvlink_domain: int) -> tuple[int, int]:
+    """An EP group's (NVLink domains it spans, its ranks per domain), ``nvlink_domain`` GPUs to a domain."""
+    domains = len({rank // nvlink_domain for rank in group})
+    return domains, len(group) // domains
+
+
+def beyond_peer_limits(domains: int, per_domain: int) -> str | None:
+    """Why DeepEP V1's normal kernels cannot run an EP group of ``per_domain`` ranks in each of ``domains`` NVLink
+    domains (``NUM_MAX_NVL_PEERS``, ``NUM_MAX_RDMA_PEERS``), or None where they can: at most 8 ranks in one domain
+    (intranode), or 8 ranks in each of 2 to 20 domains (internode: DeepEP makes each 8 consecutive EP ranks a
+    node, so a domain must hold exactly 8 of the group)."""
+    if per_domain > NUM_MAX_NVL_PEERS:
+        return (f"{per_domain} ranks of the EP group share an NVLink domain; DeepEP's normal kernels reach at most "
+                f"{NUM_MAX_NVL_PEERS} NVLink peers (NUM_MAX_NVL_PEERS)")
+    if domains > 1 and per_domain != NUM_MAX_NVL_PEERS:
+        return (f"{per_domain} ranks of the EP group per NVLink domain over {domains} domains; DeepEP's internode "
+                f"kernels take each {NUM_MAX_NVL_PEERS} consecutive EP ranks as one NVLink node (rank / "
+                f"{NUM_MAX_NVL_PEERS}), so a domain must hold {NUM_MAX_NVL_PEERS} of them")
+    if domains > NUM_MAX_RDMA_PEERS:
+        return (f"the EP group spans {domains} NVLink domains; DeepEP's normal kernels reach at most "
+                f"{NUM_MAX_RDMA_PEERS} RDMA peers (NUM_MAX_RDMA_PEERS)")
+    return None
 
 
 def distinct_groups(groups: int, experts: int, topk: int) -> float:

@@ -12,7 +12,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from sim.costs import profile
+from sim.network import deepep
 from sim.parallel.context import check_context
+from sim.parallel.grid import RankGrid
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES
 from sim.spec.degrees import Degrees, degrees, pipeline_slots
 from sim.spec.method import check_method
@@ -133,6 +135,11 @@ def _offload_layers(s: Scenario, d: Degrees) -> None:
     if t.cpu_offloading_num_layers:
         # Megatron-Core TransformerConfig: "CPU offloading can be done only for layers less than num_layers" and
         # "CPU offloading does not work when activation recomputation is enabled".
+        if s.parallel.pp > 1:  # TransformerConfig: "Currently there is no support for Pipeline parallelism with
+            # CPU offloading" (1e05700595 and d98e8a64dd); Megatron-LM's fine-grained offloading has no such check
+            raise ValueError(f"training.cpu_offloading_num_layers: Megatron-Core offloads activations only without "
+                             f"pipeline parallelism (parallel.pp = {s.parallel.pp}; it refuses "
+                             "--cpu-offloading with --pipeline-model-parallel-size > 1)")
         if t.recompute != "none":
             raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
                              f"{t.recompute}), as Megatron-Core refuses both together")
@@ -401,6 +408,12 @@ def _check_experts(s: Scenario, d: Degrees) -> None:
     if moe.token_dispatcher == "flex" and d.etp > 1:
         raise ValueError(f"moe.token_dispatcher: flex (DeepEP) with parallel.etp = {d.etp} is not modelled; use "
                          "etp 1 or the alltoall dispatcher")
+    if moe.token_dispatcher == "flex" and d.ep > 1:  # DeepEP V1's peer limits (docs/mechanisms/deepep.md)
+        grid = RankGrid(d.tp, d.pp, d.dp, s.cluster.gpus_per_node, d.ep, d.etp, d.cp)
+        why = deepep.beyond_peer_limits(*deepep.ep_group_shape(grid.ep_group(0), s.cluster.nvlink_domain))
+        if why:
+            raise ValueError(f"moe.token_dispatcher: flex (DeepEP): {why}; use the alltoall dispatcher or another "
+                             "layout")
     if moe.a2a_overlap:
         _check_a2a_overlap(s, d)
     if len(m.moe_layers) != m.num_layers:

@@ -217,10 +217,11 @@ class ParallelSpec(FrozenSpec):
         "per shard in its Python loop; docs/mechanisms/tp_comm_overlap.md)"))
     tp_comm_overlap_sms: int | None = Field(default=None, ge=0, description=(
         "with chunked TP collectives: SMs the reduce-scatter after a block's row-parallel GEMM takes from that GEMM "
-        "(Transformer Engine's num_sm with set_sm_margin: the GEMM runs on the rest); default by dtype from NeMo's "
-        "H100 userbuffers configs: 20 in bf16 (proj_fprop 24 / fc2_fprop 16), 1 in fp8 (ring exchange); 0 for "
-        "PyTorch's AsyncTP, whose reduce-scatter copies chunks between GEMMs and sums them after (sim import "
-        "torchtitan sets it); needs cluster.gpu.sms; docs/mechanisms/tp_comm_overlap.md"))
+        "(Transformer Engine's num_sm with set_sm_margin: the GEMM runs on the rest; 0 without the margin); default "
+        "TE's own when no userbuffers config names it, 16 (what Megatron-LM's --tp-comm-overlap without "
+        "--tp-comm-overlap-cfg runs; NeMo's H100 configs take 20 in bf16, proj_fprop 24 / fc2_fprop 16, and 1 in fp8, "
+        "a ring exchange); 0 for PyTorch's AsyncTP, whose reduce-scatter copies chunks between GEMMs and sums them "
+        "after (sim import torchtitan sets it); needs cluster.gpu.sms; docs/mechanisms/tp_comm_overlap.md"))
     overlap_p2p_comm: bool = Field(default=False, description=(
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "

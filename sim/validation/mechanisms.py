@@ -162,9 +162,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="SMs TE's chunked reduce-scatter takes from the row-parallel GEMM (set_sm_margin)",
         off=("parallel.tp_comm_overlap_sms=0",),
-        knob="parallel.tp_comm_overlap_sms (default by dtype: 20 bf16, 1 fp8; 0 for PyTorch AsyncTP)",
-        source="TE comm_gemm_overlap.cpp (math SMs = SM count - num_comm_sm with set_sm_margin); NeMo 2.x "
-               "recipes/tp_overlap_configs/userbuffers.py H100 configs (proj_fprop / fc2_fprop num_sm)",
+        knob="parallel.tp_comm_overlap_sms (default 16, TE's without a userbuffers config; 0 for PyTorch AsyncTP)",
+        source="TE comm_gemm_overlap.cpp (math SMs = SM count - num_comm_sm with set_sm_margin); TE module/base.py "
+               "initialize_ub defaults (pipeline num_sm 16, set_sm_margin); NeMo-Framework-Launcher 24.07 "
+               "ub_cfg_h100_*.yaml (proj_fprop / fc2_fprop num_sm), set per NeMo row",
         doc="mechanisms/tp_comm_overlap.md",
     ),
     Mechanism(

@@ -485,11 +485,14 @@ def reduce_partials_seconds(plan: Plan, costs: CostModel) -> float:
     return costs.memory_time(nbytes) if nbytes else 0.0
 
 
-# NeMo 2.x nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py (the launcher's ub_cfg_h100_*.yaml
-# alike), H100 bf16: the pipelined reduce-scatter after the output projection (proj_fprop) holds num_sm 24 (Llama 3
-# 70B, GPT-3 175B, Llama 3.1 405B) or 16 (GPT-3 20B), after FC2 (fc2_fprop) 16 (70B), 8 (405B), 24 (20B), each
-# with set_sm_margin; the middle, 20, for both. The fp8 configs run both as a ring exchange on num_sm 1.
-TE_REDUCE_SCATTER_SMS = {"bf16": 20, "fp8": 1}
+# Transformer Engine's default for the pipelined reduce-scatter after a row-parallel GEMM (proj_fprop, fc2_fprop)
+# when no userbuffers config names it: num_sm 16 with set_sm_margin (transformer_engine/pytorch/module/base.py
+# initialize_ub, get_default_config, TE 2.0 to d0067d0da). Megatron-LM's --tp-comm-overlap without
+# --tp-comm-overlap-cfg hands TE an empty config (megatron/training/initialize.py _initialize_tp_communicators:
+# ub_cfgs = {}), so this is what it runs. NeMo's H100 configs differ (bf16 proj_fprop 24 / fc2_fprop 16, fp8 a ring
+# exchange on 1; the validation rows set theirs); sim import fills TE's defaults for what a config omits
+# (te_userbuffers_default in the Megatron importer).
+TE_REDUCE_SCATTER_SMS = 16
 
 
 def tp_overlap_sms(plan: Plan) -> int:
@@ -497,8 +500,8 @@ def tp_overlap_sms(plan: Plan) -> int:
     (``parallel.tp_comm_overlap_sms``; 0 where the collectives are not chunked or the GPU has no SM count).
     Transformer Engine launches a GEMM beside a userbuffers collective with ``set_sm_margin`` on the SMs the
     collective's ``num_sm`` leave (TE ``comm_gemm_overlap.cpp``: ``_math_sms = sm_count - num_comm_sm`` with
-    set_sm_margin), for the whole GEMM. Default: NeMo's H100 configs (``TE_REDUCE_SCATTER_SMS``) by the
-    training dtype. PyTorch's AsyncTP takes none: its reduce-scatter (torch/distributed/_symmetric_memory
+    set_sm_margin), for the whole GEMM. Default: TE's own without a config (``TE_REDUCE_SCATTER_SMS``, 16, whatever
+    the dtype). PyTorch's AsyncTP takes none: its reduce-scatter (torch/distributed/_symmetric_memory
     ``_pipelined_produce_and_all2all``) pulls each chunk from the peers' symmetric memory with a tensor copy
     between two chunk GEMMs and sums the chunks after, in one kernel, not beside the GEMM (``sim import
     torchtitan`` sets 0)."""
@@ -507,7 +510,7 @@ def tp_overlap_sms(plan: Plan) -> int:
     sms = plan.scenario.parallel.tp_comm_overlap_sms
     if sms is None and async_tp(plan):
         return 0  # its copies are cudaMemcpy's (copy engines) between chunk GEMMs: no SMs taken
-    return TE_REDUCE_SCATTER_SMS.get(plan.dtype, TE_REDUCE_SCATTER_SMS["bf16"]) if sms is None else sms
+    return TE_REDUCE_SCATTER_SMS if sms is None else sms
 
 
 def beside_reduce_scatter(plan: Plan, seconds: float) -> float:
