@@ -174,8 +174,8 @@ class _StageEmitter(LayerEmitter):
             self.waits.append((first_task if self.unit_first is None else self.unit_first, needs))
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
-        if self.unit_first is not None:
-            self.unit_sends.append((phase, chunk, mb, to_global_chunk))
+        if self.unit_first is not None:  # the pass's last task and the TP reduction it owes, for close_unit
+            self.unit_sends.append((phase, chunk, mb, to_global_chunk, after, self.blocking_tp))
             return
         g, group, name = self._route(phase, chunk, to_global_chunk)
         if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
@@ -198,7 +198,12 @@ class _StageEmitter(LayerEmitter):
 
     def close_unit(self) -> None:
         """Ends the unit: an F&B pair of MoE layers is interleaved (sim.workload.pair_interleave), then the sends of its
-        passes leave, in issue order, after its last task."""
+        passes leave, in issue order, after its last task (DualPipe's ``_forward_backward_chunk`` sends after the
+        pair). Under Megatron's combined 1F1B (``moe.a2a_overlap``) the forward's send leaves once the forward's
+        own last task is done, beside the backward's last block: ``TransformerModelChunkSchedulePlan.run`` issues
+        ``post_forward`` (send_forward_recv_forward) on the communication stream waiting only for the forward's
+        event, "so the p2p comm could be overlapped with the pre_dispatch backward" (Megatron-LM d98e8a64dd,
+        models/common/model_chunk_schedule_plan.py)."""
         passes, self.unit_passes = self.unit_passes, []
         phases = [phase for phase, _ in passes]
         if self.plan.is_moe and phases[:2] == ["F", "B"]:
@@ -208,8 +213,12 @@ class _StageEmitter(LayerEmitter):
                 self.tail = tail
         self.unit_first = None
         sends, self.unit_sends = self.unit_sends, []
-        for phase, chunk, mb, to_global_chunk in sends:
-            self._send(phase, chunk, mb, to_global_chunk, self.tail)
+        blocking = self.blocking_tp
+        for phase, chunk, mb, to_global_chunk, after, owed in sends:
+            early = phase == "F" and self.plan.a2a_overlap
+            self.blocking_tp = owed if early else blocking
+            self._send(phase, chunk, mb, to_global_chunk, after if early else self.tail)
+        self.blocking_tp = blocking
 
 
 

@@ -101,7 +101,7 @@ class TaskEmitter:
         # every pass's input, and the sends its passes defer to its end; None outside such a unit.
         self.unit_first: int | None = None
         self.layer_first = -1  # the index of the layer pass's first task (_layer_tasks), for _exact_task's check
-        self.unit_sends: list[tuple[str, int, int, int]] = []
+        self.unit_sends: list[tuple[str, int, int, int, int | None, int | None]] = []
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
         # Activation offload (training.cpu_offloading_num_layers): the copy the next layer's forward waits for.
