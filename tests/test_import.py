@@ -1007,3 +1007,27 @@ def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path,
     for key in defaults:
         assert _status(draft, f"model.ub_tp_comm_overlap_cfg.{key}") == "default"
     assert not any(row.status == "unknown" for row in draft.rows if "ub_tp_comm_overlap_cfg" in row.source)
+
+
+def test_megatron_emit_runs_the_loss_the_scenario_priced(tmp_path: Path) -> None:
+    """Megatron-LM runs its unfused VocabParallelCrossEntropy unless --cross-entropy-loss-fusion is given
+    (megatron/core/models/common/language_module/language_module.py compute_language_model_loss at 1e05700595), so
+    a scenario priced with the fused loss (``training.cross_entropy: fused``, the default) is emitted with the flag
+    and imports back fused; the unfused one (megatron) without it; Hugging Face's loss (hf), which Megatron has no
+    setting for, is refused in one line naming the field."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    fused = load_scenario(ROOT / "scenarios" / "tiny.yaml")
+    assert fused.training.cross_entropy == "fused"
+    text = emit(fused, "megatron").text
+    assert "--cross-entropy-loss-fusion" in text
+    path = tmp_path / "emitted.sh"
+    path.write_text(text)
+    assert import_megatron([str(path)], Options(gpu=fused.cluster.gpu.name)).scenario().training.cross_entropy == \
+        "fused"
+    unfused = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=megatron"])
+    assert "--cross-entropy-loss-fusion" not in emit(unfused, "megatron").text
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=hf"]), "megatron")
+    assert str(error.value).startswith("training.cross_entropy: ") and "\n" not in str(error.value)
