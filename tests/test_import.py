@@ -1031,3 +1031,29 @@ def test_megatron_emit_runs_the_loss_the_scenario_priced(tmp_path: Path) -> None
     with pytest.raises(ConfigError) as error:
         emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=hf"]), "megatron")
     assert str(error.value).startswith("training.cross_entropy: ") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("where", "fusion", "loss"), [
+    ("model", False, "megatron"), ("model", True, "fused"), ("model.config", False, "megatron"),
+    ("model.config", True, "fused"), (None, None, "fused")])
+def test_nemo_loss_fusion_sets_the_loss(tmp_path: Path, where: str | None, fusion: bool | None, loss: str) -> None:
+    """NeMo passes cross_entropy_loss_fusion to Megatron-Core's TransformerConfig (NeMo 2.0 GPTConfig's field,
+    default True; NeMo 1.x model.cross_entropy_loss_fusion), which runs the unfused VocabParallelCrossEntropy when
+    it is false (NeMo 2.0's recipes set it false for fine-tuning, e.g. llm/recipes/llama31_8b.py): an explicit false
+    is training.cross_entropy: megatron, true or absent the default, fused."""
+    from sim.interop.nemo import import_nemo
+
+    config: dict[str, Any] = {"trainer": {"num_nodes": 1, "devices": 8, "strategy": {
+        "tensor_model_parallel_size": 2, "sequence_parallel": True}, "plugins": {"precision": "bf16-mixed"}},
+        "model": {"config": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}},
+        "data": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 32}}
+    if where == "model":
+        config["model"]["cross_entropy_loss_fusion"] = fusion
+    elif where == "model.config":
+        config["model"]["config"]["cross_entropy_loss_fusion"] = fusion
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
+    assert draft.scenario().training.cross_entropy == loss
+    if where is not None:
+        assert _status(draft, f"{where}.cross_entropy_loss_fusion") == "mapped"
