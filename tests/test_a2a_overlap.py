@@ -214,3 +214,39 @@ def test_the_steady_state_pairs_the_estimate_weights_by(p: int, v: int) -> None:
         mix = combined_pairs(p, v, s)
         assert sum(n for _, _, n in mix) == p * v
         assert {(a, b): n for a, b, n in mix} == {pair: period.count(pair) for pair in set(period)}
+
+
+def test_a_pairs_forward_send_leaves_beside_the_backwards_last_block() -> None:
+    """Megatron's combined 1F1B issues the forward's send (post_forward) on the communication stream once the
+    forward's own last node is done, beside the backward's pre-dispatch block (TransformerModelChunkSchedulePlan.run,
+    "so the p2p comm could be overlapped with the pre_dispatch backward"); the backward's send follows the pair. On
+    the trace of an interleaved pipeline (pp 2, vpp 2, one MoE layer per chunk): every forward's send starts when
+    that forward's last compute task ends, paired ones too (the backward's router and attention run after it), and
+    no backward's send leaves before its pair's forward's."""
+    scenario = _small(True, "100 GB/s", schedule="interleaved", parallel={"pp": 2, "vpp": 2, "ep": 4},
+                      model={"num_layers": 4}, training={"global_batch": 32})
+    trace = runner.run(scenario).trace
+    rank = trace[trace["stage"] == 0]["rank"].min()
+    tasks = trace[trace["rank"] == rank]
+    compute = tasks[tasks["stream"] == "compute"].sort_values("start_s")
+    paired = 0
+    for _, send in tasks[tasks["name"] == "send_forward"].iterrows():
+        forward = compute[(compute["microbatch"] == send["microbatch"]) & (compute["kind"] == "forward")
+                          & (compute["end_s"] <= send["start_s"] + 1e-12)]
+        assert send["start_s"] == pytest.approx(forward["end_s"].max(), abs=1e-12)
+        after = compute[compute["start_s"] >= send["start_s"] - 1e-12]
+        paired += bool(len(after)) and after.iloc[0]["kind"] == "backward"  # the pair's backward still running
+    assert paired >= 4
+
+
+def test_mixtral_with_the_overlap_estimated_within_5_percent_and_faster_in_both() -> None:
+    """Mixtral 8x7B's bundled layout (pp 4, vpp 8, ep 8 in a node: 0.22 ms exchanges beside 5 ms expert GEMMs)
+    with moe.a2a_overlap: little to hide, and the combined order couples each pair's forward and backward. With the
+    forward's send after the whole pair the simulation was 1.8% slower than without the overlap while the estimate
+    said 1.0% faster (-4.1% apart); with Megatron's early forward send both say faster."""
+    steps = {}
+    for a2a in (False, True):
+        scenario = load_scenario(SCENARIOS / "mixtral-8x7b_h100-64.yaml", [f"moe.a2a_overlap={str(a2a).lower()}"])
+        steps[a2a] = estimate(scenario).step_time_s, runner.run(scenario).summary.step_time_s
+        assert steps[a2a][0] == pytest.approx(steps[a2a][1], rel=0.05)
+    assert steps[True][0] < steps[False][0] and steps[True][1] < steps[False][1]

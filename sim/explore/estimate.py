@@ -174,21 +174,24 @@ class Estimator:
         frozen = self._frozen_layer(plan, bwd, tp_comm, split)  # method frozen: (backward, W) of a frozen layer
         dense = moe = (0.0, 0.0, 0.0)
         pair = None
+        rebuilt_moe = 0.0
         if plan.is_moe:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
+            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward)
             lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
             pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
                                (moe_forward, moe_backward))
-        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair)
+        layer = _LayerTimes(split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair, rebuilt_moe)
         self._layers[key] = (layer, plan.scenario)  # the scenario keeps the objects the key names alive
         return layer
 
     def _stages(self, plan: Plan, keys: LayoutKeys) -> list[StageTimes]:
         """Each stage's forward, backward and weight-gradient times for one micro-batch (``StageTimes``), from its
         layers' (``_layer_times``) and what sets the stage apart (``_stage_shapes``)."""
-        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair = self._layer_times(plan, keys.layer)
+        split, bwd, fwd_layer, bwd_layer, w_layer, frozen, dense, moe, pair, rebuilt_moe = self._layer_times(plan,
+                                                                                                        keys.layer)
         c = self._p2p(plan)
         shapes, of_stage = self._stage_shapes(plan, keys.structure)
         priced: list[StageTimes] = []  # stages of one shape (most of an even pipeline's) priced once
@@ -203,7 +206,7 @@ class Estimator:
                 n = moe_layers
                 fwd_layer, bwd_layer, w_layer = (((layers - n) * d + n * e) / share_of for d, e in zip(dense, moe,
                                                                                                      strict=True))
-                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * moe[0]
+                rebuilt = (recomputed - recomputed_moe) * dense[0] + recomputed_moe * rebuilt_moe
             layer_bwd = bwd_layer + rebuilt / share_of
             layer_w = w_layer
             if frozen is not None:  # the stage's average layer, its frozen layers without weight gradients
@@ -367,6 +370,20 @@ class Estimator:
         host = plan.moe_host_seconds
         return (host_bound(alone(forward_blocks), host["forward"]),
                 host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
+
+    @staticmethod
+    def _rebuilt_moe(plan: Plan, forward: float, backward: float, forward_blocks: tuple[Block, ...],
+                     backward_blocks: tuple[Block, ...]) -> float:
+        """Seconds full recomputation adds to a MoE layer's backward (``forward`` and ``backward``: its passes,
+        each host-bound on its own; the blocks: their device work, ``_moe_layer``). The emitter reruns the layer's
+        forward, host sync and eager ops included, inside the backward pass, so the host issues both in one pass
+        (sim.workload.build's ``_layer_tasks``): the rebuilt backward lasts max(device forward + backward, host
+        forward + backward), not the sum of the two passes' maxima (Qwen3-235B tp 4, pp 8, vpp 12, micro-batch 2,
+        ep 4, full recomputation: +5.4% over the simulation that way). Without a host bound: the forward."""
+        host = plan.moe_host_seconds
+        if not host["forward"] and not host["backward"]:
+            return forward
+        return host_bound(alone(forward_blocks) + alone(backward_blocks), host["forward"] + host["backward"]) - backward
 
     def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
                       mix: tuple[tuple[int, int, int], ...] = ()) -> float:
@@ -783,35 +800,70 @@ class Estimator:
                 free_at = max(free_at, at) + self._dp_collective(plan, op, nbytes, group)
         return max(0.0, free_at - backward_end)
 
-    def _param_gather_delay(self, plan: Plan, stage: int, st: StageTimes, start: float) -> float:
-        """ZeRO-1/2 with ``parallel.overlap_param_gather``: how much the per-bucket weight all-gathers
-        (``step.param_gather_buckets``, issued from the step start) delay the stage's first micro-batch forward,
-        whose compute could begin at ``start``. Bucket i's forward starts once its gather has ended and the
-        previous bucket's compute is done; gather i+1 follows gather i on the group's stream and is issued when
-        bucket i's forward starts, or with ``align_param_gather`` a chunk's gathers all at once when the chunk
-        before it starts (the first two chunks' at the step start; the emitter's ``before_forward``).
-        Between a chunk's last bucket and the next chunk, the other micro-batches of the pipeline fill run
-        (min(m, p) - 1 more chunk forwards)."""
-        buckets = step.param_gather_buckets(plan, stage)
-        if not buckets:
-            return 0.0
-        group, aligned = plan.grid.dp_group(0), plan.scenario.parallel.align_param_gather
+    def _param_gates(self, plan: Plan, stage: int) -> list[_Gate]:
+        """ZeRO-1/2 with ``parallel.overlap_param_gather``: where ``stage``'s first micro-batch forward waits for a
+        weight all-gather (``_Gate``), in forward order, for ``_param_gather_delay``; kept per shape
+        (``_parts_of_shape``: the buckets and their seconds do not depend on the micro-batch size, recomputation or
+        SP). The dense buckets (``step.param_gather_buckets``) over dp on one stream and, for a MoE model, the
+        expert buckets (``step.expert_param_gather_buckets``) over edp on theirs, each chain by the emitter's rule
+        (``DataParallelEmitter.before_forward``): a layer where a bucket of either chain starts waits for it."""
+        chains = [(step.param_gather_buckets(plan, stage), plan.grid.dp_group(0)),
+                  (step.expert_param_gather_buckets(plan, stage), plan.expert_dp_group(0) if plan.is_moe else ())]
+        starts: dict[tuple[int, int], list[tuple[int, float]]] = {}  # (local chunk, first layer) -> (chain, s)
+        tops: dict[int, int] = {}  # per local chunk, one past its last layer (the dense buckets hold them all)
+        for k, (buckets, group) in enumerate(chains):
+            for bucket in buckets:
+                seconds = self._dp_collective(plan, "all_gather", bucket.nbytes, group)
+                starts.setdefault((bucket.chunk, bucket.layers[0]), []).append((k, seconds))
+                tops[bucket.chunk] = max(tops.get(bucket.chunk, 0), bucket.layers[-1] + 1)
+        order = sorted(starts)  # forward order: by local chunk, then layer (-1: the embedding, first)
+        gates = []
+        for index, (chunk, first) in enumerate(order):
+            following = order[index + 1] if index + 1 < len(order) else None
+            if following is not None and following[0] == chunk:  # the layers up to the next gate
+                gates.append(_Gate(chunk, tuple(starts[chunk, first]), following[1] - max(first, 0), False))
+            else:  # the rest of the chunk, then the pipeline fill before the next chunk
+                gates.append(_Gate(chunk, tuple(starts[chunk, first]), max(0, tops[chunk] - max(first, 0)),
+                                   following is not None))
+        return gates
+
+    @staticmethod
+    def _param_gather_delay(gates: list[_Gate], aligned: bool, st: StageTimes, start: float,
+                            timing: _Timing) -> float:
+        """ZeRO-1/2 with ``parallel.overlap_param_gather``: how much the per-bucket weight all-gathers (issued from
+        the step start; ``gates``: ``_param_gates``) delay the stage's first micro-batch forward, whose compute
+        could begin at ``start``. A gate's layers start once its buckets' gathers have ended and the previous
+        layers' compute is done; a chain's gather i+1 follows its gather i on the chain's stream and is issued when
+        the compute reaches bucket i, or with ``align_param_gather`` a chunk's gathers all at once when the
+        compute reaches the chunk before it (the first two chunks' at the step start; the emitter's
+        ``before_forward``). A MoE model's expert chain, over edp on its own stream, often gathers a layer's
+        weights for longer than the layer's forward: with pp 1 and few micro-batches it sets the first
+        micro-batch's pace (Mixtral 8x7B tp 2, pp 1, ep 4 was 4.0% under the simulation, DeepSeek-V3 1F1B pp 16,
+        ep 8 6.6%, with the dense chain alone). Between a chunk's last gate and the next chunk, the other
+        micro-batches of the pipeline fill run (min(m, p) - 1 more chunk forwards)."""
         per_layer = st.forward / st.layers  # a layer's forward, the embedding and head spread over the layers
-        chunk_forward = st.forward / plan.local_chunks
-        gathered = issued = 0.0
-        free = start  # when the compute could start the next bucket
-        busy = 0.0  # compute time of the buckets, without waiting
-        chunk_begins: dict[int, float] = {}  # when each local chunk's first bucket starts
-        for index, bucket in enumerate(buckets):
-            if aligned:  # chunk k+1's gathers are issued when chunk k starts (0 and 1: at once)
-                issued = chunk_begins.get(bucket.chunk - 1, 0.0) if bucket.chunk >= 2 else 0.0
-            gathered = max(gathered, issued) + self._dp_collective(plan, "all_gather", bucket.nbytes, group)
-            begin = max(free, gathered)
-            chunk_begins.setdefault(bucket.chunk, begin)
-            issued = begin  # unaligned: the next bucket's gather is issued as this bucket starts
-            work = sum(layer >= 0 for layer in bucket.layers) * per_layer
-            if index + 1 < len(buckets) and buckets[index + 1].chunk != bucket.chunk:
-                work += (min(plan.microbatches, plan.pp) - 1) * chunk_forward
+        fill = (min(timing.microbatches, timing.pp) - 1) * (st.forward / timing.local_chunks)
+        gathered = [0.0, 0.0]  # when each chain's stream is free
+        reached = [0.0, 0.0]  # when the compute reached each chain's previous bucket (its next gather's issue)
+        chunk_reached: list[dict[int, float]] = [{}, {}]  # when the compute reached each local chunk, per chain
+        free = start  # when the compute could start the next gate's layers
+        busy = 0.0  # compute time of the layers, without waiting
+        for chunk, waits, layers, next_chunk in gates:
+            begin = free
+            for k, seconds in waits:
+                if aligned:  # chunk c+1's gathers are issued when the compute reaches chunk c (0 and 1: at once)
+                    issued = chunk_reached[k].get(chunk - 1, 0.0) if chunk >= 2 else 0.0
+                    chunk_reached[k].setdefault(chunk, free)
+                else:  # the next bucket's gather is issued when the compute reaches this one
+                    issued = reached[k]
+                    reached[k] = free
+                done = (gathered[k] if gathered[k] > issued else issued) + seconds
+                gathered[k] = done
+                if done > begin:
+                    begin = done
+            work = layers * per_layer
+            if next_chunk:
+                work += fill
             free, busy = begin + work, busy + work
         return max(0.0, free - start - busy)
 
@@ -929,8 +981,9 @@ class Estimator:
         units = plan.pipelined_fsdp and plan.data_parallel  # FSDP + PP's unit gathers (_unit_gather_delay)
         tails = [self._tail_shape(plan, s, stat_reduce, shape_key) for s in range(plan.pp)]
         ends = self._unit_gather_ends(plan, shape_key) if units else None
+        gates = [self._param_gates(plan, s) for s in range(plan.pp)] if step.overlaps_param_gather(plan) else None
         return _ShapeParts(plan.zero_stage if plan.gathers_units and not plan.pipelined_fsdp else None,
-                           step.overlaps_param_gather(plan), ends, plan.unit_layers, tails, plan.data_parallel,
+                           gates, ends, plan.unit_layers, tails, plan.data_parallel,
                            plan.zero_stage, plan.pipelined_fsdp, keys.owner)
 
     def _timing(self, plan: Plan) -> _Timing:
@@ -944,16 +997,17 @@ class Estimator:
         """The weight all-gathers overlapped with the forward hold back a stage's first micro-batch: the whole
         step moves by the largest such delay (a stage's first forward can start once the upstream stages ran
         their first chunk's forward and sent it). 0 where no weights are gathered before the forward."""
-        buckets = parts.param_buckets  # else _param_gather_delay is 0
+        gates = parts.param_gates  # else _param_gather_delay is 0
         ends = parts.unit_ends  # else _unit_gather_delay is 0
-        if not buckets and ends is None:
+        if gates is None and ends is None:
             return 0.0
+        aligned = plan.scenario.parallel.align_param_gather
         hop, chunks, unit_layers = timing.hop, timing.local_chunks, parts.unit_layers
         start = delay = 0.0
         for s, st in enumerate(stages):
             held = 0.0
-            if buckets:
-                held = self._param_gather_delay(plan, s, st, start)
+            if gates is not None:
+                held = self._param_gather_delay(gates[s], aligned, st, start, timing)
             if ends is not None:
                 held = max(held, self._unit_gather_delay(ends[s], unit_layers, st, start, timing))
             # the stage's first forward, held back, sends later: the next stage starts later too (a gather the
@@ -1042,13 +1096,25 @@ class _Timing(NamedTuple):
     interleaved: bool  # the interleaved schedule (its chunks' backwards end apart: Estimator._tail)
 
 
+class _Gate(NamedTuple):
+    """Where a stage's first forward waits for weight all-gathers under ZeRO-1/2's ``overlap_param_gather``
+    (``Estimator._param_gates``): at a layer where a bucket of the dense chain (0) or the expert chain (1) starts."""
+
+    chunk: int  # the stage's local chunk
+    waits: tuple[tuple[int, float], ...]  # (chain, the bucket's all-gather seconds), dense first
+    layers: int  # layers computed from here to the next gate, or to the chunk's end
+    next_chunk: bool  # the next gate is in a later chunk: the pipeline fill runs before it
+
+
 class _ShapeParts(NamedTuple):
     """What a layout's estimate reads that its shape (``LayoutKeys.shape``: no micro-batch size, recomputation or
     SP) decides: its sharding's facts, FSDP + PP's unit gathers and every stage's tail shape
     (``Estimator._parts_of_shape``)."""
 
     stages_zero: int | None  # the ZeRO stage where it changes the stage times (weights gathered per unit), else None
-    param_buckets: bool  # ZeRO-1/2's per-bucket weight gathers under the forward (step.overlaps_param_gather)
+    # ZeRO-1/2's per-bucket weight gathers under the forward (step.overlaps_param_gather): per stage, where its
+    # first forward waits for them (Estimator._param_gates); else None
+    param_gates: list[list[_Gate]] | None
     unit_ends: list[list[list[float]]] | None  # FSDP + PP: Estimator._unit_gather_ends, else None
     unit_layers: int
     tails: list[_TailShape]  # every stage's (Estimator._tail_shape)
@@ -1070,6 +1136,7 @@ class _LayerTimes(NamedTuple):
     dense: tuple[float, float, float]  # a MoE model's dense layer: (forward, backward, weight); zeros if dense
     moe: tuple[float, float, float]  # its MoE layer's; zeros in a dense model
     pair: _PairBlocks | None  # a MoE model's layers as DualPipe's F&B pairs cut them (Estimator._pair_overlap)
+    rebuilt_moe: float  # what full recomputation adds to a MoE layer's backward (Estimator._rebuilt_moe); 0 if dense
 
 
 class _PairBlocks(NamedTuple):

@@ -140,7 +140,7 @@ class _StageEmitter:
         # every pass's input, and the sends its passes defer to its end; None outside such a unit.
         self.unit_first: int | None = None
         self.layer_first = -1  # the index of the layer pass's first task (_layer_tasks), for _exact_task's check
-        self.unit_sends: list[tuple[str, int, int, int]] = []
+        self.unit_sends: list[tuple[str, int, int, int, int | None, int | None]] = []
         self.unit_passes: list[tuple[str, int]] = []  # (phase, first task) of each pass of the open unit
         self.tail: int | None = None  # the last task of the pass just emitted
         # Activation offload (training.cpu_offloading_num_layers): the copy the next layer's forward waits for.
@@ -400,7 +400,12 @@ class _StageEmitter:
 
     def close_unit(self) -> None:
         """Ends the unit: an F&B pair of MoE layers is interleaved (``_interleave_pair``), then the sends of its
-        passes leave, in issue order, after its last task."""
+        passes leave, in issue order, after its last task (DualPipe's ``_forward_backward_chunk`` sends after the
+        pair). Under Megatron's combined 1F1B (``moe.a2a_overlap``) the forward's send leaves once the forward's
+        own last task is done, beside the backward's last block: ``TransformerModelChunkSchedulePlan.run`` issues
+        ``post_forward`` (send_forward_recv_forward) on the communication stream waiting only for the forward's
+        event, "so the p2p comm could be overlapped with the pre_dispatch backward" (Megatron-LM d98e8a64dd,
+        models/common/model_chunk_schedule_plan.py)."""
         passes, self.unit_passes = self.unit_passes, []
         phases = [phase for phase, _ in passes]
         if self.plan.is_moe and phases[:2] == ["F", "B"]:
@@ -408,8 +413,12 @@ class _StageEmitter:
             self._interleave_pair(passes[0][1], passes[1][1], end)
         self.unit_first = None
         sends, self.unit_sends = self.unit_sends, []
-        for phase, chunk, mb, to_global_chunk in sends:
-            self._send(phase, chunk, mb, to_global_chunk, self.tail)
+        blocking = self.blocking_tp
+        for phase, chunk, mb, to_global_chunk, after, owed in sends:
+            early = phase == "F" and self.plan.a2a_overlap
+            self.blocking_tp = owed if early else blocking
+            self._send(phase, chunk, mb, to_global_chunk, after if early else self.tail)
+        self.blocking_tp = blocking
 
     def _interleave_pair(self, forward: int, backward: int, end: int) -> None:
         """DualPipe's overlapped F&B pair (DeepSeek-V3 report Sec. 3.2.1, Fig. 4; the DualPipe repo's
@@ -468,8 +477,8 @@ class _StageEmitter:
             self.tail = max((t for t in order if tasks[t].stream == "compute"), key=position.__getitem__)
 
     def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
-        if self.unit_first is not None:
-            self.unit_sends.append((phase, chunk, mb, to_global_chunk))
+        if self.unit_first is not None:  # the pass's last task and the TP reduction it owes, for close_unit
+            self.unit_sends.append((phase, chunk, mb, to_global_chunk, after, self.blocking_tp))
             return
         g, group, name = self._route(phase, chunk, to_global_chunk)
         if group is None:  # the turn of a V: the next chunk is on this GPU, nothing to send
