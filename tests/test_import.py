@@ -1007,3 +1007,53 @@ def test_nemo_userbuffers_cfg_fills_te_defaults_for_omitted_keys(tmp_path: Path,
     for key in defaults:
         assert _status(draft, f"model.ub_tp_comm_overlap_cfg.{key}") == "default"
     assert not any(row.status == "unknown" for row in draft.rows if "ub_tp_comm_overlap_cfg" in row.source)
+
+
+def test_megatron_emit_runs_the_loss_the_scenario_priced(tmp_path: Path) -> None:
+    """Megatron-LM runs its unfused VocabParallelCrossEntropy unless --cross-entropy-loss-fusion is given
+    (megatron/core/models/common/language_module/language_module.py compute_language_model_loss at 1e05700595), so
+    a scenario priced with the fused loss (``training.cross_entropy: fused``, the default) is emitted with the flag
+    and imports back fused; the unfused one (megatron) without it; Hugging Face's loss (hf), which Megatron has no
+    setting for, is refused in one line naming the field."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    fused = load_scenario(ROOT / "scenarios" / "tiny.yaml")
+    assert fused.training.cross_entropy == "fused"
+    text = emit(fused, "megatron").text
+    assert "--cross-entropy-loss-fusion" in text
+    path = tmp_path / "emitted.sh"
+    path.write_text(text)
+    assert import_megatron([str(path)], Options(gpu=fused.cluster.gpu.name)).scenario().training.cross_entropy == \
+        "fused"
+    unfused = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=megatron"])
+    assert "--cross-entropy-loss-fusion" not in emit(unfused, "megatron").text
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=hf"]), "megatron")
+    assert str(error.value).startswith("training.cross_entropy: ") and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("where", "fusion", "loss"), [
+    ("model", False, "megatron"), ("model", True, "fused"), ("model.config", False, "megatron"),
+    ("model.config", True, "fused"), (None, None, "fused")])
+def test_nemo_loss_fusion_sets_the_loss(tmp_path: Path, where: str | None, fusion: bool | None, loss: str) -> None:
+    """NeMo passes cross_entropy_loss_fusion to Megatron-Core's TransformerConfig (NeMo 2.0 GPTConfig's field,
+    default True; NeMo 1.x model.cross_entropy_loss_fusion), which runs the unfused VocabParallelCrossEntropy when
+    it is false (NeMo 2.0's recipes set it false for fine-tuning, e.g. llm/recipes/llama31_8b.py): an explicit false
+    is training.cross_entropy: megatron, true or absent the default, fused."""
+    from sim.interop.nemo import import_nemo
+
+    config: dict[str, Any] = {"trainer": {"num_nodes": 1, "devices": 8, "strategy": {
+        "tensor_model_parallel_size": 2, "sequence_parallel": True}, "plugins": {"precision": "bf16-mixed"}},
+        "model": {"config": {"num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32}},
+        "data": {"seq_length": 4096, "micro_batch_size": 1, "global_batch_size": 32}}
+    if where == "model":
+        config["model"]["cross_entropy_loss_fusion"] = fusion
+    elif where == "model.config":
+        config["model"]["config"]["cross_entropy_loss_fusion"] = fusion
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM", model="llama3-8b"))
+    assert draft.scenario().training.cross_entropy == loss
+    if where is not None:
+        assert _status(draft, f"{where}.cross_entropy_loss_fusion") == "mapped"

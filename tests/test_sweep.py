@@ -229,3 +229,30 @@ def test_a_directory_of_another_scenarios_results_is_refused_not_mixed(tmp_path)
     (out / "sweep.json").unlink()  # results with no record of what made them
     with pytest.raises(ConfigError, match="without a sweep.json"):
         run_sweep(make_spec(TINY, ["training.microbatches=2,4"], []), out)
+
+
+def test_a_results_table_of_an_older_clustersim_is_refused_naming_its_columns(tmp_path):
+    """A sweep directory written before summary.json version 2 (no host_bound_fraction column; its
+    bubble_fraction counted the compute stream's wait for the host) is refused on resume, and the one-line error
+    says so (the columns that differ, an older clustersim), not that the grid changed: the grid and the base are
+    the same, so "a different grid" sent the user looking for a change they had not made."""
+    out = tmp_path / "sweep"
+    spec = make_spec(TINY, ["training.microbatches=2,4"], [])
+    run_sweep(spec, out)
+    path = out / "results.csv"
+    with path.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    old = [name for name in rows[0] if name != "host_bound_fraction"]  # the version-1 table's columns
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=old, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(ConfigError) as error:
+        run_sweep(spec, out)
+    message = str(error.value)
+    assert "\n" not in message and "different grid" not in message
+    assert "lacks host_bound_fraction" in message and "older or newer clustersim" in message
+    # another grid's table (other swept keys) still says which columns differ
+    run_sweep(make_spec(TINY, ["training.microbatches=2,4"], []), tmp_path / "two")
+    with pytest.raises(ConfigError, match="lacks parallel.tp.* has training.microbatches"):
+        run_sweep(make_spec(TINY, ["parallel.tp=1,2"], []), tmp_path / "two")

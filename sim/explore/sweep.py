@@ -234,7 +234,8 @@ def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
         text = text[:text.rfind("\n") + 1]
     rows = [r for r in csv.DictReader(io.StringIO(text, newline="")) if r.get("status") and None not in r.values()]
     if rows and list(rows[0]) != columns:
-        raise ConfigError(f"sweep: {path} was written by a different grid; use another output directory")
+        raise ConfigError(f"sweep: {path} has other columns than this sweep writes "
+                          f"({_column_change(list(rows[0]), columns)}); use another output directory")
     def rewrite(temporary: Path) -> None:
         with temporary.open("w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=columns)
@@ -243,6 +244,22 @@ def _read_done(path: Path, columns: list[str]) -> list[dict[str, str]]:
 
     write_atomically(path, rewrite)
     return rows
+
+
+def _column_change(theirs: list[str], ours: list[str]) -> str:
+    """How a results table's columns ``theirs`` differ from the ``ours`` this sweep writes, in words: the columns
+    it lacks and has beyond ours, and whose they are: a metric's (``METRICS``) an older or newer clustersim's (e.g.
+    a table from before summary.json version 2 lacks host_bound_fraction, and its bubble_fraction counted the
+    compute stream's wait for the host, so its rows cannot join this table), a swept key's another grid's."""
+    lacks = [name for name in ours if name not in theirs]
+    extra = [name for name in theirs if name not in ours]
+    words = ([f"lacks {', '.join(lacks)}"] if lacks else []) + ([f"has {', '.join(extra)}"] if extra else [])
+    if not words:
+        words = ["the same columns in another order"]
+    metrics = set(lacks + extra) & set(METRICS)
+    whose = ("written by an older or newer clustersim, whose summary figures differ" if metrics
+             else "written by a different grid")
+    return "; ".join(words) + f": {whose}"
 
 
 MANIFEST = "sweep.json"

@@ -189,6 +189,14 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--attention-backend", t.attention_backend]
     if t.clip_grad != 1.0:
         flags += ["--clip-grad", f"{t.clip_grad:g}"]
+    # The loss the scenario priced (training.cross_entropy; sim.model.vocab_ops): Megatron-Core runs its unfused
+    # VocabParallelCrossEntropy unless --cross-entropy-loss-fusion is given (language_module.py
+    # compute_language_model_loss at 1e05700595; the fused kernel's impl 'native' by default), so fused needs the flag
+    if t.cross_entropy == "fused":
+        flags.append("--cross-entropy-loss-fusion")
+    elif t.cross_entropy == "hf":
+        raise _refuse("Megatron-LM", "training.cross_entropy", "hf is Hugging Face's loss (fp32 logits, then "
+                      "log_softmax); Megatron runs fused (--cross-entropy-loss-fusion) or megatron (without it)")
     lines = [f"    {flag}" + (f" {value}" if not value.startswith("--") else "")
              for flag, value in _pairs(flags)]
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} pretrain_gpt.py")

@@ -68,7 +68,7 @@ HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data."
             "model.fp16_lm_cross_entropy", "model.grad_allreduce_chunk_size_mb", "model.sharp",
             "model.fsdp_grad_reduce_dtype", "model.fsdp_sharded_checkpoint", "model.num_micro_batches_with_partial",
             "model.activations_checkpoint_layers_per_pipeline", "model.rotary_percentage",
-            "model.ub_tp_comm_overlap_cfg", "model.moe_aux_loss_coeff", "model.cross_entropy_loss_fusion",
+            "model.ub_tp_comm_overlap_cfg", "model.moe_aux_loss_coeff",
             "model.use_emha", "model.moe_router_load_balancing_type", "model.deterministic_mode",
             "trainer.accelerator", "trainer.logger", "trainer.enable_checkpointing", "trainer.use_distributed_sampler",
             "trainer.max_", "trainer.log_every_n_steps", "trainer.val_check_interval", "trainer.limit_",
@@ -267,6 +267,19 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
     if draft.get("parallel.dp_bucket_size") is not None or cap is not None:
         read.add("model.optim.bucket_cap_mb")
     read.update(apply_userbuffers(draft, flat, "model.ub_tp_comm_overlap_cfg."))
+    # The loss (training.cross_entropy): NeMo hands cross_entropy_loss_fusion to Megatron-Core's TransformerConfig
+    # (NeMo 2.0 GPTConfig's field, default True; NeMo 1.x's model key), whose compute_language_model_loss runs the
+    # unfused VocabParallelCrossEntropy when it is false (NeMo 2.0's fine-tuning recipes set it so): megatron.
+    for key in ("model.cross_entropy_loss_fusion", "model.config.cross_entropy_loss_fusion"):
+        fusion = flat.get(key)
+        if fusion is None:
+            continue
+        if not isinstance(fusion, bool):
+            raise refuse(f"{key}: expected true or false (got {fusion!r})")
+        draft.put("training.cross_entropy", "fused" if fusion else "megatron", key, fusion,
+                  "Megatron-Core's fused vocab-parallel loss" if fusion else "Megatron-Core's unfused "
+                  "VocabParallelCrossEntropy, kernel by kernel (docs/mechanisms/loss_head.md)")
+        read.add(key)
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")
