@@ -1027,7 +1027,13 @@ def test_megatron_emit_runs_the_loss_the_scenario_priced(tmp_path: Path) -> None
     assert import_megatron([str(path)], Options(gpu=fused.cluster.gpu.name)).scenario().training.cross_entropy == \
         "fused"
     unfused = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=megatron"])
-    assert "--cross-entropy-loss-fusion" not in emit(unfused, "megatron").text
+    unfused_text = emit(unfused, "megatron").text
+    assert "--cross-entropy-loss-fusion" not in unfused_text
+    # ... and a script without the flag imports as what Megatron-LM runs (arguments.py: the flag is opt-in).
+    path.write_text(unfused_text)
+    draft = import_megatron([str(path)], Options(gpu=unfused.cluster.gpu.name))
+    assert draft.scenario().training.cross_entropy == "megatron"
+    assert _status(draft, "--cross-entropy-loss-fusion") == "default"
     with pytest.raises(ConfigError) as error:
         emit(load_scenario(ROOT / "scenarios" / "tiny.yaml", ["training.cross_entropy=hf"]), "megatron")
     assert str(error.value).startswith("training.cross_entropy: ") and "\n" not in str(error.value)

@@ -42,7 +42,7 @@ HARMLESS_PREFIXES = (
     "micro_batch_size_", "ckpt_format", "dist_ckpt", "override_opt_param_scheduler", "use_checkpoint_",
     "apply_layernorm_1p", "untie_embeddings", "position_embedding_type", "num_layers_per", "rampup_batch_size",
     "step_batch_size_schedule", "mid_level_dataset", "object_storage", "log_interval", "moe_router_pre_softmax",
-    "moe_grouped_gemm", "cross_entropy_loss_fusion", "no_masked_softmax_fusion", "attention_softmax_in_fp32",
+    "moe_grouped_gemm", "no_masked_softmax_fusion", "attention_softmax_in_fp32",
     "fp8_param_gather", "clip_grad", "add_position_embedding", "bias_swiglu", "no_bias_", "no_rope_fusion",
     "enable_one_logger",
 )
@@ -51,9 +51,6 @@ HARMLESS_NOTE = {
     "step_batch_size_schedule": "a batch-size schedule: the steady-state --global-batch-size is simulated",
     "fp8_param_gather": "FP8 weights gathered by the distributed optimizer: its all-gather bytes are not halved "
                         "in the simulation (bf16 bytes)",
-    "cross_entropy_loss_fusion": "the fused loss: training.cross_entropy's default, fused (without the flag "
-                                 "Megatron runs the unfused loss, cross_entropy: megatron, which the import "
-                                 "does not set; docs/mechanisms/loss_head.md)",
     "moe_grouped_gemm": "grouped GEMMs are what the simulator prices for experts",
 }
 
@@ -425,6 +422,21 @@ def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PRE
 
 
 
+def _loss(draft: Draft, args: Args) -> None:
+    """training.cross_entropy from Megatron-LM's --cross-entropy-loss-fusion: the flag is opt-in (arguments.py,
+    default False), and without it Megatron-Core's compute_language_model_loss runs the unfused
+    VocabParallelCrossEntropy (language_module.py at 1e05700595), priced kernel by kernel as ``megatron``
+    (docs/mechanisms/loss_head.md). Only for Megatron-LM scripts: NeMo's default is the fused loss
+    (sim.interop.nemo reads its own key)."""
+    dest = "cross_entropy_loss_fusion"
+    fused = args.flag(dest)
+    draft.put("training.cross_entropy", "fused" if fused else "megatron", args.source(dest),
+              args.raw(dest) if args.has(dest) else None,
+              "Megatron-Core's fused vocab-parallel loss" if fused else "no --cross-entropy-loss-fusion: Megatron-"
+              "Core's unfused VocabParallelCrossEntropy, kernel by kernel",
+              "mapped" if args.has(dest) else "default")
+
+
 def import_megatron(inputs: list[str], options: Options) -> Draft:
     draft = Draft("megatron")
     draft.data["name"] = options.name or "megatron-import"
@@ -441,6 +453,7 @@ def import_megatron(inputs: list[str], options: Options) -> Draft:
             if value is not None:
                 world[key] = (value, args.source(dest))
     apply(draft, args, options, world)
+    _loss(draft, args)
     _userbuffers_file(draft, args, inputs)
     leftovers(draft, args)
     return draft
