@@ -14,7 +14,8 @@ import pytest
 
 from sim import runner
 from sim.api import estimate
-from sim.costs.host import EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, TE_LINEAR_MODULES, host_bound, moe_layer_host_seconds
+from sim.costs.host import (EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, TE_MODULE_PASSES, host_bound,
+                            moe_layer_host_seconds, te_linear_modules)
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
@@ -100,7 +101,7 @@ def test_the_te_module_overhead_is_the_measured_te_linear_less_the_replays_eager
     assert issue_1191["value_us"].max() / te_after == pytest.approx(1.22, abs=0.005)  # the PR's speed-up
     costs = load_scenario(TP4).costs
     assert costs.te_module_overhead == pytest.approx(te_after * 1e-6 - costs.eager_op_overhead)  # type: ignore[union-attr]
-    assert TE_LINEAR_MODULES == {"forward": 4, "backward": 0}
+    assert TE_MODULE_PASSES == {"forward": 1, "backward": 0}
 
 
 def test_te_linear_costs_the_host_more_than_torchs_on_every_host_measured() -> None:
@@ -205,3 +206,18 @@ def test_the_estimate_follows_the_simulation_where_the_host_binds() -> None:
     for scenario in (_scenario(), load_scenario(TP4)):
         simulated = runner.run(scenario).summary.step_time_s
         assert estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)
+
+
+def test_te_linear_modules_follow_megatrons_te_layer_spec() -> None:
+    """Megatron-Core's TE layer spec (Megatron-LM 1e05700595 gpt_layer_specs.py, moe_module_specs.py): GQA's
+    linear_qkv + linear_proj, MLA's q (or q_down + q_up), kv_down, kv_up and proj, the experts' two grouped linears,
+    a shared expert's two: Qwen3-235B and Mixtral 4, DeepSeek-V3 (query latent, shared expert) 9; the plan prices
+    that many in a MoE layer's forward."""
+    assert te_linear_modules(mla=False, q_latent=False, shared_expert=False) == 4
+    assert te_linear_modules(mla=True, q_latent=False, shared_expert=False) == 6
+    assert te_linear_modules(mla=True, q_latent=True, shared_expert=True) == 9
+    assert te_linear_modules(mla=False, q_latent=False, shared_expert=True) == 6
+    plan = resolve(load_scenario(SCENARIOS / "deepseek-v3_h800-2048.yaml"))
+    assert plan.local_experts == 4
+    assert plan.moe_host_seconds["forward"] == pytest.approx(100 * 32e-6 + 2 * 4 * 5e-6 + 9 * 83e-6, rel=1e-12)
+    assert plan.moe_host_seconds["backward"] == pytest.approx(92 * 32e-6 + 4 * 4 * 5e-6, rel=1e-12)

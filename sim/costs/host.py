@@ -41,22 +41,34 @@ EAGER_MOE_LAYER_KERNELS: dict[Direction, int] = {"forward": 100, "backward": 92}
 # GEMM in the backward; issued at a CUDA launch's cost (``costs.launch_overhead``), not an eager op's.
 EXPERT_GEMMS: dict[Direction, int] = {"forward": 2, "backward": 4}
 # Transformer Engine linear-module calls per MoE transformer layer pass as Megatron-Core's TE spec builds the
-# layer (gpt_layer_specs.py, get_gpt_layer_with_transformer_engine_spec): linear_qkv (TELayerNormColumnParallelLinear),
-# linear_proj (TERowParallelLinear), the experts' linear_fc1 and linear_fc2 (TEColumnParallelGroupedLinear,
-# TERowParallelGroupedLinear). The measured cost (TransformerEngine#1191) is a forward's; no public figure gives the
+# layer (Megatron-LM 1e05700595 gpt_layer_specs.py get_gpt_layer_with_transformer_engine_spec, moe_module_specs.py):
+# attention's linear_qkv (TELayerNormColumnParallelLinear) and linear_proj (TERowParallelLinear), or under multi-head
+# latent attention linear_q_proj (linear_q_down_proj + linear_q_up_proj with a query latent), linear_kv_down_proj,
+# linear_kv_up_proj and linear_proj; the experts' linear_fc1 and linear_fc2 (TEColumnParallelGroupedLinear,
+# TERowParallelGroupedLinear); a shared expert's linear_fc1 and linear_fc2 (TEColumnParallelLinear,
+# TERowParallelLinear). The measured cost (TransformerEngine#1191) is a forward's; no public figure gives the
 # backward's, so the backward counts none (a lower bound). TE's norms and DotProductAttention are modules too, but
 # no figure prices them, so they stay at the replay's eager-op count.
-TE_LINEAR_MODULES: dict[Direction, int] = {"forward": 4, "backward": 0}
+TE_MODULE_PASSES: dict[Direction, int] = {"forward": 1, "backward": 0}
+
+
+def te_linear_modules(mla: bool, q_latent: bool, shared_expert: bool) -> int:
+    """Transformer Engine linear modules one MoE transformer layer's forward calls (Megatron-Core's TE layer spec):
+    attention's 2 (GQA/MHA) or multi-head latent attention's 4 (5 with a query latent ``q_latent``), the routed
+    experts' 2 grouped linears, and a ``shared_expert``'s 2. Qwen3 and Mixtral: 4; DeepSeek-V3: 9."""
+    attention = 4 + int(q_latent) if mla else 2
+    return attention + 2 + 2 * int(shared_expert)
 
 
 def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_overhead: float,
-                           launch_overhead: float, te_module_overhead: float) -> float:
+                           launch_overhead: float, te_module_overhead: float, te_modules: int = 4) -> float:
     """Seconds the host takes to issue one MoE layer's ``direction`` pass on a rank with ``local_experts``
     experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each, and
-    its Transformer Engine linear-module calls at ``te_module_overhead`` each beyond those kernels."""
+    its ``te_modules`` Transformer Engine linear-module calls (``te_linear_modules``; the forward's only) at
+    ``te_module_overhead`` each beyond those kernels."""
     return (EAGER_MOE_LAYER_KERNELS[direction] * eager_op_overhead
             + EXPERT_GEMMS[direction] * local_experts * launch_overhead
-            + TE_LINEAR_MODULES[direction] * te_module_overhead)
+            + TE_MODULE_PASSES[direction] * te_modules * te_module_overhead)
 
 
 def host_bound(device: float, host: float) -> float:

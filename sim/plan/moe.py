@@ -154,6 +154,9 @@ class MoeFacts(ParamFacts):
         if (not self.model.is_moe or not syncs or training.cuda_graphs
                 or not isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec)) or not costs.eager_op_overhead):
             return {"forward": 0.0, "backward": 0.0}
+        spec = self.model
+        te_modules = host.te_linear_modules(spec.kv_lora_rank is not None, spec.q_lora_rank is not None,
+                                            bool(spec.moe_shared_expert_intermediate_size))
         return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
-                                                       costs.launch_overhead, costs.te_module_overhead)
+                                                       costs.launch_overhead, costs.te_module_overhead, te_modules)
                 for direction in ("forward", "backward")}
