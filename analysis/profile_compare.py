@@ -41,7 +41,7 @@ Kernel classes, by name (``KERNEL_CLASSES``; first match wins; names as the libr
 The simulated side: the run's tasks on one rank. Communication streams give each collective's seconds by the
 trace's ``op`` column (``send`` for pipeline sends); the offload stream's PCIe copies are memcpy. A compute task
 is split into GEMM, attention and other compute by its block's kernels as the run's cost model prices them
-(sim.workload.step.blocks, sim.costs.models.phase_scale and kernel_time: the GEMMs with weights, the
+(sim.workload.blocks.blocks, sim.costs.models.phase_scale and kernel_time: the GEMMs with weights, the
 attention core of sim.model.attention_ops.ATTENTION_CORE, the rest), summed over the rank so a backward split in
 two tasks splits as one; compute the model does not break into kernels (the optimizer step, gradient norm) is
 other compute. Idle is the step minus the union of the rank's GPU tasks. Unfused attention
@@ -215,7 +215,9 @@ def _compute_shares(run_dir: Path) -> tuple[dict[tuple[str, str], dict[str, floa
     from sim.model.attention_ops import ATTENTION_CORE
     from sim.plan import resolve
     from sim.spec.scenario import load_scenario
-    from sim.workload.step import blocks, make_costs, moe_blocks
+    from sim.workload.blocks import blocks
+    from sim.workload.cost_model import make_costs
+    from sim.workload.moe_layer import moe_blocks
 
     scenario = load_scenario(run_dir / "scenario.resolved.yaml")
     plan = resolve(scenario)

@@ -11,8 +11,9 @@ import sim
 from sim.costs.models import RooflineCosts
 from sim.errors import ConfigError
 from sim.plan import resolve
+from sim.workload.cost_model import make_costs
 from sim.workload.footprint import memory_plan
-from sim.workload.step import make_costs, offload_buffer_copy_seconds
+from sim.workload.host_offload import offload_buffer_copy_seconds
 
 LAYERS, MICROBATCHES = 8, 2
 

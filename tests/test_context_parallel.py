@@ -20,9 +20,9 @@ from sim.parallel.context import exchanges, executed_share, rank_chunks, ring_ma
 from sim.parallel.grid import RankGrid
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario, scenario_from_dict
+from sim.workload.blocks import blocks
 from sim.workload.build import build
 from sim.workload.footprint import memory_plan
-from sim.workload.step import blocks
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 CP128K = SCENARIOS / "llama3.1-405b_h100-16384_cp16-128k.yaml"

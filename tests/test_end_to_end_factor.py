@@ -14,7 +14,7 @@ from sim.model.ops import Op
 from sim.plan import Plan
 from sim.spec.scenario import scenario_from_dict
 from sim.validation.validate import error_stats
-from sim.workload.step import make_costs
+from sim.workload.cost_model import make_costs
 
 ONE_GPU = {"name": "one-gpu", "cluster": {"gpu": "A100-80GB-SXM", "nodes": 1, "gpus_per_node": 1},
            "model": "gpt3-1.3b", "training": {"microbatches": 2, "micro_batch": 1, "seq_len": 1024},

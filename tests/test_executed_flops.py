@@ -21,7 +21,8 @@ from sim.errors import ConfigError
 from sim.model.flash_tiles import FLASH_TILE, causal_fraction
 from sim.plan import resolve
 from sim.runner import RunResult
-from sim.workload.step import blocks, make_costs
+from sim.workload.blocks import blocks
+from sim.workload.cost_model import make_costs
 
 # The fuzz suite's case (tests/test_fuzz.py, issue text): one H100, Llama 3 70B, LoRA r = 16 on every projection.
 REPRODUCER: dict[str, Any] = {

@@ -15,7 +15,7 @@ from sim.model.layer_ops import layer_forward_ops
 from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
-from sim.workload.step import make_costs
+from sim.workload.cost_model import make_costs
 
 from conftest import make_scenario
 
@@ -102,7 +102,7 @@ def test_weight_cache_and_cast_knobs_reach_the_step() -> None:
         costs, blocks = make_costs(plan), blocks_of(plan)
         return sum(costs.compute_time(w, "forward") for w in blocks.block.values())
 
-    from sim.workload.step import blocks as blocks_of  # local: the module's name shadows nothing above
+    from sim.workload.blocks import blocks as blocks_of  # local: the module's name shadows nothing above
     cached, uncached, free = forward(), forward(fp8_weight_cache=False), forward(fp8_cast_kernels=False)
     # 4 micro-batches per rank (dp 8): the cache casts each weight once, not 4 times; no casts is faster still
     spec = MODEL_PRESETS["llama2-7b"]

@@ -14,7 +14,7 @@ from sim.model.layer_ops import layer_forward_ops
 from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
-from sim.workload.step import make_costs
+from sim.workload.cost_model import make_costs
 
 from conftest import make_scenario
 
@@ -81,7 +81,7 @@ def test_the_knob_defaults_to_1_15_and_reaches_the_cost_model() -> None:
 
 # ------------------------------------------------------------------------------------ delayed vs current scaling
 from sim.model.fp8_casts import AMAX_SCAN_BYTES, NORM_FUSED_LINEAR, Fp8Casts, fp8_cast_ops  # noqa: E402
-from sim.workload.step import fp8_casts  # noqa: E402
+from sim.workload.blocks import fp8_casts  # noqa: E402
 
 
 @pytest.mark.parametrize("sp", [False, True])

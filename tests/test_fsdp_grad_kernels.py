@@ -10,7 +10,9 @@ import pytest
 from sim.costs.models import RooflineCosts, phase_scale
 from sim.model.params import layer_params
 from sim.plan import resolve
-from sim.workload.step import blocks, fsdp_predivide_factor, make_costs
+from sim.workload.blocks import blocks
+from sim.workload.cost_model import make_costs
+from sim.workload.fsdp_units import fsdp_predivide_factor
 
 from conftest import make_scenario
 

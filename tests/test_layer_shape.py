@@ -1,5 +1,5 @@
 """The record every layer op builder reads (sim.model.layer_shape.LayerShape): what it derives once, and that the
-Plan's one builder of it (sim.workload.step.layer_shape) carries the scenario's shape and kernel options."""
+Plan's one builder of it (sim.workload.blocks.layer_shape) carries the scenario's shape and kernel options."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sim.model.ops import EAGER_RMSNORM_KERNELS
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
-from sim.workload.step import fp8_casts, layer_shape
+from sim.workload.blocks import fp8_casts, layer_shape
 
 from conftest import SCENARIOS
 

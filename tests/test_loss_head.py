@@ -135,7 +135,7 @@ def test_megatron_loss_moves_the_head_by_its_bytes_over_bandwidth() -> None:
     # The simulated head task (Llama 3 8B, 2 x 4096 tokens, one H100) moves by exactly the bytes the unfused loss
     # adds over the fused kernel's, at the cost model's HBM rate x the end-to-end factor, plus its per-token
     # kernels at the launch floor: forward +26 bytes per logit element, backward -10.
-    from sim.workload.step import make_costs
+    from sim.workload.cost_model import make_costs
 
     fused, _ = _head_tasks("fused")
     megatron, result = _head_tasks("megatron")
@@ -169,7 +169,7 @@ def test_megatron_loss_all_reduces_three_token_vectors_under_tp() -> None:
     # _VocabParallelCrossEntropy.forward all-reduces the logits' max, the predicted logits and the sums of exps
     # over the TP group: three [tokens] fp32 vectors per micro-batch, after the head's forward, and the head's
     # backward waits for them. None without TP, none for the fused kernel.
-    from sim.workload.step import loss_collectives
+    from sim.workload.tp_collectives import loss_collectives
 
     _, result = _head_tasks("megatron", tp=2)
     trace = result.trace

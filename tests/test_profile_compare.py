@@ -23,7 +23,8 @@ from sim.errors import ConfigError
 from sim.model.attention_ops import ATTENTION_CORE
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
-from sim.workload.step import blocks, make_costs
+from sim.workload.blocks import blocks
+from sim.workload.cost_model import make_costs
 
 from conftest import DATA, SCENARIOS
 

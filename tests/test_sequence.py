@@ -15,7 +15,7 @@ from sim.model.peft import Peft
 from sim.model.peft import model_flops_per_step as peft_flops
 from sim.plan import resolve
 from sim.spec.sequence import SequenceSpec, length_stats
-from sim.workload.step import blocks
+from sim.workload.blocks import blocks
 
 S, ROWS = 4096, 2
 BASE = {"name": "seq", "seed": 0, "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 1},

@@ -3,7 +3,7 @@
 In: a kernel's seconds on all ``sms`` SMs and how many of them are held (a float, or an array: a mean over the
 kernel's span). Out: its seconds on the rest. Used for NCCL's and DeepEP's kernels beside compute
 (sim.engine.sm_contention) and for Transformer Engine's SM margin beside a pipelined reduce-scatter
-(sim.workload.step.beside_reduce_scatter).
+(sim.workload.tp_overlap.beside_reduce_scatter).
 
 Why: a large GEMM's tiles each need a whole SM, so while ``n`` of ``S`` SMs run something else it computes at
 ``(S - n) / S`` of its rate and takes ``seconds / (1 - n / S)`` (docs/mechanisms/collectives_at_scale.md); at least

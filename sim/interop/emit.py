@@ -230,7 +230,7 @@ def _userbuffers_cfg(s: Scenario) -> str:
     if p.tp_comm_overlap_sms is not None:
         settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
     # always written: a pipeline entry without it runs TE's 4 splits (initialize_ub: ub_cfg.get("num_splits", 4 if
-    # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: step.tp_overlap_chunks)
+    # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: tp_overlap.tp_overlap_chunks)
     settings.append(f"num_splits: {p.tp_comm_overlap_chunks or p.tp}")
     return "".join(f"{gemm}:\n" + "".join(f"  {line}\n" for line in settings) for gemm in ("proj_fprop", "fc2_fprop"))
 

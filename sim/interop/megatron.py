@@ -336,7 +336,7 @@ def te_userbuffers_default(method: str) -> dict[str, Any]:
 def apply_userbuffers(draft: Draft, flat: dict[str, Any], prefix: str) -> set[str]:
     """A userbuffers config's row-GEMM settings (``flat``: the config flattened, its keys ``prefix`` +
     ``proj_fprop.num_sm`` and the like) -> ``parallel.tp_comm_overlap_sms`` and ``parallel.tp_comm_overlap_chunks``
-    (sim.workload.step.tp_overlap_sms, tp_overlap_chunks); nothing where no key starts with ``prefix`` (no config:
+    (sim.workload.tp_overlap.tp_overlap_sms, tp_overlap_chunks); nothing where no key starts with ``prefix`` (no config:
     the fields' defaults). Each row GEMM runs its entry over TE's defaults for its method
     (``te_userbuffers_default``), so a key the entry omits, or a row GEMM with no entry, prices TE's value,
     reported as a default. The SMs taken from the GEMM are ``num_sm`` with ``set_sm_margin``, else 0 (TE

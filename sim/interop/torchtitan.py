@@ -125,7 +125,7 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     if take("parallelism.enable_async_tensor_parallel"):
         draft.put("parallel.tp_comm_overlap", True, "parallelism.enable_async_tensor_parallel")
         # PyTorch's AsyncTP, not TE's userbuffers (the field's default): no SMs held beside the GEMM, one GEMM per
-        # chunk, the reduce-scatter's partials summed after its chunks (sim.workload.step.async_tp)
+        # chunk, the reduce-scatter's partials summed after its chunks (sim.workload.tp_overlap.async_tp)
         draft.put("parallel.tp_comm_overlap_method", "async_tp", "parallelism.enable_async_tensor_parallel", True,
                   "PyTorch's symmetric-memory AsyncTP (fused_all_gather_matmul, fused_matmul_reduce_scatter)",
                   "default")

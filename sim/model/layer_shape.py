@@ -4,7 +4,7 @@ In: a ``ModelSpec`` (sim.model.transformer), the micro-batch, sequence length, T
 dtype size and the kernel options (flash attention, Megatron's fused kernels or eager PyTorch, FP8's cast kernels,
 causal attention, fused RMSNorm/RoPE). Out: one frozen ``LayerShape``, passed whole to the builders of
 sim.model.attention_ops, sim.model.mlp_ops, sim.model.layer_ops and sim.model.moe_ops, with the quantities they
-share derived once (tokens, the tokens each TP rank repeats, the norm kernel). sim.workload.step.layer_shape
+share derived once (tokens, the tokens each TP rank repeats, the norm kernel). sim.workload.blocks.layer_shape
 builds it from the Plan, in one place.
 """
 

@@ -72,7 +72,7 @@ class ShardingFacts(MoeFacts):
     @cached_property
     def deepspeed(self) -> DeepSpeedSpec | None:
         """DeepSpeed ZeRO-3's granularity knobs where they apply (a ``zero_optimization`` block at stage 3): the
-        weights are gathered module by module and the gradients reduced in buckets (sim.workload.step
+        weights are gathered module by module and the gradients reduced in buckets (sim.workload.fsdp_units
         gather_calls, reduce_buckets); None for FSDP, lower stages or a bare ``parallel.zero: 3``."""
         return self.scenario.deepspeed if self.zero_stage >= 3 and self.scenario.fsdp is None else None
 

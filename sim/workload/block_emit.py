@@ -13,8 +13,9 @@ sim.workload.cp_emit's, which uses these helpers.
 from __future__ import annotations
 
 from sim.costs.models import ComputePhase
-from sim.workload.step import beside_reduce_scatter, overlaps_backward
 from sim.workload.task_emit import TaskEmitter
+from sim.workload.tp_collectives import overlaps_backward
+from sim.workload.tp_overlap import beside_reduce_scatter
 
 
 class BlockEmitter(TaskEmitter):
@@ -187,7 +188,7 @@ class BlockEmitter(TaskEmitter):
         return summed
 
     def _sum_partials(self, kind: str, block: str, mb: int, layer: int, after: int | None) -> int | None:
-        """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.step
+        """AsyncTP's reduction of the tp partial sums after a chunked reduce-scatter (``after``; sim.workload.tp_overlap
         ``reduce_partials_bytes``), on the compute stream, which waits for it; ``after`` itself where there is
         none (TE's reduce-scatter reduces as it goes)."""
         seconds, nbytes = self.reduce_partials

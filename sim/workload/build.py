@@ -43,10 +43,10 @@ from sim.parallel.chunks import upstream
 from sim.parallel.schedules import Action, Schedule
 from sim.plan import Plan
 from sim.workload.chain_emit import reads_first
+from sim.workload.cost_model import make_costs
 from sim.workload.ir import EXPERT_DP_STREAM, NCCL_STREAM, TaskGraph
 from sim.workload.layer_emit import LayerEmitter
 from sim.workload.pair_interleave import interleave_pair
-from sim.workload.step import make_costs
 
 
 class _StageEmitter(LayerEmitter):

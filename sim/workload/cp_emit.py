@@ -1,7 +1,7 @@
 """The attention block of one rank under context parallelism, as tasks (issue 24).
 
 In: the stage emitter (``sim.workload.build``'s: its plan, graph, pricing and task helpers) and the plan's CP
-attention (``sim.workload.step.context_attention``: the core's steps and the exchanges of each pass). Out: the
+attention (``sim.workload.cp_attention.context_attention``: the core's steps and the exchanges of each pass). Out: the
 tasks of a layer's attention block, forward or backward, on the compute stream and the ``cp`` stream: the
 projections around the flash kernel, and the kernel with its exchanges (all_gather / a2a collectives, or
 Transformer Engine's p2p ring). The physics (volumes, causal shares) is in ``sim.parallel.context``.
@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from sim.costs.models import ComputePhase, Work
+from sim.workload.cp_attention import ContextAttention, attention_parts
 from sim.workload.ir import CP_STREAM
-from sim.workload.step import ContextAttention, attention_parts, overlaps_backward
+from sim.workload.tp_collectives import overlaps_backward
 
 
 class ContextEmitter:

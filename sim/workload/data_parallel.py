@@ -47,7 +47,7 @@ Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
   way) over the expert-data-parallel group, on that group's stream ``expert_dp`` (Megatron-Core's DDP keeps
   expert parameters in separate buffers reduced over the expert DP group); with the distributed optimizer
   (ZeRO-1) their updated weights are all-gathered over it after the step, or, with overlap_param_gather, per
-  expert bucket under the next forward on the same stream (``step.expert_param_gather_buckets``), issued by the
+  expert bucket under the next forward on the same stream (``param_gather.expert_param_gather_buckets``), issued by the
   same rule as the dense buckets (``before_forward``).
 """
 
@@ -57,7 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.parallel.chunks import upstream
-from sim.workload import step
+from sim.workload import fsdp_units, grad_buckets, host_offload, optimizer_step, param_gather
 from sim.workload.ir import EXPERT_DP_STREAM, HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
 
@@ -74,8 +74,8 @@ class DataParallelEmitter:
         self.unit_layers = plan.unit_layers
         self.sharded_units = plan.gathers_units
         self.per_step = plan.pipelined_fsdp  # gathers in micro-batch 0's forward, reduces after the last backward
-        # FSDP + PP: the units of each of this stage's chunks (step.chunk_units), and by first layer
-        self.chunk_units = {g: step.chunk_units(plan, g) for g in plan.stage_chunks[stage.stage]} \
+        # FSDP + PP: the units of each of this stage's chunks (fsdp_units.chunk_units), and by first layer
+        self.chunk_units = {g: fsdp_units.chunk_units(plan, g) for g in plan.stage_chunks[stage.stage]} \
             if self.per_step else {}
         self.chunk_gathers: dict[int, int] = {}  # first layer of a unit -> its all-gather, until its forward waits
         self.prefetch = plan.prefetch
@@ -89,22 +89,22 @@ class DataParallelEmitter:
         # Per layer, the reduce-scatters its backward issues (one per unit; DeepSpeed: its buckets).
         self.reduce_at: dict[int, list[float]] = {}
         if self.sharded_units and self.zero >= 3:
-            for layer, params in step.reduce_buckets(plan):
+            for layer, params in fsdp_units.reduce_buckets(plan):
                 self.reduce_at.setdefault(layer, []).append(params)
         # ZeRO-1/2 with overlap_param_gather: the weight all-gathers of the previous step's update, per bucket,
         # issued from the step start; the forward of a bucket's first layer (micro-batch 0) waits for its gather.
-        self.param_buckets = step.param_gather_buckets(plan, stage.stage) if self.multi else []
+        self.param_buckets = param_gather.param_gather_buckets(plan, stage.stage) if self.multi else []
         self.bucket_starts = {bucket.layers[0]: index for index, bucket in enumerate(self.param_buckets)}
         self.param_gathers: list[int] = []
         # The same for a MoE model's expert weights over the expert-data-parallel group (their own bucket chain).
-        self.expert_buckets = step.expert_param_gather_buckets(plan, stage.stage) if self.multi else []
+        self.expert_buckets = param_gather.expert_param_gather_buckets(plan, stage.stage) if self.multi else []
         self.expert_starts = {bucket.layers[0]: index for index, bucket in enumerate(self.expert_buckets)}
         self.expert_gathers: list[int] = []
 
     def _pcie(self, name: str, nbytes: float, after: int | None, mb: int = -1, layer: int = -1,
               also: list[int] | None = None) -> int:
         """A host <-> GPU copy of ``nbytes`` on the offload stream, after ``after`` and the tasks in ``also``."""
-        seconds = step.pcie_seconds(self.plan, nbytes)
+        seconds = host_offload.pcie_seconds(self.plan, nbytes)
         return self.st._add(OFFLOAD_STREAM, "offload", name, mb, layer, after, also or (), duration=seconds,
                             nbytes=nbytes)
 
@@ -165,8 +165,8 @@ class DataParallelEmitter:
             self._bucket_chain(self.expert_buckets, self.expert_gathers, self.expert_starts[layer], chunk, mb,
                                after, self._expert_gather)
 
-    def _bucket_chain(self, buckets: list[step.GatherBucket], issued: list[int], index: int, chunk: int, mb: int,
-                      after: int | None, gather: Callable[[float, list[int]], int]) -> None:
+    def _bucket_chain(self, buckets: list[param_gather.GatherBucket], issued: list[int], index: int, chunk: int,
+                      mb: int, after: int | None, gather: Callable[[float, list[int]], int]) -> None:
         """Issue the gathers of ``buckets`` (``issued``: the tasks so far, made by ``gather``) that reaching
         bucket ``index`` dispatches, and make the forward wait for this bucket's."""
         local = buckets[index].chunk
@@ -192,7 +192,7 @@ class DataParallelEmitter:
         needs = upstream("F", chunk, mb, self.plan.pp * self.plan.vpp - 1)
         return [needs] if needs is not None else []
 
-    def _param_gathers(self, buckets: list[step.GatherBucket], waits: list[int | tuple[str, int, int]],
+    def _param_gathers(self, buckets: list[param_gather.GatherBucket], waits: list[int | tuple[str, int, int]],
                        gather: Callable[[float, list[int]], int]) -> None:
         for bucket in buckets:
             tasks = [w for w in waits if isinstance(w, int)]
@@ -225,15 +225,15 @@ class DataParallelEmitter:
 
     def _gather(self, mb: int, unit: int, backward: bool, lag: int, params: float | None = None) -> int:
         """A unit's weight all-gather, waiting for the unit computed ``lag`` units ago (0: none); ``params``:
-        an all-gather of that many (FSDP + PP's ``step.chunk_units``) instead of ``step.gather_calls``."""
+        an all-gather of that many (FSDP + PP's ``fsdp_units.chunk_units``) instead of ``fsdp_units.gather_calls``."""
         waits = [self.unit_ends[-lag]] if lag and len(self.unit_ends) >= lag else []
         if self.offload.params:  # the unit's weight shard comes from host memory first
-            shard = step.unit_weight_params(self.plan, unit) * self.weight_bytes_per_param / len(self.shard_group)
+            shard = fsdp_units.unit_weight_params(self.plan, unit) * self.weight_bytes_per_param / len(self.shard_group)
             waits.append(self._pcie("params_to_gpu", shard, None, mb, unit * self.unit_layers, also=waits))
         name = "param_gather_bwd" if backward else "param_gather_fwd"
         task = -1
         # One all-gather per unit (FSDP), or DeepSpeed's per-module calls back to back on the group's stream.
-        for call in step.gather_calls(self.plan, unit) if params is None else (params,):
+        for call in fsdp_units.gather_calls(self.plan, unit) if params is None else (params,):
             task = self.st._add(NCCL_STREAM, "dp", name, mb, unit * self.unit_layers if unit >= 0 else -1,
                                 None, waits, op="all_gather", nbytes=call * self.weight_bytes_per_param,
                                 group=self.shard_group)
@@ -277,10 +277,11 @@ class DataParallelEmitter:
             if layer % self.unit_layers:
                 return
             unit = layer // self.unit_layers
-            self._reduce(mb, layer, last_task, step.unit_grad_params(self.plan, unit) * self.grad_bytes_per_param)
+            self._reduce(mb, layer, last_task, fsdp_units.unit_grad_params(self.plan, unit) * self.grad_bytes_per_param)
             return
-        self.pending_bucket += step.unit_grad_params(self.plan, layer) * self.grad_bytes_per_param  # ZeRO-2: 1-layer
-        if step.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
+        # ZeRO-2: 1-layer
+        self.pending_bucket += fsdp_units.unit_grad_params(self.plan, layer) * self.grad_bytes_per_param
+        if grad_buckets.bucket_full(self.plan, self.pending_bucket) or layer == 0:  # layer 0's gradients are the last
             self._reduce(mb, layer, last_task, self.pending_bucket)
             self.pending_bucket = 0.0
 
@@ -320,32 +321,34 @@ class DataParallelEmitter:
                 self._end_of_step_buckets(op)
             else:
                 self._after_backward_buffers(op)
-        if step.expert_reduces(plan):
+        if grad_buckets.expert_reduces(plan):
             self._expert_buckets("all_reduce" if self.zero == 0 else "reduce_scatter")
-        copies = step.copy_gradient_reduce(plan, st.rank)
+        copies = optimizer_step.copy_gradient_reduce(plan, st.rank)
         if copies is not None:  # DualPipe: sum the two model copies' gradients, after the DP reduction
             nbytes, group = copies
             last = max(st.grad_ready.values())
             self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", "copy_grad_all_reduce", -1, -1, last,
                                              list(self.reduce_tasks), op="all_reduce", nbytes=nbytes, group=group,
                                              collective=st.g.meeting_key(group)))
-        shard_params = step.optimizer_params(plan, st.stage)
+        shard_params = optimizer_step.optimizer_params(plan, st.stage)
         if self.offload.optimizer:
             optimizer = self._host_step(shard_params)
         else:
             ready = list(self.reduce_tasks)
-            for name, nbytes in step.grad_checks(plan, st.stage):  # fp16 inf/nan check, gradient-norm clipping
+            # fp16 inf/nan check, gradient-norm clipping
+            for name, nbytes in optimizer_step.grad_checks(plan, st.stage):
                 kernel = st._add("compute", "optimizer", name, -1, -1, None, ready,
                                  duration=st.costs.memory_time(nbytes))
                 ready = [st._add(NCCL_STREAM, "optimizer", f"{name}_all_reduce", -1, -1, kernel, op="all_reduce",
-                                 nbytes=step.GRAD_STAT_BYTES, group=step.grad_stats_group(plan, st.rank))]
+                                 nbytes=optimizer_step.GRAD_STAT_BYTES,
+                                 group=optimizer_step.grad_stats_group(plan, st.rank))]
             optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, ready,
                                 duration=st.costs.optimizer_time(shard_params, plan.optimizer_step_bytes_per_param))
-        gather = step.final_weight_gather_bytes(plan, st.stage)
+        gather = param_gather.final_weight_gather_bytes(plan, st.stage)
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
             st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,
                     group=self.dp_group)
-        experts = step.expert_weight_gather_bytes(plan, st.stage)
+        experts = param_gather.expert_weight_gather_bytes(plan, st.stage)
         if experts:  # the expert weights over the expert-data-parallel group
             st._add(EXPERT_DP_STREAM, "dp", "expert_param_all_gather", -1, -1, optimizer, op="all_gather",
                     nbytes=experts, group=plan.expert_dp_group(st.rank))
@@ -354,11 +357,12 @@ class DataParallelEmitter:
         """A MoE model's expert gradients over the expert-data-parallel group: buckets in the order they become
         final (``parallel.overlap_grad_reduce``), or one per model chunk after the whole backward."""
         st, plan = self.st, self.plan
-        sizes = step.expert_gradient_bytes(plan, st.stage)
+        sizes = grad_buckets.expert_gradient_bytes(plan, st.stage)
         group = plan.expert_dp_group(st.rank)
         if plan.scenario.parallel.overlap_grad_reduce:
             ready = sorted(sizes.items(), key=lambda item: st.grad_ready[item[0]])
-            buckets = [(layer, nbytes, st.grad_ready[layer]) for layer, nbytes in step.fill_buckets(plan, ready)]
+            buckets = [(layer, nbytes, st.grad_ready[layer])
+                       for layer, nbytes in grad_buckets.fill_buckets(plan, ready)]
         else:
             last = max(st.grad_ready.values())
             buckets = []
@@ -382,15 +386,15 @@ class DataParallelEmitter:
         if not copies:  # a single rank: the whole gradient crosses at the end
             copies.append(self._pcie("grads_to_host", shard_params * self.grad_bytes_per_param, None))
         adam = st._add(HOST_STREAM, "optimizer", "host_adam", -1, -1, None, copies,
-                       duration=step.host_adam_seconds(self.plan, shard_params))
-        return self._pcie("params_to_gpu", step.weights_to_gpu_bytes(self.plan, shard_params), adam)
+                       duration=host_offload.host_adam_seconds(self.plan, shard_params))
+        return self._pcie("params_to_gpu", host_offload.weights_to_gpu_bytes(self.plan, shard_params), adam)
 
     def _after_backward_buffers(self, op: str) -> None:
         """Megatron-LM without --overlap-grad-reduce: each model chunk's gradient buffer is one bucket, reduced
         synchronously after the last backward (finalize_model_grads -> finish_grad_sync)."""
         st = self.st
         last = max(st.grad_ready.values())  # the stage's last backward task (the compute stream runs in order)
-        for _, nbytes in step.chunk_gradient_bytes(self.plan, st.stage):
+        for _, nbytes in grad_buckets.chunk_gradient_bytes(self.plan, st.stage):
             name = f"grad_bucket{len(self.reduce_tasks)}"
             self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, -1, last, op=op, nbytes=nbytes,
                                              group=self.dp_group))
@@ -398,9 +402,9 @@ class DataParallelEmitter:
     def _end_of_step_buckets(self, op: str) -> None:
         """DDP / ZeRO-1: buckets in the order gradients become final (the last micro-batch's backward)."""
         st, plan = self.st, self.plan
-        sizes = step.gradient_bytes(plan, st.stage)
+        sizes = grad_buckets.gradient_bytes(plan, st.stage)
         ready = sorted(sizes.items(), key=lambda item: st.grad_ready[item[0]])
-        for layer, nbytes in step.fill_buckets(plan, ready):
+        for layer, nbytes in grad_buckets.fill_buckets(plan, ready):
             name = f"grad_bucket{len(self.reduce_tasks)}"
             self.reduce_tasks.append(st._add(NCCL_STREAM, "dp", name, -1, layer, st.grad_ready[layer], op=op,
                                              nbytes=nbytes, group=self.dp_group))

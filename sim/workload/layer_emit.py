@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from sim.costs.models import ComputePhase
 from sim.workload.chain_emit import ChainEmitter
+from sim.workload.host_offload import activation_copy_seconds, offload_buffer_copy_seconds
 from sim.workload.ir import HOST_STREAM, OFFLOAD_STREAM, Kind
-from sim.workload.step import activation_copy_seconds, offload_buffer_copy_seconds
 
 
 class LayerEmitter(ChainEmitter):
@@ -135,7 +135,7 @@ class LayerEmitter(ChainEmitter):
     def _selective_recompute(self, block: str, moe: bool, mb: int, layer: int, after: int | None) -> int | None:
         """What selective recomputation replays before ``block``'s backward (``training.recompute_modules``,
         Megatron-Core): before attention's, the attention core, input norm and MLA up projections
-        (``step.Blocks.recompute``); before a dense MLP's, the pre-MLP norm and, with module ``mlp``, the MLP
+        (``blocks.Blocks.recompute``); before a dense MLP's, the pre-MLP norm and, with module ``mlp``, the MLP
         module with its sequence-parallel all-gather and reduce-scatter (tensor_parallel.checkpoint reruns
         the module's forward, collectives included); before a MoE layer's, with module ``moe``, its whole forward,
         dispatch and combine included (moe_layer.py checkpoints custom_forward), else its pre-MLP norm. A MoE

@@ -1,7 +1,7 @@
 """A MoE layer's MLP part on one rank, as tasks (issue 23).
 
 In: the stage emitter (``sim.workload.build``'s: plan, graph, pricing, task helpers) and the plan's MoE work
-(``sim.workload.step``: the router / shared expert / experts / combine blocks, what selective recomputation
+(``sim.workload.moe_layer``: the router / shared expert / experts / combine blocks, what selective recomputation
 replays, the dispatch and combine exchanges over the expert groups). Out: the layer's MLP tasks, forward, its
 recomputation and backward, on the compute stream, the ``ep`` stream (dispatch and combine) and the TP stream
 (the shared expert's sequence-parallel collectives), in Megatron-Core's MoELayer order.
@@ -13,7 +13,7 @@ from typing import Any
 
 from sim.costs.models import ComputePhase, Work
 from sim.workload.ir import EP_STREAM
-from sim.workload.step import (
+from sim.workload.moe_layer import (
     combine_exchanges,
     dispatch_exchanges,
     expert_group,

@@ -25,15 +25,11 @@ from dataclasses import dataclass
 
 from sim.errors import ResourceLimit
 from sim.plan import Plan
-from sim.workload.step import (
-    combine_exchanges,
-    context_attention,
-    dispatch_exchanges,
-    gather_calls,
-    loss_collectives,
-    tp_ops,
-    tp_overlap_chunks,
-)
+from sim.workload.cp_attention import context_attention
+from sim.workload.fsdp_units import gather_calls
+from sim.workload.moe_layer import combine_exchanges, dispatch_exchanges
+from sim.workload.tp_collectives import loss_collectives, tp_ops
+from sim.workload.tp_overlap import tp_overlap_chunks
 
 # The estimate's stated accuracy: estimated / built task count lies in [1 / ESTIMATE_FACTOR, ESTIMATE_FACTOR] on
 # every bundled and validation scenario (tests/test_size.py).

@@ -18,20 +18,18 @@ from typing import Any
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.plan import Plan
 from sim.spec.variation import jitter_stream
+from sim.workload.blocks import blocks, frozen_layer_blocks
+from sim.workload.cp_attention import context_attention
 from sim.workload.cp_emit import ContextEmitter
 from sim.workload.data_parallel import DataParallelEmitter
 from sim.workload.ir import EXPERT_DP_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM, Chain, TaskGraph
 from sim.workload.moe_emit import MoeLayerEmitter
-from sim.workload.step import (
+from sim.workload.tp_collectives import loss_collectives, tp_ops
+from sim.workload.tp_overlap import (
     async_tp,
-    blocks,
-    context_attention,
-    frozen_layer_blocks,
-    loss_collectives,
     reduce_partials_bytes,
     reduce_partials_seconds,
     shard_copy_seconds,
-    tp_ops,
     tp_overlap_chunks,
 )
 
@@ -54,14 +52,14 @@ class TaskEmitter:
         self.splits_backward = plan.splits_backward
         self.tp_before, self.tp_after = tp_ops(plan)
         self.tp_chunks = tp_overlap_chunks(plan)  # > 0: TE userbuffers' chunked all-gather / reduce-scatter
-        # AsyncTP: the reduction kernel after each chunked reduce-scatter (0: none; step.reduce_partials_bytes)
+        # AsyncTP: the reduction kernel after each chunked reduce-scatter (0: none; tp_overlap.reduce_partials_bytes)
         self.reduce_partials = (reduce_partials_seconds(plan, costs), reduce_partials_bytes(plan))
         self.async_tp = async_tp(plan)  # PyTorch's AsyncTP: its own order of copies and chunk GEMMs (_async_tp_block)
         self.shard_copy = shard_copy_seconds(plan, costs)
         work = blocks(plan)
         self.block_work, self.column_work, self.recompute_work = work.block, work.column, work.recompute
         self.row_work = work.row
-        # the forward beside chunked collectives: its GEMMs one per chunk (step.chunk_gemms)
+        # the forward beside chunked collectives: its GEMMs one per chunk (tp_overlap.chunk_gemms)
         self.chunked_work, self.chunked_row = work.chunked or work.block, work.chunked_row or work.row
         self.chunked_column = work.chunked_column or work.column
         self.modules = plan.recompute_modules  # selective recomputation's submodules (empty: none)
@@ -193,7 +191,7 @@ class TaskEmitter:
         """One task of a MoE layer's MLP part or a CP attention core (sim.workload.moe_emit, cp_emit): after
         ``prev`` (the task emitted just before it, None: no edge to it) and the tasks in ``also``; compute priced
         from ``work`` in ``phase``, or an ``exchange`` (op, bytes, group, all-to-all skew), timed by the network
-        unless ``seconds`` gives its time (DeepEP's kernels, ``step.Exchange.seconds``). Flagged for stamping
+        unless ``seconds`` gives its time (DeepEP's kernels, ``moe_layer.Exchange.seconds``). Flagged for stamping
         with exactly these edges (see ``_layer``)."""
         # ``prev``: the task just before it in the layer's chain, which for the pass's first task is the one the
         # pass follows (Chain.stamp's ``after``), emitted earlier where an activation reload came in between
