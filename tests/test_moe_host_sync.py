@@ -14,8 +14,14 @@ import pytest
 
 from sim import runner
 from sim.api import estimate
-from sim.costs.host import (EAGER_MOE_LAYER_KERNELS, EXPERT_GEMMS, TE_MODULE_PASSES, host_bound,
-                            moe_layer_host_seconds, te_linear_modules)
+from sim.costs.host import (
+    EAGER_MOE_LAYER_KERNELS,
+    EXPERT_GEMMS,
+    TE_MODULE_PASSES,
+    host_bound,
+    moe_layer_host_seconds,
+    te_linear_modules,
+)
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
