@@ -231,7 +231,10 @@ class Estimator:
                     w += self._price(plan, piece, "weight_grad") if split else 0.0
             sends_f, sends_b = sends
             overlap = self._pair_overlap(plan, pair, pair_chunks, pair_mix) if pair is not None and pair_chunks else 0.0
-            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, layer_bwd + fsdp_b, layers, overlap))
+            # the pass after which a layer's gradients are final: its backward, or under a split backward its
+            # weight-gradient pass (the emitter's grad_ready is the W task: sim.workload.build.weight_grad)
+            final = layer_w if split else layer_bwd + fsdp_b
+            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, final, layers, overlap))
         return [priced[index] for index in of_stage]
 
     def _stage_shapes(self, plan: Plan, key: Any) -> tuple[list[_StageShape], list[int]]:
@@ -643,10 +646,13 @@ class Estimator:
         exposed = 0.0
         if parts.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
-            # one layer_backward after the one before it
+            # one layer_backward after the one before it. Under a split backward (zero-bubble schedules) they are
+            # final only after the last micro-batch's weight-gradient pass, which ends the stage: ZB's
+            # WeightGradStore runs the W GEMMs, and only then does DDP's hook see the gradient accumulated
+            # (Qi et al. 2024, Sec. 2; the emitter's weight_grad sets grad_ready), so the buckets start inside W.
             interleaved, vpp, pp = timing.interleaved, timing.vpp, timing.pp
             when: dict[int, float] = {}
-            at = backward_end - st.backward
+            at = backward_end - (st.weight if st.weight > 0.0 else st.backward)
             for c, layers in shape.chunks:
                 if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
                     at = backward_end - st.backward / vpp * (1 + c * pp)

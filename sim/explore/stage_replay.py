@@ -23,7 +23,7 @@ class StageTimes:
     forward: float  # one micro-batch, all chunks, TP collectives included
     backward: float  # input-gradient pass (+ weight gradients unless split) with recomputation
     weight: float  # split weight-gradient pass (zero-bubble schedules)
-    layer_backward: float  # one layer's backward, for when gradients become final
+    layer_backward: float  # one layer's backward (its W pass if split), for when gradients become final
     layers: int
     pair_overlap: float = 0.0  # MoE dispatch/combine an F&B pair hides (all chunks; DualPipe's interleaved pairs)
 
