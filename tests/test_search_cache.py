@@ -157,7 +157,7 @@ def _sweep_replay(chunks: int, passes: list[list[Pass]], stages: list[StageTimes
                     free[s] -= stages[s].pair_overlap / chunks
                 for phase, key, _, _, _ in unit:
                     done[key] = free[s]
-                    if phase == "B":
+                    if phase != "F":  # the last B or W: the stage's gradients final
                         last_b[s] = free[s]
                 position[s] = end + 1
                 progress = True

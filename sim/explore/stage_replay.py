@@ -3,7 +3,7 @@ waiting for the pass it needs on another stage plus one p2p time.
 
 In: a schedule's action orders (sim.parallel.schedules) and its layout, resolved once per (schedule, p, m) by
 ``pass_dependencies``; per stage its forward, backward and weight-gradient times (``StageTimes``). Out:
-``stage_level_replay``'s makespan and when each stage's last backward ends. The cross-chunk dependency is
+``stage_level_replay``'s makespan and when each stage's gradients are final (its last B, or W where split). The cross-chunk dependency is
 ``parallel.chunks.upstream``, the same rule the emitters' sends follow.
 """
 
@@ -35,7 +35,7 @@ class Unit(NamedTuple):
     """One issued unit of ``stage_level_replay``: a pass, or passes issued together (DualPipe's F&B pairs), with
     its inputs from outside the unit resolved to result slots. ``needs``: (slot of the pass it waits for, whether
     that pass ran on another stage); ``slots``: the result slot of each of its passes; ``pair``: an F&B pair
-    (its passes interleave); ``backward``: it holds a B."""
+    (its passes interleave); ``backward``: it holds a B or a W (a pass after which gradients may be final)."""
 
     stage: int
     phases: tuple[PassKind, ...]
@@ -108,7 +108,7 @@ def _units(passes: list[list[Pass]]) -> Units:
             if end == start:  # one pass (every schedule's but DualPipe's F&B pairs)
                 phase, key, dep, crosses, _ = order[start]
                 grouped.append(((key,), [(dep, crosses)] if dep is not None else [], (phase,),
-                                ("FBW".index(phase),), False, phase == "B"))
+                                ("FBW".index(phase),), False, phase != "F"))
             else:
                 unit = order[start:end + 1]
                 inside = {key for _, key, _, _, _ in unit}
@@ -117,7 +117,7 @@ def _units(passes: list[list[Pass]]) -> Units:
                                 [(dep, crosses) for _, _, dep, crosses, _ in unit
                                  if dep is not None and dep not in inside],
                                 phases, tuple("FBW".index(phase) for phase in phases), {"F", "B"} <= set(phases),
-                                "B" in phases))
+                                phases != ("F",) * len(phases)))
             start = end + 1
         pending.append(grouped)
     # Issue each stage's units in order, a stage that waits for a pass parked until that pass is issued: a
@@ -166,9 +166,10 @@ def _units(passes: list[list[Pass]]) -> Units:
 def stage_level_replay(chunks: int, units: list[Unit] | Units, stages: list[StageTimes],
                        c: float) -> tuple[float, list[float]]:
     """Makespan of a schedule's issued units (``pass_dependencies``) with each stage's F, B and W split evenly
-    over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B ends. Each
+    over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B or W ends. Each
     unit starts once its stage is free and every input from outside it is there (plus ``c`` where that input
-    ran on another stage), and delivers its outputs when the whole unit ends. The same sums as a sweep over
+    ran on another stage), and delivers its outputs when the whole unit ends. Under a split backward the last
+    W, not the last B, makes a stage's gradients final (the emitter's grad_ready): the W ends are returned. The same sums as a sweep over
     the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
     single = getattr(units, "single", None)
