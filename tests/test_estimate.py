@@ -9,6 +9,8 @@ import pytest
 
 from sim import runner
 from sim.explore.estimate import Estimator, estimate
+from sim.explore.stage_replay import StageTimes, pass_dependencies, stage_level_replay
+from sim.parallel.schedules import SCHEDULES
 from sim.spec.scenario import load_scenario
 
 SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios").glob("*.yaml"))
@@ -45,6 +47,43 @@ def test_estimate_within_5_percent_across_layouts(layout: list[str]) -> None:
     scenario = load_scenario(GPT3, ["training.global_batch=256", "parallel.dp=null", *layout])
     simulated = runner.run(scenario).summary.step_time_s
     assert Estimator(scenario).estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.05)
+
+
+SPINE = Path(__file__).resolve().parent.parent / "scenarios" / "llama2-7b_h100-32_spine.yaml"
+
+
+@pytest.mark.parametrize("layout", [
+    # Llama-2 7B, tp 8 over 4 nodes, dp free (16 sequences: 4 micro-batches at pp 1, 2 at pp 2), the DP all-reduce
+    # through a 4:1 oversubscribed spine (about 0.2 s, mostly exposed). Under a split backward a layer's gradients
+    # are final after the last micro-batch's W pass, not its B pass, so the buckets start inside W: the estimate
+    # that started them inside B was optimistic by the B pass (signed error before -> after the fix)
+    ["parallel.pp=2", "schedule=zb-h1"],  # -2.9% -> +0.0%
+    ["parallel.pp=2", "schedule=zb-h1", "training.recompute=selective"],  # -3.0% -> +0.0%
+    ["parallel.pp=2", "schedule=zb-h1", "training.recompute=full"],  # -4.8% -> +0.0%
+    ["parallel.pp=2", "schedule=zb-h2", "training.recompute=full"],  # -4.8% -> +0.1%
+    ["parallel.pp=1", "schedule=zb-h1", "training.recompute=full"],  # -8.1% -> -0.0%
+    # 2 micro-batches at pp 2 (m < 2p: the stage-level replay), whose stage ends are now the last W's: -14.0% -> -0.4%
+    ["parallel.tp=2", "parallel.pp=2", "schedule=zb-h1", "training.recompute=full"],
+    ["parallel.pp=2", "schedule=1f1b"],  # the unsplit backward, unchanged: +0.2%
+], ids=lambda o: ",".join(o))
+def test_estimate_holds_the_dp_tail_after_the_weight_gradient_pass(layout: list[str]) -> None:
+    scenario = load_scenario(SPINE, ["parallel.dp=null", *layout])
+    simulated = runner.run(scenario).summary.step_time_s
+    # 2%, tighter than the 5% the screen is held to elsewhere: the first three cases were off by 3-5%
+    assert Estimator(scenario).estimate(scenario).step_time_s == pytest.approx(simulated, rel=0.02)
+
+
+def test_stage_level_replay_ends_a_split_stage_at_its_last_weight_pass() -> None:
+    """ZB-H1 at p 2, m 2, F 1, B 2, W 1, no p2p time: stage 1 runs F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7] W0 [7,8]
+    W1 [8,9]; stage 0 runs F0 F1 [0,2], B0 [4,6] (after stage 1's B0), W0 [6,7], B1 [7,9], W1 [9,10]. Its
+    gradients are final at the last W (10 and 9), not the last B (9 and 7); 1F1B's stay at its last B."""
+    def replay(name: str, weight: float) -> tuple[float, list[float]]:
+        schedule = SCHEDULES[name]
+        chunks, units = pass_dependencies(schedule.actions(2, 2, 1), schedule.layout, None)
+        return stage_level_replay(chunks, units, [StageTimes(1.0, 2.0, weight, 0.1, 1)] * 2, 0.0)
+
+    assert replay("zb-h1", 1.0) == (10.0, [10.0, 9.0])
+    assert replay("1f1b", 0.0) == (9.0, [9.0, 7.0])  # F0 F1 [0,2], B0 [4,6], B1 [7,9]; stage 1's B1 [5,7]
 
 
 @pytest.mark.parametrize("schedule, closed_form_ms", [
