@@ -3,8 +3,8 @@ waiting for the pass it needs on another stage plus one p2p time.
 
 In: a schedule's action orders (sim.parallel.schedules) and its layout, resolved once per (schedule, p, m) by
 ``pass_dependencies``; per stage its forward, backward and weight-gradient times (``StageTimes``). Out:
-``stage_level_replay``'s makespan and when each stage's gradients are final (its last B, or W where split). The cross-chunk dependency is
-``parallel.chunks.upstream``, the same rule the emitters' sends follow.
+``stage_level_replay``'s makespan and when each stage's gradients are final (its last B, or W where split). The
+cross-chunk dependency is ``parallel.chunks.upstream``, the same rule the emitters' sends follow.
 """
 
 from __future__ import annotations
@@ -169,8 +169,8 @@ def stage_level_replay(chunks: int, units: list[Unit] | Units, stages: list[Stag
     over its ``chunks`` chunks and one p2p time ``c`` between stages; and when each stage's last B or W ends. Each
     unit starts once its stage is free and every input from outside it is there (plus ``c`` where that input
     ran on another stage), and delivers its outputs when the whole unit ends. Under a split backward the last
-    W, not the last B, makes a stage's gradients final (the emitter's grad_ready): the W ends are returned. The same sums as a sweep over
-    the stages: max of the inputs, then the unit's passes added in order."""
+    W, not the last B, makes a stage's gradients final (the emitter's grad_ready): the W ends are returned. The
+    same sums as a sweep over the stages: max of the inputs, then the unit's passes added in order."""
     p = len(stages)
     single = getattr(units, "single", None)
     if single is not None:  # one pass a unit, issued in slot order: the same sums without a Unit's fields
