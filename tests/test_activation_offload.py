@@ -56,7 +56,7 @@ def test_exposed_pcie_time_closed_form(offload: int, pcie: float) -> None:
                                   + max(0.0, copy - backward) for layer in range(offload))
     run = sim.run(scenario(offload, pcie))
     assert run.summary.step_time_s - base.summary.step_time_s == pytest.approx(expected, rel=1e-9, abs=1e-12)
-    # The estimate (sim/explore/estimate.py) prices the same buffer copies and hiding windows: equal to the
+    # The estimate (sim/explore/estimate_stages.py) prices the same buffer copies and hiding windows: equal to the
     # simulation on this one-stage model.
     assert sim.estimate(scenario(offload, pcie)).step_time_s == pytest.approx(run.summary.step_time_s, rel=1e-12)
     copies = run.trace[run.trace["name"].isin(("activation_offload", "activation_reload"))]
