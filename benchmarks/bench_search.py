@@ -8,7 +8,7 @@ estimate, and the wall time to confirm the best ``--top`` layouts by simulation 
    the same layouts (building each layout's scenario and checking its rules, which every screened layout pays
    before it is priced). The critical path of ``-j``: the parent's own CPU in the ``-j`` screen (columns, fork,
    the rows back, the table) plus the CPU of the costlier of the shares the processes price
-   (``search._partition``), each priced alone in this process with a fresh ``Estimator`` (as a forked process
+   (``search_processes._partition``), each priced alone in this process with a fresh ``Estimator`` (as a forked process
    does): the wall time ``-j`` takes where each process has a core of its own, measured in CPU seconds so that a
    shared machine's other jobs do not count.
 2. Confirm: ``python -m sim search SCENARIO --no-bound --top N -j J --no-plot`` as a whole process
@@ -32,7 +32,7 @@ import time
 
 from measure import ROOT, child_env, machine, mib, python, timed_call
 
-from sim.explore import search
+from sim.explore import search, search_processes, search_screen
 from sim.explore.estimate import Estimator
 from sim.spec.scenario import load_scenario
 
@@ -68,8 +68,8 @@ def screen_rate(name: str, file: str, repeat: int, jobs: int) -> None:
         search.screen(base, space, jobs=jobs)
         ended = resource.getrusage(resource.RUSAGE_SELF)
         own.append(ended.ru_utime + ended.ru_stime - began.ru_utime - began.ru_stime)
-    shares = [[space[i] for i in share] for share in search._partition(space, jobs)]
-    priced = [timed_call(lambda share=share: search._screen_columns(base, share, Estimator(base)), repeat).cpu
+    shares = [[space[i] for i in share] for share in search_processes._partition(space, jobs)]
+    priced = [timed_call(lambda share=share: search_screen._screen_columns(base, share, Estimator(base)), repeat).cpu
               for share in shares]  # type: ignore[misc]
     path = statistics.median(own) + max(priced)
     print(f"[screen] {name}: -j {jobs} critical path {path:.3f} CPU s = {len(space) / path:,.0f} layouts per CPU "

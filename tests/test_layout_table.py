@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.explore import layout_table, search
+from sim.explore import layout_table, search, search_candidate
 from sim.spec.degrees import Degrees, degrees
 from sim.spec.rules import RULES, Rule, check_rules
 from sim.spec.scenario import Scenario, load_scenario
@@ -23,12 +23,13 @@ def _table_lines(base: Scenario, space: list[search.Layout],
 
     def build(index: int) -> tuple[Scenario, Degrees]:
         if index not in built:
-            scenario = search._candidate_scenario(base, space[index], batch, sections)
+            scenario = search_candidate._candidate_scenario(base, space[index], batch, sections)
             built[index] = (scenario, degrees(scenario))
         return built[index]
 
     _, codes = layout_table.columns(space, search.LAYOUT_FIELDS)
-    return layout_table.reasons(codes, search.LAYOUT_KEYS, search._DERIVED, build, len(space), rules), list(built)
+    lines = layout_table.reasons(codes, search.LAYOUT_KEYS, search_candidate._DERIVED, build, len(space), rules)
+    return lines, list(built)
 
 
 def _alone(base: Scenario, layout: search.Layout) -> str | None:
@@ -122,7 +123,7 @@ def test_a_rule_runs_once_per_value_of_what_it_reads_on_layouts_every_earlier_ru
 def test_check_rules_runs_the_table_of_rules_in_order() -> None:
     base = load_scenario(SCENARIOS / "gpt3-175b_a100-1024.yaml")
     bad = search.Layout(8, 64, 2, 1, 1, "1f1b", 2, "none", True)  # pp 64 does not divide 96 layers; ZeRO-2 with pp
-    scenario = search._candidate_scenario(base, bad)
+    scenario = search_candidate._candidate_scenario(base, bad)
     with pytest.raises(ValueError, match=r"^parallel.pp: 64 does not divide model.num_layers = 96$"):
         check_rules(scenario)
     first = next(rule for rule in RULES if _raises(rule, scenario))

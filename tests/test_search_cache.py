@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.explore import search
+from sim.explore import search, search_processes
 from sim.explore.estimate import Estimator
 from sim.explore.stage_replay import Pass, StageTimes, pass_dependencies, resolve_passes, stage_level_replay
 from sim.parallel.schedules import SCHEDULES
@@ -193,12 +193,12 @@ def test_the_screen_in_two_processes_gives_every_row_of_the_screen_in_one() -> N
     pd.testing.assert_frame_equal(both, search.screen(base, space), check_exact=True)
     assert seen[-1] == (len(space), len(space))
     assert [done for done, _ in seen] == sorted(done for done, _ in seen)  # it only goes forward
-    shares = search._partition(space, 2)
+    shares = search_processes._partition(space, 2)
     assert sorted(i for share in shares for i in share) == list(range(len(space)))
-    groups = [{search._group(space[i]) for i in share} for share in shares]
+    groups = [{search_processes._group(space[i]) for i in share} for share in shares]
     assert not groups[0] & groups[1]  # no (pp, tp), nor one pp's zero-bubble layouts, priced in both processes
     assert max(map(len, shares)) <= 0.6 * len(space)
-    three = search._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
+    three = search_processes._partition(space, 3)  # more than two shares: largest groups first, to the least loaded
     assert len(three) == 3 and sorted(i for share in three for i in share) == list(range(len(space)))
 
 
