@@ -5,8 +5,9 @@ In: a ``Scenario`` (the cost model and network are made from its Plan unless giv
 flow-level one under ``contention``) and every cache the stack keeps; the seconds of one piece of a layer (a block, its
 column- or row-parallel GEMMs, the selective core, the embedding, the head: ``_price``, cached by shape); the loss's TP
 collectives; what selective recomputation adds to a dense layer's backward; a frozen layer's backward; context
-parallelism's exposed ring (``_cp_exposed``); one pipeline send (``_p2p``); TE userbuffers' chunked collectives beside
-their GEMMs and AsyncTP's fused ones (``_chunked_forward``); Megatron's asynchronous backward
+parallelism's exposed ring (``_cp_exposed``); one pipeline send (``_p2p``); a data-parallel collective, lockstep TP
+ranks' groups sharing the fabric on the flow-level network (``_dp_collective``); TE userbuffers' chunked collectives
+beside their GEMMs and AsyncTP's fused ones (``_chunked_forward``); Megatron's asynchronous backward
 (``_overlapped_backward``). The compute stream waits for Megatron's TP collectives (Narayanan et al. SC21 Sec. 3.3),
 except the backward's input-gradient reduction, which hides under the column-parallel weight gradient.
 """
@@ -20,7 +21,9 @@ from sim.explore.estimate_keys import _fsdp_grad_key
 from sim.explore.estimate_records import _LayerTimes, _ShapeParts, _StageShape, _TailShape, _Timing
 from sim.explore.stage_replay import StageTimes, Unit
 from sim.network import models as network_models
+from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
+from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import Scenario
@@ -147,6 +150,30 @@ class BlockPricing:
         if key not in self._sends:
             self._sends[key] = self.net.p2p_time(*key)
         return self._sends[key]
+
+    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+        """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
+        collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
+        max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
+        time."""
+        if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
+            alone = (op, nbytes, (group,))
+            if alone not in self._concurrent:
+                self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
+            return self._concurrent[alone]
+        groups = lockstep_groups(group, plan.tp)
+        key = (op, nbytes, groups)
+        if key not in self._concurrent:
+            seconds = 0.0
+            for phases in zip(*(self.flows.transfer(op, nbytes, g) for g in groups), strict=True):
+                flows = FlowNetwork(self.flows.capacities)
+                channels = [ch for phase in phases for ch in phase.channels]
+                for index, channel in enumerate(channels):
+                    flows.add(index, channel.loads, channel.nbytes, channel.rate_cap, 0.0)
+                slowest = max((ch.nbytes / flows.flows[i].rate for i, ch in enumerate(channels)), default=0.0)
+                seconds += max(phase.latency for phase in phases) + slowest
+            self._concurrent[key] = seconds
+        return self._concurrent[key]
 
     def _chunked_collectives(self, plan: Plan) -> tuple[tuple[float, float], tuple[float, float]] | None:
         """Under TE's userbuffers (``step.tp_overlap_chunks``): ((first chunk, the other chunks) of the all-gather,

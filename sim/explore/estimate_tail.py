@@ -1,13 +1,12 @@
 """A stage's data-parallel tail after its last backward, and its optimizer step.
 
-In: ``PipelineComposition`` (the network and the caches) and a ``Plan``; per stage its ``StageTimes`` and when its last
-backward ends. Out: ``DataParallelTail``: a data-parallel collective's seconds, lockstep TP ranks' groups sharing the
-fabric on the flow-level network (``_dp_collective``); a stage's tail shape (``_tail_shape``, kept per ``_shape_key``):
-its gradient buckets (DDP and ZeRO-1/2 buckets, ZeRO-3 / FSDP units, FSDP + PP's chunk units) with their collectives'
-seconds, in the order its backward frees them, and its optimizer step with the gradient checks and ZeRO-1/2's final
-weight all-gather; its exposed tail (``_tail``): the buckets on one stream, each as soon as its gradients are final,
-ZeRO-2/3's per-micro-batch reduce-scatters, DualPipe's copy all-reduce, a MoE stage's expert buckets on their own stream
-(``_expert_tail``).
+In: ``PipelineComposition`` (the network, the caches, ``_dp_collective``) and a ``Plan``; per stage its ``StageTimes``
+and when its last backward ends. Out: ``DataParallelTail``: a stage's tail shape (``_tail_shape``, kept per
+``_shape_key``): its gradient buckets (DDP and ZeRO-1/2 buckets, ZeRO-3 / FSDP units, FSDP + PP's chunk units) with
+their collectives' seconds, in the order its backward frees them, and its optimizer step with the gradient checks and
+ZeRO-1/2's final weight all-gather; its exposed tail (``_tail``): the buckets on one stream, each as soon as its
+gradients are final, ZeRO-2/3's per-micro-batch reduce-scatters, DualPipe's copy all-reduce, a MoE stage's expert
+buckets on their own stream (``_expert_tail``).
 """
 
 from __future__ import annotations
@@ -17,38 +16,12 @@ from typing import Any
 from sim.explore.estimate_pipeline import PipelineComposition
 from sim.explore.estimate_records import _ShapeParts, _TailShape, _Timing
 from sim.explore.stage_replay import StageTimes
-from sim.network.flows import FlowNetwork
-from sim.parallel.grid import lockstep_groups
 from sim.plan import Plan
 from sim.workload import step
 
 
 class DataParallelTail(PipelineComposition):
     """A stage's exposed data-parallel tail and optimizer step (a base of sim.explore.estimate's ``Estimator``)."""
-
-    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
-        """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
-        collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
-        max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
-        time."""
-        if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
-            alone = (op, nbytes, (group,))
-            if alone not in self._concurrent:
-                self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
-            return self._concurrent[alone]
-        groups = lockstep_groups(group, plan.tp)
-        key = (op, nbytes, groups)
-        if key not in self._concurrent:
-            seconds = 0.0
-            for phases in zip(*(self.flows.transfer(op, nbytes, g) for g in groups), strict=True):
-                flows = FlowNetwork(self.flows.capacities)
-                channels = [ch for phase in phases for ch in phase.channels]
-                for index, channel in enumerate(channels):
-                    flows.add(index, channel.loads, channel.nbytes, channel.rate_cap, 0.0)
-                slowest = max((ch.nbytes / flows.flows[i].rate for i, ch in enumerate(channels)), default=0.0)
-                seconds += max(phase.latency for phase in phases) + slowest
-            self._concurrent[key] = seconds
-        return self._concurrent[key]
 
     def _tail(self, plan: Plan, stage: int, st: StageTimes, backward_end: float, shape: _TailShape,
               timing: _Timing, parts: _ShapeParts) -> tuple[float, float]:
