@@ -34,12 +34,13 @@ cannot set the step are skipped (``estimate``). Every float is the one a fresh E
 alone (tests/test_search_cache.py).
 
 The estimator is a stack of one class per part, each in a module of its own (as sim.workload's emitters):
-``estimate_blocks.BlockPricing`` (the state and caches; a layer's pieces with their TP and CP collectives) <
-``estimate_moe.MoePricing`` (a MoE layer, DualPipe's pairs) < ``estimate_stages.StagePricing`` (a layer's and each
-stage's times) < ``estimate_pipeline.PipelineComposition`` (the makespan by schedule) <
-``estimate_tail.DataParallelTail`` (the data-parallel tail and optimizer) < ``estimate_gathers.WeightGathers`` (weight
-all-gathers before the forward) < ``estimate_memory.MemoryBound`` (the memory bound) < ``Estimator`` (here: the step put
-together). The records they pass are in ``estimate_records``, the cache keys in ``estimate_keys``.
+``estimate_blocks.BlockPricing`` (the state and caches; a layer's pieces with their TP and CP collectives, a pipeline
+send, a data-parallel collective) < ``estimate_moe.MoePricing`` (a MoE layer, DualPipe's pairs) <
+``estimate_stages.StagePricing`` (a layer's and each stage's times) < ``estimate_pipeline.PipelineComposition`` (the
+makespan by schedule) < ``estimate_tail.DataParallelTail`` (the data-parallel tail and optimizer) <
+``estimate_gathers.WeightGathers`` (weight all-gathers before the forward) < ``estimate_memory.MemoryBound`` (the memory
+bound) < ``Estimator`` (here: the step put together). The records they pass are in ``estimate_records``, the cache keys
+in ``estimate_keys``.
 """
 
 from __future__ import annotations
