@@ -64,7 +64,8 @@ class StagePricing(MoePricing):
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
-            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward)
+            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward,
+                                            self._moe_host_lead(plan, times))
             lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
             pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
                                (moe_forward, moe_backward))

@@ -132,6 +132,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(
+        name="Megatron-Core's own MoE code on the host (router, token dispatcher, unpermute)",
+        off=("costs.megatron_moe_host_ops=0",),
+        knob="costs.megatron_moe_host_ops (63 eager ops' worth per MoE layer forward, at costs.eager_op_overhead)",
+        source="Megatron-LM 1e05700595 megatron/core MoELayer/TopKRouter/MoEAlltoAllTokenDispatcher run on one H100 "
+               "and one H200 beside the plain-PyTorch replay (scripts/measure_megatron_moe_host.py, "
+               "megatron_moe_host_measurements.csv: 1.3-2.6x the replay's host time for the same parts)",
+        doc="mechanisms/moe_host_sync.md",
+    ),
+    Mechanism(
         name="FSDP1 gradient kernels per micro-batch (flatten, reduce-dtype cast, pre-division)",
         off=(),  # fsdp.version=2 on every row would give the rows without FSDP an fsdp section
         knob="fsdp.version (default 1: torch.distributed.fsdp.FullyShardedDataParallel; 2: fully_shard, none)",
