@@ -3,8 +3,9 @@
 In: ``BlockPricing`` (the attention block's pieces, TP and CP collectives) and a ``Plan`` with MoE layers. Out:
 ``MoePricing``: a MoE piece's seconds (sim.workload.step.moe_blocks, cached by shape); a dispatch's or combine's
 exchanges on the ``ep`` stream; one MoE layer's forward, backward and weight-gradient pass, with its blocks cut where a
-pair cuts them (``_moe_layer``); what full recomputation adds under the host bound (``_rebuilt_moe``); what a stage's
-F&B pairs hide (``_pair_overlap``: the pair's span replayed by sim.explore.pair_replay; docs/mechanisms/a2a_overlap.md,
+pair cuts them (``_moe_layer``), behind the dispatcher's host sync from the end of SP's leading all-gather
+(``_moe_host_lead``); what full recomputation adds under the host bound (``_rebuilt_moe``); what a stage's F&B pairs
+hide (``_pair_overlap``: the pair's span replayed by sim.explore.pair_replay; docs/mechanisms/a2a_overlap.md,
 dualpipe.md).
 """
 
