@@ -39,6 +39,9 @@ backward prefetch is about issue order, and it is what this module replays:
   unsharded, and every unit of a model chunk is reduce-scattered once, after the chunk's last micro-batch's
   backward (the pipeline stage's manual ``post_backward``).
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
+- The trainer's train-metric sync (``training.train_metric_states``, sim.workload.train_metrics): once the step's GPU
+  work is done, per metric state a barrier and an all-gather over every rank on the ``dp`` stream and the host's
+  per-rank loops on the ``host`` stream, one after another (Composer computes torchmetrics every batch).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
   host memory bandwidth), and the updated 16-bit weights return over PCIe before the weight all-gather. With
