@@ -1065,7 +1065,6 @@ def test_nemo_loss_fusion_sets_the_loss(tmp_path: Path, where: str | None, fusio
         assert _status(draft, f"{where}.cross_entropy_loss_fusion") == "mapped"
 
 
-@pytest.mark.xfail(strict=True, reason="review7: emit megatron drops --qk-layernorm, MLA and the expert bias")
 @pytest.mark.parametrize(("base", "overrides", "fields"), [
     # Qwen3's q/k norms (Megatron-LM --qk-layernorm; without it Megatron builds the attention without them)
     ("validation/moe/mz-qwen3-235b-h100-256-a2a-pp32.yaml", [], ("qk_layernorm",)),

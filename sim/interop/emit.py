@@ -150,6 +150,18 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.kv_channels is not None:
         flags += ["--kv-channels", str(m.kv_channels)]
+    if m.qk_layernorm:  # Qwen3's q/k norms (arguments.py --qk-layernorm; without it Megatron builds none)
+        flags.append("--qk-layernorm")
+    if m.multi_latent_attention:  # DeepSeek's MLA (arguments.py at 1e05700595 --multi-latent-attention and the
+        # MLA group: --q-lora-rank default None, --kv-lora-rank 32, --qk-head-dim 128, --qk-pos-emb-head-dim 64,
+        # --v-head-dim 128), each written, so the script builds the attention the scenario priced, not GQA/MHA;
+        # with --no-rope-fusion, which TransformerConfig.__post_init__ requires ("multi_latent_attention does not
+        # support apply_rope_fusion"; fused RoPE is arguments.py's default)
+        flags += ["--multi-latent-attention", "--no-rope-fusion"]
+        if m.q_lora_rank is not None:
+            flags += ["--q-lora-rank", str(m.q_lora_rank)]
+        flags += ["--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.qk_head_dim),
+                  "--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim), "--v-head-dim", str(m.v_head_dim)]
     if m.mlp in ("swiglu", "squared_relu"):
         flags.append("--swiglu" if m.mlp == "swiglu" else "--squared-relu")
     if m.norm == "rmsnorm":
@@ -171,6 +183,9 @@ def _megatron(s: Scenario) -> Emitted:
             flags += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
         if m.moe_shared_expert_intermediate_size is not None:
             flags += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)]
+        if m.moe_router_enable_expert_bias:  # DeepSeek-V3's aux-loss-free balancing bias, which Megatron-Core
+            # allows only with the sigmoid router score (transformer_config.py __post_init__ at 1e05700595)
+            flags += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
         if isinstance(m.moe_layer_freq, tuple):  # one 0/1 per layer, as Megatron's moe_freq_type reads a list
             flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
         elif m.moe_layer_freq != 1:
