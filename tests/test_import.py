@@ -694,6 +694,26 @@ def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
     assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (sms_only.parallel.tp, 24)
 
 
+@pytest.mark.xfail(strict=True, reason="review7: emit refuses tp_comm_overlap_sms 0, which the importer reads")
+def test_megatron_emit_writes_the_reduce_scatter_without_the_sm_margin(tmp_path: Path) -> None:
+    """``parallel.tp_comm_overlap_sms: 0`` under TE's userbuffers is a row GEMM launched without ``set_sm_margin``
+    (TE comm_gemm_overlap.cpp: the GEMM keeps every SM), what `sim import` reads a ``set_sm_margin: 0`` entry as and
+    what the bundled NeMo 24.07 Nemotron rows set (TE 1.x's default). The emitter refused it as PyTorch AsyncTP's,
+    so none of the three rows could be emitted; it writes ``set_sm_margin: 0`` for both row GEMMs, and the import of
+    the script gives 0 back."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "validation" / "nemo2407-nemotron-8b-64.yaml")
+    assert (scenario.parallel.tp_comm_overlap_sms, scenario.parallel.tp_comm_overlap_method) == (0, "userbuffers")
+    text = emit(scenario, "megatron").text
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus))
+    assert draft.scenario().parallel.tp_comm_overlap_sms == 0
+    assert _status(draft, "ub_cfg.yaml: proj_fprop.set_sm_margin") == "mapped"
+
+
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
     """Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap ("Tensor parallel
     communication/GEMM overlap can happen only when sequence parallelism is enabled"; SP is switched off at tp 1
