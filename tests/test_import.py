@@ -694,7 +694,6 @@ def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
     assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (sms_only.parallel.tp, 24)
 
 
-@pytest.mark.xfail(strict=True, reason="review7: emit refuses tp_comm_overlap_sms 0, which the importer reads")
 def test_megatron_emit_writes_the_reduce_scatter_without_the_sm_margin(tmp_path: Path) -> None:
     """``parallel.tp_comm_overlap_sms: 0`` under TE's userbuffers is a row GEMM launched without ``set_sm_margin``
     (TE comm_gemm_overlap.cpp: the GEMM keeps every SM), what `sim import` reads a ``set_sm_margin: 0`` entry as and

@@ -233,16 +233,16 @@ def _userbuffers_cfg(s: Scenario) -> str:
     (megatron/training/initialize.py _initialize_tp_communicators), in NeMo-Framework-Launcher 24.07's ub_cfg_h100
     form: the two row GEMMs' pipelined reduce-scatters (proj_fprop, fc2_fprop), ``num_sm`` with
     ``set_sm_margin``, ``num_splits`` (the chunks the scenario prices, tp unless set); the other GEMMs keep TE's
-    defaults. Empty where neither field is set. An SM count
-    of 0 (PyTorch AsyncTP's reduce-scatter, on no SMs beside the GEMM) has no userbuffers form: refused."""
+    defaults. Empty where neither field is set. An SM count of 0 is the GEMM launched without the margin
+    (``set_sm_margin: 0``: TE comm_gemm_overlap.cpp, the GEMM keeps every SM; TE 1.x's default, the NeMo 24.07
+    rows'), as ``sim.interop.megatron.apply_userbuffers`` reads it back."""
     p = s.parallel
     if p.tp_comm_overlap_sms is None and p.tp_comm_overlap_chunks is None:
         return ""
-    if p.tp_comm_overlap_sms == 0:
-        raise _refuse("megatron", "parallel.tp_comm_overlap_sms", "0 SMs for the reduce-scatter beside the row "
-                      "GEMMs (PyTorch AsyncTP; TE's pipelined reduce-scatter needs num_sm >= 1)")
     settings = ["method: pipeline"]
-    if p.tp_comm_overlap_sms is not None:
+    if p.tp_comm_overlap_sms == 0:
+        settings.append("set_sm_margin: 0")
+    elif p.tp_comm_overlap_sms is not None:
         settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
     # always written: a pipeline entry without it runs TE's 4 splits (initialize_ub: ub_cfg.get("num_splits", 4 if
     # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: tp_overlap.tp_overlap_chunks)
