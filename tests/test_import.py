@@ -289,7 +289,6 @@ def test_deepspeed_hf_zero3_with_auto_values() -> None:
     assert _status(draft, "--learning_rate") == "ignored"
 
 
-@pytest.mark.xfail(strict=True, reason="review7: sim import deepspeed leaves the HF Trainer's loss at fused")
 def test_deepspeed_import_prices_hugging_faces_loss() -> None:
     """A DeepSpeed run under the HF Trainer computes transformers' loss (ForCausalLMLoss: ``logits.float()``, then
     log_softmax and nll_loss in fp32), which ``training.cross_entropy: hf`` prices (docs/mechanisms/loss_head.md:
