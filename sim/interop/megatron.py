@@ -264,6 +264,15 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     elif method is not None:
         draft.row(args.source("recompute_method"), method, "ignored", "no --recompute-granularity: Megatron-LM "
                   "does not recompute")
+    # Activation offload (Megatron-Core TransformerConfig cpu_offloading / cpu_offloading_num_layers, Megatron-LM's
+    # arguments generated from it; arguments.py switches cpu_offloading on for a layer count above 0). The rules
+    # then refuse what Megatron-Core refuses beside it (pp > 1, recomputation), naming the field.
+    offloaded = args.int("cpu_offloading_num_layers") or 0
+    if offloaded and args.flag("cpu_offloading", True):
+        put("training.cpu_offloading_num_layers", "cpu_offloading_num_layers", offloaded)
+    elif args.has("cpu_offloading_num_layers") or args.flag("cpu_offloading"):
+        dest = "cpu_offloading_num_layers" if args.has("cpu_offloading_num_layers") else "cpu_offloading"
+        draft.row(args.source(dest), args.raw(dest), "ignored", "no layer offloaded (cpu_offloading off or 0 layers)")
     # Attention kernel: TE's flash/fused attention unless the unfused path is asked for.
     # NeMo 2.0 configs write Megatron-Core's enum member (AttnBackend.flash); the flag its name.
     backend = str(args.get("attention_backend", "auto")).removeprefix("AttnBackend.")
