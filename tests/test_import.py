@@ -733,9 +733,10 @@ def test_megatron_emit_writes_the_reduce_scatter_without_the_sm_margin(tmp_path:
 
 def test_megatron_emit_round_trips_activation_offload(tmp_path: Path) -> None:
     """``training.cpu_offloading_num_layers`` is Megatron-Core's TransformerConfig cpu_offloading /
-    cpu_offloading_num_layers (Megatron-LM's --cpu-offloading --cpu-offloading-num-layers N, arguments generated from
-    TransformerConfig; a count above 0 switches it on): the emitter wrote neither, so the script ran without the
-    offload the scenario priced, and the importer listed both flags as unknown. Emitted and read back, the count is
+    cpu_offloading_num_layers (Megatron-LM's --cpu-offloading-num-layers N, a count above 0 switching cpu_offloading
+    on; arguments.py has no --cpu-offloading, excluded from the TransformerConfig-generated flags): the emitter wrote
+    nothing, so the script ran without the offload the scenario priced, and the importer listed the flag as
+    unknown. Emitted and read back, the count is
     the scenario's; a script with the flags at pp 2 is refused in one line naming the field, as Megatron-Core
     refuses it."""
     from sim.interop.emit import emit
@@ -744,7 +745,7 @@ def test_megatron_emit_round_trips_activation_offload(tmp_path: Path) -> None:
     scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.pp=1", "parallel.dp=2",
                                                                 "training.cpu_offloading_num_layers=2"])
     text = emit(scenario, "megatron").text
-    assert "--cpu-offloading-num-layers 2" in text
+    assert "--cpu-offloading-num-layers 2" in text and "--cpu-offloading \\" not in text
     path = tmp_path / "run.sh"
     path.write_text(text)
     draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name))

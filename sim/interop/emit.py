@@ -141,8 +141,10 @@ def _megatron(s: Scenario) -> Emitted:
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
-    if t.cpu_offloading_num_layers:  # Megatron-Core's activation offload (TransformerConfig cpu_offloading)
-        flags += ["--cpu-offloading", "--cpu-offloading-num-layers", str(t.cpu_offloading_num_layers)]
+    if t.cpu_offloading_num_layers:  # Megatron-Core's activation offload: Megatron-LM has no --cpu-offloading
+        # (arguments.py at d98e8a64dd excludes TransformerConfig.cpu_offloading from the command line and switches
+        # it on for --cpu-offloading-num-layers above 0)
+        flags += ["--cpu-offloading-num-layers", str(t.cpu_offloading_num_layers)]
     flags += _precision(s) + _optimizer_states(s, "Megatron-LM")
     if t.dtype in ("bf16", "fp8") and t.grad_dtype == "bf16":  # fp8 runs on --bf16 (``_precision``)
         flags.append("--grad-reduce-in-bf16")

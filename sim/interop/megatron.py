@@ -264,9 +264,9 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     elif method is not None:
         draft.row(args.source("recompute_method"), method, "ignored", "no --recompute-granularity: Megatron-LM "
                   "does not recompute")
-    # Activation offload (Megatron-Core TransformerConfig cpu_offloading / cpu_offloading_num_layers, Megatron-LM's
-    # arguments generated from it; arguments.py switches cpu_offloading on for a layer count above 0). The rules
-    # then refuse what Megatron-Core refuses beside it (pp > 1, recomputation), naming the field.
+    # Activation offload (Megatron-Core TransformerConfig cpu_offloading / cpu_offloading_num_layers: Megatron-LM's
+    # --cpu-offloading-num-layers, which arguments.py turns cpu_offloading on for when above 0; NeMo's keys both).
+    # The rules then refuse what Megatron-Core refuses beside it (pp > 1, recomputation), naming the field.
     offloaded = args.int("cpu_offloading_num_layers") or 0
     if offloaded and args.flag("cpu_offloading", True):
         put("training.cpu_offloading_num_layers", "cpu_offloading_num_layers", offloaded)
