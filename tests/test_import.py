@@ -357,6 +357,43 @@ def test_torchtitan_llama3_tomls() -> None:
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
 
 
+@pytest.mark.xfail(strict=True, reason="review7: sim import torchtitan ignores TorchTitan's pipeline split")
+@pytest.mark.parametrize(("base", "overrides"), [
+    # TorchTitan's own Llama 3.1 405B rows: 126 layers, pp 8 (1 stage per rank) and pp 8 x 2 (interleaved)
+    ("validation/fsdp_pp/torchtitan-llama3.1-405b-h100-512-1f1b.yaml", []),
+    ("validation/fsdp_pp/torchtitan-llama3.1-405b-h100-512-interleaved.yaml", []),
+    # an even split of 32 layers over 4 stages (no account_for_*): 8 each, which TorchTitan runs only with the
+    # embedding's and output's weights set to 0 (by default 34 over 4: 8, 9, 8, 7 layers)
+    ("llama2-7b_h100-32_spine.yaml", ["parallel.pp=4", "parallel.dp=null", "parallel.tp=8", "schedule=1f1b"]),
+])
+def test_torchtitan_round_trips_the_pipeline_split(base: str, overrides: list[str], tmp_path: Path) -> None:
+    """TorchTitan splits num_layers + pipeline_parallel_first_stage_less_layers + ..._last_stage_less_layers (1 and 1
+    by default: the embedding and the output count as a layer each) evenly over pp x stages per rank
+    (torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part; 9dec370's generate_split_points
+    gave the 405B rows' 15, 16 x 6, 15), and a multi-stage schedule's stages from ceil((num_layers + both weights) /
+    pipeline_parallel_layers_per_stage): Megatron-Core's account_for_embedding/loss_in_pipeline_split. The import
+    read neither (both weights listed as harmless), so TorchTitan's own 405B configurations were refused ('pp 8 does
+    not divide 126') and vpp read as 126 // (8 x 8) = 1; the emitter wrote no weights, so an even split ran
+    TorchTitan's default one. Emitted and imported back: the same stages, each with the same layers."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    text = emit(scenario, "torchtitan").text
+    weight = int(scenario.parallel.account_for_embedding_in_pipeline_split)
+    assert f"pipeline_parallel_first_stage_less_layers = {weight}" in text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model=resolve(scenario).model.name)).scenario()
+    plan, plan_back = resolve(scenario), resolve(back)
+    assert (plan_back.pp, plan_back.vpp) == (plan.pp, plan.vpp)
+    assert [[plan_back.chunk_layers(c) for c in chunks] for chunks in plan_back.stage_chunks] == \
+        [[plan.chunk_layers(c) for c in chunks] for chunks in plan.stage_chunks]
+
+
 def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
     from sim.interop.torchtitan import import_torchtitan
 
