@@ -357,7 +357,6 @@ def test_torchtitan_llama3_tomls() -> None:
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
 
 
-@pytest.mark.xfail(strict=True, reason="review7: sim import torchtitan ignores TorchTitan's pipeline split")
 @pytest.mark.parametrize(("base", "overrides"), [
     # TorchTitan's own Llama 3.1 405B rows: 126 layers, pp 8 (1 stage per rank) and pp 8 x 2 (interleaved)
     ("validation/fsdp_pp/torchtitan-llama3.1-405b-h100-512-1f1b.yaml", []),

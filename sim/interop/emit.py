@@ -337,9 +337,18 @@ def _torchtitan(s: Scenario) -> Emitted:
                           "userbuffers; enable_async_tensor_parallel runs PyTorch's AsyncTP: set async_tp")
         lines.append("enable_async_tensor_parallel = true")
     if p.pp > 1:
+        # TorchTitan splits num_layers + the embedding's and the output's weights (first/last_stage_less_layers,
+        # 1 and 1 by default) evenly over the stages (torchtitan/distributed/pipeline_parallel.py
+        # _generate_llm_fqn_per_model_part): Megatron's account_for_*_in_pipeline_split, written either way
+        if p.first_stage_layers is not None or p.last_stage_layers is not None:
+            raise _refuse("TorchTitan", "parallel.first_stage_layers" if p.first_stage_layers is not None else
+                          "parallel.last_stage_layers", "a first or last stage of its own size (TorchTitan's "
+                          "generated split weighs only the embedding and the output)")
         lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[s.schedule]}"',
-                  f"pipeline_parallel_microbatch_size = {t.micro_batch}"]
-        if p.vpp > 1:
+                  f"pipeline_parallel_microbatch_size = {t.micro_batch}",
+                  f"pipeline_parallel_first_stage_less_layers = {int(p.account_for_embedding_in_pipeline_split)}",
+                  f"pipeline_parallel_last_stage_less_layers = {int(p.account_for_loss_in_pipeline_split)}"]
+        if p.vpp > 1:  # TorchTitan: ceil((num_layers + both weights) / this) stages, the scenario's pp x vpp
             lines.append(f"pipeline_parallel_layers_per_stage = {d.layers_per_chunk}")
     recompute, option = t.recompute, "op"
     stage_layers = s.model.num_layers // p.pp
