@@ -138,8 +138,8 @@ class TrainingSpec(FrozenSpec):
         "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
     cpu_offloading_num_layers: int = Field(default=0, ge=0, description=(
         "activation offload (Megatron-LM --cpu-offloading-num-layers N, which turns cpu_offloading on; Transformer "
-        "Engine's get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
-        "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
+        "Engine's get_cpu_offload_context): the first N layers of each model chunk copy their activations to the "
+        "host over PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
         "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
     sequence: SequenceSpec = Field(default_factory=SequenceSpec, description=(
         "supervised fine-tuning inputs: document lengths and packing (sim.spec.sequence; "
