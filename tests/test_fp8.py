@@ -94,7 +94,6 @@ def test_fp8_cast_kernels_bytes_per_pass_follow_transformer_engine(sp: bool) -> 
                                                   "mlp_up_weight_cast", "mlp_up_grad_cast"]
 
 
-@pytest.mark.xfail(strict=True, reason="review7: FP8's input casts priced as under SP at tp 1")
 def test_fp8_casts_at_tp_1_are_the_same_with_or_without_the_sp_flag() -> None:
     """Sequence parallelism needs TP: Megatron-LM switches it off at tp 1 (arguments.py: 'Disable sequence
     parallelism if tensor parallelism is not used'), and TE's Linear then casts and transposes its input in one
