@@ -793,6 +793,22 @@ def test_megatron_emit_round_trips_activation_offload(tmp_path: Path) -> None:
     assert str(error.value).startswith("training.cpu_offloading_num_layers") and "\n" not in str(error.value)
 
 
+@pytest.mark.xfail(strict=True, reason="review7: emit writes --overlap-param-gather without --overlap-grad-reduce")
+def test_megatron_emit_refuses_the_param_gather_overlap_without_the_grad_reduce_overlap() -> None:
+    """Megatron-LM asserts --overlap-grad-reduce under --overlap-param-gather (arguments.py at 1e05700595:
+    '--overlap-grad-reduce should be turned on when using --overlap-param-gather'), which `sim import megatron`
+    refuses too; the emitter wrote the script Megatron stops at start-up (a Qwen3 ModelZoo row with
+    parallel.overlap_grad_reduce false). Refused in one line naming the field."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    base = ROOT / "scenarios" / "validation" / "moe" / "mz-qwen3-235b-h100-256-a2a-pp32.yaml"
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(base, ["parallel.overlap_grad_reduce=false"]), "megatron")
+    assert str(error.value).startswith("parallel.overlap_param_gather") and "\n" not in str(error.value)
+    assert "--overlap-param-gather" in emit(load_scenario(base), "megatron").text
+
+
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
     """Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap ("Tensor parallel
     communication/GEMM overlap can happen only when sequence parallelism is enabled"; SP is switched off at tp 1
