@@ -793,7 +793,6 @@ def test_megatron_emit_round_trips_activation_offload(tmp_path: Path) -> None:
     assert str(error.value).startswith("training.cpu_offloading_num_layers") and "\n" not in str(error.value)
 
 
-@pytest.mark.xfail(strict=True, reason="review7: emit writes --overlap-param-gather without --overlap-grad-reduce")
 def test_megatron_emit_refuses_the_param_gather_overlap_without_the_grad_reduce_overlap() -> None:
     """Megatron-LM asserts --overlap-grad-reduce under --overlap-param-gather (arguments.py at 1e05700595:
     '--overlap-grad-reduce should be turned on when using --overlap-param-gather'), which `sim import megatron`

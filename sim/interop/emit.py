@@ -115,6 +115,10 @@ def _megatron(s: Scenario) -> Emitted:
         element = bytes_per_element(t.grad_dtype) if t.grad_dtype != "auto" else 2 if t.dtype == "fp16" else 4
         flags += ["--ddp-bucket-size", str(round(p.dp_bucket_size / element))]
     if p.overlap_param_gather:
+        if not p.overlap_grad_reduce:  # arguments.py asserts it (as `sim import megatron` refuses)
+            raise ConfigError("parallel.overlap_param_gather: Megatron-LM's --overlap-param-gather needs "
+                              "--overlap-grad-reduce (its arguments refuse it otherwise); set "
+                              "parallel.overlap_grad_reduce: true or parallel.overlap_param_gather: false")
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:
             flags.append("--no-align-param-gather")
