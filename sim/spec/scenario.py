@@ -389,8 +389,9 @@ class KernelCostsSpec(FrozenSpec):
         "layer (sim/data/reference/moe_host_measurements.csv); 0 = off"))
     te_module_overhead: Seconds = Field(default=parse_seconds("83 us"), ge=0, description=(
         "host time one Transformer Engine linear module's forward call costs beyond the eager op counted for its "
-        "GEMM, added per TE linear module (qkv, proj, the experts' fc1 and fc2) to a MoE layer forward's host "
-        "time behind the dispatcher's sync (sim.costs.host). 83 us: 115 us measured per Megatron-Core "
+        "GEMM, added per TE linear module of Megatron-Core's TE layer spec (qkv and proj, or multi-head latent "
+        "attention's 4-5; the experts' fc1 and fc2; a shared expert's 2: sim.costs.host.te_linear_modules) to a MoE "
+        "layer forward's host time behind the dispatcher's sync. 83 us: 115 us measured per Megatron-Core "
         "TEColumnParallelLinear forward (BF16, TP 1; NVIDIA/TransformerEngine#1191, "
         "sim/data/reference/te_module_host_measurements.csv) less costs.eager_op_overhead's 32 us; 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
