@@ -808,6 +808,28 @@ def test_megatron_emit_refuses_the_param_gather_overlap_without_the_grad_reduce_
     assert "--overlap-param-gather" in emit(load_scenario(base), "megatron").text
 
 
+def test_nemo_import_reads_the_offload_count_only_with_offload_on(tmp_path: Path) -> None:
+    """NeMo's megatron_gpt_config.yaml writes ``cpu_offloading: False`` beside ``cpu_offloading_num_layers:
+    ${sum:${.num_layers},-1}`` (an OmegaConf interpolation NeMo leaves unevaluated when offload is off): the import
+    reads no count then (no offload, the row ignored), and with ``cpu_offloading: True`` and a count, offloads that
+    many layers."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_gpt3_175b.yaml").read_text())
+    model = config["model"]
+    model.update(cpu_offloading=False, cpu_offloading_num_layers="${sum:${.num_layers},-1}",
+                 pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+                 activations_checkpoint_granularity=None, activations_checkpoint_method=None)
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    assert draft.scenario().training.cpu_offloading_num_layers == 0
+    assert _status(draft, "model.cpu_offloading_num_layers") == "ignored"
+    model.update(cpu_offloading=True, cpu_offloading_num_layers=2)
+    path.write_text(yaml.safe_dump(config))
+    assert import_nemo([str(path)], Options(gpu="H100-SXM")).scenario().training.cpu_offloading_num_layers == 2
+
+
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
     """Megatron-LM's arguments.py asserts sequence parallelism under --tp-comm-overlap ("Tensor parallel
     communication/GEMM overlap can happen only when sequence parallelism is enabled"; SP is switched off at tp 1

@@ -267,12 +267,17 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     # Activation offload (Megatron-Core TransformerConfig cpu_offloading / cpu_offloading_num_layers: Megatron-LM's
     # --cpu-offloading-num-layers, which arguments.py turns cpu_offloading on for when above 0; NeMo's keys both).
     # The rules then refuse what Megatron-Core refuses beside it (pp > 1, recomputation), naming the field.
-    offloaded = args.int("cpu_offloading_num_layers") or 0
-    if offloaded and args.flag("cpu_offloading", True):
-        put("training.cpu_offloading_num_layers", "cpu_offloading_num_layers", offloaded)
-    elif args.has("cpu_offloading_num_layers") or args.flag("cpu_offloading"):
-        dest = "cpu_offloading_num_layers" if args.has("cpu_offloading_num_layers") else "cpu_offloading"
-        draft.row(args.source(dest), args.raw(dest), "ignored", "no layer offloaded (cpu_offloading off or 0 layers)")
+    # The count is read only with offload on: NeMo's megatron_gpt_config.yaml writes cpu_offloading: False beside
+    # cpu_offloading_num_layers: ${sum:${.num_layers},-1}, an interpolation it never evaluates then.
+    dest = "cpu_offloading_num_layers"
+    if not args.flag("cpu_offloading", True):  # NeMo's key; Megatron-LM has no such flag (on by the count)
+        if args.has(dest):
+            args.get(dest)
+            draft.row(args.source(dest), args.raw(dest), "ignored", "cpu_offloading off")
+    elif offloaded := args.int(dest) or 0:
+        put("training.cpu_offloading_num_layers", dest, offloaded)
+    elif args.has("cpu_offloading") or args.has(dest):
+        draft.row(args.source(dest), args.raw(dest) if args.has(dest) else 0, "ignored", "0 layers: none offloaded")
     # Attention kernel: TE's flash/fused attention unless the unfused path is asked for.
     # NeMo 2.0 configs write Megatron-Core's enum member (AttnBackend.flash); the flag its name.
     backend = str(args.get("attention_backend", "auto")).removeprefix("AttnBackend.")
