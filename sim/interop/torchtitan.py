@@ -182,8 +182,8 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         multi = SCHEDULES[schedule_name] in ("interleaved", "zb-h1", "zb-v", "dualpipev")
         # TorchTitan's split (torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part):
         # num_layers + the embedding's and the output's weights, 1 each by default, evenly over the stages
-        weights = tuple(_int(flat, f"parallelism.pipeline_parallel_{end}_stage_less_layers", 1)
-                        for end in ("first", "last"))
+        weights = (_int(flat, "parallelism.pipeline_parallel_first_stage_less_layers", 1),
+                   _int(flat, "parallelism.pipeline_parallel_last_stage_less_layers", 1))
         layers = int(model.fields["num_layers"])
         vpp = 1
         if per_stage and multi:  # ceil((num_layers + both weights) / layers per stage) stages over pp ranks
