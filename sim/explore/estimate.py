@@ -43,7 +43,6 @@ from sim.costs.host import host_bound
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
-from sim.model.params import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
@@ -544,33 +543,48 @@ class Estimator:
         return dgrad + max(times[0], weight)
 
     def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
-        """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
+        """ZeRO-3 / FSDP: per layer, the all-gather (and reduce-scatter) time the compute cannot hide (FSDP's
+        prefetch). The gathers and reductions are the emitter's (``step.gather_calls`` per unit, the embedding in
+        the first unit and the head in the last, ``step.reduce_buckets``), priced as every data-parallel collective
+        (``_dp_collective``) and spread over the layers: on a slow network the group's stream runs them back to
+        back and sets the pace (llama2-7b spine, ZeRO-3 pp 1: the first and last units are 1.6x the others)."""
         if not plan.gathers_units or not plan.data_parallel or plan.pipelined_fsdp:  # FSDP + PP: _unit_gather_delay
             return 0.0, 0.0
-        group = plan.shard_group(0)
-        if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
-            middle = plan.model.num_layers // 2
-            gather = sum(self.net.collective_time("all_gather", params * plan.weight_bytes_per_param, group)
-                         for params in step.gather_calls(plan, middle))
-            reduce = sum(self.net.collective_time("reduce_scatter", params * plan.grad_bytes_per_param, group)
-                         for _, params in step.reduce_buckets(plan)) / plan.model.num_layers
-        else:
-            unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
-            unit_weights = unit_params * plan.weight_bytes_per_param
-            unit_grads = unit_params * plan.grad_bytes_per_param
-            if plan.peft.active:  # frozen weights in their storage dtype; gradients of the trainable ones only
-                middle = plan.model.num_layers // 2
-                unit_weights = plan.unit_layers * plan.layer_weight_bytes(middle)
-                unit_grads = plan.unit_layers * plan.layer_grad_params(middle) * plan.grad_bytes_per_param
-            gather = self.net.collective_time("all_gather", unit_weights, group) / plan.unit_layers
-            reduce = self.net.collective_time("reduce_scatter", unit_grads, group) / plan.unit_layers
+        group, layers = plan.shard_group(0), plan.model.num_layers
+        units = layers // plan.unit_layers
+        # the units between the first and the last gather alike (a middle one stands for them): 3 priced, not all
+        counts = {0: 1, units - 1: 1} if units > 1 else {0: 1}
+        if units > 2:
+            counts[units // 2] = units - 2
+        gather = sum(count * self._dp_collective(plan, "all_gather", params * plan.weight_bytes_per_param, group)
+                     for unit, count in counts.items() for params in step.gather_calls(plan, unit)) / layers
+        # the reduce-scatters of one micro-batch's backward (SHARD_GRAD_OP: one per unit), and under HYBRID_SHARD
+        # the all-reduce of each reduced shard over the replicas (on their own stream)
+        reductions = [(1, params) for _, params in step.reduce_buckets(plan)] if plan.zero_stage >= 3 else \
+            [(count, step.unit_grad_params(plan, unit)) for unit, count in counts.items()]
+        reduce = replicas = 0.0
+        for count, params in reductions:
+            nbytes = params * plan.grad_bytes_per_param
+            reduce += count * self._dp_collective(plan, "reduce_scatter", nbytes, group)
+            if plan.hybrid:
+                replicas += count * self._dp_collective(plan, "all_reduce", nbytes / len(group),
+                                                        plan.replica_group(0))
+        reduce, replicas = reduce / layers, replicas / layers
         network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
         held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
+        # Without overlap_grad_reduce (DeepSpeed's overlap_comm false) the compute waits for each reduce-scatter
+        # and, under HYBRID_SHARD, the replicas' all-reduce after it (the emitter's _reduce): counted here, not in
+        # the tail (_tail), as the next unit's gather still runs beside the compute
+        blocking = not plan.scenario.parallel.overlap_grad_reduce
         if plan.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
-            return forward, _overlap_cost(bwd_layer, reduce, held)
+            return forward, reduce + replicas if blocking else _overlap_cost(bwd_layer, reduce, held)
         both = gather + reduce  # one stream: the next unit's gather and this unit's reduce-scatter queue
-        return forward, _overlap_cost(bwd_layer, both, held) if plan.prefetch else both
+        if not plan.prefetch:  # the gather issued when its unit is reached, after the previous reduce-scatter
+            return forward, both + (replicas if blocking else 0.0)
+        if blocking:
+            return forward, _overlap_cost(bwd_layer, gather, held) + reduce + replicas
+        return forward, _overlap_cost(bwd_layer, both, held)
 
     def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
@@ -678,9 +692,12 @@ class Estimator:
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (m - 1) * (st.forward + st.backward + st.weight) - st.backward
                 exposed = max(exposed, first_backward + m * shape.per_microbatch - backward_end)
-            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce and parts.stages_zero is None \
+                    and not parts.pipelined_fsdp:
                 # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
-                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce). Where
+                # units are gathered per layer the stage times hold them (_sharded_unit_overhead); FSDP + PP
+                # reduces once, after a chunk's last backward (the buckets above)
                 exposed = m * shape.per_microbatch
         if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += shape.copies
@@ -742,9 +759,8 @@ class Estimator:
                 seconds = priced.get(nbytes)
                 if seconds is None:
                     seconds = priced[nbytes] = self._dp_collective(plan, op, nbytes, group)
-                if per_unit and plan.hybrid:
-                    replicas = plan.replica_group(0)
-                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
+                if per_unit and plan.hybrid:  # every TP rank's replicas at once, as the reduce-scatters
+                    seconds += self._dp_collective(plan, "all_reduce", nbytes / len(group), plan.replica_group(0))
                 buckets.append((layer, seconds))
                 per_microbatch += seconds
             experts = step.expert_reduces(plan)
