@@ -560,8 +560,9 @@ class Estimator:
                      for unit, count in counts.items() for params in step.gather_calls(plan, unit)) / layers
         # the reduce-scatters of one micro-batch's backward (SHARD_GRAD_OP: one per unit), and under HYBRID_SHARD
         # the all-reduce of each reduced shard over the replicas (on their own stream)
-        reductions = [(1, params) for _, params in step.reduce_buckets(plan)] if plan.zero_stage >= 3 else \
-            [(count, step.unit_grad_params(plan, unit)) for unit, count in counts.items()]
+        reductions = [(1, params) for _, params in step.reduce_buckets(plan)] \
+            if plan.zero_stage >= 3 and plan.deepspeed is not None else \
+            [(count, step.unit_grad_params(plan, unit)) for unit, count in counts.items()]  # FSDP: one per unit
         reduce = replicas = 0.0
         for count, params in reductions:
             nbytes = params * plan.grad_bytes_per_param
