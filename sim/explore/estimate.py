@@ -596,17 +596,18 @@ class Estimator:
             return forward, _overlap_cost(bwd_layer, gather, held) + reduce + replicas
         return forward, _overlap_cost(bwd_layer, both, held)
 
-    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...],
+                       concurrent: tuple[tuple[int, ...], ...] | None = None) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
-        time."""
+        time. ``concurrent``: every group that runs it at once, where more than ``group``'s TP peers do."""
         if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
             alone = (op, nbytes, (group,))
             if alone not in self._concurrent:
                 self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
             return self._concurrent[alone]
-        groups = lockstep_groups(group, plan.tp)
+        groups = concurrent or lockstep_groups(group, plan.tp)
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0
@@ -797,7 +798,14 @@ class Estimator:
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self._dp_collective(plan, "all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
                              self._dp_collective(plan, "all_gather", expert_gather, plan.expert_dp_group(0)))
-        copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
+        copies_s = None
+        if copies is not None:  # every (tp, dp, cp) coordinate's two stages sum their copies at once, not only the
+            # TP peers (lockstep_groups): llama2-7b spine DualPipe pp 2, dp 2, both DP replicas' pairs through the
+            # spine, 287 ms, not the 71 ms of one pair alone (-20.0% -> +1.6%; the rest: the buckets' order)
+            nbytes, pair = copies
+            everyone = None if self.flows is None else tuple(sorted({
+                step.copy_gradient_reduce(plan, rank)[1] for rank in range(plan.num_gpus)}))  # type: ignore[index]
+            copies_s = self._dp_collective(plan, "all_reduce", nbytes, pair, everyone)
         # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
         # the buckets closed at the same place in the stage's backward, with the same seconds.
         order = [layer for _, layers in chunks for layer in layers]
