@@ -127,6 +127,12 @@ class TrainingSpec(FrozenSpec):
         "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
         "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
         "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
+    train_metric_states: int = Field(default=0, ge=0, description=(
+        "torchmetrics metric states the trainer syncs across every rank after each step, on the host with the GPU "
+        "idle (sim.workload.train_metrics; docs/mechanisms/train_metric_sync.md): each a barrier, world-size "
+        "zeros_like, an all-gather and world-size copies. 0 (default): Megatron-LM, NeMo, TorchTitan, DeepSpeed "
+        "and the HF Trainer reduce only the loss. MosaicML Composer computes the model's train metrics every "
+        "batch: llm-foundry's MPT has LanguageCrossEntropy and LanguagePerplexity, two states each: 4"))
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))
@@ -393,6 +399,13 @@ class KernelCostsSpec(FrozenSpec):
         "time behind the dispatcher's sync (sim.costs.host). 83 us: 115 us measured per Megatron-Core "
         "TEColumnParallelLinear forward (BF16, TP 1; NVIDIA/TransformerEngine#1191, "
         "sim/data/reference/te_module_host_measurements.csv) less costs.eager_op_overhead's 32 us; 0 = off"))
+    megatron_moe_host_ops: float = Field(default=63, ge=0, description=(
+        "host time Megatron-Core's own MoE code (TopKRouter, the token dispatcher, the unpermute) adds to a MoE "
+        "layer forward behind the dispatcher's sync, in eager ops at costs.eager_op_overhead each (sim.costs.host). "
+        "63: the median over two H100/H200 hosts, two runs and two permute paths of Megatron-LM 1e05700595's "
+        "router + dispatch + unpermute host time less the plain-PyTorch replay's for the same op sequence, over the "
+        "replay's host time per kernel on the same host (sim/data/reference/megatron_moe_host_measurements.csv, "
+        "docs/mechanisms/moe_host_sync.md); the backward adds none (measured no more than the replay's); 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
         "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
         "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "

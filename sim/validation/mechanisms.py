@@ -132,6 +132,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(
+        name="Megatron-Core's own MoE code on the host (router, token dispatcher, unpermute)",
+        off=("costs.megatron_moe_host_ops=0",),
+        knob="costs.megatron_moe_host_ops (63 eager ops' worth per MoE layer forward, at costs.eager_op_overhead)",
+        source="Megatron-LM 1e05700595 megatron/core MoELayer/TopKRouter/MoEAlltoAllTokenDispatcher run on one H100 "
+               "and one H200 beside the plain-PyTorch replay (scripts/measure_megatron_moe_host.py, "
+               "megatron_moe_host_measurements.csv: 1.3-2.6x the replay's host time for the same parts)",
+        doc="mechanisms/moe_host_sync.md",
+    ),
+    Mechanism(
         name="FSDP1 gradient kernels per micro-batch (flatten, reduce-dtype cast, pre-division)",
         off=(),  # fsdp.version=2 on every row would give the rows without FSDP an fsdp section
         knob="fsdp.version (default 1: torch.distributed.fsdp.FullyShardedDataParallel; 2: fully_shard, none)",
@@ -141,6 +150,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/fsdp_grad_kernels.md",
         note="switched off per scenario by fsdp.version: 2; when it landed (72 rows): 6.70% -> 5.88% mean abs, "
              "-3.83% -> -2.81% signed; MPT-13B on 8 H100 -22.4% -> -10.0%, IBM 7B H100 -14.2% -> -12.0%",
+    ),
+    Mechanism(
+        name="train-metric sync after the step (Composer + torchmetrics)",
+        off=("training.train_metric_states=0",),
+        knob="training.train_metric_states (default 0; the MPT rows: 4, LanguageCrossEntropy + LanguagePerplexity)",
+        source="composer v0.17.2 trainer.py _train_loop (_compute_and_log_metrics every batch); torchmetrics "
+               "gather_all_tensors (barrier, world-size zeros_like, all_gather); ProcessGroupNCCL::allgather's "
+               "per-rank copies; host costs measured (metric_sync_host_measurements.csv: 7.8 + 6.7 + 0.7 us per rank)",
+        doc="mechanisms/train_metric_sync.md",
     ),
     Mechanism(
         name="gradient clipping and the fp16 inf/nan check",
