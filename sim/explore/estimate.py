@@ -43,7 +43,6 @@ from sim.costs.host import host_bound
 from sim.costs.models import ComputePhase, CostModel, Work
 from sim.explore.pair_replay import Block, alone, chain, pair_span
 from sim.explore.stage_replay import StageTimes, Unit, pass_dependencies, stage_level_replay
-from sim.model.params import layer_params
 from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
@@ -235,7 +234,7 @@ class Estimator:
             # the pass after which a layer's gradients are final: its backward, or under a split backward its
             # weight-gradient pass (the emitter's grad_ready is the W task: sim.workload.build.weight_grad)
             final = layer_w if split else layer_bwd + fsdp_b
-            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, final, layers, overlap))
+            priced.append(StageTimes(f + sends_f * c, b + sends_b * c, w, final, layers, overlap, layers * fsdp_b))
         return [priced[index] for index in of_stage]
 
     def _stage_shapes(self, plan: Plan, key: Any) -> tuple[list[_StageShape], list[int]]:
@@ -556,45 +555,71 @@ class Estimator:
         return dgrad + max(times[0], weight)
 
     def _sharded_unit_overhead(self, plan: Plan, fwd_layer: float, bwd_layer: float) -> tuple[float, float]:
-        """ZeRO-3 / FSDP: per layer, the all-gather time the compute cannot hide (FSDP's prefetch)."""
+        """ZeRO-3 / FSDP: per layer, the all-gather (and reduce-scatter) time the compute cannot hide (FSDP's
+        prefetch). The gathers and reductions are the emitter's (``step.gather_calls`` per unit, the embedding in
+        the first unit and the head in the last, ``step.reduce_buckets``), priced as every data-parallel collective
+        (``_dp_collective``) and spread over the layers: on a slow network the group's stream runs them back to
+        back and sets the pace (llama2-7b spine, ZeRO-3 pp 1: the first and last units are 1.6x the others)."""
         if not plan.gathers_units or not plan.data_parallel or plan.pipelined_fsdp:  # FSDP + PP: _unit_gather_delay
             return 0.0, 0.0
-        group = plan.shard_group(0)
-        if plan.deepspeed is not None:  # per-module all-gathers of a middle layer, the step's buckets per layer
-            middle = plan.model.num_layers // 2
-            gather = sum(self.net.collective_time("all_gather", params * plan.weight_bytes_per_param, group)
-                         for params in step.gather_calls(plan, middle))
-            reduce = sum(self.net.collective_time("reduce_scatter", params * plan.grad_bytes_per_param, group)
-                         for _, params in step.reduce_buckets(plan)) / plan.model.num_layers
-        else:
-            unit_params = plan.unit_layers * layer_params(plan.model).per_tp_rank(plan.tp)
-            unit_weights = unit_params * plan.weight_bytes_per_param
-            unit_grads = unit_params * plan.grad_bytes_per_param
-            if plan.peft.active:  # frozen weights in their storage dtype; gradients of the trainable ones only
-                middle = plan.model.num_layers // 2
-                unit_weights = plan.unit_layers * plan.layer_weight_bytes(middle)
-                unit_grads = plan.unit_layers * plan.layer_grad_params(middle) * plan.grad_bytes_per_param
-            gather = self.net.collective_time("all_gather", unit_weights, group) / plan.unit_layers
-            reduce = self.net.collective_time("reduce_scatter", unit_grads, group) / plan.unit_layers
+        group, layers = plan.shard_group(0), plan.model.num_layers
+        units = layers // plan.unit_layers
+        # the units between the first and the last gather alike (a middle one stands for them): 3 priced, not all
+        counts = {0: 1, units - 1: 1} if units > 1 else {0: 1}
+        if units > 2:
+            counts[units // 2] = units - 2
+        gather = sum(count * self._dp_collective(plan, "all_gather", params * plan.weight_bytes_per_param, group)
+                     for unit, count in counts.items() for params in step.gather_calls(plan, unit)) / layers
+        # the reduce-scatters of one micro-batch's backward (SHARD_GRAD_OP: one per unit), and under HYBRID_SHARD
+        # the all-reduce of each reduced shard over the replicas (on their own stream)
+        reductions = [(1, params) for _, params in step.reduce_buckets(plan)] \
+            if plan.zero_stage >= 3 and plan.deepspeed is not None else \
+            [(count, step.unit_grad_params(plan, unit)) for unit, count in counts.items()]  # FSDP: one per unit
+        reduce = replicas = 0.0
+        for count, params in reductions:
+            nbytes = params * plan.grad_bytes_per_param
+            reduce += count * self._dp_collective(plan, "reduce_scatter", nbytes, group)
+            if plan.hybrid:
+                replicas += count * self._dp_collective(plan, "all_reduce", nbytes / len(group),
+                                                        plan.replica_group(0))
+        reduce, replicas = reduce / layers, replicas / layers
         network, gpu = plan.scenario.network, plan.scenario.cluster.gpu
         held = network.nccl_sms / (gpu.sms or 1) if network.nccl_sms else 0.0
         forward = _overlap_cost(fwd_layer, gather, held)
+        # Without overlap_grad_reduce (DeepSpeed's overlap_comm false) the compute waits for each reduce-scatter
+        # and, under HYBRID_SHARD, the replicas' all-reduce after it (the emitter's _reduce): counted here, not in
+        # the tail (_tail), as the next unit's gather still runs beside the compute
+        blocking = not plan.scenario.parallel.overlap_grad_reduce
         if plan.zero_stage < 3:  # SHARD_GRAD_OP gathers nothing in the backward: its reduce-scatters run alone
-            return forward, _overlap_cost(bwd_layer, reduce, held)
+            if blocking:
+                return forward, reduce + replicas
+            # The group's stream runs a micro-batch's gathers, then its reduce-scatters, each chain beside the
+            # compute it feeds or follows: two two-machine flow shops of like jobs, whose makespan is the busier
+            # machine's sum plus the other's one job at the turn (Johnson 1954): the last unit's forward (or the
+            # first gather) and the first unit's backward (or the last reduce-scatter), per micro-batch. Spread
+            # over the layers (pp 1: the stage holds them all). llama2-7b spine pp 1: -2.0% -> +0.1%; with the
+            # spine not oversubscribed (the gathers faster than the forward) -3.8% -> -1.7%
+            turn = plan.unit_layers / layers * (min(gather, fwd_layer) + min(reduce, bwd_layer))
+            return forward, _overlap_cost(bwd_layer, reduce, held) + turn
         both = gather + reduce  # one stream: the next unit's gather and this unit's reduce-scatter queue
-        return forward, _overlap_cost(bwd_layer, both, held) if plan.prefetch else both
+        if not plan.prefetch:  # the gather issued when its unit is reached, after the previous reduce-scatter
+            return forward, both + (replicas if blocking else 0.0)
+        if blocking:
+            return forward, _overlap_cost(bwd_layer, gather, held) + reduce + replicas
+        return forward, _overlap_cost(bwd_layer, both, held)
 
-    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...],
+                       concurrent: tuple[tuple[int, ...], ...] | None = None) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
-        time."""
+        time. ``concurrent``: every group that runs it at once, where more than ``group``'s TP peers do."""
         if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
             alone = (op, nbytes, (group,))
             if alone not in self._concurrent:
                 self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
             return self._concurrent[alone]
-        groups = lockstep_groups(group, plan.tp)
+        groups = concurrent or lockstep_groups(group, plan.tp)
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0
@@ -681,7 +706,11 @@ class Estimator:
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
                 ready = when[layer]
                 free_at = (ready if ready > free_at else free_at) + seconds  # max(free_at, ready), inline
-            exposed = max(0.0, free_at - backward_end)
+            # ZeRO-3/FSDP: the group's one stream ran the units' reduce-scatters beside their gathers, and the
+            # backward already holds what the compute could not hide of both (_sharded_unit_overhead): the last
+            # buckets' reductions are exposed only past that (DeepSpeed ZeRO-3's 842 MB last bucket on llama2-7b
+            # spine pp 1 was counted twice: +3.1%)
+            exposed = max(0.0, free_at - backward_end - st.unit_comm)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
             m = timing.microbatches
@@ -690,9 +719,12 @@ class Estimator:
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (m - 1) * (st.forward + st.backward + st.weight) - st.backward
                 exposed = max(exposed, first_backward + m * shape.per_microbatch - backward_end)
-            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce and parts.stages_zero is None \
+                    and not parts.pipelined_fsdp:
                 # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
-                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce). Where
+                # units are gathered per layer the stage times hold them (_sharded_unit_overhead); FSDP + PP
+                # reduces once, after a chunk's last backward (the buckets above)
                 exposed = m * shape.per_microbatch
         if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += shape.copies
@@ -754,9 +786,8 @@ class Estimator:
                 seconds = priced.get(nbytes)
                 if seconds is None:
                     seconds = priced[nbytes] = self._dp_collective(plan, op, nbytes, group)
-                if per_unit and plan.hybrid:
-                    replicas = plan.replica_group(0)
-                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
+                if per_unit and plan.hybrid:  # every TP rank's replicas at once, as the reduce-scatters
+                    seconds += self._dp_collective(plan, "all_reduce", nbytes / len(group), plan.replica_group(0))
                 buckets.append((layer, seconds))
                 per_microbatch += seconds
             experts = step.expert_reduces(plan)
@@ -771,15 +802,25 @@ class Estimator:
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
         expert_gather = step.expert_weight_gather_bytes(plan, stage)
+        # priced as the buckets are (_dp_collective): on the flow-level network every TP rank's DP group gathers at
+        # once, through the same NICs, leaf uplinks and spine (llama2-7b spine, ZeRO-1 pp 1: 54 ms, not the 27 ms
+        # of one group alone; the estimate was 6.5% under the simulation)
         if gather and not expert_gather:
-            optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
+            optimizer += self._dp_collective(plan, "all_gather", gather, plan.grid.dp_group(0))
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
-            optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
-                             self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
+            optimizer += max(self._dp_collective(plan, "all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
+                             self._dp_collective(plan, "all_gather", expert_gather, plan.expert_dp_group(0)))
         sync = step.metric_sync(plan)
         if sync is not None:  # the trainer's train-metric sync once the step is done (sim.workload.train_metrics)
             optimizer += step.metric_sync_seconds(sync, self.net)
-        copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
+        copies_s = None
+        if copies is not None:  # every (tp, dp, cp) coordinate's two stages sum their copies at once, not only the
+            # TP peers (lockstep_groups): llama2-7b spine DualPipe pp 2, dp 2, both DP replicas' pairs through the
+            # spine, 287 ms, not the 71 ms of one pair alone (-20.0% -> +1.6%; the rest: the buckets' order)
+            nbytes, pair = copies
+            everyone = None if self.flows is None else tuple(sorted({
+                step.copy_gradient_reduce(plan, rank)[1] for rank in range(plan.num_gpus)}))  # type: ignore[index]
+            copies_s = self._dp_collective(plan, "all_reduce", nbytes, pair, everyone)
         # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
         # the buckets closed at the same place in the stage's backward, with the same seconds.
         order = [layer for _, layers in chunks for layer in layers]
@@ -966,6 +1007,13 @@ class Estimator:
         # less its backward's end (the tail's buckets wait for when gradients become final, at fixed offsets
         # from the backward's end), with a margin far above the floats' rounding. What it skips never changes
         # the result: only a stage above the step so far does.
+        if parts.pipelined_fsdp and parts.data_parallel and not sc.parallel.overlap_grad_reduce:
+            # FSDP + PP without overlap_grad_reduce: a stage's chunk reduce-scatters, after its last backward, run
+            # before that backward's send (the emitter's _reduce: the next task waits), so every stage below
+            # starts its last backward that much later (llama2-7b spine pp 2, dp 2: 9.6 ms, 2.4% of the step)
+            ends, held = list(ends), 0.0
+            for s in range(len(ends) - 1, -1, -1):
+                ends[s], held = ends[s] + held, held + parts.tails[s].per_microbatch
         exposed_of: dict[tuple[int, int], float] = {}
         skip = self.skip_tails
         for s, (st, end, shape) in enumerate(zip(stages, ends, parts.tails, strict=True)):
