@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from sim.api import estimate
 from sim.costs.models import RooflineCosts, Work
 from sim.hardware.gpus import GPU_PRESETS
 from sim.model.attention_ops import ATTENTION_CORE
@@ -15,9 +16,10 @@ from sim.model.layer_ops import layer_forward_ops
 from sim.model.layer_shape import LayerShape
 from sim.model.presets import MODEL_PRESETS
 from sim.plan import resolve
+from sim.spec.scenario import load_scenario
 from sim.workload.cost_model import make_costs
 
-from conftest import make_scenario
+from conftest import ROOT, make_scenario
 
 H100 = GPU_PRESETS["H100-SXM"]
 
@@ -90,6 +92,25 @@ def test_fp8_cast_kernels_bytes_per_pass_follow_transformer_engine(sp: bool) -> 
     assert not any(op.runs_in for block in layer_forward_ops(bf16).values() for op in block)
     assert [op.name for op in ops["mlp"]][:5] == ["post_attention_norm", "mlp_up", "mlp_up_input_transpose",
                                                   "mlp_up_weight_cast", "mlp_up_grad_cast"]
+
+
+def test_fp8_casts_at_tp_1_are_the_same_with_or_without_the_sp_flag() -> None:
+    """Sequence parallelism needs TP: Megatron-LM switches it off at tp 1 (arguments.py: 'Disable sequence
+    parallelism if tensor parallelism is not used'), and TE's Linear then casts and transposes its input in one
+    fused kernel (fp8_cast_transpose_fused), the split cast + transpose being the SP gather's. The FP8 input casts
+    of a tp-1 layer with parallel.sequence_parallel true were priced as SP's (the row-parallel gradient rule and
+    the LayerShape tokens already require tp > 1): the bundled Mixtral 8x7B layout (tp 1, SP true) in FP8 estimated
+    0.05% slower than with SP false (1.9876 against 1.9866 s)."""
+    spec, b, s = MODEL_PRESETS["gpt3-13b"], 2, 2048
+    casts = Fp8Casts(1.0 / 8)
+    ops = {sp: layer_forward_ops(LayerShape(spec, b, s, 1, sequence_parallel=sp, elem_bytes=2, flash_attention=True,
+                                            fp8_casts=casts)) for sp in (False, True)}
+    for phase in ("forward", "weight_grad", "input_grad"):
+        assert _cast_bytes(ops[True], phase) == pytest.approx(_cast_bytes(ops[False], phase)), phase
+    steps = [estimate(load_scenario(ROOT / "scenarios" / "mixtral-8x7b_h100-64.yaml",
+                                    ["training.dtype=fp8", f"parallel.sequence_parallel={sp}"])).step_time_s
+             for sp in ("true", "false")]
+    assert steps[0] == steps[1]
 
 
 def test_weight_cache_and_cast_knobs_reach_the_step() -> None:

@@ -289,6 +289,24 @@ def test_deepspeed_hf_zero3_with_auto_values() -> None:
     assert _status(draft, "--learning_rate") == "ignored"
 
 
+def test_deepspeed_import_prices_hugging_faces_loss() -> None:
+    """A DeepSpeed run under the HF Trainer computes transformers' loss (ForCausalLMLoss: ``logits.float()``, then
+    log_softmax and nll_loss in fp32), which ``training.cross_entropy: hf`` prices (docs/mechanisms/loss_head.md:
+    4 bytes per logit held, 12 at the backward's peak, and the upcast kernel); the import left the field at its
+    ``fused`` default (no logits held), as the Megatron and NeMo imports no longer do for their own losses. Llama-2
+    7B at 4,096 tokens, micro-batch 4: 16,384 x 32,000 logits x 12 bytes = 6.3 GB at the head's backward."""
+    from sim.interop.deepspeed import import_deepspeed
+    from sim.plan import resolve
+
+    trainer = "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 --bf16 --max_seq_length 4096"
+    draft = import_deepspeed([str(DATA / "deepspeed_hf_zero3.json"), *trainer.split()],
+                             Options(gpu="H100-SXM", gpus=8, model="llama2-7b"))
+    s = draft.scenario()
+    assert s.training.cross_entropy == "hf"
+    assert _status(draft, "(HF Trainer) loss") == "default"
+    assert resolve(s).transient_bytes(0) == pytest.approx(4 * 4096 * 32_000 * 12)
+
+
 def test_deepspeed_numbers_the_batch_rule_and_refusals(tmp_path: Path) -> None:
     """DeepSpeed's batch rule (train_batch_size = micro x accumulation x world size) gives the world size when
     no GPU count is given, and a config that breaks it is refused naming train_batch_size; NVMe offload, FSDP
@@ -337,6 +355,42 @@ def test_torchtitan_llama3_tomls() -> None:
     assert (s.training.micro_batch, s.training.global_batch, s.training.fused_kernels) == (2, 16, True)
     assert not s.training.fp8_weight_cache and s.training.fp8_recipe == "current"
     assert _status(draft, "quantize.linear.float8.enable_fsdp_float8_all_gather") == "unmapped"
+
+
+@pytest.mark.parametrize(("base", "overrides"), [
+    # TorchTitan's own Llama 3.1 405B rows: 126 layers, pp 8 (1 stage per rank) and pp 8 x 2 (interleaved)
+    ("validation/fsdp_pp/torchtitan-llama3.1-405b-h100-512-1f1b.yaml", []),
+    ("validation/fsdp_pp/torchtitan-llama3.1-405b-h100-512-interleaved.yaml", []),
+    # an even split of 32 layers over 4 stages (no account_for_*): 8 each, which TorchTitan runs only with the
+    # embedding's and output's weights set to 0 (by default 34 over 4: 8, 9, 8, 7 layers)
+    ("llama2-7b_h100-32_spine.yaml", ["parallel.pp=4", "parallel.dp=null", "parallel.tp=8", "schedule=1f1b"]),
+])
+def test_torchtitan_round_trips_the_pipeline_split(base: str, overrides: list[str], tmp_path: Path) -> None:
+    """TorchTitan splits num_layers + pipeline_parallel_first_stage_less_layers + ..._last_stage_less_layers (1 and 1
+    by default: the embedding and the output count as a layer each) evenly over pp x stages per rank
+    (torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part; 9dec370's generate_split_points
+    gave the 405B rows' 15, 16 x 6, 15), and a multi-stage schedule's stages from ceil((num_layers + both weights) /
+    pipeline_parallel_layers_per_stage): Megatron-Core's account_for_embedding/loss_in_pipeline_split. The import
+    read neither (both weights listed as harmless), so TorchTitan's own 405B configurations were refused ('pp 8 does
+    not divide 126') and vpp read as 126 // (8 x 8) = 1; the emitter wrote no weights, so an even split ran
+    TorchTitan's default one. Emitted and imported back: the same stages, each with the same layers."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.plan import resolve
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    text = emit(scenario, "torchtitan").text
+    weight = int(scenario.parallel.account_for_embedding_in_pipeline_split)
+    assert f"pipeline_parallel_first_stage_less_layers = {weight}" in text.splitlines()
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    back = import_torchtitan([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus,
+                                                   model=resolve(scenario).model.name)).scenario()
+    plan, plan_back = resolve(scenario), resolve(back)
+    assert (plan_back.pp, plan_back.vpp) == (plan.pp, plan.vpp)
+    assert [[plan_back.chunk_layers(c) for c in chunks] for chunks in plan_back.stage_chunks] == \
+        [[plan.chunk_layers(c) for c in chunks] for chunks in plan.stage_chunks]
 
 
 def test_torchtitan_hsdp_ddp_and_refusals(tmp_path: Path) -> None:
@@ -692,6 +746,88 @@ def test_megatron_emit_writes_the_userbuffers_cfg(tmp_path: Path) -> None:
     path.write_text(emit(sms_only, "megatron").text)
     back = import_megatron([str(path)], Options(gpu="A100-80GB-SXM")).scenario()
     assert (back.parallel.tp_comm_overlap_chunks, back.parallel.tp_comm_overlap_sms) == (sms_only.parallel.tp, 24)
+
+
+def test_megatron_emit_writes_the_reduce_scatter_without_the_sm_margin(tmp_path: Path) -> None:
+    """``parallel.tp_comm_overlap_sms: 0`` under TE's userbuffers is a row GEMM launched without ``set_sm_margin``
+    (TE comm_gemm_overlap.cpp: the GEMM keeps every SM), what `sim import` reads a ``set_sm_margin: 0`` entry as and
+    what the bundled NeMo 24.07 Nemotron rows set (TE 1.x's default). The emitter refused it as PyTorch AsyncTP's,
+    so none of the three rows could be emitted; it writes ``set_sm_margin: 0`` for both row GEMMs, and the import of
+    the script gives 0 back."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "validation" / "nemo2407-nemotron-8b-64.yaml")
+    assert (scenario.parallel.tp_comm_overlap_sms, scenario.parallel.tp_comm_overlap_method) == (0, "userbuffers")
+    text = emit(scenario, "megatron").text
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name, gpus=scenario.cluster.num_gpus))
+    assert draft.scenario().parallel.tp_comm_overlap_sms == 0
+    assert _status(draft, "ub_cfg.yaml: proj_fprop.set_sm_margin") == "mapped"
+
+
+def test_megatron_emit_round_trips_activation_offload(tmp_path: Path) -> None:
+    """``training.cpu_offloading_num_layers`` is Megatron-Core's TransformerConfig cpu_offloading /
+    cpu_offloading_num_layers (Megatron-LM's --cpu-offloading-num-layers N, a count above 0 switching cpu_offloading
+    on; arguments.py has no --cpu-offloading, excluded from the TransformerConfig-generated flags): the emitter wrote
+    nothing, so the script ran without the offload the scenario priced, and the importer listed the flag as
+    unknown. Emitted and read back, the count is
+    the scenario's; a script with the flags at pp 2 is refused in one line naming the field, as Megatron-Core
+    refuses it."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["parallel.pp=1", "parallel.dp=2",
+                                                                "training.cpu_offloading_num_layers=2"])
+    text = emit(scenario, "megatron").text
+    assert "--cpu-offloading-num-layers 2" in text and "--cpu-offloading \\" not in text
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    draft = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name))
+    assert draft.scenario().training.cpu_offloading_num_layers == 2
+    assert _status(draft, "--cpu-offloading-num-layers") == "mapped"
+    path.write_text(text.replace("--pipeline-model-parallel-size 1", "--pipeline-model-parallel-size 2"))
+    with pytest.raises(ConfigError) as error:
+        import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name)).scenario()
+    assert str(error.value).startswith("training.cpu_offloading_num_layers") and "\n" not in str(error.value)
+
+
+def test_megatron_emit_refuses_the_param_gather_overlap_without_the_grad_reduce_overlap() -> None:
+    """Megatron-LM asserts --overlap-grad-reduce under --overlap-param-gather (arguments.py at 1e05700595:
+    '--overlap-grad-reduce should be turned on when using --overlap-param-gather'), which `sim import megatron`
+    refuses too; the emitter wrote the script Megatron stops at start-up (a Qwen3 ModelZoo row with
+    parallel.overlap_grad_reduce false). Refused in one line naming the field."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    base = ROOT / "scenarios" / "validation" / "moe" / "mz-qwen3-235b-h100-256-a2a-pp32.yaml"
+    with pytest.raises(ConfigError) as error:
+        emit(load_scenario(base, ["parallel.overlap_grad_reduce=false"]), "megatron")
+    assert str(error.value).startswith("parallel.overlap_param_gather") and "\n" not in str(error.value)
+    assert "--overlap-param-gather" in emit(load_scenario(base), "megatron").text
+
+
+def test_nemo_import_reads_the_offload_count_only_with_offload_on(tmp_path: Path) -> None:
+    """NeMo's megatron_gpt_config.yaml writes ``cpu_offloading: False`` beside ``cpu_offloading_num_layers:
+    ${sum:${.num_layers},-1}`` (an OmegaConf interpolation NeMo leaves unevaluated when offload is off): the import
+    reads no count then (no offload, the row ignored), and with ``cpu_offloading: True`` and a count, offloads that
+    many layers."""
+    from sim.interop.nemo import import_nemo
+
+    config = yaml.safe_load((DATA / "nemo_gpt3_175b.yaml").read_text())
+    model = config["model"]
+    model.update(cpu_offloading=False, cpu_offloading_num_layers="${sum:${.num_layers},-1}",
+                 pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+                 activations_checkpoint_granularity=None, activations_checkpoint_method=None)
+    path = tmp_path / "nemo.yaml"
+    path.write_text(yaml.safe_dump(config))
+    draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
+    assert draft.scenario().training.cpu_offloading_num_layers == 0
+    assert _status(draft, "model.cpu_offloading_num_layers") == "ignored"
+    model.update(cpu_offloading=True, cpu_offloading_num_layers=2)
+    path.write_text(yaml.safe_dump(config))
+    assert import_nemo([str(path)], Options(gpu="H100-SXM")).scenario().training.cpu_offloading_num_layers == 2
 
 
 def test_megatron_emit_refuses_tp_comm_overlap_without_sequence_parallelism() -> None:
@@ -1063,3 +1199,35 @@ def test_nemo_loss_fusion_sets_the_loss(tmp_path: Path, where: str | None, fusio
     assert draft.scenario().training.cross_entropy == loss
     if where is not None:
         assert _status(draft, f"{where}.cross_entropy_loss_fusion") == "mapped"
+
+
+@pytest.mark.parametrize(("base", "overrides", "fields"), [
+    # Qwen3's q/k norms (Megatron-LM --qk-layernorm; without it Megatron builds the attention without them)
+    ("validation/moe/mz-qwen3-235b-h100-256-a2a-pp32.yaml", [], ("qk_layernorm",)),
+    # DeepSeek-V3's multi-head latent attention and aux-loss-free routing bias, on a schedule Megatron-LM runs:
+    # without --multi-latent-attention and its widths the script trains a multi-head-attention model
+    ("deepseek-v3_h800-2048.yaml", ["schedule=1f1b"],
+     ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
+      "moe_router_enable_expert_bias")),
+])
+def test_megatron_emit_round_trips_the_attention_shape(base: str, overrides: list[str], fields: tuple[str, ...],
+                                                        tmp_path: Path) -> None:
+    """`sim search --emit megatron` writes the model's attention as Megatron-LM builds it (arguments.py at
+    1e05700595: --qk-layernorm; --multi-latent-attention with --q-lora-rank, --kv-lora-rank, --qk-head-dim,
+    --qk-pos-emb-head-dim, --v-head-dim and --no-rope-fusion, which Megatron-Core's TransformerConfig requires
+    beside MLA; --moe-router-enable-expert-bias with the sigmoid score it requires), and `sim import megatron`
+    reads each back (the model's fields equal)."""
+    from sim.interop.emit import emit
+    from sim.plan import resolve
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / base, overrides)
+    text = emit(scenario, "megatron").text
+    path = tmp_path / "run.sh"
+    path.write_text(text)
+    back = import_megatron([str(path)], Options(gpu=scenario.cluster.gpu.name,
+                                                gpus=scenario.cluster.num_gpus)).scenario()
+    for field in fields:
+        assert getattr(resolve(back).model, field) == getattr(resolve(scenario).model, field), field
+    if scenario.model.multi_latent_attention:  # what Megatron-Core asks beside MLA and the expert bias
+        assert "--no-rope-fusion" in text and "--moe-router-score-function sigmoid" in text

@@ -151,17 +151,18 @@ class BlockPricing:
             self._sends[key] = self.net.p2p_time(*key)
         return self._sends[key]
 
-    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def _dp_collective(self, plan: Plan, op: str, nbytes: float, group: tuple[int, ...],
+                       concurrent: tuple[tuple[int, ...], ...] | None = None) -> float:
         """A data-parallel collective's time. On the flow-level network every TP rank's DP group runs the same
         collective at once (they are in lockstep) and may share NICs, leaf uplinks and the spine: one static
         max-min share of all their channels (sim.network.flows) stretches each channel, and the slowest gives the
-        time."""
+        time. ``concurrent``: every group that runs it at once, where more than ``group``'s TP peers do."""
         if self.flows is None:  # a step's buckets repeat a few sizes, and layouts share groups: price each once
             alone = (op, nbytes, (group,))
             if alone not in self._concurrent:
                 self._concurrent[alone] = self.net.collective_time(op, nbytes, group)
             return self._concurrent[alone]
-        groups = lockstep_groups(group, plan.tp)
+        groups = concurrent or lockstep_groups(group, plan.tp)
         key = (op, nbytes, groups)
         if key not in self._concurrent:
             seconds = 0.0

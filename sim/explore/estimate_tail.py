@@ -54,7 +54,11 @@ class DataParallelTail(PipelineComposition):
             for layer, seconds in shape.buckets:  # on one stream, each as soon as its gradients are final
                 ready = when[layer]
                 free_at = (ready if ready > free_at else free_at) + seconds  # max(free_at, ready), inline
-            exposed = max(0.0, free_at - backward_end)
+            # ZeRO-3/FSDP: the group's one stream ran the units' reduce-scatters beside their gathers, and the
+            # backward already holds what the compute could not hide of both (_sharded_unit_overhead): the last
+            # buckets' reductions are exposed only past that (DeepSpeed ZeRO-3's 842 MB last bucket on llama2-7b
+            # spine pp 1 was counted twice: +3.1%)
+            exposed = max(0.0, free_at - backward_end - st.unit_comm)
             if shape.experts:  # expert gradients: their own buckets and stream, over edp
                 exposed = max(exposed, self._expert_tail(plan, stage, when, backward_end))
             m = timing.microbatches
@@ -63,9 +67,12 @@ class DataParallelTail(PipelineComposition):
                 # from the first backward on. When that is longer than the backward passes, it sets the end.
                 first_backward = backward_end - (m - 1) * (st.forward + st.backward + st.weight) - st.backward
                 exposed = max(exposed, first_backward + m * shape.per_microbatch - backward_end)
-            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce:
+            if parts.zero_stage >= 2 and not plan.scenario.parallel.overlap_grad_reduce and parts.stages_zero is None \
+                    and not parts.pipelined_fsdp:
                 # DeepSpeed overlap_comm false: every micro-batch's reductions run on the compute stream, each
-                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce)
+                # between two backward kernels, so all of them lengthen the step (the emitter's _reduce). Where
+                # units are gathered per layer the stage times hold them (_sharded_unit_overhead); FSDP + PP
+                # reduces once, after a chunk's last backward (the buckets above)
                 exposed = m * shape.per_microbatch
         if shape.copies is not None:  # DualPipe: the two model copies' gradients summed after the backward
             exposed += shape.copies
@@ -127,9 +134,8 @@ class DataParallelTail(PipelineComposition):
                 seconds = priced.get(nbytes)
                 if seconds is None:
                     seconds = priced[nbytes] = self._dp_collective(plan, op, nbytes, group)
-                if per_unit and plan.hybrid:
-                    replicas = plan.replica_group(0)
-                    seconds += self.net.collective_time("all_reduce", nbytes / len(group), replicas)
+                if per_unit and plan.hybrid:  # every TP rank's replicas at once, as the reduce-scatters
+                    seconds += self._dp_collective(plan, "all_reduce", nbytes / len(group), plan.replica_group(0))
                 buckets.append((layer, seconds))
                 per_microbatch += seconds
             experts = step.expert_reduces(plan)
@@ -144,15 +150,25 @@ class DataParallelTail(PipelineComposition):
             optimizer += self.costs.memory_time(nbytes) + stat_reduce
         gather = step.final_weight_gather_bytes(plan, stage)
         expert_gather = step.expert_weight_gather_bytes(plan, stage)
+        # priced as the buckets are (_dp_collective): on the flow-level network every TP rank's DP group gathers at
+        # once, through the same NICs, leaf uplinks and spine (llama2-7b spine, ZeRO-1 pp 1: 54 ms, not the 27 ms
+        # of one group alone; the estimate was 6.5% under the simulation)
         if gather and not expert_gather:
-            optimizer += self.net.collective_time("all_gather", gather, plan.grid.dp_group(0))
+            optimizer += self._dp_collective(plan, "all_gather", gather, plan.grid.dp_group(0))
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
-            optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
-                             self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
+            optimizer += max(self._dp_collective(plan, "all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
+                             self._dp_collective(plan, "all_gather", expert_gather, plan.expert_dp_group(0)))
         sync = step.metric_sync(plan)
         if sync is not None:  # the trainer's train-metric sync once the step is done (sim.workload.train_metrics)
             optimizer += step.metric_sync_seconds(sync, self.net)
-        copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
+        copies_s = None
+        if copies is not None:  # every (tp, dp, cp) coordinate's two stages sum their copies at once, not only the
+            # TP peers (lockstep_groups): llama2-7b spine DualPipe pp 2, dp 2, both DP replicas' pairs through the
+            # spine, 287 ms, not the 71 ms of one pair alone (-20.0% -> +1.6%; the rest: the buckets' order)
+            nbytes, pair = copies
+            everyone = None if self.flows is None else tuple(sorted({
+                step.copy_gradient_reduce(plan, rank)[1] for rank in range(plan.num_gpus)}))  # type: ignore[index]
+            copies_s = self._dp_collective(plan, "all_reduce", nbytes, pair, everyone)
         # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
         # the buckets closed at the same place in the stage's backward, with the same seconds.
         order = [layer for _, layers in chunks for layer in layers]

@@ -26,6 +26,7 @@ class StageTimes:
     layer_backward: float  # one layer's backward (its W pass if split), for when gradients become final
     layers: int
     pair_overlap: float = 0.0  # MoE dispatch/combine an F&B pair hides (all chunks; DualPipe's interleaved pairs)
+    unit_comm: float = 0.0  # of backward: ZeRO-3/FSDP unit gathers and reduce-scatters the compute did not hide
 
 
 Pass = tuple[PassKind, tuple[PassKind, int, int], tuple[PassKind, int, int] | None, bool, bool]

@@ -281,7 +281,8 @@ def _zero(draft: Draft, config: dict[str, Any], seen: set[str], options: Options
 
 
 def _trainer(draft: Draft, trainer: Args) -> None:
-    """The training script's own arguments: sequence length, recompute, attention kernel."""
+    """The training script's own arguments: sequence length, recompute, attention kernel; the Trainer's eager
+    kernels and its loss (Hugging Face's: ``training.cross_entropy: hf``)."""
     for name in ("max_seq_length", "block_size", "max_length", "model_max_length", "seq_length"):
         if trainer.has(name):
             draft.put("training.seq_len", trainer.int(name), trainer.source(name))
@@ -298,6 +299,10 @@ def _trainer(draft: Draft, trainer: Args) -> None:
               "mapped" if trainer.has("attn_implementation") else "default")
     draft.put("training.fused_kernels", False, "(HF Trainer)", "eager", "PyTorch eager element-wise kernels (no "
               "torch.compile)", "default")
+    # the loss transformers computes (loss/loss_utils.py ForCausalLMLoss: logits.float(), then log_softmax and
+    # nll_loss in fp32): training.cross_entropy hf (docs/mechanisms/loss_head.md), not the fused default
+    draft.put("training.cross_entropy", "hf", "(HF Trainer) loss", "ForCausalLMLoss", "transformers' loss: the "
+              "logits upcast to fp32 for log_softmax and nll_loss", "default")
     for name in ("bf16", "fp16", "per_device_train_batch_size", "gradient_accumulation_steps", "max_grad_norm",
                  "num_gpus", "num_nodes", "nproc_per_node", "nnodes", "fsdp", "tf32"):
         trainer.read.add(name)

@@ -115,6 +115,10 @@ def _megatron(s: Scenario) -> Emitted:
         element = bytes_per_element(t.grad_dtype) if t.grad_dtype != "auto" else 2 if t.dtype == "fp16" else 4
         flags += ["--ddp-bucket-size", str(round(p.dp_bucket_size / element))]
     if p.overlap_param_gather:
+        if not p.overlap_grad_reduce:  # arguments.py asserts it (as `sim import megatron` refuses)
+            raise ConfigError("parallel.overlap_param_gather: Megatron-LM's --overlap-param-gather needs "
+                              "--overlap-grad-reduce (its arguments refuse it otherwise); set "
+                              "parallel.overlap_grad_reduce: true or parallel.overlap_param_gather: false")
         flags.append("--overlap-param-gather")
         if not p.align_param_gather:
             flags.append("--no-align-param-gather")
@@ -141,6 +145,10 @@ def _megatron(s: Scenario) -> Emitted:
     elif t.recompute == "full":
         flags += ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
                   str(t.recompute_num_layers if t.recompute_num_layers is not None else d.layers_per_chunk)]
+    if t.cpu_offloading_num_layers:  # Megatron-Core's activation offload: Megatron-LM has no --cpu-offloading
+        # (arguments.py at d98e8a64dd excludes TransformerConfig.cpu_offloading from the command line and switches
+        # it on for --cpu-offloading-num-layers above 0)
+        flags += ["--cpu-offloading-num-layers", str(t.cpu_offloading_num_layers)]
     flags += _precision(s) + _optimizer_states(s, "Megatron-LM")
     if t.dtype in ("bf16", "fp8") and t.grad_dtype == "bf16":  # fp8 runs on --bf16 (``_precision``)
         flags.append("--grad-reduce-in-bf16")
@@ -150,6 +158,18 @@ def _megatron(s: Scenario) -> Emitted:
         flags += ["--group-query-attention", "--num-query-groups", str(m.kv_heads)]
     if m.kv_channels is not None:
         flags += ["--kv-channels", str(m.kv_channels)]
+    if m.qk_layernorm:  # Qwen3's q/k norms (arguments.py --qk-layernorm; without it Megatron builds none)
+        flags.append("--qk-layernorm")
+    if m.multi_latent_attention:  # DeepSeek's MLA (arguments.py at 1e05700595 --multi-latent-attention and the
+        # MLA group: --q-lora-rank default None, --kv-lora-rank 32, --qk-head-dim 128, --qk-pos-emb-head-dim 64,
+        # --v-head-dim 128), each written, so the script builds the attention the scenario priced, not GQA/MHA;
+        # with --no-rope-fusion, which TransformerConfig.__post_init__ requires ("multi_latent_attention does not
+        # support apply_rope_fusion"; fused RoPE is arguments.py's default)
+        flags += ["--multi-latent-attention", "--no-rope-fusion"]
+        if m.q_lora_rank is not None:
+            flags += ["--q-lora-rank", str(m.q_lora_rank)]
+        flags += ["--kv-lora-rank", str(m.kv_lora_rank), "--qk-head-dim", str(m.qk_head_dim),
+                  "--qk-pos-emb-head-dim", str(m.qk_pos_emb_head_dim), "--v-head-dim", str(m.v_head_dim)]
     if m.mlp in ("swiglu", "squared_relu"):
         flags.append("--swiglu" if m.mlp == "swiglu" else "--squared-relu")
     if m.norm == "rmsnorm":
@@ -171,6 +191,9 @@ def _megatron(s: Scenario) -> Emitted:
             flags += ["--moe-ffn-hidden-size", str(m.moe_ffn_hidden_size)]
         if m.moe_shared_expert_intermediate_size is not None:
             flags += ["--moe-shared-expert-intermediate-size", str(m.moe_shared_expert_intermediate_size)]
+        if m.moe_router_enable_expert_bias:  # DeepSeek-V3's aux-loss-free balancing bias, which Megatron-Core
+            # allows only with the sigmoid router score (transformer_config.py __post_init__ at 1e05700595)
+            flags += ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias"]
         if isinstance(m.moe_layer_freq, tuple):  # one 0/1 per layer, as Megatron's moe_freq_type reads a list
             flags += ["--moe-layer-freq", "'[" + ",".join(str(flag) for flag in m.moe_layer_freq) + "]'"]
         elif m.moe_layer_freq != 1:
@@ -218,16 +241,16 @@ def _userbuffers_cfg(s: Scenario) -> str:
     (megatron/training/initialize.py _initialize_tp_communicators), in NeMo-Framework-Launcher 24.07's ub_cfg_h100
     form: the two row GEMMs' pipelined reduce-scatters (proj_fprop, fc2_fprop), ``num_sm`` with
     ``set_sm_margin``, ``num_splits`` (the chunks the scenario prices, tp unless set); the other GEMMs keep TE's
-    defaults. Empty where neither field is set. An SM count
-    of 0 (PyTorch AsyncTP's reduce-scatter, on no SMs beside the GEMM) has no userbuffers form: refused."""
+    defaults. Empty where neither field is set. An SM count of 0 is the GEMM launched without the margin
+    (``set_sm_margin: 0``: TE comm_gemm_overlap.cpp, the GEMM keeps every SM; TE 1.x's default, the NeMo 24.07
+    rows'), as ``sim.interop.megatron.apply_userbuffers`` reads it back."""
     p = s.parallel
     if p.tp_comm_overlap_sms is None and p.tp_comm_overlap_chunks is None:
         return ""
-    if p.tp_comm_overlap_sms == 0:
-        raise _refuse("megatron", "parallel.tp_comm_overlap_sms", "0 SMs for the reduce-scatter beside the row "
-                      "GEMMs (PyTorch AsyncTP; TE's pipelined reduce-scatter needs num_sm >= 1)")
     settings = ["method: pipeline"]
-    if p.tp_comm_overlap_sms is not None:
+    if p.tp_comm_overlap_sms == 0:
+        settings.append("set_sm_margin: 0")
+    elif p.tp_comm_overlap_sms is not None:
         settings += [f"num_sm: {p.tp_comm_overlap_sms}", "set_sm_margin: 1"]
     # always written: a pipeline entry without it runs TE's 4 splits (initialize_ub: ub_cfg.get("num_splits", 4 if
     # method == "pipeline" else 0)), where the scenario priced its chunks (default tp: tp_overlap.tp_overlap_chunks)
@@ -318,9 +341,18 @@ def _torchtitan(s: Scenario) -> Emitted:
                           "userbuffers; enable_async_tensor_parallel runs PyTorch's AsyncTP: set async_tp")
         lines.append("enable_async_tensor_parallel = true")
     if p.pp > 1:
+        # TorchTitan splits num_layers + the embedding's and the output's weights (first/last_stage_less_layers,
+        # 1 and 1 by default) evenly over the stages (torchtitan/distributed/pipeline_parallel.py
+        # _generate_llm_fqn_per_model_part): Megatron's account_for_*_in_pipeline_split, written either way
+        if p.first_stage_layers is not None or p.last_stage_layers is not None:
+            raise _refuse("TorchTitan", "parallel.first_stage_layers" if p.first_stage_layers is not None else
+                          "parallel.last_stage_layers", "a first or last stage of its own size (TorchTitan's "
+                          "generated split weighs only the embedding and the output)")
         lines += [f'pipeline_parallel_schedule = "{TORCHTITAN_SCHEDULES[s.schedule]}"',
-                  f"pipeline_parallel_microbatch_size = {t.micro_batch}"]
-        if p.vpp > 1:
+                  f"pipeline_parallel_microbatch_size = {t.micro_batch}",
+                  f"pipeline_parallel_first_stage_less_layers = {int(p.account_for_embedding_in_pipeline_split)}",
+                  f"pipeline_parallel_last_stage_less_layers = {int(p.account_for_loss_in_pipeline_split)}"]
+        if p.vpp > 1:  # TorchTitan: ceil((num_layers + both weights) / this) stages, the scenario's pp x vpp
             lines.append(f"pipeline_parallel_layers_per_stage = {d.layers_per_chunk}")
     recompute, option = t.recompute, "op"
     stage_layers = s.model.num_layers // p.pp

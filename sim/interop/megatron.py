@@ -264,6 +264,20 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
     elif method is not None:
         draft.row(args.source("recompute_method"), method, "ignored", "no --recompute-granularity: Megatron-LM "
                   "does not recompute")
+    # Activation offload (Megatron-Core TransformerConfig cpu_offloading / cpu_offloading_num_layers: Megatron-LM's
+    # --cpu-offloading-num-layers, which arguments.py turns cpu_offloading on for when above 0; NeMo's keys both).
+    # The rules then refuse what Megatron-Core refuses beside it (pp > 1, recomputation), naming the field.
+    # The count is read only with offload on: NeMo's megatron_gpt_config.yaml writes cpu_offloading: False beside
+    # cpu_offloading_num_layers: ${sum:${.num_layers},-1}, an interpolation it never evaluates then.
+    dest = "cpu_offloading_num_layers"
+    if not args.flag("cpu_offloading", True):  # NeMo's key; Megatron-LM has no such flag (on by the count)
+        if args.has(dest):
+            args.get(dest)
+            draft.row(args.source(dest), args.raw(dest), "ignored", "cpu_offloading off")
+    elif offloaded := args.int(dest) or 0:
+        put("training.cpu_offloading_num_layers", dest, offloaded)
+    elif args.has("cpu_offloading") or args.has(dest):
+        draft.row(args.source(dest), args.raw(dest) if args.has(dest) else 0, "ignored", "0 layers: none offloaded")
     # Attention kernel: TE's flash/fused attention unless the unfused path is asked for.
     # NeMo 2.0 configs write Megatron-Core's enum member (AttnBackend.flash); the flag its name.
     backend = str(args.get("attention_backend", "auto")).removeprefix("AttnBackend.")

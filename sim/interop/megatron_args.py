@@ -35,6 +35,7 @@ BOOL_FLAGS = frozenset({
     "use_dist_ckpt", "async_save", "moe_router_pre_softmax", "no_persist_layer_norm", "log_params_norm",
     "log_num_zeros_in_grad", "use_cpu_initialization", "distribute_saved_activations", "use_torch_fsdp2",
     "use_precision_aware_optimizer", "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "multi_latent_attention", "moe_router_enable_expert_bias", "cpu_offloading",
 })
 # Flags taking several values (argparse nargs="*"): --recompute-modules layernorm moe_act
 LIST_FLAGS = frozenset({"recompute_modules"})

@@ -23,6 +23,11 @@ def _padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
 
 
 
+# Multi-head latent attention's widths where a script with --multi-latent-attention omits them (Megatron-LM
+# arguments.py at 1e05700595, the MLA group; --q-lora-rank defaults to None)
+MLA_DEFAULTS = {"kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+
+
 def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
     """The shape flags (with Megatron-LM's defaults where a flag is absent) over ``--model``."""
     model = ModelDraft(draft, options)
@@ -97,6 +102,15 @@ def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
         shape("bias", "add_bias_linear", True, True, "Megatron-LM's default add_bias_linear")
     if args.flag("qk_layernorm"):
         shape("qk_layernorm", "qk_layernorm", True)
+    if args.flag("multi_latent_attention"):  # DeepSeek's MLA: its widths, arguments.py's defaults where absent
+        shape("multi_latent_attention", "multi_latent_attention", True)
+        if args.has("q_lora_rank"):  # default None: a full query projection
+            shape("q_lora_rank", "q_lora_rank", args.int("q_lora_rank"))
+        for dest, default in MLA_DEFAULTS.items():
+            if args.has(dest):
+                shape(dest, dest, args.int(dest))
+            else:
+                shape(dest, dest, default, True, "Megatron-LM's default")
     if args.flag("add_qkv_bias"):
         shape("add_qkv_bias", "add_qkv_bias", True)
     seq = args.int("seq_length")
@@ -166,6 +180,8 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
     if args.has("moe_expert_capacity_factor"):
         draft.put("moe.capacity_factor", args.float("moe_expert_capacity_factor"),
                   args.source("moe_expert_capacity_factor"))
+    if args.flag("moe_router_enable_expert_bias"):  # the per-expert routing bias (DeepSeek-V3)
+        model.set("moe_router_enable_expert_bias", True, args.source("moe_router_enable_expert_bias"))
     if args.flag("moe_pad_expert_input_to_capacity"):
         draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
     # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order

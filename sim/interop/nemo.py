@@ -49,6 +49,7 @@ SAME = frozenset({
     "overlap_moe_expert_parallel_comm", "delay_wgrad_compute", "recompute_modules",
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+    "cpu_offloading", "cpu_offloading_num_layers",  # activation offload (TransformerConfig)
 })
 # Sections and keys that do not change one step (paths, logging, checkpoints, data, schedules, init, seeds).
 HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data.", "model.nsys_profile.",

@@ -35,10 +35,34 @@ HARMLESS_KEYS = ("model.tokenizer_path", "model.hf_assets_path", "model.print_af
                  "activation_checkpoint.determinism_check", "activation_checkpoint.debug",
                  "parallelism.disable_loss_parallel", "parallelism.context_parallel_rotate_method",
                  "parallelism.context_parallel_load_balancer", "parallelism.pipeline_parallel_schedule_csv",
-                 "parallelism.pipeline_parallel_split_points", "parallelism.module_fqns_per_model_part",
-                 "parallelism.pipeline_parallel_first_stage_less_layers",
-                 "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.expert_parallel_comm_backend",
+                 "parallelism.expert_parallel_comm_backend",
                  "parallelism.pipeline_parallel_expert_parallel_overlap")
+
+
+def _pipeline_split(draft: Draft, flat: dict[str, Any], read: set[str], layers: int, stages: int,
+                    weights: tuple[int, int]) -> None:
+    """TorchTitan's generated pipeline split -> Megatron's account_for_embedding/loss_in_pipeline_split: ``layers``
+    + the embedding's and the output's ``weights`` (pipeline_parallel_first/last_stage_less_layers) split evenly
+    over ``stages``, the first stage's share less the first weight, the last's less the second. Exact where both
+    weights are 0 or 1 and the sum divides; otherwise the nearest split the scenario can state, reported as
+    unmapped. Explicit split points or module names per stage are reported as unmapped (the generated split is
+    simulated)."""
+    keys = tuple(f"parallelism.pipeline_parallel_{end}_stage_less_layers" for end in ("first", "last"))
+    read.update(keys)
+    exact = all(weight in (0, 1) for weight in weights) and (layers + sum(weights)) % stages == 0
+    chosen = weights if exact else next(((first, last) for first, last in ((1, 1), (0, 0), (1, 0), (0, 1))
+                                         if (layers + first + last) % stages == 0), None)
+    note = (f"{layers} layers + {sum(weights)} over {stages} stages" if exact else
+            f"TorchTitan splits {layers} layers + {weights[0]} + {weights[1]} unevenly over {stages} stages; "
+            "simulated as the nearest even split")
+    if chosen is not None:
+        for key, field, weight, used in zip(keys, ("embedding", "loss"), weights, chosen, strict=True):
+            draft.put(f"parallel.account_for_{field}_in_pipeline_split", bool(used), key, weight, note,
+                      "unmapped" if not exact else "mapped" if key in flat else "default")
+    for key in ("parallelism.pipeline_parallel_split_points", "parallelism.module_fqns_per_model_part"):
+        if flat.get(key):
+            read.add(key)
+            draft.row(key, flat[key], "unmapped", "an explicit split: simulated with TorchTitan's generated one")
 
 
 def _flatten(node: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -156,13 +180,21 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         read.add("parallelism.pipeline_parallel_microbatch_size")
         per_stage = take("parallelism.pipeline_parallel_layers_per_stage")
         multi = SCHEDULES[schedule_name] in ("interleaved", "zb-h1", "zb-v", "dualpipev")
-        if per_stage and multi:
-            layers = int(model.fields["num_layers"])
-            draft.put("parallel.vpp", layers // (pp * int(per_stage)), "parallelism.pipeline_parallel_layers_per_stage",
-                      per_stage)
-        elif SCHEDULES[schedule_name] in ("zb-v", "dualpipev"):  # a V schedule: two stages per rank
+        # TorchTitan's split (torchtitan/distributed/pipeline_parallel.py _generate_llm_fqn_per_model_part):
+        # num_layers + the embedding's and the output's weights, 1 each by default, evenly over the stages
+        weights = (_int(flat, "parallelism.pipeline_parallel_first_stage_less_layers", 1),
+                   _int(flat, "parallelism.pipeline_parallel_last_stage_less_layers", 1))
+        layers = int(model.fields["num_layers"])
+        vpp = 1
+        if per_stage and multi:  # ceil((num_layers + both weights) / layers per stage) stages over pp ranks
+            vpp = -(-(layers + sum(weights)) // int(per_stage)) // pp
+            draft.put("parallel.vpp", vpp, "parallelism.pipeline_parallel_layers_per_stage", per_stage,
+                      f"ceil(({layers} + {sum(weights)}) / {per_stage}) stages over pp {pp}")
+        elif SCHEDULES[schedule_name] in ("zb-v", "dualpipev", "interleaved"):  # two stages per rank
+            vpp = 2
             draft.put("parallel.vpp", 2, "parallelism.pipeline_parallel_schedule", schedule_name,
-                      "a V schedule runs two stages per rank", "default")
+                      "a multi-stage schedule without layers per stage runs two stages per rank", "default")
+        _pipeline_split(draft, flat, read, layers, pp * vpp, weights)
     draft.put("training.micro_batch", micro, "parallelism.pipeline_parallel_microbatch_size" if pp > 1 else source)
     global_batch = take("training.global_batch_size", -1)
     batch = global_batch if global_batch and global_batch > 0 else local * dp

@@ -45,7 +45,7 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
     """The cast/transpose kernels Transformer Engine runs for FP8 GEMM ``op`` (none for other ops), one pass each
     (``Op.runs_in``). Per TE v1.8's Linear and LayerNormLinear with delayed scaling:
     - input, forward: fp8_cast_transpose_fused (the transpose feeds the weight gradient); under sequence
-      parallelism cast_to_fp8 only and an fp8_transpose in the backward. A norm-fused module's norm writes FP8
+      parallelism (tp > 1) cast_to_fp8 only and an fp8_transpose in the backward. A norm-fused module's norm writes FP8
       itself (priced as the norm's), so only its backward transpose remains.
     - weight: cast with its transpose, once per ``casts.weight_casts_per_microbatch``.
     - output gradient, input-gradient pass: fp8_cast_transpose_bgrad_fused; row-parallel under sequence
@@ -61,7 +61,7 @@ def fp8_cast_ops(op: Op, tp: int, sequence_parallel: bool, casts: Fp8Casts) -> t
     ops: list[Op] = []
     if op.name in NORM_FUSED_LINEAR:
         ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
-    elif sequence_parallel:
+    elif sequence_parallel and tp > 1:  # SP needs TP (Megatron-LM switches it off at tp 1)
         ops.append(Op(f"{op.name}_input_cast", 0.0, inputs * CAST_BYTES, False, runs_in="forward"))
         ops.append(Op(f"{op.name}_input_transpose", 0.0, inputs * TRANSPOSE_BYTES, False, runs_in="weight_grad"))
     else:

@@ -139,7 +139,7 @@ def _offload_layers(s: Scenario, d: Degrees) -> None:
             # CPU offloading" (1e05700595 and d98e8a64dd); Megatron-LM's fine-grained offloading has no such check
             raise ValueError(f"training.cpu_offloading_num_layers: Megatron-Core offloads activations only without "
                              f"pipeline parallelism (parallel.pp = {s.parallel.pp}; it refuses "
-                             "--cpu-offloading with --pipeline-model-parallel-size > 1)")
+                             "--cpu-offloading-num-layers with --pipeline-model-parallel-size > 1)")
         if t.recompute != "none":
             raise ValueError(f"training.cpu_offloading_num_layers: activation offload needs recompute: none (got "
                              f"{t.recompute}), as Megatron-Core refuses both together")

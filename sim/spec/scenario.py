@@ -143,9 +143,9 @@ class TrainingSpec(FrozenSpec):
         "(megatron/core/tensor_parallel/cross_entropy.py); hf: Hugging Face transformers under the Trainer's "
         "bf16 autocast, logits upcast to fp32 for log_softmax and its gradient (12 bytes per logit at the peak)"))
     cpu_offloading_num_layers: int = Field(default=0, ge=0, description=(
-        "activation offload (Megatron-LM --cpu-offloading --cpu-offloading-num-layers N, Transformer Engine's "
-        "get_cpu_offload_context): the first N layers of each model chunk copy their activations to the host over "
-        "PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
+        "activation offload (Megatron-LM --cpu-offloading-num-layers N, which turns cpu_offloading on; Transformer "
+        "Engine's get_cpu_offload_context): the first N layers of each model chunk copy their activations to the "
+        "host over PCIe after their forward, on a copy stream under the next layer's forward, and back under the next "
         "layer's backward; 0: off. docs/mechanisms/activation_offload.md"))
     sequence: SequenceSpec = Field(default_factory=SequenceSpec, description=(
         "supervised fine-tuning inputs: document lengths and packing (sim.spec.sequence; "
@@ -395,8 +395,9 @@ class KernelCostsSpec(FrozenSpec):
         "layer (sim/data/reference/moe_host_measurements.csv); 0 = off"))
     te_module_overhead: Seconds = Field(default=parse_seconds("83 us"), ge=0, description=(
         "host time one Transformer Engine linear module's forward call costs beyond the eager op counted for its "
-        "GEMM, added per TE linear module (qkv, proj, the experts' fc1 and fc2) to a MoE layer forward's host "
-        "time behind the dispatcher's sync (sim.costs.host). 83 us: 115 us measured per Megatron-Core "
+        "GEMM, added per TE linear module of Megatron-Core's TE layer spec (qkv and proj, or multi-head latent "
+        "attention's 4-5; the experts' fc1 and fc2; a shared expert's 2: sim.costs.host.te_linear_modules) to a MoE "
+        "layer forward's host time behind the dispatcher's sync. 83 us: 115 us measured per Megatron-Core "
         "TEColumnParallelLinear forward (BF16, TP 1; NVIDIA/TransformerEngine#1191, "
         "sim/data/reference/te_module_host_measurements.csv) less costs.eager_op_overhead's 32 us; 0 = off"))
     megatron_moe_host_ops: float = Field(default=63, ge=0, description=(
