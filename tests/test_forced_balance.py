@@ -232,7 +232,8 @@ def test_exactly_the_rows_whose_source_forced_balance_set_the_knob() -> None:
     rows = runs[runs["use"] == "validation"]
     assert rows["force_balance"].eq(True).sum() == 6
     for _, row in rows.iterrows():
-        assert load_scenario(MOE / row["scenario"]).moe.force_load_balancing == (row["force_balance"] is True), row["id"]
+        forced = row["force_balance"] is True
+        assert load_scenario(MOE / row["scenario"]).moe.force_load_balancing == forced, row["id"]
 
 
 @pytest.mark.slow

@@ -250,7 +250,8 @@ def _deepep_sms(s: Scenario) -> list[str]:
 
 def _moe_refusals(s: Scenario, framework: str, expert_parallel: bool) -> None:
     """The MoE knobs ``framework``'s configuration has no setting for, refused in one line rather than dropped:
-    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap, its forced load balancing and, where ``expert_parallel`` is False, ep > 1."""
+    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap, its forced load balancing and, where
+    ``expert_parallel`` is False, ep > 1."""
     if not s.model.num_moe_experts:
         return
     if s.moe.token_dispatcher == "flex":

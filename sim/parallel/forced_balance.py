@@ -34,7 +34,7 @@ rank's grouped GEMMs, and with new logits per micro-batch and layer each layer p
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 # Simpson's rule over [-_SPAN, _SPAN] with _STEPS intervals: e_m to 1e-9 for m <= 10^4 (the integrand's tails
 # beyond 12 sigma are below 1e-30).
@@ -42,7 +42,7 @@ _SPAN = 12.0
 _STEPS = 4800
 
 
-@lru_cache(maxsize=None)
+@cache
 def expected_max_normal(m: int) -> float:
     """E[max of ``m`` i.i.d. standard normals] = integral of x m phi(x) Phi(x)^(m-1) dx, by Simpson's rule (0 for
     m = 1; 1/sqrt(pi) for m = 2, 3/(2 sqrt(pi)) for m = 3; Teichroew's 1956 table for the rest)."""
