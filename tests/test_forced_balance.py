@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from sim.errors import ConfigError
-from sim.parallel.forced_balance import busiest_rank_load, expected_max_normal
+from sim.parallel.forced_balance import busiest_rank_load, busiest_receiver_tokens, expected_max_normal
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario, scenario_from_dict
 from sim.validation.validate import published, run_validation
@@ -84,6 +84,34 @@ def test_the_closed_form_against_a_seeded_monte_carlo(tokens: int, experts: int,
     assert low <= ratio <= 1.01
 
 
+def test_deepeps_busiest_receivers_against_the_router() -> None:
+    """DeepEP counts distinct tokens: ep 16 = 4 nodes of 4 ranks, 32 experts top-4, 128 tokens a rank, the router
+    simulated 400 times. Over RDMA, rank (node m, local r) receives the tokens of the 4 ranks of local index r that
+    reach node m; over NVLink, the tokens of all 16 ranks that reach it. The closed form's excess is 1.00-1.15x the
+    simulated one over RDMA (1.10x here: it treats the receivers of other local indices as correlated, which
+    overstates the maximum) and within 4% over NVLink; both below the pairs' load (a token with two experts on a rank counts once)."""
+    tokens, experts, topk, nodes, per_node, trials = 128, 32, 4, 4, 4, 400
+    ranks = nodes * per_node
+    rng = np.random.default_rng(5)
+    rdma, nvlink = [], []
+    for _ in range(trials):
+        logits = rng.standard_normal((ranks, tokens, experts))
+        rank = np.argpartition(-logits, topk - 1, axis=-1)[..., :topk] // (experts // ranks)
+        hit_rank = np.zeros((ranks, tokens, ranks), bool)
+        np.put_along_axis(hit_rank, rank, True, axis=-1)
+        hit_node = np.zeros((ranks, tokens, nodes), bool)
+        np.put_along_axis(hit_node, rank // per_node, True, axis=-1)
+        by_index = hit_node.reshape(nodes, per_node, tokens, nodes).sum(axis=(0, 2))  # [local index, node]
+        received = hit_rank.sum(axis=(0, 1))
+        rdma.append(by_index.max() / by_index.mean())
+        nvlink.append(received.max() / received.mean())
+    rdma_form = busiest_receiver_tokens(tokens * nodes, experts, topk, nodes, ranks)
+    nvlink_form = busiest_receiver_tokens(tokens * ranks, experts, topk, ranks, ranks)
+    assert 1.0 <= (rdma_form - 1) / (np.mean(rdma) - 1) <= 1.15
+    assert (nvlink_form - 1) == pytest.approx(np.mean(nvlink) - 1, rel=0.04)
+    assert nvlink_form < busiest_rank_load(tokens * ranks, experts, topk, ranks)
+
+
 def test_the_load_is_one_where_routing_cannot_be_uneven() -> None:
     """One rank, every expert chosen (k = E: each rank gets exactly k/ep per token), or no tokens: exactly 1."""
     assert busiest_rank_load(4096, 8, 2, 1) == 1.0
@@ -122,6 +150,35 @@ def test_the_plan_takes_the_busiest_ranks_load_from_the_layout() -> None:
     assert plan.dispatch_skew == pytest.approx(load(4096), rel=1e-6)  # 1.02106
     assert plan.routed_tokens == pytest.approx(1024 * TOPK * 2 * load(8192), rel=1e-6)
     assert plan.dispatch_bytes == pytest.approx(1024 * TOPK * H * 2)  # a rank sends exactly its own pairs
+
+
+def test_deepeps_skew_is_the_slower_tiers_in_distinct_tokens() -> None:
+    """Qwen3-235B ep 32 over 4 nodes (the ModelZoo row, flex): a rank routes 2,048 tokens. Over RDMA its receiver
+    counts the 4 x 2,048 tokens of its local index reaching its node, q = 1 - C(96,8)/C(128,8); over NVLink the
+    32 x 2,048 tokens reaching it, q = 1 - C(124,8)/C(128,8); e_32 = 2.06967. RDMA's time is the slower (as
+    test_deepep holds), so the exchange's skew is RDMA's unless NVLink's skewed time passes it."""
+    from math import comb
+
+    plan = resolve(load_scenario(MOE / "mz-qwen3-235b-h100-256-deepep-ep32.yaml"))
+    e32 = 2.0696688
+
+    def form(n: float, size: int) -> float:
+        total = comb(128, 8)
+        miss, miss_both = comb(128 - size, 8) / total, comb(128 - 2 * size, 8) / total
+        q = 1 - miss
+        return 1 + e32 * math.sqrt((q * (1 - q) - (1 - 2 * miss + miss_both - q * q)) / n) / q
+
+    traffic = plan.deepep_traffic
+    rdma = traffic.rdma_bytes / traffic.rdma_bandwidth[0]
+    nvlink = traffic.nvlink_bytes / traffic.nvlink_bandwidth[0]
+    skew = max(rdma * form(4 * 2048, 32), nvlink * form(32 * 2048, 4)) / max(rdma, nvlink)
+    assert plan.dispatch_skew == pytest.approx(skew, rel=1e-9)
+    assert plan.dispatch_skew == pytest.approx(form(4 * 2048, 32), rel=1e-9)  # 1.0075: RDMA's
+    assert plan.expert_load == pytest.approx(1 + e32 * math.sqrt(8 / 32 * 31 / 32 * 120 / 127 / 65536) / 0.25
+                                             / math.sqrt(31 / 32), rel=1e-6)  # 1.0157: the pairs'
+    uniform = resolve(load_scenario(MOE / "mz-qwen3-235b-h100-256-deepep-ep32.yaml",
+                                    ["moe.force_load_balancing=false"]))
+    assert plan.deepep_seconds[0] == pytest.approx(skew * uniform.deepep_seconds[0], rel=1e-9)
 
 
 def test_capacity_caps_the_forced_load_and_padding_replaces_it() -> None:

@@ -18,7 +18,7 @@ ROWS = list(published(FOLDER)["scenario"])
 
 # Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
 # (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
-_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-12.5%): moe.a2a_overlap takes the "
+_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-12.6%): moe.a2a_overlap takes the "
                   "exposed DeepEP time of its no-overlap twin (-1.4%) from 6.5 to 1.5 s and saves 4.1 s net of "
                   "DeepEP's 20 SMs (the forward's send leaving beside the backward's last block, as Megatron's "
                   "combined 1F1B issues it), the run saved 2.1 s. The ModelZoo's run_h100_235b.sh puts this layout "

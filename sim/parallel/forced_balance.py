@@ -75,3 +75,26 @@ def busiest_rank_load(tokens: float, experts: int, topk: int, ranks: int) -> flo
     pair_variance = topk * share * (1 - share) * (experts - topk) / max(experts - 1, 1)
     mean = topk * share  # pairs per token on one rank
     return 1.0 + expected_max_normal(ranks) * math.sqrt(pair_variance / tokens) / mean / math.sqrt(1 - share)
+
+
+def busiest_receiver_tokens(tokens: float, experts: int, topk: int, groups: int, receivers: int) -> float:
+    """Expected distinct tokens of the busiest of ``receivers`` receivers / the mean, when each receiver counts the
+    ``tokens`` tokens (random top-k, as ``busiest_rank_load``) that reach its group of experts, one of ``groups``
+    equal groups; what DeepEP moves (a token once per destination node over RDMA, once per destination rank over
+    NVLink; sim.network.deepep). Per token, a group is reached with q = 1 - C(E - E/G, k)/C(E, k), and two groups
+    both with 1 - 2 C(E - E/G, k)/C(E, k) + C(E - 2E/G, k)/C(E, k); in the Gaussian limit the busiest of m
+    receivers with that variance v = q(1 - q) and covariance c gets 1 + e_m sqrt((v - c)/n) / q. Receivers that
+    count other tokens (DeepEP's RDMA receivers of another local index) are independent, not correlated by c: the
+    form then slightly overstates the maximum. 1 with one group or no tokens."""
+    if groups < 1 or experts % groups or not 1 <= topk <= experts or receivers < 1:
+        raise ValueError(f"groups: {groups} groups of {experts} experts, top-{topk}, {receivers} receivers: need "
+                         "groups dividing experts, 1 <= topk <= experts and a receiver")
+    if groups == 1 or tokens <= 0 or receivers == 1:
+        return 1.0
+    size, total = experts // groups, math.comb(experts, topk)
+    miss = math.comb(experts - size, topk) / total  # the token reaches none of one group's experts
+    miss_both = math.comb(experts - 2 * size, topk) / total
+    reach = 1 - miss
+    variance = reach * (1 - reach)
+    covariance = (1 - 2 * miss + miss_both) - reach * reach
+    return 1.0 + expected_max_normal(receivers) * math.sqrt(max(variance - covariance, 0.0) / tokens) / reach

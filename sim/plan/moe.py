@@ -90,7 +90,30 @@ class MoeFacts(ParamFacts):
         moe = self.scenario.moe
         if moe.capacity_factor is not None and moe.pad_to_capacity:
             return 1.0
+        if moe.force_load_balancing and self.deepep_traffic is not None:
+            return self._capped(self.deepep_forced_skew)
         return self._capped(self.routing_imbalance[1])
+
+    @cached_property
+    def deepep_forced_skew(self) -> float:
+        """flex under ``moe.force_load_balancing``: DeepEP moves distinct tokens, not pairs, so its hottest
+        receivers are counted in tokens: over RDMA a rank receives, from the ep group's ranks of its local index
+        (one per node), the tokens reaching its node; over NVLink the tokens reaching it from the whole group
+        (sim.parallel.forced_balance.busiest_receiver_tokens). One skew for the exchange: the slower tier's time
+        with its own skew over the slower tier's time without, so DeepEP's closed form (the slower tier sets
+        the time, x the skew) gives max(RDMA x its skew, NVLink x its skew), at the dispatch's bandwidths."""
+        traffic = self.deepep_traffic
+        assert traffic is not None
+        domains, _ = self.deepep_shape
+        experts, topk = self.model.num_moe_experts or 1, self.model.moe_router_topk
+        tokens = self.dispatch_tokens
+        rdma = traffic.rdma_bytes / traffic.rdma_bandwidth[0] if traffic.rdma_bytes > 0 else 0.0
+        nvlink = traffic.nvlink_bytes / traffic.nvlink_bandwidth[0]
+        if max(rdma, nvlink) <= 0:
+            return 1.0
+        rdma_skew = forced_balance.busiest_receiver_tokens(tokens * domains, experts, topk, domains, self.ep)
+        nvlink_skew = forced_balance.busiest_receiver_tokens(tokens * self.ep, experts, topk, self.ep, self.ep)
+        return max(rdma * rdma_skew, nvlink * nvlink_skew) / max(rdma, nvlink)
 
     @cached_property
     def expert_gather_bytes(self) -> float:

@@ -141,7 +141,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
                "pair counts in the Gaussian limit (sim.parallel.forced_balance)",
         doc="mechanisms/forced_load_balancing.md",
         note="no dense validation row uses it; the six MoE rows whose commands passed the flag: Mixtral 8x22B "
-             "forced balance +1.5% -> +3.0%, Qwen3-235B ep 32 -1.6% -> -0.7%, ep 32 overlap -13.1% -> -12.5%, "
+             "forced balance +1.5% -> +3.0%, Qwen3-235B ep 32 -1.6% -> -1.0%, ep 32 overlap -13.1% -> -12.6%, "
              "a2a pp 32 -15.2% -> -15.1%, tp 4 -21.8% (host-bound, unchanged), 16k +0.5% -> +0.8%",
     ),
     Mechanism(
