@@ -89,7 +89,8 @@ def test_deepeps_busiest_receivers_against_the_router() -> None:
     simulated 400 times. Over RDMA, rank (node m, local r) receives the tokens of the 4 ranks of local index r that
     reach node m; over NVLink, the tokens of all 16 ranks that reach it. The closed form's excess is 1.00-1.15x the
     simulated one over RDMA (1.10x here: it treats the receivers of other local indices as correlated, which
-    overstates the maximum) and within 4% over NVLink; both below the pairs' load (a token with two experts on a rank counts once)."""
+    overstates the maximum) and within 4% over NVLink; both below the pairs' load (a token with two experts on a
+    rank counts once)."""
     tokens, experts, topk, nodes, per_node, trials = 128, 32, 4, 4, 4, 400
     ranks = nodes * per_node
     rng = np.random.default_rng(5)
