@@ -2,8 +2,9 @@
 
 In: the tokens whose token-expert pairs may land on one EP rank's experts (per micro-batch and MoE layer), the
 routed experts E, the router's top-k and the EP ranks the experts are split over. Out: the expected busiest rank's
-token-expert pairs / the mean (``busiest_rank_load``), >= 1, and the expected maximum of m independent standard
-normals it is built on (``expected_max_normal``).
+token-expert pairs / the mean (``busiest_rank_load``), >= 1; the same for the distinct tokens DeepEP's receivers
+count (``busiest_receiver_tokens``); and the expected maximum of m independent standard normals both are built on
+(``expected_max_normal``).
 
 What the router does (Megatron-Core 1e05700595, the commit the ModelZoo's Qwen3-235B rows ran;
 ``megatron/core/transformer/moe/router.py`` ``TopKRouter.forward``, ``moe_utils.py`` ``RandomSTE``): with
@@ -45,7 +46,7 @@ _STEPS = 4800
 @cache
 def expected_max_normal(m: int) -> float:
     """E[max of ``m`` i.i.d. standard normals] = integral of x m phi(x) Phi(x)^(m-1) dx, by Simpson's rule (0 for
-    m = 1; 1/sqrt(pi) for m = 2, 3/(2 sqrt(pi)) for m = 3; Teichroew's 1956 table for the rest)."""
+    m = 1; 1/sqrt(pi) for m = 2, 3/(2 sqrt(pi)) for m = 3; the tests hold others to Harter's 1961 table)."""
     if m < 1:
         raise ValueError(f"m: {m} normals; need at least 1")
     if m == 1:
