@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep.add_argument("run_dir")
     sweep.add_argument("--x", required=True)
     sweep.add_argument("--hue")
-    sweep.add_argument("--metric", action="append", help="repeatable; default step time, bubble, MFU")
+    sweep.add_argument("--metric", action="append", help="repeatable; default step time, bubble, (host-bound,) MFU")
     sweep.add_argument("-o", "--output", required=True)
     fsdp = commands.add_parser("fsdp-report", help="predicted vs published MFU of FSDP runs")
     fsdp.add_argument("-o", "--output", help="also write the markdown table here")
@@ -156,8 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             compare_schedules(args.scenario, args.output)
         else:
             table = pd.read_parquet(Path(args.run_dir) / "results.parquet")
-            metrics = args.metric or ["step_time_s", "bubble_fraction", "mfu"]
-            plot_sweep(table, args.output, x=args.x, hue=args.hue, metrics=metrics)
+            plot_sweep(table, args.output, x=args.x, hue=args.hue, metrics=args.metric)  # None: default_metrics
     except SimError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code

@@ -2,8 +2,9 @@
 
 In: a scenario path and a list of variants (a label and ``--set`` overrides each; by default GPipe, 1F1B,
 interleaved 1F1B with 2 chunks, ZB-H1, ZB-H2 and ZB-V). Out: one image, one panel per variant with the compute
-lane of every stage, sharing the time axis, each titled with its step time, bubble fraction and peak
-activations in flight, like the figures of Narayanan et al. (2021) and Qi et al. (2024).
+lane of every stage, sharing the time axis, each titled with its step time, bubble fraction (and host-bound
+share, where non-zero: ``analysis.gantt.bubble_text``) and peak activations in flight, like the figures of
+Narayanan et al. (2021) and Qi et al. (2024).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from analysis.gantt import COLORS, compute_blocks
+from analysis.gantt import COLORS, bubble_text, compute_blocks
 from sim import runner
 from sim.spec.scenario import load_scenario
 
@@ -49,7 +50,7 @@ def compare_schedules(scenario_path: Path | str, path: Path | str,
                         fontsize=6, color="white")
         s = result.summary
         in_flight = max(m["activations"] for m in s.memory_breakdown_bytes.values())
-        ax.set_title(f"{label}: step {s.step_time_s * 1e3:.1f} ms, bubble {s.bubble_fraction:.1%} "
+        ax.set_title(f"{label}: step {s.step_time_s * 1e3:.1f} ms, {bubble_text(s)} "
                      f"(per stage {s.bubble_rate_stagewise:.1%}), peak activations {in_flight / 2**20:.0f} MiB",
                      fontsize=9, loc="left")
         ax.set_yticks(range(stages))

@@ -169,14 +169,32 @@ def fit_margins(fig: Figure, lane_labels: list[str]) -> None:
                         top=1 - top / inches_h)
 
 
-def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: Summary) -> Path:
-    """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title, and lanes
-    for the busiest links when the run wrote ``link_timeline.csv``."""
+def bubble_text(summary: Summary) -> str:
+    """A chart title's idle share of the compute stream: ``bubble 12.6%``, followed by ``, host-bound 28.5%`` where
+    the run waited for the host to issue MoE layer passes (summary.json version 2 splits that wait out of the
+    bubble, docs/summary.md; shown only where it is non-zero, as ``sim run``'s table does)."""
+    text = f"bubble {summary.bubble_fraction:.1%}"
+    if summary.host_bound_fraction > 0:
+        text += f", host-bound {summary.host_bound_fraction:.1%}"
+    return text
+
+
+def run_title(summary: Summary, trace: pd.DataFrame) -> str:
+    """``gantt.png``'s title: the scenario, step time, MFU, bubble (and host-bound share), schedule, micro-batches,
+    and the ranks drawn when not all are."""
     title = (f"{summary.scenario} — step {summary.step_time_s:.3f} s, MFU {summary.mfu:.1%}, "
-             f"bubble {summary.bubble_fraction:.1%} ({summary.schedule}, m={summary.microbatches})")
+             f"{bubble_text(summary)} ({summary.schedule}, m={summary.microbatches})")
     ranks = default_ranks(trace)
     if ranks is not None:
         title += f"; ranks {', '.join(map(str, ranks))} of {trace['rank'].nunique()}"
+    return title
+
+
+def write_run_chart(run_dir: Path, trace: pd.DataFrame, summary: Summary) -> Path:
+    """``sim run`` output plugin: ``RUN_DIR/gantt.png`` with the step's headline numbers in the title
+    (``run_title``), and lanes for the busiest links when the run wrote ``link_timeline.csv``."""
+    title = run_title(summary, trace)
+    ranks = default_ranks(trace)
     segments = None
     timeline = Path(run_dir) / "link_timeline.csv"
     if timeline.is_file() and summary.busiest_links:

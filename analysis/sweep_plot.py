@@ -7,7 +7,9 @@ are left out and counted in the legend, ``oom`` points are drawn hollow.
 
 ``write_sweep_plot`` is the ``clustersim.sweep_outputs`` entry point: after ``sim sweep`` it writes
 ``DIR/sweep.png`` with step time, bubble fraction and MFU against the first numeric swept key, one line per
-value of the next swept key.
+value of the next swept key; where a point waited for the host to issue MoE layer passes (summary.json's
+``host_bound_fraction``, split out of the bubble in version 2, docs/summary.md) the host-bound fraction gets
+its own panel beside the bubble's (``default_metrics``).
 """
 
 from __future__ import annotations
@@ -20,12 +22,33 @@ from matplotlib.figure import Figure
 
 LABELS = {"step_time_s": "step time (s)", "bubble_fraction": "bubble fraction", "mfu": "MFU",
           "tokens_per_s": "tokens/s", "peak_memory_bytes": "peak memory (bytes)",
-          "bubble_rate_stagewise": "bubble rate (per stage)"}
+          "bubble_rate_stagewise": "bubble rate (per stage)", "host_bound_fraction": "host-bound fraction"}
+METRICS = ("step_time_s", "bubble_fraction", "mfu")
+
+
+def default_metrics(table: pd.DataFrame) -> tuple[str, ...]:
+    """The panels drawn when none are asked for: step time, bubble fraction and MFU, with the host-bound fraction
+    after the bubble where any drawn point has one (a table from before summary.json version 2 has no such column,
+    and a dense model's is 0 everywhere)."""
+    usable = table[table["status"].isin(["ok", "oom"])]
+    if "host_bound_fraction" in usable and bool((usable["host_bound_fraction"] > 0).any()):
+        return ("step_time_s", "bubble_fraction", "host_bound_fraction", "mfu")
+    return METRICS
 
 
 def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = None,
-               metrics: Sequence[str] = ("step_time_s", "bubble_fraction", "mfu"), title: str | None = None) -> Path:
+               metrics: Sequence[str] | None = None, title: str | None = None) -> Path:
+    """Write ``sweep_figure`` to ``path`` (PNG/SVG/PDF by extension)."""
     path = Path(path)
+    sweep_figure(table, x, hue, metrics, title).savefig(path, dpi=130)
+    return path
+
+
+def sweep_figure(table: pd.DataFrame, x: str, hue: str | None = None, metrics: Sequence[str] | None = None,
+                 title: str | None = None) -> Figure:
+    """One panel per metric (``default_metrics(table)`` when None), ``metric`` against ``x``, one line per value of
+    ``hue``; points neither ``ok`` nor ``oom`` are left out and counted in the legend, ``oom`` ones drawn hollow."""
+    metrics = default_metrics(table) if metrics is None else metrics
     usable = table[table["status"].isin(["ok", "oom"])]
     groups = list(usable.groupby(hue, sort=False)) if hue else [("all", usable)]
     fig = Figure(figsize=(6 * len(metrics), 4.2))  # no pyplot: the user's backend is left alone
@@ -47,8 +70,7 @@ def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = 
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    return path
+    return fig
 
 
 def write_sweep_plot(out: Path, table: pd.DataFrame, axes: list[str]) -> Path | None:

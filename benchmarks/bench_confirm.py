@@ -36,7 +36,8 @@ from sim.workload.size import Limits, check_limits
 
 SCENARIO = ROOT / "scenarios" / "gpt3-175b_a100-1024.yaml"
 SUMMARY_FIELDS = ("step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "bubble_fraction",
-                  "bubble_rate_stagewise", "fits_in_memory", "microbatches", "num_gpus", "tasks")
+                  "bubble_rate_stagewise", "host_bound_fraction", "fits_in_memory", "microbatches", "num_gpus",
+                  "tasks")
 
 
 def main() -> None:

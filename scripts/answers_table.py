@@ -4,9 +4,10 @@ Usage:
     python scripts/answers_table.py -o docs/refactor/answers_before.csv        # record
     python scripts/answers_table.py -o /tmp/after.csv --compare docs/refactor/answers_before.csv
 
-One row per case: step time, peak memory (max over simulated ranks), bubble fraction, exposed communication
-per kind, the data-parallel bytes of the trace, per-rank peaks, and the closed-form estimate (step time and
-memory bound). ``--compare`` prints every case whose answers moved, as a Markdown table, and exits 1 if any
+One row per case: step time, peak memory (max over simulated ranks), bubble fraction, host-bound fraction
+(summary.json version 2: the compute stream's wait for the host behind a MoE dispatcher's host sync), exposed
+communication per kind, the data-parallel bytes of the trace, per-rank peaks, and the closed-form estimate (step
+time and memory bound). ``--compare`` prints every case whose answers moved, as a Markdown table, and exits 1 if any
 did. Used to show that a refactor leaves the answers unchanged (issue 21, must-show 1).
 """
 
@@ -71,8 +72,9 @@ TINY_VARIANTS: dict[str, list[str]] = {
     "tiny-straggler": ["ranks=all", "parallel.tp=1", "parallel.dp=2", "variation={slowdown: {1: 1.2}, jitter: 0.03}"],
 }
 
-COLUMNS = ["step_time_s", "peak_memory_bytes", "bubble_fraction", "exposed_tp_s", "exposed_pp_s", "exposed_dp_s",
-           "dp_bytes", "tasks", "per_rank_peaks", "estimate_step_s", "estimate_peak_bytes"]
+COLUMNS = ["step_time_s", "peak_memory_bytes", "bubble_fraction", "host_bound_fraction", "exposed_tp_s",
+           "exposed_pp_s", "exposed_dp_s", "dp_bytes", "tasks", "per_rank_peaks", "estimate_step_s",
+           "estimate_peak_bytes"]
 
 
 def cases() -> list[tuple[str, Path, list[str]]]:
@@ -116,6 +118,7 @@ def answers(path: Path, sets: list[str]) -> dict[str, Any]:
         "step_time_s": f"{summary.step_time_s:.9g}",
         "peak_memory_bytes": f"{peaks and max(peaks.values()):.9g}",
         "bubble_fraction": f"{summary.bubble_fraction:.9g}",
+        "host_bound_fraction": f"{summary.host_bound_fraction:.9g}",
         "exposed_tp_s": f"{exposed['tp']:.9g}", "exposed_pp_s": f"{exposed['pp']:.9g}",
         "exposed_dp_s": f"{exposed['dp']:.9g}",
         "dp_bytes": int(trace.loc[trace["kind"] == "dp", "bytes"].sum()),
@@ -148,10 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     before = pd.read_csv(args.compare, dtype=str, keep_default_na=False).set_index("case")
     after = pd.read_csv(args.out, dtype=str, keep_default_na=False).set_index("case")
     moved = []
+    # a table recorded before a column existed (host_bound_fraction: summary.json version 2) is compared on the rest
+    missing = [column for column in COLUMNS if column not in before.columns]
+    if missing:
+        print(f"{args.compare} lacks {', '.join(missing)}: not compared", file=sys.stderr)
     for case in after.index:
         if case not in before.index:
             continue
-        for column in COLUMNS + ["error"]:
+        for column in [c for c in COLUMNS if c not in missing] + ["error"]:
             old, new = before.at[case, column], after.at[case, column]
             if old != new:
                 moved.append(f"| {case} | {column} | {old} | {new} |")

@@ -50,8 +50,9 @@ def _ms(seconds: float) -> str:
 
 
 def _step(summary: Any) -> str:
-    return (f"{summary.step_time_s:.3f} s per step, {summary.mfu:.1%} MFU, bubble {summary.bubble_fraction:.1%}, "
-            f"{summary.peak_memory_bytes.max / GiB:.1f} GiB per GPU")
+    host = f", host-bound {summary.host_bound_fraction:.1%}" if summary.host_bound_fraction > 0 else ""  # MoE
+    return (f"{summary.step_time_s:.3f} s per step, {summary.mfu:.1%} MFU, bubble {summary.bubble_fraction:.1%}"
+            f"{host}, {summary.peak_memory_bytes.max / GiB:.1f} GiB per GPU")
 
 
 FIGURES = (

@@ -17,7 +17,7 @@ from sim.network import deepep
 from sim.network import models as network_models
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
-from sim.workload import step
+from sim.workload.moe_layer import combine_exchanges, dispatch_exchanges
 
 from conftest import SCENARIOS, small_moe_model
 
@@ -93,7 +93,7 @@ def test_the_exchanges_and_the_trace_carry_those_seconds() -> None:
     """One fused exchange each way (no etp collectives); the trace's ep tasks last exactly the closed form, and the
     estimate prices the same exchanges."""
     plan = _plan("training.global_batch=256")
-    dispatch, combine = step.dispatch_exchanges(plan), step.combine_exchanges(plan)
+    dispatch, combine = dispatch_exchanges(plan), combine_exchanges(plan)
     assert [ex.seconds for ex in dispatch + combine] == list(plan.deepep_seconds)
     trace = runner.run(plan.scenario).trace
     ep = trace[trace["stream"] == "ep"]

@@ -11,7 +11,8 @@ from sim import runner
 from sim.errors import ConfigError
 from sim.explore.estimate import estimate
 from sim.plan import resolve
-from sim.workload import step
+from sim.workload.grad_buckets import fill_buckets, gradient_bytes, group_buckets
+from sim.workload.param_gather import final_weight_gather_bytes, param_gather_buckets
 
 from conftest import make_scenario
 
@@ -41,10 +42,10 @@ def test_buckets_fill_in_backward_order_and_gather_in_forward_order():
     buckets from the end of the model, and gathers them from its start)."""
     plan = resolve(distopt({"dp_bucket_size": 3}))
     ready = [(layer, 1.0) for layer in range(9, -1, -1)]  # 10 items of 1 byte, the last layer's first
-    grouped = step.group_buckets(plan, ready)
+    grouped = group_buckets(plan, ready)
     assert len(grouped) == math.ceil(10 / 3)
     assert [len(layers) for layers, _ in grouped] == [3, 3, 3, 1]
-    assert step.fill_buckets(plan, ready) == [(7, 3.0), (4, 3.0), (1, 3.0), (0, 1.0)]
+    assert fill_buckets(plan, ready) == [(7, 3.0), (4, 3.0), (1, 3.0), (0, 1.0)]
 
 
 @pytest.mark.parametrize("bucket", [1, 2**40])
@@ -53,9 +54,9 @@ def test_gather_buckets_hold_the_stage_weights(bucket):
     either way the buckets sum to the single all-gather they replace."""
     on = resolve(distopt({"dp_bucket_size": bucket, "overlap_param_gather": True}))
     off = resolve(distopt({"dp_bucket_size": bucket}))
-    buckets = step.param_gather_buckets(on, 0)
-    assert sum(b.nbytes for b in buckets) == pytest.approx(step.final_weight_gather_bytes(off, 0), rel=1e-12)
-    assert step.final_weight_gather_bytes(on, 0) == 0.0
+    buckets = param_gather_buckets(on, 0)
+    assert sum(b.nbytes for b in buckets) == pytest.approx(final_weight_gather_bytes(off, 0), rel=1e-12)
+    assert final_weight_gather_bytes(on, 0) == 0.0
     if bucket == 1:
         assert [b.layers for b in buckets] == [(-1,)] + [(layer,) for layer in range(8)]
     else:
@@ -108,7 +109,7 @@ def test_no_overlap_grad_reduce_reduces_one_bucket_after_the_backward():
     last_backward = max(t.end_s for t in one.trace.itertuples() if t.kind == "backward")
     assert reduce.start_s == pytest.approx(last_backward, rel=1e-12)
     (task,) = [t for t in one.graph.tasks if t.name.startswith("grad_bucket")]
-    assert task.nbytes == pytest.approx(sum(step.gradient_bytes(one.plan, 0).values()), rel=1e-12)
+    assert task.nbytes == pytest.approx(sum(gradient_bytes(one.plan, 0).values()), rel=1e-12)
     assert len([t for t in buckets.graph.tasks if t.name.startswith("grad_bucket")]) == 9
     assert one.summary.step_time_s > buckets.summary.step_time_s
 

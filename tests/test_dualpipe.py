@@ -205,9 +205,9 @@ def test_same_seed_same_trace():
 
 def test_the_two_copies_sum_their_gradients():
     """Rank i and rank p-1-i (same TP and DP index) all-reduce their whole gradient buffers before the optimizer,
-    after the data-parallel reduction (step.copy_gradient_reduce); no such collective in other schedules."""
+    after the data-parallel reduction (optimizer_step.copy_gradient_reduce); no such collective in other schedules."""
     from sim.spec.scenario import load_scenario
-    from sim.workload import step
+    from sim.workload.optimizer_step import copy_gradient_reduce
 
     sc = load_scenario(ROOT / "scenarios" / "tiny.yaml", ["schedule=dualpipe", "ranks=all", "parallel.tp=1",
                                                          "parallel.dp=2"])
@@ -232,7 +232,7 @@ def test_the_two_copies_sum_their_gradients():
                 todo.extend(graph.tasks[d].deps)
         assert task.id in before
     one = resolve(load_scenario(ROOT / "scenarios" / "tiny.yaml"))
-    assert step.copy_gradient_reduce(one, 0) is None
+    assert copy_gradient_reduce(one, 0) is None
     assert not any(t.name == "copy_grad_all_reduce" for t in build(one).tasks)
 
 

@@ -132,12 +132,13 @@ def test_qlora_dequantises_before_forward_and_input_gradient() -> None:
 
 
 def test_dp_reduces_only_trainable_gradients() -> None:
-    from sim.workload import step
+    from sim.workload.fsdp_units import reduce_buckets
+    from sim.workload.optimizer_step import optimizer_params
     plan = resolve(scenario_from_dict({**scenario("llama3-8b", gpus=8, method="lora", lora={"r": 16}),
                                        "fsdp": {"sharding": "FULL_SHARD"}}))
     adapters = trainable_params(LLAMA3_8B, Peft("lora", rank=16))
-    assert sum(params for _, params in step.reduce_buckets(plan)) == pytest.approx(adapters)
-    assert step.optimizer_params(plan, 0) == pytest.approx(adapters / 8)
+    assert sum(params for _, params in reduce_buckets(plan)) == pytest.approx(adapters)
+    assert optimizer_params(plan, 0) == pytest.approx(adapters / 8)
 
 
 # ------------------------------------------------------------------------------------------------ errors

@@ -15,7 +15,9 @@ from sim.model.presets import MODEL_PRESETS
 from sim.parallel.grid import chunk_sizes
 from sim.plan import resolve
 from sim.spec.scenario import load_scenario
-from sim.workload import step
+from sim.workload.blocks import blocks
+from sim.workload.cost_model import make_costs
+from sim.workload.moe_layer import moe_recompute
 
 from conftest import SCENARIOS
 
@@ -147,11 +149,11 @@ def test_each_module_adds_its_forward_to_the_backward(small) -> None:
     none = small(None)
     norm_act = small("[layernorm,moe_act]")
     plan = resolve(norm_act.scenario)
-    costs = step.make_costs(plan)
-    attention = costs.compute_time(step.blocks(plan).recompute["attention"], "forward")
-    moe = step.moe_recompute(plan)
+    costs = make_costs(plan)
+    attention = costs.compute_time(blocks(plan).recompute["attention"], "forward")
+    moe = moe_recompute(plan)
     router, act = (costs.compute_time(moe[name], "forward") for name in ("moe_router", "moe_experts"))
-    assert [op.name for op in step.blocks(plan).recompute["attention"].ops] == ["input_norm"]
+    assert [op.name for op in blocks(plan).recompute["attention"].ops] == ["input_norm"]
     assert [op.name for op in moe["moe_router"].ops] == ["post_attention_norm"]
     assert [op.name for op in moe["moe_experts"].ops] == ["experts_activation"]
     trace = norm_act.trace

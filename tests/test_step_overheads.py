@@ -12,7 +12,8 @@ from sim.model.layer_shape import LayerShape
 from sim.model.ops import EAGER_RMSNORM_KERNELS, Op
 from sim.network import models as network_models
 from sim.plan import resolve
-from sim.workload import step
+from sim.workload.cost_model import make_costs
+from sim.workload.optimizer_step import grad_checks, grad_stats_group, optimizer_params
 
 from conftest import BASE, make_scenario
 
@@ -51,9 +52,9 @@ def test_an_eager_rmsnorm_is_eight_launches():
 
 
 def test_cuda_graphs_remove_the_host_launches_and_the_defaults_are_the_documented_ones():
-    costs = step.make_costs(resolve(make_scenario(costs="roofline")))
+    costs = make_costs(resolve(make_scenario(costs="roofline")))
     assert (costs.kernel_floor, costs.launch_overhead) == pytest.approx((1.2e-6, 5e-6), rel=1e-15)  # type: ignore[attr-defined]
-    graphed = step.make_costs(resolve(make_scenario(costs="roofline", training={"cuda_graphs": True})))
+    graphed = make_costs(resolve(make_scenario(costs="roofline", training={"cuda_graphs": True})))
     assert (graphed.kernel_floor, graphed.launch_overhead) == pytest.approx((1.2e-6, 0.0), rel=1e-15)  # type: ignore[attr-defined]
 
 
@@ -102,30 +103,30 @@ def tail(training=None, parallel=None, **sections):
 def test_clip_grad_adds_one_read_of_the_gradients_and_a_four_byte_all_reduce():
     on, off = runner.run(tail()), runner.run(tail({"clip_grad": 0}))
     plan = on.plan
-    grads = step.optimizer_params(plan, 0) * plan.grad_bytes_per_param
-    assert step.grad_checks(plan, 0) == [("grad_norm", grads)]
-    group = step.grad_stats_group(plan, 0)
+    grads = optimizer_params(plan, 0) * plan.grad_bytes_per_param
+    assert grad_checks(plan, 0) == [("grad_norm", grads)]
+    group = grad_stats_group(plan, 0)
     assert group == (0, 1)  # the model-parallel group: the TP pair
     net = network_models.make("analytic", runner.build_topology(plan))
-    expected = step.make_costs(plan).memory_time(grads) + net.collective_time("all_reduce", 4.0, group)
+    expected = make_costs(plan).memory_time(grads) + net.collective_time("all_reduce", 4.0, group)
     assert on.summary.step_time_s - off.summary.step_time_s == pytest.approx(expected, rel=1e-9)
     factor = plan.profile.end_to_end_factor  # type: ignore[union-attr]  # A100's end-to-end calibration
     assert grads / (A100.hbm_bandwidth * A100.memory_efficiency) * factor == pytest.approx(
-        step.make_costs(plan).memory_time(grads), rel=1e-12)
+        make_costs(plan).memory_time(grads), rel=1e-12)
 
 
 def test_fp16_adds_the_unscale_and_inf_check_before_the_norm():
     plan = resolve(tail({"dtype": "fp16"}))
-    grads = step.optimizer_params(plan, 0) * plan.grad_bytes_per_param
-    assert step.grad_checks(plan, 0) == [("grad_unscale_check", 2 * grads), ("grad_norm", grads)]
-    assert step.grad_checks(resolve(tail({"dtype": "fp16", "clip_grad": 0})), 0) == [
+    grads = optimizer_params(plan, 0) * plan.grad_bytes_per_param
+    assert grad_checks(plan, 0) == [("grad_unscale_check", 2 * grads), ("grad_norm", grads)]
+    assert grad_checks(resolve(tail({"dtype": "fp16", "clip_grad": 0})), 0) == [
         ("grad_unscale_check", 2 * grads)]
-    assert step.grad_checks(resolve(tail({"dtype": "bf16", "clip_grad": 0})), 0) == []
+    assert grad_checks(resolve(tail({"dtype": "bf16", "clip_grad": 0})), 0) == []
 
 
 def test_a_sharded_optimizer_reduces_the_norm_over_every_rank():
     plan = resolve(make_scenario(parallel={"tp": 2, "pp": 2, "dp": 2, "zero": 1}, costs="roofline"))
-    assert step.grad_stats_group(plan, 0) == tuple(range(8))
+    assert grad_stats_group(plan, 0) == tuple(range(8))
     plan = resolve(make_scenario(parallel={"tp": 2, "pp": 2, "dp": 2}, costs="roofline"))
     dp1 = plan.grid.rank(0, 1, 0)
-    assert step.grad_stats_group(plan, dp1) == tuple(sorted(plan.grid.rank(t, 1, p) for t in (0, 1) for p in (0, 1)))
+    assert grad_stats_group(plan, dp1) == tuple(sorted(plan.grid.rank(t, 1, p) for t in (0, 1) for p in (0, 1)))

@@ -10,8 +10,10 @@ from sim import runner
 from sim.network import models as network
 from sim.plan import resolve
 from sim.runner import build_topology
-from sim.workload import step
+from sim.workload import tp_overlap
+from sim.workload.blocks import BLOCKS, blocks
 from sim.workload.build import build
+from sim.workload.cost_model import make_costs
 
 from conftest import make_scenario
 
@@ -32,13 +34,13 @@ def _scenario(overlap: bool, chunks: int | None = None, tp: int = 4, chunk_gemms
 
 @pytest.mark.parametrize("tp, chunks, expected", [(4, None, 4), (8, None, 8), (4, 2, 2)])
 def test_chunks_default_to_tp_and_need_sequence_parallelism(tp, chunks, expected):
-    assert step.tp_overlap_chunks(resolve(_scenario(True, chunks, tp))) == expected
-    assert step.tp_overlap_chunks(resolve(_scenario(False, chunks, tp))) == 0
-    assert step.tp_overlap_chunks(resolve(_scenario(True, 1, tp))) == 0  # one chunk: not split (the ablation)
+    assert tp_overlap.tp_overlap_chunks(resolve(_scenario(True, chunks, tp))) == expected
+    assert tp_overlap.tp_overlap_chunks(resolve(_scenario(False, chunks, tp))) == 0
+    assert tp_overlap.tp_overlap_chunks(resolve(_scenario(True, 1, tp))) == 0  # one chunk: not split (the ablation)
     no_sp = make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": tp}, model=MODEL,
                           training={"global_batch": 1, "micro_batch": 1, "seq_len": 4096},
                           parallel={"tp": tp, "pp": 1, "dp": 1, "sequence_parallel": False, "tp_comm_overlap": True})
-    assert step.tp_overlap_chunks(resolve(no_sp)) == 0  # Megatron-Core asserts SP for --tp-comm-overlap
+    assert tp_overlap.tp_overlap_chunks(resolve(no_sp)) == 0  # Megatron-Core asserts SP for --tp-comm-overlap
 
 
 def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_first_only():
@@ -55,8 +57,8 @@ def test_a_forward_block_gathers_in_chunks_and_its_first_gemm_waits_for_the_firs
     assert rs_body.nbytes == pytest.approx(plan.tp_bytes * 3 / 4)
     assert head.id in pre.deps and body.id not in pre.deps
     assert pre.id in rs_body.deps and row.id in rs_tail.deps and rs_body.id not in row.deps
-    costs = step.make_costs(plan)
-    work = step.blocks(plan)
+    costs = make_costs(plan)
+    work = blocks(plan)
     # the GEMMs beside the chunks run one per chunk (parallel.tp_comm_overlap_chunk_gemms, on in _scenario)
     # and the row GEMM on the 132 - 16 SMs TE's pipelined reduce-scatter leaves (parallel.tp_comm_overlap_sms)
     row_whole = costs.compute_time(work.chunked_row["attention"], "forward")
@@ -70,7 +72,7 @@ def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
     the curve falls with size (this block's 4096 x 1024 x 4096 output projection: 4 x 8.6 GFLOP), and the
     block's other GEMMs but QKV (column-parallel) are left whole; off, the block is priced unchanged."""
     plan = resolve(_scenario(True))
-    costs, work = step.make_costs(plan), step.blocks(plan)
+    costs, work = make_costs(plan), blocks(plan)
     (whole,) = work.row["attention"].ops
     assert [op.name for op in work.chunked_row["attention"].ops] == [whole.name] * 4
     quarter = costs.kernel_time(whole, "forward") / 4  # the whole GEMM's time shared evenly: no chunking cost
@@ -82,7 +84,7 @@ def test_the_gemms_beside_the_chunks_run_one_per_chunk_at_the_chunks_size():
     names = [op.name for op in work.chunked["attention"].ops]
     assert names.count("qkv_proj") == 4 and names.count("out_proj") == 4
     assert work.chunked["attention"].flops("forward") == pytest.approx(work.block["attention"].flops("forward"))
-    assert step.blocks(resolve(_scenario(True, chunk_gemms=False))).chunked == {}
+    assert blocks(resolve(_scenario(True, chunk_gemms=False))).chunked == {}
 
 
 def test_chunk_gemms_lengthen_the_step_by_their_unhidden_extra_time():
@@ -90,11 +92,11 @@ def test_chunk_gemms_lengthen_the_step_by_their_unhidden_extra_time():
     GEMM's on 132 - 16 SMs) less what of it the chunks' communication already exposed: the step grows, by at
     most the layers' whole extra forward time (the exact block saving is the closed-form test's)."""
     plan, plain = resolve(_scenario(True)), resolve(_scenario(True, chunk_gemms=False))
-    costs, work = step.make_costs(plan), step.blocks(plan)
+    costs, work = make_costs(plan), blocks(plan)
     extra = sum(costs.compute_time(work.chunked[b], "forward") - costs.compute_time(work.block[b], "forward")
-                for b in step.BLOCKS)
+                for b in BLOCKS)
     t = {flag: runner.run(_scenario(True, chunk_gemms=flag)).summary.step_time_s for flag in (True, False)}
-    assert extra > 0 and step.blocks(plain).chunked == {}
+    assert extra > 0 and blocks(plain).chunked == {}
     assert 0.5 * MODEL["num_layers"] * extra < t[True] - t[False] <= MODEL["num_layers"] * extra * 132 / 116
 
 
@@ -128,9 +130,9 @@ def test_the_step_saves_what_the_closed_form_of_each_block_saves(chunk_gemms):
     sync, overlapped = _scenario(False), _scenario(True, chunk_gemms=chunk_gemms)
     plan = resolve(overlapped)
     net = network.make("analytic", build_topology(plan), "auto", "auto")
-    costs, work = step.make_costs(plan), step.blocks(plan)
+    costs, work = make_costs(plan), blocks(plan)
     saving = 0.0
-    for block in step.BLOCKS:
+    for block in BLOCKS:
         before, after = (_block_seconds(plan, net, costs, work, block, chunked) for chunked in (False, True))
         saving += (before[0] - after[0]) + (before[1] - after[1])
     saving *= MODEL["num_layers"]
@@ -152,16 +154,16 @@ def test_the_reduce_scatter_takes_tes_default_sms_from_the_row_gemm(dtype, sms, 
     parallel = base.parallel.model_copy(update={"tp_comm_overlap_sms": sms})
     training = base.training.model_copy(update={"dtype": dtype})
     plan = resolve(base.model_copy(update={"parallel": parallel, "training": training}))
-    assert step.tp_overlap_sms(plan) == expected
-    assert step.beside_reduce_scatter(plan, 1.0) == pytest.approx(132 / (132 - expected))
-    assert step.tp_overlap_sms(resolve(_scenario(False))) == 0  # nothing chunked, nothing taken
+    assert tp_overlap.tp_overlap_sms(plan) == expected
+    assert tp_overlap.beside_reduce_scatter(plan, 1.0) == pytest.approx(132 / (132 - expected))
+    assert tp_overlap.tp_overlap_sms(resolve(_scenario(False))) == 0  # nothing chunked, nothing taken
 
 
 def test_a_block_with_no_gemm_to_hide_under_exposes_all_its_chunks():
     """The closed form's other branch: with nothing to run beside, every chunk is exposed (no saving over the
     whole collective but the chunks' extra latency)."""
-    assert step.overlapped_collective(1.0, 3.0, 0.0) == 4.0
-    assert step.overlapped_collective(1.0, 3.0, 5.0) == 1.0
+    assert tp_overlap.overlapped_collective(1.0, 3.0, 0.0) == 4.0
+    assert tp_overlap.overlapped_collective(1.0, 3.0, 5.0) == 1.0
 
 
 def _async_tp(method: str, chunk_gemms: bool | None = None, sms: int | None = 0):
@@ -177,10 +179,10 @@ def test_async_tp_defaults_to_chunk_gemms_and_no_sms():
     with cudaMemcpy between them: by default its chunk GEMMs are priced at their own size and it takes no SMs;
     TE's userbuffers keep TE's defaults (whole GEMMs, 16 SMs)."""
     titan, te = resolve(_async_tp("async_tp", None, None)), resolve(_async_tp("userbuffers", None, None))
-    assert step.async_tp(titan) and not step.async_tp(te)
-    assert step.tp_overlap_chunk_gemms(titan) and not step.tp_overlap_chunk_gemms(te)
-    assert step.tp_overlap_sms(titan) == 0 and step.tp_overlap_sms(te) == 16
-    assert not step.async_tp(resolve(_scenario(False)))  # nothing chunked: no AsyncTP whatever the method
+    assert tp_overlap.async_tp(titan) and not tp_overlap.async_tp(te)
+    assert tp_overlap.tp_overlap_chunk_gemms(titan) and not tp_overlap.tp_overlap_chunk_gemms(te)
+    assert tp_overlap.tp_overlap_sms(titan) == 0 and tp_overlap.tp_overlap_sms(te) == 16
+    assert not tp_overlap.async_tp(resolve(_scenario(False)))  # nothing chunked: no AsyncTP whatever the method
 
 
 def test_async_tp_moves_one_chunk_per_rank():
@@ -191,7 +193,7 @@ def test_async_tp_moves_one_chunk_per_rank():
     with pytest.raises((SimError, ValueError), match="parallel.tp_comm_overlap_chunks: 2 under async_tp"):
         make_scenario(**{**base.model_dump(exclude={"parallel"}),
                          "parallel": {**base.parallel.model_dump(), "tp_comm_overlap_chunks": 2}})
-    assert step.tp_overlap_chunks(resolve(make_scenario(**{**base.model_dump(exclude={"parallel"}), "parallel": {
+    assert tp_overlap.tp_overlap_chunks(resolve(make_scenario(**{**base.model_dump(exclude={"parallel"}), "parallel": {
         **base.parallel.model_dump(), "tp_comm_overlap_chunks": 1}}))) == 0  # the ablation: not split
 
 
@@ -202,10 +204,10 @@ def test_async_tp_sums_the_partials_after_each_chunked_reduce_scatter():
     memory-bound kernel; one per block in the forward and one per block's input-gradient reduce-scatter in the
     backward, on the compute stream after the collective. TE's reduce-scatter has none."""
     plan = resolve(_async_tp("async_tp"))
-    costs = step.make_costs(plan)
+    costs = make_costs(plan)
     expected_bytes = 1.25 * 4096 * 4096 * 2
-    assert step.reduce_partials_bytes(plan) == pytest.approx(expected_bytes)
-    assert step.reduce_partials_bytes(resolve(_async_tp("userbuffers"))) == 0
+    assert tp_overlap.reduce_partials_bytes(plan) == pytest.approx(expected_bytes)
+    assert tp_overlap.reduce_partials_bytes(resolve(_async_tp("userbuffers"))) == 0
     g = build(plan)
     sums = [t for t in g.tasks if t.name.endswith("_reduce_partials")]
     assert len(sums) == 4 * MODEL["num_layers"]  # attention and MLP, forward and backward
@@ -262,11 +264,11 @@ def test_async_tp_step_against_te_userbuffers_by_the_closed_forms():
     titan, te = _async_tp("async_tp", chunk_gemms=True), _async_tp("userbuffers", chunk_gemms=True)
     plan = resolve(titan)
     net = network.make("analytic", build_topology(plan), "auto", "auto")
-    costs, work = step.make_costs(plan), step.blocks(plan)
-    summed = step.reduce_partials_seconds(plan, costs)
-    assert summed > 0 and step.shard_copy_seconds(plan, costs) > 0
+    costs, work = make_costs(plan), blocks(plan)
+    summed = tp_overlap.reduce_partials_seconds(plan, costs)
+    assert summed > 0 and tp_overlap.shard_copy_seconds(plan, costs) > 0
     delta = 0.0
-    for block in step.BLOCKS:
+    for block in BLOCKS:
         te_forward, te_backward = _block_seconds(plan, net, costs, work, block, True, sms=0)
         delta += _async_tp_forward(plan, net, costs, work, block) - te_forward
         delta += _async_tp_backward(plan, net, costs, work, block) - te_backward
@@ -339,7 +341,7 @@ def test_async_tp_speedup_of_december_2024_within_5_percent():
 @pytest.mark.parametrize("overlap, cp", [(True, 1), (False, 2), (True, 2)], ids=["chunked", "cp", "chunked+cp"])
 def test_a_split_backward_prices_each_weight_gradient_once(overlap, cp):
     """Zero-bubble schedules run the weight gradients in their own W pass, so the B pass must not also run them
-    under the input-gradient reduction (Megatron's asynchronous backward, ``step.overlaps_backward``): the
+    under the input-gradient reduction (Megatron's asynchronous backward, ``tp_collectives.overlaps_backward``): the
     step's compute FLOPs are 1F1B's (the same work in another order), with the chunked collectives and with
     context parallelism's attention block alike (the estimate against the simulation: test_estimate's layouts)."""
     def flops(schedule: str) -> float:

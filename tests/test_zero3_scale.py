@@ -12,7 +12,7 @@ import pytest
 
 import sim
 from sim.plan import resolve
-from sim.workload import step
+from sim.workload.fsdp_units import gather_calls, reduce_buckets, unit_params
 
 GPUS = (384, 768, 1536)
 
@@ -36,17 +36,17 @@ def test_deepspeed_granularity_is_per_module() -> None:
     5e8 elements, flushed before they would overflow."""
     plan = resolve(sim.load_scenario(_scenario(384)))
     h = 5120
-    assert step.gather_calls(plan, 10) == (3 * h * h, 5 * h * h, 4 * h * h)
-    buckets = step.reduce_buckets(plan)
+    assert gather_calls(plan, 10) == (3 * h * h, 5 * h * h, 4 * h * h)
+    buckets = reduce_buckets(plan)
     total = sum(params for _, params in buckets)
-    assert total == pytest.approx(sum(step.unit_params(plan, unit) for unit in range(40)))
+    assert total == pytest.approx(sum(unit_params(plan, unit) for unit in range(40)))
     assert max(params for _, params in buckets) <= 5e8
     # a layer is 3.1e8 elements: a 5e8 bucket holds ~1.5 layers, a 1e9 one ~3: half as many reduce-scatters
     bigger = resolve(sim.load_scenario(_scenario(384, {"stage": 3, "reduce_bucket_size": 1e9})))
-    assert len(step.reduce_buckets(bigger)) == pytest.approx(len(buckets) / 2, rel=0.1)
+    assert len(reduce_buckets(bigger)) == pytest.approx(len(buckets) / 2, rel=0.1)
     # no prefetch bucket: one call per module; FSDP keeps one all-gather per unit
     fine = resolve(sim.load_scenario(_scenario(384, {"stage": 3, "stage3_prefetch_bucket_size": 0})))
-    assert len(step.gather_calls(fine, 10)) == 4 and not fine.prefetch
+    assert len(gather_calls(fine, 10)) == 4 and not fine.prefetch
 
 
 def test_per_gpu_throughput_falls_with_gpus_at_fixed_global_batch(runs) -> None:

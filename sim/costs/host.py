@@ -14,7 +14,7 @@ split sizes on the host. After the wait the host has no lead on the GPU, so what
 layer exceeds the layer's device time shows as GPU idle:
 
     pass = max(device, host),
-    host = n_eager x eager_op_overhead + n_gemm x launch_overhead + n_te x te_module_overhead
+    host = (n_eager + n_megatron) x eager_op_overhead + n_gemm x launch_overhead + n_te x te_module_overhead
 
 Measured on an H100 (sim/data/reference/moe_host_measurements.csv, scripts/measure_moe_host_overhead.py: the layer's
 op sequence replayed per rank for the Qwen3-235B ModelZoo rows): the wall time of a layer pass is the larger of its
@@ -22,7 +22,10 @@ kernel time and its host time within 0.2-0.6 ms, and the host issues one kernel 
 eager PyTorch, not the 5 us of a bare CUDA launch. The replay stood in plain torch ops for Transformer Engine's
 modules; what a TE linear module's forward costs the host beyond them is ``te_module_overhead`` per call
 (sim/data/reference/te_module_host_measurements.csv: 115 us per Megatron-Core TEColumnParallelLinear forward,
-NVIDIA/TransformerEngine#1191, less the one eager op the replay issued for its GEMM).
+NVIDIA/TransformerEngine#1191, less the one eager op the replay issued for its GEMM). What Megatron-Core's own MoE code
+(router, dispatcher, unpermute) costs the host beyond the replay's op sequence was measured by running it
+(scripts/measure_megatron_moe_host.py, sim/data/reference/megatron_moe_host_measurements.csv): n_megatron eager ops'
+worth per forward (``costs.megatron_moe_host_ops``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ EXPERT_GEMMS: dict[Direction, int] = {"forward": 2, "backward": 4}
 # backward's, so the backward counts none (a lower bound). TE's norms and DotProductAttention are modules too, but
 # no figure prices them, so they stay at the replay's eager-op count.
 TE_MODULE_PASSES: dict[Direction, int] = {"forward": 1, "backward": 0}
+# Megatron-Core's own MoE code around those kernels (TopKRouter, the token dispatcher's bookkeeping, the unpermute:
+# its Python, autograd Functions and asserts), in eager ops' worth of host time per pass (costs.megatron_moe_host_ops):
+# measured in the forward (scripts/measure_megatron_moe_host.py, sim/data/reference/
+# megatron_moe_host_measurements.csv); the backward measured no more than the replay's, so it adds none.
+MEGATRON_MOE_PASSES: dict[Direction, int] = {"forward": 1, "backward": 0}
 
 
 def te_linear_modules(mla: bool, q_latent: bool, shared_expert: bool) -> int:
@@ -61,14 +69,17 @@ def te_linear_modules(mla: bool, q_latent: bool, shared_expert: bool) -> int:
 
 
 def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_overhead: float,
-                           launch_overhead: float, te_module_overhead: float, te_modules: int = 4) -> float:
+                           launch_overhead: float, te_module_overhead: float, te_modules: int = 4,
+                           megatron_moe_host_ops: float = 0.0) -> float:
     """Seconds the host takes to issue one MoE layer's ``direction`` pass on a rank with ``local_experts``
-    experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each, and
-    its ``te_modules`` Transformer Engine linear-module calls (``te_linear_modules``; the forward's only) at
-    ``te_module_overhead`` each beyond those kernels."""
+    experts: its eager kernels at ``eager_op_overhead`` each, its expert GEMMs at ``launch_overhead`` each, its
+    ``te_modules`` Transformer Engine linear-module calls (``te_linear_modules``; the forward's only) at
+    ``te_module_overhead`` each beyond those kernels, and Megatron-Core's own MoE code (the forward's only) at
+    ``megatron_moe_host_ops`` eager ops' worth."""
     return (EAGER_MOE_LAYER_KERNELS[direction] * eager_op_overhead
             + EXPERT_GEMMS[direction] * local_experts * launch_overhead
-            + TE_MODULE_PASSES[direction] * te_modules * te_module_overhead)
+            + TE_MODULE_PASSES[direction] * te_modules * te_module_overhead
+            + MEGATRON_MOE_PASSES[direction] * megatron_moe_host_ops * eager_op_overhead)
 
 
 def host_bound(device: float, host: float) -> float:

@@ -179,7 +179,8 @@ class Estimator:
             dense = (fwd_layer, bwd_layer, w_layer)
             moe_f, moe_b, moe_w, moe_forward, moe_backward = self._moe_layer(plan, times, overlapped)
             moe = (moe_f, moe_b, moe_w)
-            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward)
+            rebuilt_moe = self._rebuilt_moe(plan, moe_f, moe_b, moe_forward, moe_backward,
+                                            self._moe_host_lead(plan, times))
             lead = 0.0 if plan.tp > 1 else None  # a dense layer's passes start with SP's all-gather
             pair = _PairBlocks(((Block(fwd_layer, None, 0.0, 0.0, lead),), (Block(bwd_layer, None, 0.0, 0.0, lead),)),
                                (moe_forward, moe_backward))
@@ -369,24 +370,35 @@ class Estimator:
         weight = (self._price(plan, "attention", "weight_grad")
                   + sum(price(plan, name, "weight_grad") for name in ("moe_router", "moe_shared", "moe_experts"))
                   if split else 0.0)
-        # behind the dispatcher's host sync a pass lasts at least the host's time to issue it (sim.costs.host)
+        # behind the dispatcher's host sync a pass lasts at least the host's time to issue it (sim.costs.host),
+        # counted as the simulation counts it: from the end of the forward's first task where that is SP's
+        # all-gather (LayerEmitter._moe_host: a collective's length is the network's)
         host = plan.moe_host_seconds
-        return (host_bound(alone(forward_blocks), host["forward"]),
+        return (host_bound(alone(forward_blocks), self._moe_host_lead(plan, times) + host["forward"]),
                 host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
+
+    def _moe_host_lead(self, plan: Plan, times: list[float]) -> float:
+        """Seconds of a MoE layer forward before the host's issue time counts (the simulation's
+        ``LayerEmitter._moe_host``: from the end of the pass's first task where that is a collective, whose length
+        is the network's): SP's all-gather that starts the attention block under TP without chunked overlap."""
+        return times[0] if plan.tp > 1 and times and self._chunked_collectives(plan) is None else 0.0
 
     @staticmethod
     def _rebuilt_moe(plan: Plan, forward: float, backward: float, forward_blocks: tuple[Block, ...],
-                     backward_blocks: tuple[Block, ...]) -> float:
+                     backward_blocks: tuple[Block, ...], lead: float = 0.0) -> float:
         """Seconds full recomputation adds to a MoE layer's backward (``forward`` and ``backward``: its passes,
         each host-bound on its own; the blocks: their device work, ``_moe_layer``). The emitter reruns the layer's
         forward, host sync and eager ops included, inside the backward pass, so the host issues both in one pass
         (sim.workload.build's ``_layer_tasks``): the rebuilt backward lasts max(device forward + backward, host
         forward + backward), not the sum of the two passes' maxima (Qwen3-235B tp 4, pp 8, vpp 12, micro-batch 2,
-        ep 4, full recomputation: +5.4% over the simulation that way). Without a host bound: the forward."""
+        ep 4, full recomputation: +5.4% over the simulation that way); the host's time counted from the end of the
+        rebuilt pass's first task where that is SP's all-gather (``lead``, as ``_moe_layer``). Without a host
+        bound: the forward."""
         host = plan.moe_host_seconds
         if not host["forward"] and not host["backward"]:
             return forward
-        return host_bound(alone(forward_blocks) + alone(backward_blocks), host["forward"] + host["backward"]) - backward
+        return host_bound(alone(forward_blocks) + alone(backward_blocks),
+                          lead + host["forward"] + host["backward"]) - backward
 
     def _pair_overlap(self, plan: Plan, pair: _PairBlocks, chunks: tuple[_ChunkLayers, ...],
                       mix: tuple[tuple[int, int, int], ...] = ()) -> float:

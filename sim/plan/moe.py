@@ -190,8 +190,9 @@ class MoeFacts(ParamFacts):
         """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
         dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
         dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
-        (sim.costs.host, docs/mechanisms/moe_host_sync.md: eager ops, expert GEMM launches and Transformer Engine
-        linear-module calls); 0 without a sync, under CUDA graphs, fixed costs or ``costs.eager_op_overhead`` 0."""
+        (sim.costs.host, docs/mechanisms/moe_host_sync.md: eager ops, expert GEMM launches, Transformer Engine
+        linear-module calls and Megatron-Core's own MoE code); 0 without a sync, under CUDA graphs, fixed costs or
+        ``costs.eager_op_overhead`` 0."""
         moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
         syncs = moe.host_sync if moe.host_sync is not None else not (
             moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
@@ -202,5 +203,6 @@ class MoeFacts(ParamFacts):
         te_modules = host.te_linear_modules(spec.kv_lora_rank is not None, spec.q_lora_rank is not None,
                                             bool(spec.moe_shared_expert_intermediate_size))
         return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
-                                                       costs.launch_overhead, costs.te_module_overhead, te_modules)
+                                                       costs.launch_overhead, costs.te_module_overhead, te_modules,
+                                                       costs.megatron_moe_host_ops)
                 for direction in ("forward", "backward")}

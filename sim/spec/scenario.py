@@ -398,6 +398,13 @@ class KernelCostsSpec(FrozenSpec):
         "time behind the dispatcher's sync (sim.costs.host). 83 us: 115 us measured per Megatron-Core "
         "TEColumnParallelLinear forward (BF16, TP 1; NVIDIA/TransformerEngine#1191, "
         "sim/data/reference/te_module_host_measurements.csv) less costs.eager_op_overhead's 32 us; 0 = off"))
+    megatron_moe_host_ops: float = Field(default=63, ge=0, description=(
+        "host time Megatron-Core's own MoE code (TopKRouter, the token dispatcher, the unpermute) adds to a MoE "
+        "layer forward behind the dispatcher's sync, in eager ops at costs.eager_op_overhead each (sim.costs.host). "
+        "63: the median over two H100/H200 hosts, two runs and two permute paths of Megatron-LM 1e05700595's "
+        "router + dispatch + unpermute host time less the plain-PyTorch replay's for the same op sequence, over the "
+        "replay's host time per kernel on the same host (sim/data/reference/megatron_moe_host_measurements.csv, "
+        "docs/mechanisms/moe_host_sync.md); the backward adds none (measured no more than the replay's); 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
         "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
         "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "

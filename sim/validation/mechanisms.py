@@ -132,6 +132,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(
+        name="Megatron-Core's own MoE code on the host (router, token dispatcher, unpermute)",
+        off=("costs.megatron_moe_host_ops=0",),
+        knob="costs.megatron_moe_host_ops (63 eager ops' worth per MoE layer forward, at costs.eager_op_overhead)",
+        source="Megatron-LM 1e05700595 megatron/core MoELayer/TopKRouter/MoEAlltoAllTokenDispatcher run on one H100 "
+               "and one H200 beside the plain-PyTorch replay (scripts/measure_megatron_moe_host.py, "
+               "megatron_moe_host_measurements.csv: 1.3-2.6x the replay's host time for the same parts)",
+        doc="mechanisms/moe_host_sync.md",
+    ),
+    Mechanism(
         name="forced load balancing: the busiest expert rank under random top-k routing",
         off=(),  # no dense validation row routes tokens; the MoE rows that set it are in scenarios/validation/moe
         knob="moe.force_load_balancing (default false: routing as moe.imbalance states, 1.0 even)",
@@ -141,8 +150,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
                "pair counts in the Gaussian limit (sim.parallel.forced_balance)",
         doc="mechanisms/forced_load_balancing.md",
         note="no dense validation row uses it; the six MoE rows whose commands passed the flag: Mixtral 8x22B "
-             "forced balance +1.5% -> +3.0%, Qwen3-235B ep 32 -1.6% -> -1.0%, ep 32 overlap -13.1% -> -12.6%, "
-             "a2a pp 32 -15.2% -> -15.1%, tp 4 -21.8% (host-bound, unchanged), 16k +0.5% -> +0.8%",
+             "forced balance +1.5% -> +3.0%, Qwen3-235B ep 32 +6.2% -> +6.6%, ep 32 overlap -12.5% -> -12.0%, "
+             "a2a pp 32 -6.6% -> -6.4%, tp 4 -2.1% (host-bound, unchanged), 16k +0.5% -> +0.8%",
     ),
     Mechanism(
         name="FSDP1 gradient kernels per micro-batch (flatten, reduce-dtype cast, pre-division)",

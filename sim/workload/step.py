@@ -1,8 +1,9 @@
 """The structure of one training step, shared by the task-graph emitters and the closed-form estimate.
 
 In: a ``Plan`` (and, for times, a cost model). Out, with no task graph and no clock, from one module per concept
-(each says what goes in and out), re-exported here under the names the emitters, the estimate and the tests read
-as ``step.X``:
+(each says what goes in and out), re-exported here under the names the estimate (sim.explore.estimate) reads as
+``step.X``; it is this module's only importer (the emitters and the tests import the modules that define the
+names), so once the estimate does too this module can go:
 - ``cost_model``: the plan's cost model (``make_costs``);
 - ``blocks``: the per-rank shape the op builders read and a layer's blocks' work (``layer_shape``, ``Blocks``,
   ``blocks``: attention, MLP, their column- and row-parallel GEMMs, what selective recomputation replays, the
