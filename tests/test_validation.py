@@ -31,13 +31,6 @@ _GPT3_175B_MB2 = ("predicted too slow (+16.2%): the same layout as the 128-GPU r
                   "shapes (docs/mechanisms/gemm_shape.md) and no per-micro-batch cost of that size is sourced. The "
                   "launcher's 175b.yaml keeps ub_tp_comm_overlap False at this layout (24.07-24.12), so the "
                   "synchronous TP collectives (1.3 s exposed) stay")
-_EAGER = ("predicted too fast (-12.2%): eager PyTorch + FSDP1 (Composer) on 512 GPUs, one micro-batch per step; the "
-          "same code and batch per GPU on 128 GPUs is -5.0%, and MosaicML's time per step rises 8.3% from "
-          "128 to 512 GPUs where the model's rises 0.1%: FSDP's per-layer all-gathers and reduce-scatters (2.4 and "
-          "3.7 ms at 512 ranks, NCCL's ring latency priced: docs/mechanisms/collectives_at_scale.md) hide under "
-          "10-22 ms of layer compute, so nothing modelled grows with the ranks; llm-foundry's 1B/3B/7B rows grow "
-          "linearly in the ranks at 2.3-3.4 us per collective per rank (docs/validation/mpt_scaling.md), no "
-          "sourced mechanism puts that on the critical path")
 _IBM_70B_A100 = ("predicted too slow (+10.2%): the IBM FSDP A100 rows rise with model size (7B -2.8%, 13B -0.6%, 34B "
                  "+4.7%, 70B +10.2%); every IBM row moved +3..+4% when eager RMSNorm was priced at its measured 52 "
                  "bytes per element (sim/model/ops.py EAGER_RMSNORM_BYTES, tests/test_eager_kernels.py), the 70B from "
@@ -45,7 +38,6 @@ _IBM_70B_A100 = ("predicted too slow (+10.2%): the IBM FSDP A100 rows rise with 
 OUTSIDE: dict[str, str] = {
     "ibm-fsdp-llama2-70b-a100-128.yaml": _IBM_70B_A100,
     "nemo2407-gpt3-175b-512.yaml": _GPT3_175B_MB2,
-    "mosaic-mpt-7b-h100-512-s2048.yaml": _EAGER,
 }
 
 

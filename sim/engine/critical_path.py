@@ -2,8 +2,9 @@
 
 In: the ``TaskGraph``, the engine's start and end times, and each rendezvous member's arrival time. Out:
 ``CriticalPath``: the task ids from the step's last task back to the first, the seconds it spends per rank in
-compute, per kind in communication and on the host issuing MoE layer passes (``Kind.HOST``, behind the token
-dispatcher's host sync: sim.costs.host; neither compute nor communication, so its own category), the rank with
+compute, per kind in communication and on the host behind a host sync (``Kind.HOST``: issuing MoE layer passes
+behind the token dispatcher's sync, sim.costs.host; the trainer's metric sync, sim.workload.train_metrics; neither
+compute nor communication, so its own category), the rank with
 the most compute on it (``critical_rank``), and the seconds every rank waited at collectives for the last member
 (straggler cost). Compute, communication and host seconds are the path's tasks' lengths: each task starts when
 the one the path continues from ends, so they sum to the step's length.
@@ -27,7 +28,7 @@ class CriticalPath:
     tasks: list[int]
     compute_s: dict[int, float] = field(default_factory=dict)  # rank -> compute seconds on the path
     comm_s: dict[str, float] = field(default_factory=dict)  # kind -> communication seconds on the path
-    host_s: float = 0.0  # seconds on the path the host spends issuing MoE layer passes (Kind.HOST)
+    host_s: float = 0.0  # seconds on the path the host works behind a host sync (Kind.HOST: MoE issue, metrics)
     wait_s: dict[int, float] = field(default_factory=dict)  # rank -> seconds its collectives waited for others
 
     @property
@@ -57,7 +58,7 @@ def critical_path(graph: TaskGraph, start: list[float], end: list[float],
         seconds = end[current] - start[current]
         if task.kind in COMPUTE_KINDS or task.kind == Kind.OPTIMIZER:
             result.compute_s[task.rank] = result.compute_s.get(task.rank, 0.0) + seconds
-        elif task.kind == Kind.HOST:  # the CPU issuing a MoE layer pass: neither the GPU's compute nor a transfer
+        elif task.kind == Kind.HOST:  # the CPU (a MoE layer's issue, the metric sync): no GPU compute, no transfer
             result.host_s += seconds
         else:
             kind = str(task.kind)  # a plain string for the summary (YAML cannot write a Kind member)

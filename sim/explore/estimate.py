@@ -776,6 +776,9 @@ class Estimator:
         elif expert_gather:  # the dense and the expert weights are gathered on two streams at once
             optimizer += max(self.net.collective_time("all_gather", gather, plan.grid.dp_group(0)) if gather else 0.0,
                              self.net.collective_time("all_gather", expert_gather, plan.expert_dp_group(0)))
+        sync = step.metric_sync(plan)
+        if sync is not None:  # the trainer's train-metric sync once the step is done (sim.workload.train_metrics)
+            optimizer += step.metric_sync_seconds(sync, self.net)
         copies_s = self.net.collective_time("all_reduce", *copies) if copies is not None else None
         # Stages whose tails differ only in their layers' names (an even pipeline's middle stages) share a kind:
         # the buckets closed at the same place in the stage's backward, with the same seconds.

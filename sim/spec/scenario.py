@@ -127,6 +127,12 @@ class TrainingSpec(FrozenSpec):
         "step a multi-tensor L2-norm kernel reads every gradient the rank updates and one float is all-reduced over "
         "the model-parallel group (every rank when the optimizer is sharded). DeepSpeed's gradient_clipping "
         "defaults to 0; PyTorch FSDP clips when the training script calls clip_grad_norm_ (TorchTitan: 1.0)"))
+    train_metric_states: int = Field(default=0, ge=0, description=(
+        "torchmetrics metric states the trainer syncs across every rank after each step, on the host with the GPU "
+        "idle (sim.workload.train_metrics; docs/mechanisms/train_metric_sync.md): each a barrier, world-size "
+        "zeros_like, an all-gather and world-size copies. 0 (default): Megatron-LM, NeMo, TorchTitan, DeepSpeed "
+        "and the HF Trainer reduce only the loss. MosaicML Composer computes the model's train metrics every "
+        "batch: llm-foundry's MPT has LanguageCrossEntropy and LanguagePerplexity, two states each: 4"))
     train_tokens: Count | None = Field(default=None, description=(
         "a token budget (e.g. 15T): the summary adds the steps, time-to-train, GPU-hours, energy and cost of "
         "training on it (sim.output.planning); none: those figures are null"))

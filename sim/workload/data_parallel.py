@@ -39,6 +39,9 @@ backward prefetch is about issue order, and it is what this module replays:
   unsharded, and every unit of a model chunk is reduce-scattered once, after the chunk's last micro-batch's
   backward (the pipeline stage's manual ``post_backward``).
 Per step, ZeRO-3 moves 1.5x DDP's bytes (Rajbhandari et al. SC20 Sec. 7).
+- The trainer's train-metric sync (``training.train_metric_states``, sim.workload.train_metrics): once the step's GPU
+  work is done, per metric state a barrier and an all-gather over every rank on the ``dp`` stream and the host's
+  per-rank loops on the ``host`` stream, one after another (Composer computes torchmetrics every batch).
 - CPU offload (ZeRO-Offload, Ren et al. ATC 2021): each reduced gradient shard is copied to the host over PCIe
   as soon as it is reduced (stream ``offload``), the host runs Adam on the shard (stream ``host``, bytes over
   host memory bandwidth), and the updated 16-bit weights return over PCIe before the weight all-gather. With
@@ -57,7 +60,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.parallel.chunks import upstream
-from sim.workload import fsdp_units, grad_buckets, host_offload, optimizer_step, param_gather
+from sim.workload import fsdp_units, grad_buckets, host_offload, optimizer_step, param_gather, train_metrics
 from sim.workload.ir import EXPERT_DP_STREAM, HOST_STREAM, NCCL_STREAM, OFFLOAD_STREAM, REPLICA_STREAM
 
 
@@ -344,14 +347,34 @@ class DataParallelEmitter:
                                  group=optimizer_step.grad_stats_group(plan, st.rank))]
             optimizer = st._add("compute", "optimizer", "optimizer", -1, -1, None, ready,
                                 duration=st.costs.optimizer_time(shard_params, plan.optimizer_step_bytes_per_param))
+        step_end = [optimizer]
         gather = param_gather.final_weight_gather_bytes(plan, st.stage)
         if gather:  # ZeRO-1/2: bring every rank the updated 16-bit weights
-            st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather", nbytes=gather,
-                    group=self.dp_group)
+            step_end.append(st._add(NCCL_STREAM, "dp", "param_all_gather", -1, -1, optimizer, op="all_gather",
+                                    nbytes=gather, group=self.dp_group))
         experts = param_gather.expert_weight_gather_bytes(plan, st.stage)
         if experts:  # the expert weights over the expert-data-parallel group
-            st._add(EXPERT_DP_STREAM, "dp", "expert_param_all_gather", -1, -1, optimizer, op="all_gather",
-                    nbytes=experts, group=plan.expert_dp_group(st.rank))
+            step_end.append(st._add(EXPERT_DP_STREAM, "dp", "expert_param_all_gather", -1, -1, optimizer,
+                                    op="all_gather", nbytes=experts, group=plan.expert_dp_group(st.rank)))
+        sync = train_metrics.metric_sync(plan)
+        if sync is not None:
+            self._metric_sync(sync, step_end)
+
+    def _metric_sync(self, sync: train_metrics.MetricSync, step_end: list[int]) -> None:
+        """The trainer's train-metric sync once the step's GPU work is done (Composer: after the loss's host sync;
+        sim.workload.train_metrics): per metric state, one after another, the barrier, the host's world-size
+        zeros_like, the all-gather into them and c10d's world-size copies, the GPU idle meanwhile."""
+        st = self.st
+        last, also = step_end[0], step_end[1:]
+        for state in range(sync.states):
+            barrier = st._add(NCCL_STREAM, "dp", f"metric_barrier{state}", -1, -1, last, also, op="all_reduce",
+                              nbytes=sync.barrier_bytes, group=sync.group)
+            zeros = st._add(HOST_STREAM, "host", f"metric_zeros_like{state}", -1, -1, barrier,
+                            duration=sync.zeros_s)
+            gather = st._add(NCCL_STREAM, "dp", f"metric_all_gather{state}", -1, -1, zeros, op="all_gather",
+                             nbytes=sync.gather_bytes, group=sync.group)
+            last, also = st._add(HOST_STREAM, "host", f"metric_copies{state}", -1, -1, gather,
+                                 duration=sync.copies_s), []
 
     def _expert_buckets(self, op: str) -> None:
         """A MoE model's expert gradients over the expert-data-parallel group: buckets in the order they become

@@ -35,7 +35,7 @@ class Stream(StrEnum):
     DP = "dp"  # the data-parallel process group's NCCL stream
     DP_REPLICA = "dp_replica"  # HYBRID_SHARD's inter-node process group
     OFFLOAD = "offload"  # PCIe copies of ZeRO-Offload
-    HOST = "host"  # the CPU's optimizer step under ZeRO-Offload
+    HOST = "host"  # the CPU: ZeRO-Offload's optimizer step, MoE layer issue, the trainer's metric sync loops
     EP = "ep"  # a MoE layer's token dispatch and combine (expert-parallel process groups)
     EXPERT_DP = "expert_dp"  # expert gradients and weights over the expert-data-parallel group
     CP = "cp"  # context parallelism's attention exchanges (ring KV sends, KV all-gather, Ulysses all-to-all)
@@ -55,7 +55,7 @@ class Kind(StrEnum):
     OFFLOAD = "offload"
     EP = "ep"  # token dispatch / combine of a MoE layer
     CP = "cp"  # context-parallel attention exchanges
-    HOST = "host"  # the CPU issuing a MoE layer pass behind the dispatcher's host sync (sim.costs.host)
+    HOST = "host"  # the CPU behind a host sync: issuing a MoE layer pass (sim.costs.host), the metric sync
 
 
 STREAMS: tuple[Stream, ...] = tuple(Stream)

@@ -66,13 +66,13 @@ def grad_stats_group(plan: Plan, rank: int) -> tuple[int, ...]:
     is sharded (the distributed optimizer; ZeRO and FSDP likewise reduce the norm over all shards)."""
     grid = plan.grid
     if plan.optimizer_shards > 1:
-        return _every_rank(grid.world_size)
+        return every_rank(grid.world_size)
     here = grid.coord(rank)
     return tuple(sorted(grid.rank(t, here.dp, p, here.cp) for p in range(plan.pp) for t in range(plan.tp)))
 
 
 @lru_cache(maxsize=8)
-def _every_rank(world_size: int) -> tuple[int, ...]:
+def every_rank(world_size: int) -> tuple[int, ...]:
     """``tuple(range(world_size))``, made once: every stage's optimizer step names the whole world (98,304 ranks
     for the frontier scenario: 32 stages each built it anew, about 0.08 of a run's CPU seconds)."""
     return tuple(range(world_size))

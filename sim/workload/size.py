@@ -178,6 +178,7 @@ def estimate_size(plan: Plan) -> RunSize:
         per_microbatch += plan.pp  # ZeRO-2's reduce-scatter buckets (at least one per stage per micro-batch)
     per_microbatch += _data_parallel_tasks(plan)
     per_step = plan.pp * 16 + 2 * layers  # buckets, optimizer, gradient checks, parameter gathers per stage
+    per_step += plan.pp * 4 * scenario.training.train_metric_states  # the metric sync's four parts per state
     pipelines = 1
     if scenario.ranks == "all":
         # sim.workload.build.folds_tp, restated on the Plan (importing build here would pull the cost models in)

@@ -19,7 +19,8 @@ names), so once the estimate does too this module can go:
 - ``param_gather``: ZeRO-1/2's weight all-gather, after the step or per bucket under the next forward;
 - ``optimizer_step``: the parameters a rank updates, DualPipe's copy reduction, the gradient checks;
 - ``host_offload``: the host Adam step (ZeRO-Offload, Ren et al. ATC 2021) and the PCIe copies, activation
-  offload's included.
+  offload's included;
+- ``train_metrics``: the trainer's sync of its train metrics after the step (Composer + torchmetrics).
 The emitters (sim.workload.build, sim.workload.data_parallel) turn these into tasks; the estimate
 (sim.explore.estimate) composes makespans over them.
 """
@@ -111,9 +112,11 @@ from sim.workload.tp_overlap import (
     tp_overlap_chunks,
     tp_overlap_sms,
 )
+from sim.workload.train_metrics import MetricSync, metric_sync, metric_sync_seconds
 
 __all__ = [
     "BLOCKS", "Blocks", "ChunkUnit", "ContextAttention", "Exchange", "GRAD_STAT_BYTES", "GatherBucket", "MOE_BLOCKS",
+    "MetricSync",
     "TE_REDUCE_SCATTER_SMS", "activation_copy_seconds", "async_tp", "attention_parts", "beside_reduce_scatter",
     "blocks", "bucket_full", "chunk_gemms", "chunk_gradient_bytes", "chunk_units", "combine_exchanges",
     "context_attention", "copy_gradient_reduce", "cp_attention_ops", "dispatch_exchanges", "embedding_gradient_params",
@@ -121,7 +124,8 @@ __all__ = [
     "expert_weight_gather_bytes", "fill_buckets", "final_weight_gather_bytes", "fp8_casts", "frozen_layer_blocks",
     "fsdp_grad_ops", "fsdp_predivide_factor", "fused_gather_seconds", "fused_scatter_seconds", "gather_calls",
     "grad_checks", "grad_stats_group", "gradient_bytes", "group_buckets", "head_gradient_params", "host_adam_seconds",
-    "layer_shape", "loss_collectives", "make_costs", "moe_blocks", "moe_recompute", "offload_buffer_copy_seconds",
+    "layer_shape", "loss_collectives", "make_costs", "metric_sync", "metric_sync_seconds", "moe_blocks",
+    "moe_recompute", "offload_buffer_copy_seconds",
     "optimizer_params", "overlapped_collective", "overlaps_backward", "overlaps_param_gather", "param_gather_buckets",
     "pcie_seconds", "reduce_buckets", "reduce_partials_bytes", "reduce_partials_seconds", "replayed",
     "shard_copy_seconds", "stage_layer_ids", "task_seconds", "tp_ops", "tp_overlap_chunk_gemms", "tp_overlap_chunks",
