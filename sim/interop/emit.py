@@ -202,6 +202,8 @@ def _megatron(s: Scenario) -> Emitted:
             flags += ["--moe-expert-capacity-factor", str(s.moe.capacity_factor)]
         if s.moe.pad_to_capacity:
             flags.append("--moe-pad-expert-input-to-capacity")
+        if s.moe.force_load_balancing:
+            flags.append("--moe-router-force-load-balancing")
         if s.moe.token_dispatcher == "flex":
             flags += ["--moe-flex-dispatcher-backend", "deepep"] + _deepep_sms(s)
         if s.moe.a2a_overlap:
@@ -271,13 +273,16 @@ def _deepep_sms(s: Scenario) -> list[str]:
 
 def _moe_refusals(s: Scenario, framework: str, expert_parallel: bool) -> None:
     """The MoE knobs ``framework``'s configuration has no setting for, refused in one line rather than dropped:
-    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap and, where ``expert_parallel`` is False, ep > 1."""
+    the flex (DeepEP) dispatcher, Megatron-Core's EP A2A overlap, its forced load balancing and, where
+    ``expert_parallel`` is False, ep > 1."""
     if not s.model.num_moe_experts:
         return
     if s.moe.token_dispatcher == "flex":
         raise _refuse(framework, "moe.token_dispatcher", "the flex (DeepEP) dispatcher")
     if s.moe.a2a_overlap:
         raise _refuse(framework, "moe.a2a_overlap", "Megatron-Core's EP A2A overlap (combined 1F1B)")
+    if s.moe.force_load_balancing:
+        raise _refuse(framework, "moe.force_load_balancing", "Megatron-Core's random-logit router")
     if not expert_parallel and s.parallel.ep > 1:
         raise _refuse(framework, "parallel.ep", f"expert parallelism (ep {s.parallel.ep})")
 

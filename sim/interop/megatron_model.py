@@ -184,6 +184,13 @@ def _moe(draft: Draft, args: Args, model: ModelDraft) -> None:
         model.set("moe_router_enable_expert_bias", True, args.source("moe_router_enable_expert_bias"))
     if args.flag("moe_pad_expert_input_to_capacity"):
         draft.put("moe.pad_to_capacity", True, args.source("moe_pad_expert_input_to_capacity"))
+    # Forced load balancing (benchmarking): random router logits, so the busiest EP rank's load is derived from the
+    # layout (sim.parallel.forced_balance); it assumes naive top-k, not group-limited top-k (--moe-router-group-topk)
+    if args.flag("moe_router_force_load_balancing"):
+        grouped = args.has("moe_router_group_topk")  # has() leaves the flag unread: the report still lists it
+        draft.put("moe.force_load_balancing", True, args.source("moe_router_force_load_balancing"),
+                  note="random router logits: the busiest EP rank's expected load from random top-k routing"
+                  + (" (naive top-k assumed: group-limited top-k is not modelled)" if grouped else ""))
     # EP A2A overlap: the combined 1F1B, which Megatron-Core runs with --delay-wgrad-compute (its wgrad order
     # inside each layer is part of what moe.a2a_overlap models)
     if args.flag("overlap_moe_expert_parallel_comm"):

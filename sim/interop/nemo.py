@@ -43,6 +43,7 @@ SAME = frozenset({
     "moe_shared_expert_intermediate_size", "overlap_p2p_comm", "overlap_grad_reduce", "overlap_param_gather",
     "align_param_gather", "use_distributed_optimizer", "qk_layernorm", "vocab_size", "bf16", "fp16",
     "moe_expert_capacity_factor", "moe_pad_expert_input_to_capacity", "moe_layer_freq", "attention_backend",
+    "moe_router_force_load_balancing",
     # Megatron-Core TransformerConfig names NeMo 2.0 / Megatron-Bridge configs share: the flex dispatcher's backend
     # and SMs, the EP A2A overlap, the pipeline split and the recomputed modules
     "moe_flex_dispatcher_backend", "moe_flex_dispatcher_num_sms", "moe_deepep_num_sms",

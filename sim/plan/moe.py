@@ -1,16 +1,17 @@
 """The Plan's MoE exchanges: tokens each rank routes, the expert load and the bytes and seconds of dispatch/combine.
 
 In: the ``moe`` section, the model, the grid and batch (``ParamFacts`` and below). Out: ``MoeFacts``: local experts;
-tokens dispatched per rank and micro-batch, the most loaded rank's share (capacity, imbalance), the token-expert pairs
-its experts compute; the all-to-all and all-gather dispatchers' bytes and routing skew; DeepEP's (flex) bytes,
-bandwidths, seconds and SMs, and the traffic the network models price its exchanges from; the host's issue time
-behind the dispatcher's host sync (sim.costs.host).
+tokens dispatched per rank and micro-batch, the most loaded rank's share (capacity, imbalance, forced balance's random
+routing), the token-expert pairs its experts compute; the all-to-all and all-gather dispatchers' bytes and routing
+skew; DeepEP's (flex) bytes, bandwidths, seconds and SMs, and the traffic the network models price its exchanges
+from; the host's issue time behind the dispatcher's host sync (sim.costs.host).
 """
 
 from __future__ import annotations
 
 from sim.costs import host
 from sim.network import deepep
+from sim.parallel import forced_balance
 from sim.plan.cached import cached_property
 from sim.plan.params import ParamFacts
 from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec
@@ -32,17 +33,36 @@ class MoeFacts(ParamFacts):
         return tokens / self.tp if self.sequence_parallel else float(tokens)
 
     @cached_property
+    def routing_imbalance(self) -> tuple[float, float]:
+        """The busiest rank / the mean before any capacity: (the token-expert pairs its experts compute, the pairs
+        the all-to-all delivers to it). ``moe.imbalance`` for both, or under ``moe.force_load_balancing``
+        (Megatron-Core's random router) the expected maximum over the ep ranks (sim.parallel.forced_balance):
+        the experts see the tokens of the etp x ep ranks (b*s/tp each; the alltoall dispatcher's etp all-gather,
+        or the allgather dispatcher's etp x ep group), the all-to-all's receiver those of the ep ranks."""
+        moe = self.scenario.moe
+        if not moe.force_load_balancing:
+            return moe.imbalance, moe.imbalance
+        experts, topk = self.model.num_moe_experts or 1, self.model.moe_router_topk
+        return (forced_balance.busiest_rank_load(self.dispatch_tokens * self.ep * self.etp, experts, topk, self.ep),
+                forced_balance.busiest_rank_load(self.dispatch_tokens * self.ep, experts, topk, self.ep))
+
+    def _capped(self, load: float) -> float:
+        """A load (busiest / mean) capped by the capacity factor (tokens over it are dropped) and by ep (a rank
+        cannot receive more than every token: with ep = 1 the one rank computes all its pairs however they
+        route)."""
+        cap = self.scenario.moe.capacity_factor
+        return min(load, float(self.ep)) if cap is None else min(load, cap, float(self.ep))
+
+    @cached_property
     def expert_load(self) -> float:
         """The most loaded expert rank's token-expert pairs / the mean (the slowest rank sets the pace):
         ``moe.capacity_factor`` when padded to capacity (every expert gets exactly its capacity), else
-        ``moe.imbalance`` capped by the capacity factor (tokens over it are dropped) and by ep (a rank cannot
-        receive more than every token: with ep = 1 the one rank computes all its pairs however they route)."""
+        ``routing_imbalance`` (``moe.imbalance``, or forced balance's expected maximum) capped by the capacity
+        factor and by ep."""
         moe = self.scenario.moe
         if moe.capacity_factor is not None and moe.pad_to_capacity:
             return moe.capacity_factor
-        if moe.capacity_factor is not None:
-            return min(moe.imbalance, moe.capacity_factor, float(self.ep))
-        return min(moe.imbalance, float(self.ep))
+        return self._capped(self.routing_imbalance[0])
 
     @cached_property
     def routed_tokens(self) -> float:
@@ -63,13 +83,37 @@ class MoeFacts(ParamFacts):
 
     @cached_property
     def dispatch_skew(self) -> float:
-        """The all-to-all's routing skew: the most loaded rank receives this x the mean (``expert_load``; 1 when
-        padded, where every expert receives its capacity), at most ep (one rank receiving everything). The
-        network prices it (sim.network.models, ``skew``: the hot receiver's ingress sets the time)."""
+        """The all-to-all's routing skew: the most loaded rank receives this x the mean (``routing_imbalance``'s
+        receiver share, capped as ``expert_load``, at most ep: one rank receiving everything; 1 when padded, where
+        every expert receives its capacity). The network prices it (sim.network.models, ``skew``: the hot
+        receiver's ingress sets the time)."""
         moe = self.scenario.moe
         if moe.capacity_factor is not None and moe.pad_to_capacity:
             return 1.0
-        return min(self.expert_load, float(self.ep))
+        if moe.force_load_balancing and self.deepep_traffic is not None:
+            return self._capped(self.deepep_forced_skew)
+        return self._capped(self.routing_imbalance[1])
+
+    @cached_property
+    def deepep_forced_skew(self) -> float:
+        """flex under ``moe.force_load_balancing``: DeepEP moves distinct tokens, not pairs, so its hottest
+        receivers are counted in tokens: over RDMA a rank receives, from the ep group's ranks of its local index
+        (one per node), the tokens reaching its node; over NVLink the tokens reaching it from the whole group
+        (sim.parallel.forced_balance.busiest_receiver_tokens). One skew for the exchange: the slower tier's time
+        with its own skew over the slower tier's time without, so DeepEP's closed form (the slower tier sets
+        the time, x the skew) gives max(RDMA x its skew, NVLink x its skew), at the dispatch's bandwidths."""
+        traffic = self.deepep_traffic
+        assert traffic is not None
+        domains, _ = self.deepep_shape
+        experts, topk = self.model.num_moe_experts or 1, self.model.moe_router_topk
+        tokens = self.dispatch_tokens
+        rdma = traffic.rdma_bytes / traffic.rdma_bandwidth[0] if traffic.rdma_bytes > 0 else 0.0
+        nvlink = traffic.nvlink_bytes / traffic.nvlink_bandwidth[0]
+        if max(rdma, nvlink) <= 0:
+            return 1.0
+        rdma_skew = forced_balance.busiest_receiver_tokens(tokens * domains, experts, topk, domains, self.ep)
+        nvlink_skew = forced_balance.busiest_receiver_tokens(tokens * self.ep, experts, topk, self.ep, self.ep)
+        return max(rdma * rdma_skew, nvlink * nvlink_skew) / max(rdma, nvlink)
 
     @cached_property
     def expert_gather_bytes(self) -> float:

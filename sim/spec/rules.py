@@ -405,6 +405,9 @@ def _check_experts(s: Scenario, d: Degrees) -> None:
                          "ZeRO-1 (Megatron's distributed optimizer)")
     if moe.pad_to_capacity and moe.capacity_factor is None:
         raise ValueError("moe.pad_to_capacity: padding to capacity needs moe.capacity_factor")
+    if moe.force_load_balancing and moe.imbalance != 1.0:
+        raise ValueError(f"moe.imbalance: {moe.imbalance:g} cannot be combined with moe.force_load_balancing (the "
+                         "random router's imbalance is derived from the tokens, top-k, experts and ep); set one")
     if moe.token_dispatcher == "flex" and d.etp > 1:
         raise ValueError(f"moe.token_dispatcher: flex (DeepEP) with parallel.etp = {d.etp} is not modelled; use "
                          "etp 1 or the alltoall dispatcher")

@@ -277,7 +277,12 @@ class MoeSpec(FrozenSpec):
         "--moe-pad-expert-input-to-capacity: every expert's input padded to its capacity (fixed shapes)"))
     imbalance: float = Field(default=1.0, ge=1.0, description=(
         "routing imbalance: the most loaded expert rank's token-expert pairs / the mean; the slowest rank sets the "
-        "pace of the all-to-all and the expert GEMMs (1: even routing)"))
+        "pace of the all-to-all and the expert GEMMs (1: even routing; not with force_load_balancing)"))
+    force_load_balancing: bool = Field(default=False, description=(
+        "--moe-router-force-load-balancing (benchmarking): the router's logits replaced by i.i.d. normal ones, new "
+        "per micro-batch and layer, so each token goes to a uniformly random top-k subset of the experts; the "
+        "busiest EP rank's expected token-expert pairs / the mean then replace moe.imbalance, from the tokens, "
+        "top-k, experts and ep (sim.parallel.forced_balance, docs/mechanisms/forced_load_balancing.md)"))
     host_sync: bool | None = Field(default=None, description=(
         "whether the token dispatcher waits on the host for the routed token counts in every MoE layer's forward "
         "(Megatron-Core: the dropless alltoall dispatcher's cuda_dtoh_stream.synchronize(), the allgather "

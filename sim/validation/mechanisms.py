@@ -141,6 +141,19 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(
+        name="forced load balancing: the busiest expert rank under random top-k routing",
+        off=(),  # no dense validation row routes tokens; the MoE rows that set it are in scenarios/validation/moe
+        knob="moe.force_load_balancing (default false: routing as moe.imbalance states, 1.0 even)",
+        source="Megatron-LM 1e05700595 router.py (apply_random_logits under --moe-router-force-load-balancing), "
+               "moe_utils.py RandomSTE (i.i.d. normal logits, generator seeded 42 + rank, new every call) and "
+               "topk_softmax_with_capacity (torch.topk); the expected maximum of the ep ranks' hypergeometric "
+               "pair counts in the Gaussian limit (sim.parallel.forced_balance)",
+        doc="mechanisms/forced_load_balancing.md",
+        note="no dense validation row uses it; the six MoE rows whose commands passed the flag: Mixtral 8x22B "
+             "forced balance +1.5% -> +3.0%, Qwen3-235B ep 32 +6.2% -> +6.6%, ep 32 overlap -12.5% -> -12.0%, "
+             "a2a pp 32 -6.6% -> -6.4%, tp 4 -2.1% (host-bound, unchanged), 16k +0.5% -> +0.8%",
+    ),
+    Mechanism(
         name="FSDP1 gradient kernels per micro-batch (flatten, reduce-dtype cast, pre-division)",
         off=(),  # fsdp.version=2 on every row would give the rows without FSDP an fsdp section
         knob="fsdp.version (default 1: torch.distributed.fsdp.FullyShardedDataParallel; 2: fully_shard, none)",
