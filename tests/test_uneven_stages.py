@@ -123,3 +123,43 @@ def test_llama3_405b_layout_first_chunk_embedding_alone() -> None:
     assert plan.embedding_stage == 0 and plan.head_stage == 15 and plan.pipelined_fsdp
     model = scenario.model
     assert plan.stage_params(0) == 7 * layer_params(model).per_tp_rank(8) + embedding_params(model) / 8
+
+
+def test_a_stage_of_the_embedding_alone_is_refused_in_one_line(capsys) -> None:
+    """126 layers + the embedding's and the loss's slots over pp 128 (vpp 1): the first stage would hold the
+    embedding alone and the last the loss alone. The simulator keeps a stage's head and embedding gradients with
+    its layers, so such a layout is refused in one line (it crashed ``sim search`` on the 405B scenario's space,
+    ``max() arg is an empty sequence``); with vpp 8 (the bundled layout) a chunk may be the embedding alone."""
+    args = ["check", str(SCENARIOS / "llama3.1-405b_h100-16384.yaml"), "--set", "parallel.tp=1", "--set",
+            "parallel.pp=128", "--set", "parallel.vpp=1", "--set", "schedule=1f1b"]
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err
+    assert "parallel.account_for_embedding_in_pipeline_split: model.num_layers + 2 = 128 over pp = 128 stages " \
+           "leaves the embedding's or the loss's stage without a transformer layer" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_embedding_alone_in_chunk_0_keeps_its_gradients_and_gathers() -> None:
+    """Model chunk 0 holding the embedding alone (one pipeline-split slot per chunk): Megatron's per-chunk gradient
+    buffers (no --overlap-grad-reduce) and the distributed optimizer's weight-gather buckets still carry the
+    embedding's bytes, with the stage's first chunk (they were dropped when keyed to layer 0, which sits on stage
+    1 here)."""
+    from sim.workload.grad_buckets import chunk_gradient_bytes, gradient_bytes
+    from sim.workload.param_gather import param_gather_buckets
+    scenario = load_scenario(SCENARIOS / "llama3.1-405b_h100-16384.yaml",
+                             ["fsdp=null", "parallel.zero=1", "parallel.overlap_grad_reduce=false",
+                              "parallel.overlap_param_gather=false"])
+    plan = resolve(scenario)
+    sizes = gradient_bytes(plan, 0)
+    assert -1 in sizes and not plan.chunk_layers(0)
+    chunks = chunk_gradient_bytes(plan, 0)
+    assert chunks[0][0] == [-1]
+    assert sum(nbytes for _, nbytes in chunks) == pytest.approx(sum(sizes.values()), rel=1e-12)
+    gathered = load_scenario(SCENARIOS / "llama3.1-405b_h100-16384.yaml",
+                             ["fsdp=null", "parallel.zero=1", "parallel.overlap_grad_reduce=true",
+                              "parallel.overlap_param_gather=true"])
+    plan = resolve(gathered)
+    buckets = param_gather_buckets(plan, 0)
+    per_grad_byte = plan.weight_bytes_per_param / plan.grad_bytes_per_param
+    assert sum(b.nbytes for b in buckets) == pytest.approx(sum(gradient_bytes(plan, 0).values()) * per_grad_byte,
+                                                           rel=1e-12)

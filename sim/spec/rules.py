@@ -345,6 +345,13 @@ def _check_split_slots(s: Scenario, slots: int) -> None:
     if total % (p.pp * p.vpp):
         raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: model.num_layers + {slots} = {total} "
                          f"does not split evenly over pp*vpp = {p.pp * p.vpp} model chunks")
+    if total == p.pp:
+        # one slot per stage: the first stage holds the embedding alone (and the last the loss). Megatron-Core can
+        # build such a stage; the simulator keeps a stage's head and embedding gradients with its layers, so it
+        # refuses the layout rather than drop them
+        raise ValueError(f"parallel.account_for_embedding_in_pipeline_split: model.num_layers + {slots} = {total} "
+                         f"over pp = {p.pp} stages leaves the embedding's or the loss's stage without a transformer "
+                         "layer, which is not modelled")
 
 
 def _check_recompute_modules(s: Scenario) -> None:

@@ -99,7 +99,9 @@ def chunk_gradient_bytes(plan: Plan, stage: int) -> list[tuple[list[int], float]
     distributed_data_parallel.py). Returns, per local chunk in order, its layers (-1: the embedding) and bytes."""
     sizes = gradient_bytes(plan, stage)
     out = []
-    for chunk in plan.stage_chunks[stage]:
-        layers = list(plan.chunk_layers(chunk)) + ([-1] if -1 in sizes and 0 in plan.chunk_layers(chunk) else [])
+    for local, chunk in enumerate(plan.stage_chunks[stage]):
+        # the embedding with the stage's first chunk (model chunk 0, which holds no layer where the embedding takes
+        # a whole pipeline-split slot of its own)
+        layers = list(plan.chunk_layers(chunk)) + ([-1] if -1 in sizes and local == 0 else [])
         out.append((layers, sum(sizes[layer] for layer in layers)))
     return out

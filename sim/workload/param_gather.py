@@ -49,7 +49,7 @@ def param_gather_buckets(plan: Plan, stage: int) -> list[GatherBucket]:
     for local, chunk in enumerate(plan.stage_chunks[stage]):
         layers = plan.chunk_layers(chunk)
         ready = [(layer, sizes[layer]) for layer in reversed(layers)]
-        if -1 in sizes and 0 in layers:
+        if -1 in sizes and local == 0:  # the embedding with model chunk 0 (chunk_gradient_bytes)
             ready.append((-1, sizes[-1]))
         out += [GatherBucket(tuple(reversed(members)), local, nbytes * per_grad_byte)
                 for members, nbytes in reversed(group_buckets(plan, ready))]
