@@ -88,3 +88,22 @@ def bundled_run() -> Callable[[str], RunResult]:
         return runs[name]
 
     return get
+
+
+# A NeMo 2.0 MoE model config on one node of 8 GPUs (ep 8, 8 experts top-2), for the importer tests to extend with
+# the keys they test (tests/test_deepep.py, tests/test_forced_balance.py)
+NEMO_MOE_MODEL = """trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}
+model:
+  micro_batch_size: 1
+  global_batch_size: 16
+  encoder_seq_length: 2048
+  max_position_embeddings: 2048
+  num_layers: 4
+  hidden_size: 1024
+  ffn_hidden_size: 4096
+  num_attention_heads: 8
+  vocab_size: 32000
+  expert_model_parallel_size: 8
+  num_moe_experts: 8
+  moe_router_topk: 2
+"""

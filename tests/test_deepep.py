@@ -19,7 +19,7 @@ from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 from sim.workload.moe_layer import combine_exchanges, dispatch_exchanges
 
-from conftest import SCENARIOS, small_moe_model
+from conftest import NEMO_MOE_MODEL, SCENARIOS, small_moe_model
 
 QWEN3_EP32 = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32.yaml"
 GB = 1e9
@@ -239,21 +239,7 @@ def test_megatron_emit_keeps_the_moe_shape_and_the_uneven_pipeline(tmp_path: Pat
     assert back.parallel.first_stage_layers == 1
 
 
-NEMO_MOE = """trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}
-model:
-  micro_batch_size: 1
-  global_batch_size: 16
-  encoder_seq_length: 2048
-  max_position_embeddings: 2048
-  num_layers: 4
-  hidden_size: 1024
-  ffn_hidden_size: 4096
-  num_attention_heads: 8
-  vocab_size: 32000
-  expert_model_parallel_size: 8
-  num_moe_experts: 8
-  moe_router_topk: 2
-  moe_token_dispatcher_type: flex
+NEMO_MOE = NEMO_MOE_MODEL + """  moe_token_dispatcher_type: flex
   moe_flex_dispatcher_backend: BACKEND
   moe_deepep_num_sms: 32
   overlap_moe_expert_parallel_comm: true

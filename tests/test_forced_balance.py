@@ -18,7 +18,7 @@ from sim.plan import resolve
 from sim.spec.scenario import load_scenario, scenario_from_dict
 from sim.validation.validate import published, run_validation
 
-from conftest import DATA, SCENARIOS, small_moe_model
+from conftest import DATA, NEMO_MOE_MODEL, SCENARIOS, small_moe_model
 
 MOE = SCENARIOS / "validation" / "moe"
 
@@ -234,22 +234,7 @@ def test_sim_import_nemo_maps_the_forced_balance_key(tmp_path) -> None:
     from sim.interop.nemo import import_nemo
 
     path = tmp_path / "nemo.yaml"
-    path.write_text("""trainer: {num_nodes: 1, devices: 8, precision: bf16-mixed}
-model:
-  micro_batch_size: 1
-  global_batch_size: 16
-  encoder_seq_length: 2048
-  max_position_embeddings: 2048
-  num_layers: 4
-  hidden_size: 1024
-  ffn_hidden_size: 4096
-  num_attention_heads: 8
-  vocab_size: 32000
-  expert_model_parallel_size: 8
-  num_moe_experts: 8
-  moe_router_topk: 2
-  moe_router_force_load_balancing: true
-""")
+    path.write_text(NEMO_MOE_MODEL + "  moe_router_force_load_balancing: true\n")
     draft = import_nemo([str(path)], Options(gpu="H100-SXM"))
     assert draft.scenario().moe.force_load_balancing
     assert not [row for row in draft.rows if row.status == "unknown"]
