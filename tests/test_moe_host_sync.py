@@ -16,6 +16,7 @@ from sim import runner
 from sim.api import estimate
 from sim.costs.host import (
     EAGER_MOE_LAYER_KERNELS,
+    EAGER_MOE_PART_KERNELS,
     EXPERT_GEMMS,
     MEGATRON_MOE_PASSES,
     TE_MODULE_PASSES,
@@ -298,22 +299,15 @@ def test_megatrons_moe_backward_costs_the_host_no_more_than_the_replays() -> Non
     assert MEGATRON_MOE_PASSES == {"forward": 1, "backward": 0}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found in review8, not fixed: selective recomputation of module moe (training.recompute_modules [moe], "
-    "Megatron's --recompute-modules moe) reruns the MoE layer's forward inside its backward, router, token "
-    "dispatcher with its host sync, experts and unpermute (Megatron-LM 1e05700595 moe_layer.py: "
-    "tensor_parallel.checkpoint(custom_forward) around router -> token_permutation -> experts -> "
-    "token_unpermutation), yet neither the simulation (LayerEmitter._layer_tasks adds the forward's host time for "
-    "full recomputation only) nor the estimate (Estimator._moe_layer's backward bound) adds the replayed forward's "
-    "host time: not even Megatron-Core's own MoE code (costs.megatron_moe_host_ops, 63 eager ops = 2.02 ms), "
-    "which is exactly the code that reruns. Qwen3 tp 4 row with module moe: MoE backward bound 4.06 ms (device), "
-    "about 7.6 ms with the replayed MoE part's host time (its ~63 eager kernels, 32 expert GEMM launches, the "
-    "two grouped-linear TE modules and the Megatron term)"))
 def test_recomputing_module_moe_issues_the_replayed_forwards_host_time_in_the_backward() -> None:
     """Megatron-Core's selective recomputation of module ``moe`` checkpoints the MoE layer's custom_forward, so the
     backward pass reruns the router, the dispatcher's host sync and the unpermute: on the small host-bound layer
     each backward pass then lasts at least the backward's host time plus Megatron's own MoE code's forward
-    (costs.megatron_moe_host_ops x costs.eager_op_overhead, a lower bound on the replayed forward's host time)."""
+    (costs.megatron_moe_host_ops x costs.eager_op_overhead, a lower bound on the replayed forward's host time).
+    Found in review8; the replayed MoE part is priced as its eager kernels (63: the replay's MoE part at the tiny
+    shape, 95 kernels, less its 2 x 16 expert GEMMs), Megatron's own code, the expert GEMM launches and the
+    experts' two TE grouped-linear modules (Plan.moe_replay_host_seconds, sim.costs.host.moe_part_host_seconds);
+    the estimate prices the backward bound with it too."""
     doc = _doc()
     doc["training"] = {**doc["training"], "recompute": "selective", "recompute_modules": ["moe"]}
     scenario = scenario_from_dict(doc)
@@ -330,3 +324,13 @@ def test_recomputing_module_moe_issues_the_replayed_forwards_host_time_in_the_ba
     assert len(spans) == 4
     for row in spans.itertuples():
         assert row.end - row.start >= plan.moe_host_seconds["backward"] + rerun
+    replay = (63 + 63) * 32e-6 + 2 * plan.local_experts * 5e-6 + 2 * 83e-6
+    assert plan.moe_replay_host_seconds == pytest.approx(replay, rel=1e-12)
+    assert (spans["end"] - spans["start"]).max() == pytest.approx(plan.moe_host_seconds["backward"] + replay,
+                                                                  rel=0.05)
+    table = _megatron_measured()
+    replay_tiny = table.loc[("NVIDIA H200", "tiny", "replay", 0)]
+    assert replay_tiny["kernels_fwd"] - EXPERT_GEMMS["forward"] * 16 == EAGER_MOE_PART_KERNELS == 63
+    assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=0.03)
+    doc["training"] = {**doc["training"], "recompute_modules": ["layernorm", "moe_act"]}
+    assert resolve(scenario_from_dict(doc)).moe_replay_host_seconds == 0.0

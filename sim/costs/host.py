@@ -60,6 +60,25 @@ TE_MODULE_PASSES: dict[Direction, int] = {"forward": 1, "backward": 0}
 MEGATRON_MOE_PASSES: dict[Direction, int] = {"forward": 1, "backward": 0}
 
 
+# The MoE part of a layer's forward as eager kernels (the pre-MLP norm, the router with its aux loss, the
+# dispatcher's preprocess, permute, exchanges and sort, the activation, the unpermute and combine), what selective
+# recomputation of module moe replays in the backward: the replay's MoE part at the tiny shape
+# (sim/data/reference/megatron_moe_host_measurements.csv, impl replay, kernels_fwd 95) less its 2 x 16 expert GEMMs.
+# A lower bound: at the row shapes the same ops launch 115 kernels (larger sorts and scans split into more).
+EAGER_MOE_PART_KERNELS = 63
+
+
+def moe_part_host_seconds(local_experts: int, eager_op_overhead: float, launch_overhead: float,
+                          te_module_overhead: float, megatron_moe_host_ops: float) -> float:
+    """Seconds the host takes to issue the MoE part of one layer's forward (router -> dispatch -> experts ->
+    unpermute; no attention) on a rank with ``local_experts`` experts: its eager kernels, its expert GEMMs, the
+    experts' two Transformer Engine grouped-linear modules and Megatron-Core's own MoE code. What Megatron's
+    ``--recompute-modules moe`` reruns, host sync included, inside the backward (moe_layer.py at 1e05700595:
+    ``tensor_parallel.checkpoint(custom_forward)``)."""
+    return ((EAGER_MOE_PART_KERNELS + megatron_moe_host_ops) * eager_op_overhead
+            + EXPERT_GEMMS["forward"] * local_experts * launch_overhead + 2 * te_module_overhead)
+
+
 def te_linear_modules(mla: bool, q_latent: bool, shared_expert: bool) -> int:
     """Transformer Engine linear modules one MoE transformer layer's forward calls (Megatron-Core's TE layer spec):
     attention's 2 (GQA/MHA) or multi-head latent attention's 4 (5 with a query latent ``q_latent``), the routed

@@ -104,7 +104,8 @@ class MoePricing(BlockPricing):
         # all-gather (LayerEmitter._moe_host: a collective's length is the network's)
         host = plan.moe_host_seconds
         return (host_bound(alone(forward_blocks), self._moe_host_lead(plan, times) + host["forward"]),
-                host_bound(alone(backward_blocks), host["backward"]), weight, forward_blocks, backward_blocks)
+                host_bound(alone(backward_blocks), host["backward"] + plan.moe_replay_host_seconds), weight,
+                forward_blocks, backward_blocks)
 
     def _moe_host_lead(self, plan: Plan, times: list[float]) -> float:
         """Seconds of a MoE layer forward before the host's issue time counts (the simulation's
@@ -164,7 +165,8 @@ class MoePricing(BlockPricing):
         host = plan.moe_host_seconds
         moe_f = alone(pair.moe[0])
         moe_b = alone(pair.moe[1])
-        extra = (max(0.0, host["forward"] - moe_f), max(0.0, host["backward"] - moe_b))
+        host_b = host["backward"] + plan.moe_replay_host_seconds  # module moe's replayed forward with it
+        extra = (max(0.0, host["forward"] - moe_f), max(0.0, host_b - moe_b))
         # DeepEP's kernels hold n of the GPU's S SMs (Plan.deepep_sms): compute under an exchange runs on the rest
         # (pair_span's ``held``; sim.engine.sm_contention in the simulation)
         held = plan.deepep_sms / (plan.scenario.cluster.gpu.sms or 1) if plan.deepep_sms else 0.0
@@ -173,7 +175,7 @@ class MoePricing(BlockPricing):
             forward, _, moe_forward = passes[a]
             _, backward, moe_backward = passes[b]
             apart = alone(forward) + moe_forward * extra[0] + alone(backward) + moe_backward * extra[1]
-            issue = moe_forward * host["forward"] + moe_backward * host["backward"]
+            issue = moe_forward * host["forward"] + moe_backward * host_b
             return apart - max(pair_span(forward, backward, held), issue)
 
         if mix:

@@ -105,8 +105,10 @@ class LayerEmitter(ChainEmitter):
                 else:
                     after = self._block("backward", block, mb, layer, after, phase)
         if moe and self.moe_host[direction] > 0 and after is not None:
-            # full recomputation reruns the layer's forward, its host sync and eager ops with it, in the backward
-            host = self.moe_host[direction] + (self.moe_host["forward"] if recomputes else 0.0)
+            # full recomputation reruns the layer's forward, its host sync and eager ops with it, in the backward;
+            # selective recomputation of module moe its MoE part (Plan.moe_replay_host_seconds)
+            host = self.moe_host[direction] + (self.moe_host["forward"] if recomputes else
+                                               self.plan.moe_replay_host_seconds if direction == "backward" else 0.0)
             after = self._moe_host(direction, host, mb, layer, first, after)
         self.dp.unit_compute_done(layer, direction, after)  # type: ignore[arg-type]
         if stampable and not self.pending_deps:
