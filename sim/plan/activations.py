@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 
+from sim.costs import host
 from sim.model.memory import (
     Recompute,
     activation_bytes_per_layer,
@@ -25,6 +26,7 @@ from sim.model.peft import (
 from sim.parallel.context import ring_buffer_bytes
 from sim.plan.cached import cached_property
 from sim.plan.sequence import SequenceFacts
+from sim.spec.scenario import CalibratedCostsSpec, RooflineCostsSpec
 
 
 class ActivationFacts(SequenceFacts):
@@ -57,6 +59,19 @@ class ActivationFacts(SequenceFacts):
         if t.recompute != "selective":
             return frozenset()
         return frozenset(t.recompute_modules if t.recompute_modules is not None else ("core_attn",))
+
+    @cached_property
+    def moe_replay_host_seconds(self) -> float:
+        """Seconds selective recomputation of module ``moe`` (``recompute_modules``, Megatron's --recompute-modules
+        moe) adds to the host's time to issue a MoE layer's backward: the replayed MoE part's forward, host sync
+        included (sim.costs.host.moe_part_host_seconds); 0 without the replay or the host bound
+        (``moe_host_seconds``)."""
+        costs = self.scenario.costs
+        if "moe" not in self.recompute_modules or not self.moe_host_seconds["forward"]:
+            return 0.0
+        assert isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec))  # moe_host_seconds is 0 otherwise
+        return host.moe_part_host_seconds(self.local_experts, costs.eager_op_overhead, costs.launch_overhead,
+                                          costs.te_module_overhead, costs.megatron_moe_host_ops)
 
     # -------------------------------------------------------------------------------------- activation offload
     def offloads(self, layer: int) -> bool:

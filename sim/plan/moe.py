@@ -186,19 +186,6 @@ class MoeFacts(ParamFacts):
 
     # ----------------------------------------------------------------------------------------------- host sync
     @cached_property
-    def moe_replay_host_seconds(self) -> float:
-        """Seconds selective recomputation of module ``moe`` (``training.recompute_modules``, Megatron's
-        --recompute-modules moe) adds to the host's time to issue a MoE layer's backward: the replayed MoE part's
-        forward, host sync included (sim.costs.host.moe_part_host_seconds); 0 without the replay or the host bound."""
-        t, costs = self.scenario.training, self.scenario.costs
-        if (t.recompute != "selective" or "moe" not in (t.recompute_modules or ())
-                or not self.moe_host_seconds["forward"]):
-            return 0.0
-        assert isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec))  # moe_host_seconds is 0 otherwise
-        return host.moe_part_host_seconds(self.local_experts, costs.eager_op_overhead, costs.launch_overhead,
-                                          costs.te_module_overhead, costs.megatron_moe_host_ops)
-
-    @cached_property
     def moe_host_seconds(self) -> dict[str, float]:
         """Per direction (``forward``, ``backward``), the host's seconds to issue one MoE layer pass where the token
         dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
