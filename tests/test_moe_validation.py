@@ -26,7 +26,8 @@ _QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-
                   "plan's own Python per pair (Megatron-LM #2168/#2184: 'EP Overlap brings extra cpu overhead and may "
                   "cause GPU bubble') was not measured. Its 32 CUDA hardware queues "
                   "(parallel.cuda_device_max_connections) expose the attention backward's TP collectives (-12.0% -> "
-                  "-10.4%). The ModelZoo's run_h100_235b.sh puts this layout at 320 TFLOPS (15.1 s) once CUDA graphs capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
+                  "-10.4%). The ModelZoo's run_h100_235b.sh puts this layout at 320 TFLOPS (15.1 s) once CUDA graphs "
+                  "capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
                   "~2.5 s to host-side launches and syncs (docs/mechanisms/a2a_overlap.md, moe_host_sync.md)")
 # The Qwen3 pp 32 and tp 4 rows (main(1e057005)) came inside the band (-15.2% -> -6.6%, -21.8% -> -2.1%) when
 # Megatron-Core's own MoE code was run and its host time priced (costs.megatron_moe_host_ops, 63 eager ops' worth
