@@ -69,12 +69,15 @@ def test_nemo2_deepseek_config_class_builds_mla_with_its_widths(target: str, wid
     """``model.config._target_`` naming a DeepSeek config class is MLA (MLATransformerConfig's
     multi_latent_attention True) with that class's widths where the YAML gives none, each reported as NeMo's
     default; the base model (--model llama3-8b) has no MLA, so every width comes from the class."""
-    draft = _import(tmp_path, _nemo2({"_target_": f"nemo.collections.llm.gpt.model.deepseek.{target}"}))
+    draft = _import(tmp_path, _nemo2({"_target_": f"nemo.collections.llm.gpt.model.deepseek.{target}",
+                                      "mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1}))
     m = draft.scenario().model
     assert m.multi_latent_attention
     assert tuple(getattr(m, key) for key in WIDTHS) == widths
     assert _row(draft, "model.config._target_").status == "mapped"
     assert all(_row(draft, f"model.config.{key}").status == "default" for key in WIDTHS)
+    # the pretraining recipe's multi-token prediction (use_mtp): reported as not simulated, not unknown
+    assert _row(draft, "model.config.mtp_num_layers").status == "unmapped"
     _round_trip(draft, tmp_path)
 
 

@@ -102,7 +102,7 @@ HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data."
             "trainer.plugins.params_dtype", "trainer.plugins.pipeline_dtype", "trainer.plugins.autocast_enabled",
             # MLA's YaRN RoPE (MLATransformerConfig: rope_type, mscale, beta_fast/slow): the same RoPE kernels
             "model.rope_type", "model.mscale", "model.beta_", "model.config.rope_type", "model.config.mscale",
-            "model.config.beta_")
+            "model.config.beta_", "model.mtp_loss_scaling_factor", "model.config.mtp_loss_scaling_factor")
 ACTIVATIONS = {"gelu": None, "fast-gelu": None, "openai-gelu": None, "swiglu": "swiglu", "fast-swiglu": "swiglu",
                "squared-relu": "squared_relu"}
 PRECISIONS = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "fp16": "fp16",
@@ -323,6 +323,14 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
                   "Megatron-Core's fused vocab-parallel loss" if fusion else "Megatron-Core's unfused "
                   "VocabParallelCrossEntropy, kernel by kernel (docs/mechanisms/loss_head.md)")
         read.add(key)
+    # DeepSeek-V3's multi-token prediction (Megatron-Core TransformerConfig.mtp_num_layers; NeMo's DeepSeek-V3
+    # pretraining recipe sets 1): its extra layer and output head are not simulated, as the HF config's
+    # num_nextn_predict_layers is not (sim.model.hf_config)
+    for key in ("model.config.mtp_num_layers", "model.mtp_num_layers"):
+        if flat.get(key):
+            draft.row(key, flat[key], "unmapped", "multi-token prediction: its extra layer and head per step are "
+                      "not simulated")
+            read.add(key)
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")
