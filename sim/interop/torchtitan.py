@@ -227,6 +227,9 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         if gathered and shard > 1:
             draft.put("training.fp8_weight_cache", True, str(gather_key), True, "each weight's shard cast to FP8 "
                       "before its FSDP all-gather, once per gather (the gathers still priced at bf16 bytes)")
+        elif gather_key is not None and shard > 1:  # written false
+            draft.put("training.fp8_weight_cache", False, gather_key, flat[gather_key],
+                      "Float8Linear casts each weight in every forward")
         else:
             draft.put("training.fp8_weight_cache", False, "model.converters", converters,
                       "Float8Linear casts each weight in every forward", "default")
