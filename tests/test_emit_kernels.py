@@ -167,7 +167,10 @@ def test_deepspeed_emit_writes_the_attention_implementation(overrides: list[str]
     imported back as SDPA's flash kernel."""
     launch, draft = _deepspeed(load_scenario(DDP, overrides), tmp_path)
     assert written in launch
-    assert draft.scenario().training.flash_attention is flash
+    back = draft.scenario().training
+    assert back.flash_attention is flash
+    if flash:  # SDPA's (or flash-attn's) FlashAttention, whatever `auto` would resolve to
+        assert back.attention_backend == "flash"
 
 
 def test_deepspeed_emit_refuses_cudnn_attention() -> None:

@@ -297,6 +297,10 @@ def _trainer(draft: Draft, trainer: Args) -> None:
     draft.put("training.flash_attention", attention != "eager", "--attn_implementation", attention,
               "sdpa (transformers' default) runs PyTorch's flash kernel in bf16/fp16" if attention == "sdpa" else "",
               "mapped" if trainer.has("attn_implementation") else "default")
+    if attention != "eager":  # the kernel flash attention runs: SDPA tries FlashAttention-2 before cuDNN
+        # (pytorch#138907), flash_attention_2/3 are the flash-attn package's; none is cuDNN's fused attention
+        draft.put("training.attention_backend", "flash", "--attn_implementation", attention, "FlashAttention "
+                  "(priced on FlashAttention-2's curve)", "default")
     draft.put("training.fused_kernels", False, "(HF Trainer)", "eager", "PyTorch eager element-wise kernels (no "
               "torch.compile)", "default")
     # the loss transformers computes (loss/loss_utils.py ForCausalLMLoss: logits.float(), then log_softmax and
