@@ -141,6 +141,9 @@ def test_torchtitan_emit_writes_the_fp8_weight_cast(base: Path, overrides: list[
     cached scenario ran (and imported back) uncached."""
     text, draft = _torchtitan(load_scenario(base, overrides), tmp_path)
     lines = text.splitlines()
+    # torchao has no delayed scaling: the recipe's default (delayed) is named in a comment, the run is current scaling
+    assert any(line.startswith("# fp8: ") and "fp8_recipe delayed" in line for line in lines)
+    assert draft.scenario().training.fp8_recipe == "current"
     assert ("enable_fsdp_float8_all_gather = true" in lines) is gathered
     assert ("precompute_float8_dynamic_scale_for_fsdp = true" in lines) is gathered
     assert draft.scenario().training.fp8_weight_cache is cache

@@ -329,6 +329,9 @@ def _torchtitan(s: Scenario) -> Emitted:
     float8 = _torchtitan_float8(s, shard)
     if t.dtype == "fp8":
         lines.append('converters = ["float8"]')
+        if t.fp8_recipe == "delayed":  # the field's default, so written as a comment, not refused
+            lines.append("# fp8: torchao's tensorwise current scaling (recipe_name tensorwise / rowwise at e347b1e5e: "
+                         "no delayed scaling); the scenario priced training.fp8_recipe delayed")
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
               f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
