@@ -75,3 +75,13 @@ def test_the_assembling_module_is_small():
     """The split's point: the sections' fields live beside their concept, not in one 700-line file."""
     lines = len((ROOT / "sim" / "spec" / "scenario.py").read_text().splitlines())
     assert lines < 250, f"sim/spec/scenario.py has {lines} lines: does a section model live there again?"
+
+
+def test_each_scenario_rule_lives_in_its_concern_module():
+    """``sim.spec.rules`` keeps the order and what each rule reads; the checks themselves live by concern
+    (rules_layout, rules_training, rules_sharding, rules_moe, rules_cluster). A lambda adapting a one-argument
+    check is the table's own."""
+    from sim.spec.rules import RULES
+
+    homes = {rule.check.__module__ for rule in RULES if rule.check.__name__ != "<lambda>"}
+    assert homes == {f"sim.spec.rules_{concern}" for concern in ("layout", "training", "sharding", "moe", "cluster")}

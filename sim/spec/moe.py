@@ -4,7 +4,7 @@ In: the ``moe:`` mapping, by Megatron-Core's MoE flags: the token dispatcher (al
 flex) with DeepEP's bandwidths and SMs, the experts' capacity, routing imbalance or forced load balancing, the
 dispatcher's host sync, and the combined 1F1B's overlap of the exchanges. Out: a frozen ``MoeSpec``, read only
 with a MoE model; the rules it must meet with the other sections (ep, the dispatcher ``a2a_overlap`` needs) are
-``sim.spec.rules``'.
+``sim.spec.rules_moe``'.
 """
 
 from __future__ import annotations

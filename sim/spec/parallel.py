@@ -5,7 +5,7 @@ parallelism, uneven first and last pipeline stages, the ZeRO stage, DDP's gradie
 switches (TP collectives in chunks under their GEMMs, pipeline sends, gradient reduction, the weight all-gather).
 Out: a frozen ``ParallelSpec`` with every default filled; ``dp`` left unset is implied by ``sim.spec.degrees``
 (GPUs / (tp*cp*pp)), and the rules across fields and sections (degrees dividing the cluster, the layers, the
-heads) are ``sim.spec.rules``'. ``MiB``: 2**20 bytes, the unit of DDP's default bucket.
+heads) are ``sim.spec.rules_layout``'. ``MiB``: 2**20 bytes, the unit of DDP's default bucket.
 """
 
 from __future__ import annotations
