@@ -17,7 +17,8 @@ from sim.parallel.schedules import A2A_OVERLAP
 from sim.spec.degrees import Degrees
 
 if TYPE_CHECKING:
-    from sim.spec.scenario import MoeSpec, Scenario
+    from sim.spec.moe import MoeSpec
+    from sim.spec.scenario import Scenario
 
 
 @functools.cache
