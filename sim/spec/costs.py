@@ -5,7 +5,8 @@ without ``model`` is the roofline model: ``Scenario._model_shorthand`` in ``sim.
 spec per cost model: ``FixedCostsSpec`` (a layer's pass times given), ``RooflineCostsSpec`` (the GPU's peaks and
 its default profile's curves) and ``CalibratedCostsSpec`` (a measured profile), the last two sharing
 ``KernelCostsSpec``: the end-to-end factor, the launch floor and overheads, the host times behind a MoE
-dispatcher's sync, FP8's split accumulation and the attention curves. ``sim.costs.models`` reads them.
+dispatcher's sync, FP8's split accumulation and the attention curves. ``sim.workload.cost_model`` builds the
+model they name (``sim.costs.models``).
 """
 
 from __future__ import annotations

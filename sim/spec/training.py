@@ -6,7 +6,7 @@ fused kernels, FP8's recipe and casts, CUDA graphs), gradient clipping, the trai
 the loss head's logits, activation offload, the inputs' document lengths (``sim.spec.sequence``) and the
 fine-tuning method (``sim.spec.method``). Out: a frozen ``TrainingSpec`` with every default filled, and
 ``RecomputeModule``, the recompute module names it accepts. The batch and sequence length it leaves unset are
-implied by ``sim.spec.degrees``; the rules across its fields and other sections are ``sim.spec.rules``'.
+implied by ``sim.spec.degrees``; the rules across its fields and other sections are ``sim.spec.rules_training``'.
 """
 
 from __future__ import annotations
