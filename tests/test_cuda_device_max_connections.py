@@ -86,7 +86,6 @@ def _chunked(connections: int, method: str):
                                    "tp_comm_overlap_method": method, "cuda_device_max_connections": connections})
 
 
-@pytest.mark.xfail(strict=True, reason="review10: the chunked backward falls back to the unchunked path at > 1 queue")
 @pytest.mark.parametrize("method", ["userbuffers", "async_tp"])
 def test_chunked_tp_overlap_does_not_depend_on_the_queues(method: str) -> None:
     """TE's userbuffers order their own launches: with more than one queue on Hopper (CUDA >= 12.3) the comm kernel
