@@ -215,12 +215,12 @@ def test_deepspeed_imported_config_round_trips_its_kernels(tmp_path: Path) -> No
     assert _kernels(draft.scenario()) == _kernels(first)
 
 
-@pytest.mark.xfail(strict=True, reason="review10: auto -> cuDNN fused attention emitted silently as SDPA")
 def test_torchtitan_emit_names_the_cudnn_attention_auto_priced(tmp_path: Path) -> None:
     """``attention_backend: auto`` with fused kernels (every bundled scenario's default) is priced on cuDNN's fused
-    attention (sim.costs.models.resolve_attention_backend), which TorchTitan's SDPA does not run: the TOML says so in
-    a comment naming the field (as for unfused attention), and imports back as FlashAttention-2. The emitter wrote
-    nothing, so the llama2-7b FSDP scenario's attention changed kernel unannounced (its step +10% on flash)."""
+    attention (sim.costs.models.resolve_attention_backend); the TOML has no attention setting and imports back as
+    FlashAttention-2 (`sim import torchtitan` reads the December 2024 SDPA order), so the TOML says so in a comment
+    naming the field, as for unfused attention. The emitter wrote nothing: the llama2-7b FSDP scenario's round trip
+    changed its attention kernel unannounced (its step +10% on flash)."""
     scenario = load_scenario(FSDP)
     assert (scenario.training.attention_backend, scenario.training.fused_kernels) == ("auto", True)
     text, draft = _torchtitan(scenario, tmp_path)
