@@ -100,3 +100,20 @@ def test_chunked_tp_overlap_does_not_depend_on_the_queues(method: str) -> None:
     assert ops[0].equals(ops[1])
     assert many.summary.step_time_s == one.summary.step_time_s
     assert estimate(_chunked(32, method)).step_time_s == estimate(_chunked(1, method)).step_time_s
+
+
+@pytest.mark.xfail(strict=True, reason="review10: > 1 queue exposes the TP collectives on Blackwell too")
+@pytest.mark.parametrize("gpu", ["B200", "GB200"])
+def test_blackwell_needs_no_single_queue(gpu: str) -> None:
+    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP only before compute capability 10 ("requirement
+    no longer exists since the Blackwell architecture", megatron/training/arguments.py), and TE's userbuffers order
+    their launches only on Hopper, "which uses persistent CTA execution" (comm_gemm_overlap.cpp): on Blackwell the
+    collectives issued before the GEMMs get SMs beside them at any number of queues, so 32 runs the step of 1."""
+    one, many = (runner.run(make_scenario(cluster={"gpu": gpu, "nodes": 1, "gpus_per_node": 2}, model=GPT,
+                                          training={"global_batch": 4, "micro_batch": 1, "seq_len": 2048,
+                                                    "recompute": "none"},
+                                          parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True,
+                                                    "cuda_device_max_connections": connections}))
+                 for connections in (1, 32))
+    assert many.summary.step_time_s == one.summary.step_time_s
+    assert many.summary.exposed_comm_s["tp"] == one.summary.exposed_comm_s["tp"]
