@@ -102,7 +102,6 @@ def test_chunked_tp_overlap_does_not_depend_on_the_queues(method: str) -> None:
     assert estimate(_chunked(32, method)).step_time_s == estimate(_chunked(1, method)).step_time_s
 
 
-@pytest.mark.xfail(strict=True, reason="review10: > 1 queue exposes the TP collectives on Blackwell too")
 @pytest.mark.parametrize("gpu", ["B200", "GB200"])
 def test_blackwell_needs_no_single_queue(gpu: str) -> None:
     """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP only before compute capability 10 ("requirement

@@ -15,6 +15,7 @@ The same collectives split into chunks beside their GEMMs are sim.workload.tp_ov
 
 from __future__ import annotations
 
+from sim.hardware.gpus import BLACKWELL
 from sim.model.vocab_ops import loss_tp_collectives
 from sim.plan import Plan
 from sim.workload.tp_overlap import tp_overlap_chunks
@@ -61,10 +62,13 @@ def regathers_after_input_grad(plan: Plan, column_weight_grad_seconds: float) ->
 
 def _launch_ordered(plan: Plan) -> bool:
     """Whether a backward's TP collectives start before the GEMMs issued after them: with one CUDA hardware queue
-    (Megatron's NCCL collectives, ``overlaps_backward``), or whatever the queues under chunked TP collectives
+    (Megatron's NCCL collectives, ``overlaps_backward``); whatever the queues on Blackwell (``BLACKWELL``, where
+    Megatron-LM drops the one-queue requirement and TE orders no launches: that ordering is "only for Hopper, which
+    uses persistent CTA execution"); or whatever the queues under chunked TP collectives
     (``tp_overlap_chunks`` > 0), which order their own launches: TE's userbuffers make the comm kernel wait on
     ``_comm_launch_event`` when CUDA_DEVICE_MAX_CONNECTIONS > 1 so that it is scheduled before the GEMM
     (TransformerEngine common/comm_gemm_overlap/comm_gemm_overlap.cpp, "Fast Dependent Launch"; Hopper, CUDA >=
     12.3; tests/pytorch/distributed/test_comm_gemm_overlap.py runs the bulk overlaps at 8 queues), and AsyncTP's
     fused ops move the shards with copy engines, not SMs."""
-    return plan.cuda_device_max_connections == 1 or tp_overlap_chunks(plan) > 0
+    return (plan.cuda_device_max_connections == 1 or plan.scenario.cluster.gpu.name in BLACKWELL
+            or tp_overlap_chunks(plan) > 0)
