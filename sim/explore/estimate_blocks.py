@@ -52,6 +52,7 @@ class BlockPricing:
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int, int, bool], tuple[int, list[Unit]]] = {}
+        self._trailing: dict[tuple[str, int, int, int, bool], tuple[tuple[tuple[int, int, int], ...], ...]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, _Timing, Any]] = {}
         self._shape_parts: dict[Any, _ShapeParts] = {}

@@ -37,10 +37,14 @@ class DataParallelTail(PipelineComposition):
             # (Qi et al. 2024, Sec. 2; the emitter's weight_grad sets grad_ready), so the buckets start inside W.
             interleaved, vpp, pp = timing.interleaved, timing.vpp, timing.pp
             when: dict[int, float] = {}
-            at = backward_end - (st.weight if st.weight > 0.0 else st.backward)
+            at = backward_end - st.backward
+            after_weight = timing.after_weight[stage] if timing.after_weight is not None else None
             for c, layers in shape.chunks:
                 if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
                     at = backward_end - st.backward / vpp * (1 + c * pp)
+                elif after_weight is not None:  # chunk c's last W, then the passes the order runs after it
+                    f, b, w = after_weight[c]
+                    at = backward_end - (f * st.forward + b * st.backward + (w + 1) * st.weight) / timing.local_chunks
                 for layer in layers:
                     at += st.layer_backward
                     when[layer] = at
