@@ -60,10 +60,12 @@ class PipelineComposition(StagePricing):
                 self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
             total, ends = self._replays[replayed]
             return total, list(ends)
-        if plan.splits_backward and p > 1:
-            # Under a split backward the deferred W passes fill the cool-down, so how much earlier than stage 0
-            # a stage's last W ends has no simple form: the stage-level replay of the same order at m = 2p gives
-            # it (the cool-down is the same for every m >= 2p: _after_last_weight), short, once per stage times
+        if plan.layout == "v" and p > 1:
+            # ZB-V's V: the backward turns on the last stage, so a stage's last W does not end one backward
+            # after the next stage's, as 1F1B's (and, near enough, ZB-H1's and ZB-H2's: tests/test_estimate.py)
+            # do; how much earlier than stage 0 each ends has no simple form: the stage-level replay of the same
+            # order at m = 2p gives it (the cool-down is the same for every m >= 2p: _after_last_weight), short,
+            # once per stage times. Only the V pays this replay, to keep the screen's zero-bubble layouts cheap.
             key = (name, p, 2 * p, plan.vpp, plan.a2a_overlap)
             if key not in self._orders:
                 self._orders[key] = pass_dependencies(plan.schedule.actions(p, 2 * p, plan.vpp), plan.layout,

@@ -32,9 +32,11 @@ class DataParallelTail(PipelineComposition):
         if parts.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
             # one layer_backward after the one before it. Under a split backward (zero-bubble schedules) they are
-            # final only after the last micro-batch's weight-gradient pass, which ends the stage: ZB's
-            # WeightGradStore runs the W GEMMs, and only then does DDP's hook see the gradient accumulated
-            # (Qi et al. 2024, Sec. 2; the emitter's weight_grad sets grad_ready), so the buckets start inside W.
+            # final only after the last micro-batch's weight-gradient pass: WeightGradStore.pop runs the stored
+            # weight-gradient GEMMs there, which accumulate into main_grad (Megatron-LM megatron/core/
+            # tensor_parallel/weight_grad_store.py; Qi et al. 2024, Sec. 2), and a bucket cannot be reduced before
+            # its gradients exist (the emitter's weight_grad sets grad_ready), so the buckets start inside W;
+            # each local chunk's last W is followed by the passes Estimator._after_last_weight counts.
             interleaved, vpp, pp = timing.interleaved, timing.vpp, timing.pp
             when: dict[int, float] = {}
             at = backward_end - st.backward
