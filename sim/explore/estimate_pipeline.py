@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from sim.explore.estimate_stages import StagePricing
 from sim.explore.stage_replay import StageTimes, after_last_weight, pass_dependencies, stage_level_replay
+from sim.parallel.schedules import Action
 from sim.plan import Plan
 
 # Schedules whose stage times and makespan the estimate prices alike (``Estimator._pipeline``): GPipe runs 1F1B's
@@ -52,7 +53,7 @@ class PipelineComposition(StagePricing):
             # DualPipe and Megatron's combined 1F1B (F&B pairs): no formula here
             key = (name, p, m, plan.vpp, plan.a2a_overlap)  # the order and its layout depend on vpp too
             if key not in self._orders:  # many layouts share (schedule, p, m, vpp): build each order once
-                self._orders[key] = pass_dependencies(plan.schedule.actions(p, m, plan.vpp), plan.layout,
+                self._orders[key] = pass_dependencies(self._actions(plan, key), plan.layout,
                                                       plan.chunks - 1)
             # layouts that differ only where the stages' times do not (ZeRO 0 and 1) replay the same order
             replayed = (key, tuple(stages), c)
@@ -68,7 +69,7 @@ class PipelineComposition(StagePricing):
             # once per stage times. Only the V pays this replay, to keep the screen's zero-bubble layouts cheap.
             key = (name, p, 2 * p, plan.vpp, plan.a2a_overlap)
             if key not in self._orders:
-                self._orders[key] = pass_dependencies(plan.schedule.actions(p, 2 * p, plan.vpp), plan.layout,
+                self._orders[key] = pass_dependencies(self._actions(plan, key), plan.layout,
                                                       plan.chunks - 1)
             replayed = (key, tuple(stages), c)
             if replayed not in self._replays:
@@ -93,7 +94,15 @@ class PipelineComposition(StagePricing):
         key = (plan.scenario.schedule, p, m, plan.vpp, plan.a2a_overlap)
         found = self._trailing.get(key)
         if found is None:
-            found = self._trailing[key] = after_last_weight(plan.schedule.actions(p, m, plan.vpp), plan.local_chunks)
+            found = self._trailing[key] = after_last_weight(self._actions(plan, key), plan.local_chunks)
+        return found
+
+    def _actions(self, plan: Plan, key: tuple[str, int, int, int, bool]) -> list[list[Action]]:
+        """The schedule's per-stage orders at ``key`` = (schedule, p, m, vpp, a2a_overlap), built once: the
+        stage-level replay and ``_after_last_weight`` read the same short orders."""
+        found = self._schedule_actions.get(key)
+        if found is None:
+            found = self._schedule_actions[key] = plan.schedule.actions(key[1], key[2], key[3])
         return found
 
 
