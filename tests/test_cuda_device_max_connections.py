@@ -77,3 +77,42 @@ def test_the_overlap_rows_estimate_and_simulation_move_together() -> None:
     path = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml"
     scenario = load_scenario(path)
     assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=0.01)
+
+
+def _chunked(connections: int, method: str):
+    return make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 2}, model=GPT,
+                         training={"global_batch": 4, "micro_batch": 1, "seq_len": 2048, "recompute": "none"},
+                         parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": True,
+                                   "tp_comm_overlap_method": method, "cuda_device_max_connections": connections})
+
+
+@pytest.mark.parametrize("method", ["userbuffers", "async_tp"])
+def test_chunked_tp_overlap_does_not_depend_on_the_queues(method: str) -> None:
+    """TE's userbuffers order their own launches: with more than one queue on Hopper (CUDA >= 12.3) the comm kernel
+    waits on ``_comm_launch_event`` so that it is scheduled before the GEMM (TransformerEngine comm_gemm_overlap.cpp,
+    "using Fast Dependent Launch when CUDA_DEVICE_MAX_CONNECTIONS>1"; tests/pytorch/distributed/
+    test_comm_gemm_overlap.py runs the bulk overlaps at 8); AsyncTP's fused ops pull with copy engines. Neither
+    rests on Megatron's one-queue launch order, so 32 queues run the same tasks as 1: the same collectives, the same
+    step time, in the simulation and the estimate."""
+    one, many = runner.run(_chunked(1, method)), runner.run(_chunked(32, method))
+    ops = [result.trace[(result.trace["rank"] == 0) & (result.trace["stream"] == "tp")]["op"].value_counts()
+           for result in (one, many)]
+    assert ops[0].equals(ops[1])
+    assert many.summary.step_time_s == one.summary.step_time_s
+    assert estimate(_chunked(32, method)).step_time_s == estimate(_chunked(1, method)).step_time_s
+
+
+@pytest.mark.parametrize("gpu", ["B200", "GB200"])
+def test_blackwell_needs_no_single_queue(gpu: str) -> None:
+    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP only before compute capability 10 ("requirement
+    no longer exists since the Blackwell architecture", megatron/training/arguments.py), and TE's userbuffers order
+    their launches only on Hopper, "which uses persistent CTA execution" (comm_gemm_overlap.cpp): on Blackwell the
+    collectives issued before the GEMMs get SMs beside them at any number of queues, so 32 runs the step of 1."""
+    one, many = (runner.run(make_scenario(cluster={"gpu": gpu, "nodes": 1, "gpus_per_node": 2}, model=GPT,
+                                          training={"global_batch": 4, "micro_batch": 1, "seq_len": 2048,
+                                                    "recompute": "none"},
+                                          parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True,
+                                                    "cuda_device_max_connections": connections}))
+                 for connections in (1, 32))
+    assert many.summary.step_time_s == one.summary.step_time_s
+    assert many.summary.exposed_comm_s["tp"] == one.summary.exposed_comm_s["tp"]
