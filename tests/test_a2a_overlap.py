@@ -269,7 +269,7 @@ def test_a_host_bound_pairs_forward_send_waits_for_the_host_to_issue_the_pair() 
     sends = tasks[tasks["name"] == "send_forward"]
     actions = A2A_OVERLAP["interleaved"].actions(2, run.plan.microbatches, 2)[0]
     checked = 0
-    for f, b in zip(actions, actions[1:]):
+    for f, b in zip(actions, actions[1:], strict=False):
         if not f.with_next:
             continue
         f_layer, b_layer = f.chunk * 2, b.chunk * 2  # stage 0's chunk c is global chunk 2c: one layer each

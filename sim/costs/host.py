@@ -101,6 +101,24 @@ def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_ov
             + MEGATRON_MOE_PASSES[direction] * megatron_moe_host_ops * eager_op_overhead)
 
 
+# Megatron-Core's combined 1F1B (``--combined-1f1b --combined-1f1b-recipe ep_a2a`` at f3e6c5, the Qwen3 overlap
+# row's code; ``--overlap-moe-expert-parallel-comm`` later; ``moe.a2a_overlap``) runs every MoE layer pass, warm-up
+# and cool-down ones included, as schedule nodes (models/gpt/fine_grained_schedule.py ``schedule_layer_1f1b``,
+# pipeline_parallel/combined_1f1b.py ``ScheduleNode``): the forward as four node forwards (attn, dispatch, mlp,
+# combine: each an event wait and record, a stream switch, its inputs detached and made viewless), the backward
+# as four node backwards (each its own autograd ``run_backward``) and two ``dw`` calls, where plain 1F1B runs one
+# forward and one autograd backward for the whole chunk.
+SCHEDULE_NODE_CALLS: dict[Direction, int] = {"forward": 4, "backward": 6}
+
+
+def schedule_node_host_seconds(direction: Direction, node_overhead: float) -> float:
+    """Seconds the combined 1F1B's schedule nodes add to the host's issue of one MoE layer's ``direction`` pass
+    beyond plain 1F1B's: its node calls (``SCHEDULE_NODE_CALLS``) at ``node_overhead`` each
+    (``costs.a2a_overlap_node_overhead``: f3e6c5's own code timed around the same layer functions run plainly,
+    sim/data/reference/combined_1f1b_host_measurements.csv, scripts/measure_combined_1f1b_host.py)."""
+    return SCHEDULE_NODE_CALLS[direction] * node_overhead
+
+
 def host_bound(device: float, host: float) -> float:
     """A pass the GPU runs in ``device`` seconds and the host issues in ``host``, from a host sync (no lead): the
     GPU cannot end it before the host has issued its last kernel."""
