@@ -1,10 +1,10 @@
 """The host's time to issue one MoE layer pass in eager PyTorch, and what of it the GPU waits for
 (docs/mechanisms/moe_host_sync.md).
 
-In: the pass's direction, the rank's local experts, the host's seconds per eager op, per kernel launch and per
-Transformer Engine module call beyond its kernels (``costs.eager_op_overhead``, ``costs.launch_overhead``,
-``costs.te_module_overhead``), the pass's device time. Out: the host's issue time of the pass, and the pass's time
-when the host issues it behind a sync.
+In: the pass's direction, the rank's local experts, the host's seconds per eager op, per kernel launch, per
+Transformer Engine module call beyond its kernels and per combined-1F1B schedule-node call (``costs.eager_op_overhead``,
+``costs.launch_overhead``, ``costs.te_module_overhead``, ``costs.a2a_overlap_node_overhead``), the pass's device time.
+Out: the host's issue time of the pass, and the pass's time when the host issues it behind a sync.
 
 Megatron-Core's dropless token dispatchers copy the token counts to the host in every MoE layer's forward and wait
 for them (Megatron-LM 1e05700595 ``token_dispatcher.py``: ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
