@@ -41,16 +41,26 @@ def _doc(a2a: bool, node_overhead: float, **changes: Any) -> dict[str, Any]:
     return doc
 
 
+def _quiet(load: str) -> bool:
+    try:
+        return float(load) < 3.0
+    except ValueError:  # a range, as the shared runs record it
+        return False
+
+
 def test_the_default_is_the_measured_extra_per_node_call() -> None:
     """costs.a2a_overlap_node_overhead's default is the measured host time per schedule-node call: f3e6c5's
     combined 1F1B (plan built per micro-batch, a merged F&B layer pair through its nodes) less the same layer
-    functions run as plain 1F1B's forward and backward, over the pair's 10 node calls; the median over the runs in
+    functions run as plain 1F1B's forward and backward, over the pair's 10 node calls; the median over the quiet runs in
     sim/data/reference/combined_1f1b_host_measurements.csv (each run's median of paired repetitions), in us."""
     path = resources.files("sim").joinpath("data/reference/combined_1f1b_host_measurements.csv")
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
-    per_call = [float(r["median_s"]) for r in rows if r["quantity"] == "extra_per_node_call"]
-    assert len(per_call) >= 2
+    # the runs on a quiet host (1-minute load average below 3 on its 2 cores); runs on the host shared 8 ways (load
+    # 10-16) stay in the file for the record, ~1.6x slower
+    per_call = [float(r["median_s"]) for r in rows
+                if r["quantity"] == "extra_per_node_call" and _quiet(r["load_avg_1min"])]
+    assert len(per_call) >= 3
     median = statistics.median(per_call)
     default = KernelCostsSpec.model_fields["a2a_overlap_node_overhead"].default
     assert default == pytest.approx(round(median * 1e6) * 1e-6, abs=1e-9)

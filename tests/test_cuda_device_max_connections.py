@@ -74,11 +74,11 @@ def test_the_overlap_rows_estimate_and_simulation_move_together() -> None:
     """The Qwen3 ep 32 overlap row (tp 2 + SP, 32 queues by default): its attention backward's exposed gathers and
     reduce-scatters add the same to the estimate as to the simulation (a merged F&B pair, priced by the estimate's
     pair replay): to 1% without the combined 1F1B's schedule-node host time (costs.a2a_overlap_node_overhead 0).
-    With it (68 us per node call) the pairs are host-bound and the two are 1.2% apart (simulation 16.39 s, estimate
-    16.20 s, 2026-11-26: the nodes moved the simulation 0.61 s and the estimate 0.43 s, not yet explained;
+    With it (41 us per node call) the pairs are host-bound and the two are 1.2% apart (simulation 16.09 s, estimate
+    15.90 s, 2026-11-26: the nodes moved the simulation 0.31 s and the estimate 0.14 s, not yet explained;
     tests/test_combined_1f1b_host.py holds both to the closed form where every pass is host-bound)."""
     path = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml"
-    for nodes, rel in (("0 us", 0.01), ("68 us", 0.015)):
+    for nodes, rel in (("0 us", 0.01), ("41 us", 0.015)):
         scenario = load_scenario(path, [f"costs.a2a_overlap_node_overhead={nodes}"])
         assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=rel)
 

@@ -24,9 +24,9 @@ ROWS = list(published(FOLDER)["scenario"])
 # earlier (-10.8% -> -9.4%) when H100's factor was refitted after TE's userbuffers TP overlap; with the Megatron
 # term the FP8 rows' forwards are host-bound (-9.1% -> -0.5%, folding -6.8% -> +5.9%). The Qwen3 ep 32 '+1f1b
 # overlap' row (moe_dev(f3e6c5), lhb8125/Megatron-LM f3e6c55a) came inside (-12.0% -> -10.4% with 32 CUDA hardware
-# queues exposing the attention backward's TP collectives, parallel.cuda_device_max_connections; -> -6.9%) when its
+# queues exposing the attention backward's TP collectives, parallel.cuda_device_max_connections; -> -8.6%) when its
 # code was read and run: the pair's forward send waits for the host to issue the whole pair (f3e6c5's
-# schedule_chunk_1f1b), and the combined 1F1B's schedule nodes cost the host 68 us per node call, 10 per merged MoE
+# schedule_chunk_1f1b), and the combined 1F1B's schedule nodes cost the host 41 us per node call, 10 per merged MoE
 # layer pair (costs.a2a_overlap_node_overhead, measured on a CPU with CUDA's calls stubbed: a lower bound;
 # docs/mechanisms/a2a_overlap.md "What f3e6c5 runs").
 OUTSIDE: dict[str, str] = {}

@@ -143,7 +143,7 @@ MECHANISMS: tuple[Mechanism, ...] = (
     Mechanism(
         name="Megatron-Core's combined 1F1B schedule nodes on the host (moe.a2a_overlap)",
         off=("costs.a2a_overlap_node_overhead=0",),
-        knob="costs.a2a_overlap_node_overhead (68 us per schedule-node call: 4 per MoE layer forward, 6 per "
+        knob="costs.a2a_overlap_node_overhead (41 us per schedule-node call: 4 per MoE layer forward, 6 per "
              "backward, under moe.a2a_overlap only)",
         source="Megatron-LM f3e6c5 (lhb8125/Megatron-LM f3e6c55a, the Qwen3 overlap row's moe_dev code) "
                "ScheduleNode / TransformerLayerNode / schedule_chunk_1f1b run on a CPU around small layer functions "
