@@ -336,7 +336,6 @@ def test_recomputing_module_moe_issues_the_replayed_forwards_host_time_in_the_ba
     assert resolve(scenario_from_dict(doc)).moe_replay_host_seconds == 0.0
 
 
-@pytest.mark.xfail(strict=True, reason="review9: module moe's replay leaves out the shared expert's TE modules")
 def test_recomputing_module_moe_replays_the_shared_experts_te_modules_too() -> None:
     """Megatron-Core's module ``moe`` checkpoints MoELayer's custom_forward, which runs the shared expert too
     (moe_layer.py at 1e05700595: ``output += self.shared_experts(hidden_states)`` inside custom_forward), so the

@@ -71,7 +71,8 @@ class ActivationFacts(SequenceFacts):
             return 0.0
         assert isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec))  # moe_host_seconds is 0 otherwise
         return host.moe_part_host_seconds(self.local_experts, costs.eager_op_overhead, costs.launch_overhead,
-                                          costs.te_module_overhead, costs.megatron_moe_host_ops)
+                                          costs.te_module_overhead, costs.megatron_moe_host_ops,
+                                          bool(self.model.moe_shared_expert_intermediate_size))
 
     # -------------------------------------------------------------------------------------- activation offload
     def offloads(self, layer: int) -> bool:
