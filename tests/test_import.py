@@ -419,6 +419,7 @@ def _layout(s: Any) -> tuple[Any, ...]:
 
     d = degrees(s)
     return (d.num_gpus, d.tp, d.pp, d.dp, d.vpp, d.micro_batch, d.global_batch, d.seq_len, d.zero_stage, d.ep,
+            s.parallel.cp, s.parallel.cp_comm_type if s.parallel.cp > 1 else None,
             s.training.recompute, s.parallel.sequence_parallel, s.schedule, s.training.dtype)
 
 
@@ -1233,7 +1234,6 @@ def test_megatron_emit_round_trips_the_attention_shape(base: str, overrides: lis
         assert "--no-rope-fusion" in text and "--moe-router-score-function sigmoid" in text
 
 
-@pytest.mark.xfail(strict=True, reason="review9: parallel.cp lost on emit; rotate method ignored")
 @pytest.mark.parametrize("cp_comm_type, rotate", [("p2p", "alltoall"), ("all_gather", "allgather")])
 def test_emit_torchtitan_writes_context_parallelism_and_imports_it_back(cp_comm_type: str, rotate: str,
                                                                         tmp_path: Path) -> None:
@@ -1264,7 +1264,6 @@ def test_emit_torchtitan_writes_context_parallelism_and_imports_it_back(cp_comm_
             update={"cp_comm_type": "a2a"})}), "torchtitan")
 
 
-@pytest.mark.xfail(strict=True, reason="review9: parallel.cp lost on emit; rotate method ignored")
 def test_torchtitan_context_parallelism_imports_with_its_default_kv_all_gather(tmp_path: Path) -> None:
     """TorchTitan's context_parallel_rotate_method defaults to "allgather" (PyTorch's _AllGatherRotater: the KV
     shards gathered once per attention), which is parallel.cp_comm_type all_gather, not the p2p ring."""
@@ -1277,7 +1276,6 @@ def test_torchtitan_context_parallelism_imports_with_its_default_kv_all_gather(t
     assert (s.parallel.cp, s.parallel.cp_comm_type) == (2, "all_gather")
 
 
-@pytest.mark.xfail(strict=True, reason="review9: parallel.cp lost on emit; rotate method ignored")
 def test_emit_deepspeed_refuses_context_parallelism() -> None:
     """A DeepSpeed ZeRO run under the HF Trainer has no context parallelism: a layout with parallel.cp 2 is refused
     in one line naming the knob, not written as data parallelism over the cp ranks (found in review9)."""
