@@ -141,7 +141,6 @@ def test_a_huge_microbatch_count_fails_fast_naming_the_batch(capsys, tmp_path, n
     assert "a smaller training.global_batch" in line
 
 
-@pytest.mark.xfail(strict=True, reason="review9: the budget error blames the micro-batches for metric states")
 def test_a_huge_train_metric_state_count_fails_fast_naming_it(capsys, tmp_path, nothing_built):
     """The train-metric sync's four tasks per state per stage (sim.workload.train_metrics) can be the run's bulk:
     the error then names training.train_metric_states, not the 8 micro-batches (found in review9: 'simulate fewer
