@@ -32,7 +32,6 @@ def test_sweep_writes_table_and_plot_and_replots(tmp_path, capsys):
     assert again.read_bytes()[:8] == PNG
 
 
-@pytest.mark.xfail(strict=True, reason="review9: sweep-plot's bad input is a traceback")
 @pytest.mark.parametrize("args, message", [
     (["--x", "nope", "--hue", "schedule"], "error: --x: 'nope' is not a column of the sweep's results ("),
     (["--x", "training.microbatches", "--hue", "nope"], "error: --hue: 'nope' is not a column of the sweep's "),
@@ -51,3 +50,7 @@ def test_sweep_plot_names_a_bad_key_in_one_line(tmp_path, capsys, args, message)
     assert analysis(["sweep-plot", str(tmp_path), "--x", "a", "-o", str(tmp_path / "p.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: run_dir: no results.parquet in '{tmp_path}' (a `sim sweep` or `sim search` folder)"]
+    missing = tmp_path / "no" / "p.png"
+    assert analysis(["sweep-plot", str(out), "--x", "training.microbatches", "-o", str(missing)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: -o: cannot write '{missing}'"), err
