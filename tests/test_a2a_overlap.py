@@ -149,6 +149,9 @@ def test_the_estimate_prices_the_pairs_as_the_simulation_does(bandwidth: str, sm
     ({"training": {"recompute": "selective", "recompute_modules": ["moe"]}},
      r"training\.recompute_modules: module moe"),
     ({"training": {"dtype": "fp32"}}, r"training\.dtype: moe\.a2a_overlap needs a bf16"),
+    # Megatron-Core's MoE README: "Requirements for EP A2A Overlap: ... CUDA_DEVICE_MAX_CONNECTIONS > 1"
+    ({"parallel": {"cuda_device_max_connections": 1}},
+     r"^parallel\.cuda_device_max_connections: moe\.a2a_overlap needs more than 1 hardware queue"),
     ({"schedule": "gpipe", "parallel": {"pp": 2, "ep": 4}, "model": {"num_layers": 2}},
      r"schedule: moe\.a2a_overlap with pp = 2"),
     # transformer_config.py: "virtual_pipeline_model_parallel_size must be specified when

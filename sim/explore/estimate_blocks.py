@@ -214,6 +214,13 @@ class BlockPricing:
         total = pre + step.beside_reduce_scatter(plan, row)  # the row GEMM on the SMs the reduce-scatter leaves
         return gather_head + max(total, max(pre, gather_body) + reduce_body) + reduce_tail + summed
 
+    def _regather(self, plan: Plan) -> float:
+        """SP's second all-gather of a block's input when it runs exposed between the block's input- and
+        weight-gradient GEMMs (``step.regathers_after_input_grad``: the workload's ``_serial_backward``), else 0."""
+        if not step.regathers_after_input_grad(plan, self._price(plan, "mlp_column", "weight_grad")):
+            return 0.0
+        return self.net.collective_time("all_gather", plan.tp_bytes, plan.grid.tp_group(0))
+
     def _overlapped_backward(self, plan: Plan, block: str, times: list[float],
                              chunked: tuple[tuple[float, float], tuple[float, float]] | None = None) -> float:
         """A block's fused backward with Megatron's asynchronous TP collectives (the workload's

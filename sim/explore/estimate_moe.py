@@ -65,7 +65,7 @@ class MoePricing(BlockPricing):
         attention_f = (self._price(plan, "attention", "forward") + tp_comm if chunked is None
                        else self._chunked_forward(plan, "attention", "forward", chunked))
         attention_b = (self._overlapped_backward(plan, "attention", times, chunked) if overlapped
-                       else self._price(plan, "attention", bwd) + tp_comm)
+                       else self._price(plan, "attention", bwd) + tp_comm + self._regather(plan))
         attention_b += self._price(plan, "recompute_attention", "forward")
         cp_f, cp_b = self._cp_exposed(plan, bwd)
         attention_f, attention_b = attention_f + cp_f, attention_b + cp_b

@@ -50,7 +50,7 @@ class StagePricing(MoePricing):
             bwd_layer = sum(head + max(self._price(plan, b, bwd), body) for b in step.BLOCKS) + 2 * (
                 times[1] + step.reduce_partials_seconds(plan, self.costs))  # AsyncTP: each reduction after it
         else:
-            bwd_layer = sum(self._price(plan, b, bwd) for b in step.BLOCKS) + 2 * tp_comm
+            bwd_layer = sum(self._price(plan, b, bwd) + self._regather(plan) for b in step.BLOCKS) + 2 * tp_comm
         bwd_layer += self._selective_dense(plan, tp_comm)
         cp_f, cp_b = self._cp_exposed(plan, bwd)
         fwd_layer, bwd_layer = fwd_layer + cp_f, bwd_layer + cp_b

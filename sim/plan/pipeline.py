@@ -34,6 +34,14 @@ class PipelineFacts(DtypeFacts):
         return self.scenario.moe.a2a_overlap and self.model.is_moe
 
     @cached_property
+    def cuda_device_max_connections(self) -> int:
+        """CUDA_DEVICE_MAX_CONNECTIONS (``parallel.cuda_device_max_connections``); None: 32 under the EP A2A
+        overlap, whose pairs need concurrent streams (Megatron-Core's MoE README: "CUDA_DEVICE_MAX_CONNECTIONS >
+        1"), else Megatron-LM's 1."""
+        given = self.scenario.parallel.cuda_device_max_connections
+        return given if given is not None else 32 if self.a2a_overlap else 1
+
+    @cached_property
     def layout(self) -> Layout:
         """How model chunks sit on stages: Megatron's interleaving (chunk c of stage s is model chunk c*p + s),
         or ZB-V's V (stage s holds model chunks s and 2p-1-s)."""

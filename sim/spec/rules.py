@@ -460,6 +460,11 @@ def _check_a2a_overlap(s: Scenario, d: Degrees) -> None:
                          "(Megatron-Core requires it off)")
     if t.dtype not in ("bf16", "fp16", "fp8"):
         raise ValueError(f"training.dtype: moe.a2a_overlap needs a bf16 or fp16 model, not {t.dtype}")
+    if s.parallel.cuda_device_max_connections == 1:
+        # Megatron-Core's MoE README: "Requirements for EP A2A Overlap: ... CUDA_DEVICE_MAX_CONNECTIONS > 1"; at 1
+        # the pair's kernels launch in issue order across streams and the overlap breaks up (Megatron-LM #2730)
+        raise ValueError("parallel.cuda_device_max_connections: moe.a2a_overlap needs more than 1 hardware queue "
+                         "(Megatron-Core's requirement; at 1 kernels launch in issue order, which is not modelled)")
 
 
 def _experts(s: Scenario, d: Degrees) -> None:

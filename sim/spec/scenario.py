@@ -232,6 +232,15 @@ class ParallelSpec(FrozenSpec):
         "false: a stage's next compute waits for its pipeline send to complete (Megatron-LM's _communicate waits on "
         "every batched isend/irecv request before returning; always so in the non-interleaved 1F1B schedule); "
         "true: only the receiver waits (Megatron's --overlap-p2p-communication, interleaved schedule)"))
+    cuda_device_max_connections: int | None = Field(default=None, ge=1, description=(
+        "CUDA_DEVICE_MAX_CONNECTIONS: the hardware work queues the process's CUDA streams share. 1 (Megatron-LM's "
+        "setting with tp > 1, arguments.py): kernels launch in issue order, so the TP collectives Megatron's "
+        "linear backward issues asynchronously (SP's input all-gather before the input-gradient GEMM, the "
+        "input-gradient reduce-scatter or all-reduce before the weight-gradient GEMM) start first and run under "
+        "those GEMMs; > 1: nothing launches them before the GEMMs ('necessary for a speedup', megatron/core/"
+        "tensor_parallel/layers.py), so each runs after the GEMM it would hide under, exposed. None: 32 with "
+        "moe.a2a_overlap (Megatron-Core's EP A2A overlap needs > 1: its MoE README; the MoE ModelZoo's configs "
+        "set 32 for it), else 1. docs/mechanisms/a2a_overlap.md"))
     overlap_grad_reduce: bool = Field(default=True, description=(
         "DDP / ZeRO-1: true: a gradient bucket is reduced as soon as its gradients are final in the last "
         "micro-batch's backward (PyTorch DDP; Megatron-LM --overlap-grad-reduce; NeMo overlap_grad_sync); false: "

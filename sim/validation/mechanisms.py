@@ -236,6 +236,19 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/distributed_optimizer.md",
     ),
     Mechanism(
+        name="Megatron's asynchronous TP collectives in the backward need one CUDA hardware queue",
+        off=(),  # 1 is every dense row's default already; the one row it moves (32 under moe.a2a_overlap) refuses 1
+        knob="parallel.cuda_device_max_connections (None: 32 with moe.a2a_overlap, else 1)",
+        source="Megatron-LM megatron/core/tensor_parallel/layers.py (LinearWithGradAccumulationAndAsyncCommunication: "
+               "'we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure that the reduce scatter is scheduled before the "
+               "weight gradient computation'); arguments.py's warning for TP with overlap_moe_expert_parallel_comm; "
+               "Megatron-Core MoE README (EP A2A overlap requires CUDA_DEVICE_MAX_CONNECTIONS > 1); MoE ModelZoo "
+               "Qwen3-235B/DeepSeek-V3 yaml ENV_VARS (32 for the 1F1B overlap)",
+        doc="mechanisms/a2a_overlap.md",
+        note="when it landed (2026-11-26): Qwen3 ep 32 + 1F1B overlap 15.49 -> 15.78 s (-12.0% -> -10.4%), no "
+             "other row moved",
+    ),
+    Mechanism(
         name="causal flash attention skips the tiles above the diagonal",
         off=("training.causal_attention=false",),
         knob="training.causal_attention (default true: decoder LMs); MFU keeps Megatron's full-matrix FLOPs",

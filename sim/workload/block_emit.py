@@ -12,9 +12,9 @@ sim.workload.cp_emit's, which uses these helpers.
 
 from __future__ import annotations
 
-from sim.costs.models import ComputePhase
+from sim.costs.models import ComputePhase, Work
 from sim.workload.task_emit import TaskEmitter
-from sim.workload.tp_collectives import overlaps_backward
+from sim.workload.tp_collectives import overlaps_backward, regathers_after_input_grad
 from sim.workload.tp_overlap import beside_reduce_scatter
 
 
@@ -39,8 +39,12 @@ class BlockEmitter(TaskEmitter):
             return self._sum_partials(kind, block, mb, layer, self._tp(self.tp_after, mb, layer, after))
         if self.tp_before:
             after = self._tp(self.tp_before, mb, layer, after)
-        if phase == "backward" and overlaps_backward(self.plan, self._price(self.column_work[block], "weight_grad")[0]):
-            return self._overlapped_backward(block, mb, layer, after)
+        if phase == "backward":
+            column_weight = self._price(self.column_work[block], "weight_grad")[0]
+            if overlaps_backward(self.plan, column_weight):
+                return self._overlapped_backward(block, mb, layer, after)
+            if regathers_after_input_grad(self.plan, column_weight):
+                return self._serial_backward(block, mb, layer, after)
         after = self._compute(kind, block, mb, layer, self.block_work[block], after, phase)
         return self._tp(self.tp_after, mb, layer, after)
 
@@ -69,6 +73,21 @@ class BlockEmitter(TaskEmitter):
         self._flagged(wgrad, False, False, tuple(wgrad - task for task in extra))
         self.blocking_tp = reduce  # the next block consumes the reduced input gradient
         return self._sum_partials("backward", block, mb, layer, wgrad)  # AsyncTP's, taking ``reduce``
+
+    def _serial_backward(self, block: str, mb: int, layer: int, after: int | None,
+                         work: Work | None = None) -> int | None:
+        """A block's backward (``work``: default the block's; context parallelism's attention passes its part
+        besides the ring) when Megatron's asynchronous TP collectives run after the GEMMs they were issued before
+        (``regathers_after_input_grad``: more than one CUDA hardware queue, sequence parallelism): the
+        input-gradient GEMMs, SP's second all-gather of the block's input, the weight-gradient GEMM, then the
+        input-gradient reduce-scatter, each waiting for the one before. Returns the reduce-scatter."""
+        work, column = work or self.block_work[block], self.column_work[block]
+        total, weight = self._price(work, "backward"), self._price(column, "weight_grad")
+        dgrad = self._compute("backward", block, mb, layer, work, after,
+                              cost=(total[0] - weight[0], total[1] - weight[1]))
+        gathered = self._tp(self.tp_before, mb, layer, dgrad)
+        wgrad = self._compute("backward", block, mb, layer, column, gathered, cost=weight)
+        return self._tp(self.tp_after, mb, layer, wgrad)
 
     def _tp_chunk(self, op: str, nbytes: float, mb: int, layer: int, after: int | None) -> int:
         """A part of a chunked TP collective (``_overlapped_gather``, ``_chunked_block``): ``nbytes`` of ``op``."""

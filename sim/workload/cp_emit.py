@@ -14,7 +14,7 @@ from typing import Any
 from sim.costs.models import ComputePhase, Work
 from sim.workload.cp_attention import ContextAttention, attention_parts
 from sim.workload.ir import CP_STREAM
-from sim.workload.tp_collectives import overlaps_backward
+from sim.workload.tp_collectives import overlaps_backward, regathers_after_input_grad
 
 
 class ContextEmitter:
@@ -66,6 +66,9 @@ class ContextEmitter:
         after = self.core("backward", mb, layer, after, phase)
         column = self.st.column_work["attention"]
         if not overlaps_backward(self.st.plan, self.st._price(column, "weight_grad")[0]):
+            if regathers_after_input_grad(self.st.plan, self.st._price(column, "weight_grad")[0]):
+                return self.st._sum_partials("backward", "attention", mb, layer,
+                                             self.st._serial_backward("attention", mb, layer, after, pre))
             after = self.st._compute("backward", "attention", mb, layer, pre, after, phase)
             return self.st._sum_partials("backward", "attention", mb, layer,
                                          self.st._tp(self.st.tp_after, mb, layer, after))

@@ -96,7 +96,7 @@ from sim.workload.param_gather import (
     overlaps_param_gather,
     param_gather_buckets,
 )
-from sim.workload.tp_collectives import loss_collectives, overlaps_backward, tp_ops
+from sim.workload.tp_collectives import loss_collectives, overlaps_backward, regathers_after_input_grad, tp_ops
 from sim.workload.tp_overlap import (
     TE_REDUCE_SCATTER_SMS,
     async_tp,
@@ -127,7 +127,8 @@ __all__ = [
     "layer_shape", "loss_collectives", "make_costs", "metric_sync", "metric_sync_seconds", "moe_blocks",
     "moe_recompute", "offload_buffer_copy_seconds",
     "optimizer_params", "overlapped_collective", "overlaps_backward", "overlaps_param_gather", "param_gather_buckets",
-    "pcie_seconds", "reduce_buckets", "reduce_partials_bytes", "reduce_partials_seconds", "replayed",
+    "pcie_seconds", "reduce_buckets", "reduce_partials_bytes", "reduce_partials_seconds", "regathers_after_input_grad",
+    "replayed",
     "shard_copy_seconds", "stage_layer_ids", "task_seconds", "tp_ops", "tp_overlap_chunk_gemms", "tp_overlap_chunks",
     "tp_overlap_sms", "unit_grad_params", "unit_modules", "unit_params", "unit_weight_params", "weights_to_gpu_bytes",
 ]

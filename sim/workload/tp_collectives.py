@@ -7,7 +7,9 @@ column-parallel GEMM's weight-gradient seconds. Out:
   Sec. 4.2.2);
 - ``loss_collectives``: the loss's TP collectives in the head's forward (Megatron's unfused cross entropy);
 - ``overlaps_backward``: whether a block's backward runs Megatron's asynchronous input-gradient reduction under its
-  weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication).
+  weight-gradient GEMM (LinearWithGradAccumulationAndAsyncCommunication);
+- ``regathers_after_input_grad``: whether, instead, SP's second all-gather of the block's input runs exposed between
+  its input- and weight-gradient GEMMs (more than one CUDA hardware queue).
 The same collectives split into chunks beside their GEMMs are sim.workload.tp_overlap's.
 """
 
@@ -35,5 +37,22 @@ def tp_ops(plan: Plan) -> tuple[str | None, str | None]:
 def overlaps_backward(plan: Plan, column_weight_grad_seconds: float) -> bool:
     """Whether a block's fused backward issues its input-gradient reduction asynchronously under the
     column-parallel GEMM's weight gradient (Megatron-LM, with TP; a split W pass has no weight gradient there:
-    under a zero-bubble schedule the B pass runs the input gradients alone and the W pass the weight gradients)."""
-    return plan.tp > 1 and column_weight_grad_seconds > 0 and not plan.splits_backward
+    under a zero-bubble schedule the B pass runs the input gradients alone and the W pass the weight gradients).
+    Only with CUDA_DEVICE_MAX_CONNECTIONS = 1 (``Plan.cuda_device_max_connections``): Megatron relies on the one
+    hardware queue to launch the asynchronous collective before the GEMM it hides under (tensor_parallel/layers.py:
+    "Here we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure that the reduce scatter is scheduled before the weight
+    gradient computation"); with more queues the GEMM, issued after it, takes the SMs first and the collective runs
+    after it."""
+    return (plan.tp > 1 and column_weight_grad_seconds > 0 and not plan.splits_backward
+            and plan.cuda_device_max_connections == 1)
+
+
+def regathers_after_input_grad(plan: Plan, column_weight_grad_seconds: float) -> bool:
+    """Whether a block's backward runs serially, input-gradient GEMM -> SP's second all-gather of the block's input
+    -> weight-gradient GEMM -> the input-gradient reduce-scatter: Megatron's linear backward issues the same
+    collectives asynchronously (the gather before the input-gradient GEMM, the reduce-scatter before the weight
+    gradient), but with more than one hardware queue nothing launches them before the GEMMs (``overlaps_backward``
+    false for that reason alone), so each runs after the GEMM it would have hidden under. Without sequence
+    parallelism there is no second gather and the all-reduce simply follows the block."""
+    return (plan.tp > 1 and plan.sequence_parallel and column_weight_grad_seconds > 0 and not plan.splits_backward
+            and plan.cuda_device_max_connections > 1)
