@@ -101,8 +101,8 @@ class RunSize:
 
 def _cp_tasks(plan: Plan) -> tuple[int, int]:
     """Tasks context parallelism adds to one layer's attention block, (forward, backward): the output part as its
-    own task and the attention core with its CP exchanges (sim.workload.build._cp_core: p2p, a core and a send
-    per ring step; all_gather / a2a, one core between the collectives)."""
+    own task and the attention core with its CP exchanges (sim.workload.cp_emit.ContextEmitter.core: p2p, a core
+    and a send per ring step; all_gather / a2a, one core between the collectives)."""
     attention = context_attention(plan)
     if attention is None:
         return 0, 0
