@@ -1,7 +1,7 @@
 """The scenario loader's time against file size (issue 27 must-show 4): linear, and a 100 kB file well under 1 s.
 
 In: nothing (``python benchmarks/bench_loader.py``). Out: printed lines. The bundled tiny scenario is padded to
-10 kB ... 255 kB (just under the loader's bound, sim.spec.scenario.MAX_FILE_BYTES) three ways: comment lines, a
+10 kB ... 255 kB (just under the loader's bound, sim.spec.files.MAX_FILE_BYTES) three ways: comment lines, a
 long list under an unknown key (refused by the schema after parsing) and a long name (refused by its
 200-character bound); each is loaded in process (``load_scenario``, what ``sim check`` starts with), medians of 5.
 The ratio of the time per kB at the largest and the smallest size says whether the time grows faster than the file.

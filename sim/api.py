@@ -2,7 +2,7 @@
 
 In: a scenario as a YAML path (str or Path), a raw dict (the YAML's contents) or a validated ``Scenario``, and
 optional overrides ``set``: a mapping ``{"parallel.tp": 2}`` or a list of ``"a.b=value"`` strings, applied
-exactly as the command line's ``--set`` (``sim.spec.scenario.apply_overrides``). Out: a ``RunResult`` (``run``),
+exactly as the command line's ``--set`` (``sim.spec.overrides.apply_overrides``). Out: a ``RunResult`` (``run``),
 an ``Estimate`` (``estimate``), a ``Check`` (``check``: what ``sim check`` prints, as data) or a ``Scenario``.
 Bad input raises the CLI's one-line ``ConfigError``, naming the field. Nothing here writes files.
 

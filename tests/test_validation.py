@@ -25,19 +25,12 @@ FOLDER = SCENARIOS / "validation"
 ROWS = list(published(FOLDER)["scenario"])
 # Rows still outside the 10% band after issue 22's mechanisms and the per-GPU-type calibration (signed error,
 # predicted / published - 1), each with what the evidence says; strict, so a row that comes inside says so.
-_GPT3_175B_MB2 = ("predicted too slow (+16.2%): the same layout as the 128-GPU row (+7.2%) at micro-batch 2 and dp 16; "
-                  "NVIDIA's time per token falls 10.5% from micro-batch 1 to 2 (9.846 s / (2 x 5.498 s)), the "
-                  "model's 2.9%, of which the interleaved bubble is 1.8 points: the GEMM curve is flat over these "
-                  "shapes (docs/mechanisms/gemm_shape.md) and no per-micro-batch cost of that size is sourced. The "
-                  "launcher's 175b.yaml keeps ub_tp_comm_overlap False at this layout (24.07-24.12), so the "
-                  "synchronous TP collectives (1.3 s exposed) stay")
 _IBM_70B_A100 = ("predicted too slow (+10.2%): the IBM FSDP A100 rows rise with model size (7B -2.8%, 13B -0.6%, 34B "
                  "+4.7%, 70B +10.2%); every IBM row moved +3..+4% when eager RMSNorm was priced at its measured 52 "
                  "bytes per element (sim/model/ops.py EAGER_RMSNORM_BYTES, tests/test_eager_kernels.py), the 70B from "
                  "+8.1%; the H100 70B row of the same code is +4.9%")
 OUTSIDE: dict[str, str] = {
     "ibm-fsdp-llama2-70b-a100-128.yaml": _IBM_70B_A100,
-    "nemo2407-gpt3-175b-512.yaml": _GPT3_175B_MB2,
 }
 
 

@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None, background: bool | None = None) -> int:
         Console(stderr=True).print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
         return error.exit_code
     except OSError as error:  # an output path that cannot be written, a disk that is full (inputs are read
-        # behind the boundary, sim.spec.scenario.read_text and sim.costs.profile.load, which name their field)
+        # behind the boundary, sim.spec.files.read_text and sim.costs.profile.load, which name their field)
         target = f" {error.filename!r}" if error.filename else ""
         Console(stderr=True).print(f"error: cannot write{target}: {error.strerror or error}", markup=False,
                                    highlight=False, soft_wrap=True)

@@ -145,7 +145,7 @@ def pipeline_splits(base: Scenario) -> dict[int, int]:
     divisible by for its vpp chunks: the layers over pp (pp over the divisors of the layer count); with
     Megatron-Core's --account-for-embedding/loss-in-pipeline-split, the layers plus those slots
     (``pipeline_slots``); with ``first_stage_layers`` / ``last_stage_layers``, the remaining layers over the other
-    stages, and vpp dividing the first, the last and a middle stage's count (sim.spec.rules checks the same)."""
+    stages, and vpp dividing the first, the last and a middle stage's count (sim.spec.rules_layout checks the same)."""
     p, layers = base.parallel, base.model.num_layers
     if p.first_stage_layers is None and p.last_stage_layers is None:
         total = layers + pipeline_slots(base)

@@ -223,7 +223,7 @@ def shipped(spec: SweepSpec, points: list[dict[str, Any]]) -> tuple[tuple[dict[s
                                                                     list[str], list[dict[str, Any]]]:
     """What is sent to the workers: (the base scenario, its absolute directory), the overrides, and each point's
     file values, with every file path a scenario can name (``model``'s config.json, ``costs.profile``) made
-    absolute here, before shipping (sim.spec.scenario.absolute_paths: the scenario's directory, or the working
+    absolute here, before shipping (sim.spec.overrides.absolute_paths: the scenario's directory, or the working
     directory for a ``--set`` config.json), so a Dask worker started in another directory reads the same files and
     the table equals the process executor's (issue 26). A path in the base scenario and in ``--set`` resolves as
     ``sim run`` resolves it."""

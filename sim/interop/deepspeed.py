@@ -297,14 +297,32 @@ def _trainer(draft: Draft, trainer: Args) -> None:
     draft.put("training.flash_attention", attention != "eager", "--attn_implementation", attention,
               "sdpa (transformers' default) runs PyTorch's flash kernel in bf16/fp16" if attention == "sdpa" else "",
               "mapped" if trainer.has("attn_implementation") else "default")
+    if attention != "eager":  # the kernel flash attention runs: SDPA tries FlashAttention-2 before cuDNN
+        # (pytorch#138907), flash_attention_2/3 are the flash-attn package's; none is cuDNN's fused attention
+        draft.put("training.attention_backend", "flash", "--attn_implementation", attention, "FlashAttention "
+                  "(priced on FlashAttention-2's curve)", "default")
     draft.put("training.fused_kernels", False, "(HF Trainer)", "eager", "PyTorch eager element-wise kernels (no "
               "torch.compile)", "default")
     # the loss transformers computes (loss/loss_utils.py ForCausalLMLoss: logits.float(), then log_softmax and
-    # nll_loss in fp32): training.cross_entropy hf (docs/mechanisms/loss_head.md), not the fused default
-    draft.put("training.cross_entropy", "hf", "(HF Trainer) loss", "ForCausalLMLoss", "transformers' loss: the "
-              "logits upcast to fp32 for log_softmax and nll_loss", "default")
+    # nll_loss in fp32): training.cross_entropy hf (docs/mechanisms/loss_head.md), not the fused default; unless
+    # --use_liger_kernel patches the model with Liger's kernels (transformers integrations/liger.py at dd7a585c07:
+    # liger_kernel_config, empty by default, passed to Liger's _apply_liger_kernel_to_instance; for Llama its fused
+    # linear cross entropy, which never holds the logits, and its RMSNorm, RoPE and SwiGLU kernels)
+    if trainer.flag("use_liger_kernel"):
+        source = trainer.source("use_liger_kernel")
+        draft.put("training.cross_entropy", "fused", source, True, "Liger's fused linear cross entropy: the logits "
+                  "never held")
+        draft.put("training.fused_norm_rope", True, source, True, "Liger's RMSNorm and RoPE kernels (its SwiGLU "
+                  "kernel is not modelled: the activation priced eager)")
+        if trainer.has("liger_kernel_config"):
+            draft.row(trainer.source("liger_kernel_config"), trainer.get("liger_kernel_config"), "unmapped",
+                      "Liger's per-kernel switches are not read: its defaults are simulated")
+    else:
+        draft.put("training.cross_entropy", "hf", "(HF Trainer) loss", "ForCausalLMLoss", "transformers' loss: the "
+                  "logits upcast to fp32 for log_softmax and nll_loss", "default")
     for name in ("bf16", "fp16", "per_device_train_batch_size", "gradient_accumulation_steps", "max_grad_norm",
-                 "num_gpus", "num_nodes", "nproc_per_node", "nnodes", "fsdp", "tf32"):
+                 "num_gpus", "num_nodes", "nproc_per_node", "nnodes", "fsdp", "tf32", "use_liger_kernel",
+                 "liger_kernel_config"):
         trainer.read.add(name)
     for dest, (_, source, raw) in trainer.values.items():
         if dest in trainer.read:

@@ -5,7 +5,9 @@ configuration file's text (a Megatron-LM launch script, a TorchTitan TOML, a Dee
 the launch command; or a ``ConfigError`` naming the knob the framework has no setting for (Megatron-LM here has no
 ZeRO-2/3, TorchTitan no ZeRO-1, a DeepSpeed/HF Trainer run no tensor or pipeline parallelism, none of them the
 zero-bubble or DualPipe orders). Importing what this writes (sim.interop) gives back the same layout: the degrees,
-micro-batch, global batch, ZeRO stage, recompute, sequence parallelism, schedule and overlaps (tests/test_import.py).
+micro-batch, global batch, ZeRO stage, recompute, sequence parallelism, schedule and overlaps (tests/test_import.py),
+and the kernels priced: the loss, the attention kernel and FP8's weight cast cache, each written as the framework's
+setting or refused naming the field, never dropped (tests/test_emit_kernels.py; docs/ecosystem.md's table).
 """
 
 from __future__ import annotations
@@ -334,8 +336,13 @@ def _torchtitan(s: Scenario) -> Emitted:
              "[model]", f'name = "{name}"', f'flavor = "{flavor}"']
     if s.model.name not in TORCHTITAN_FLAVORS:
         lines.append("# not a TorchTitan llama3 flavor: `sim import torchtitan` needs --model")
+    lines += _torchtitan_attention(s)
+    float8 = _torchtitan_float8(s, shard)
     if t.dtype == "fp8":
         lines.append('converters = ["float8"]')
+        if t.fp8_recipe == "delayed":  # the field's default, so written as a comment, not refused
+            lines.append("# fp8: torchao's tensorwise current scaling (recipe_name tensorwise / rowwise at e347b1e5e: "
+                         "no delayed scaling); the scenario priced training.fp8_recipe delayed")
     lines += ["", "[training]", f"local_batch_size = {t.micro_batch * (d.microbatches if p.pp > 1 else 1)}",
               f"global_batch_size = {d.global_batch}", f"seq_len = {d.seq_len}", f"max_norm = {t.clip_grad:g}",
               f'mixed_precision_param = "{"float32" if t.dtype in ("fp32", "tf32") else "bfloat16"}"']
@@ -386,11 +393,62 @@ def _torchtitan(s: Scenario) -> Emitted:
     lines += ["", "[activation_checkpoint]", f'mode = "{recompute}"']
     if recompute == "selective":
         lines.append(f'selective_ac_option = "{option}"')
-    if t.fused_kernels:
-        lines += ["", "[compile]", "enable = true", 'components = ["model", "loss"]']
+    components = _torchtitan_compiled(s)
+    if components:
+        lines += ["", "[compile]", "enable = true", f"components = {json.dumps(components)}"]
+    lines += float8
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} -m torchtitan.train "
               "--job.config_file JOB.toml")
     return Emitted("\n".join(lines) + "\n", ".toml", launch)
+
+
+# What the TorchTitan TOML can say about the kernels, at pytorch/torchtitan e347b1e5e (2026-02-15, the last commit
+# with TOML job configs; torchtitan/config/job_config.py), each read back by sim.interop.torchtitan.
+
+
+def _torchtitan_attention(s: Scenario) -> list[str]:
+    """The attention kernel: the TOML has no setting for it. The llama3 flavors run ``attn_type`` sdpa
+    (torchtitan/models/llama3/__init__.py), ``F.scaled_dot_product_attention`` under the backend order in
+    torchtitan/models/attention.py's ScaledDotProductAttentionWrapper (code, not configuration), which `sim import
+    torchtitan` reads as FlashAttention-2. cuDNN's fused attention asked for explicitly is refused; unfused attention
+    (``flash_attention: false``) is every scenario's default, so it is written as a comment, not refused."""
+    t = s.training
+    if t.flash_attention and t.attention_backend == "fused":
+        raise _refuse("TorchTitan", "training.attention_backend", "fused (cuDNN's fused attention): the job config "
+                      "has no attention kernel setting (SDPA's backend order is code, torchtitan/models/attention.py)")
+    if not t.flash_attention:
+        return ["# attention: TorchTitan runs F.scaled_dot_product_attention (flash); the scenario priced unfused "
+                "attention (training.flash_attention false), which TorchTitan has no setting for"]
+    return []
+
+
+def _torchtitan_compiled(s: Scenario) -> list[str]:
+    """``[compile] components``: "model" for fused element-wise kernels (training.fused_kernels), "loss" for the
+    fused loss. TorchTitan's loss upcasts the logits (torchtitan/components/loss.py cross_entropy_loss:
+    ``F.cross_entropy(pred.float(), ...)``) and is compiled when "loss" is in components (build_cross_entropy_loss):
+    eager it holds the fp32 copy and log_softmax's output (training.cross_entropy hf, as transformers' loss);
+    compiled, Inductor fuses the upcast into the reductions (fused). Megatron-Core's vocab-parallel loss is refused."""
+    t = s.training
+    if t.cross_entropy == "megatron":
+        raise _refuse("TorchTitan", "training.cross_entropy", "megatron (Megatron-Core's unfused vocab-parallel loss): "
+                      "TorchTitan's loss is F.cross_entropy on upcast logits, eager (hf) or compiled (fused)")
+    return (["model"] if t.fused_kernels else []) + (["loss"] if t.cross_entropy == "fused" else [])
+
+
+def _torchtitan_float8(s: Scenario, shard: int) -> list[str]:
+    """FP8's weight cast (training.fp8_weight_cache): torchao's Float8Linear casts each weight in every forward;
+    with ``[quantize.linear.float8] enable_fsdp_float8_all_gather`` (and precomputed scales, as TorchTitan's 405B
+    config sets them) FSDP casts each weight's shard before its all-gather instead (torchao fsdp_pre_all_gather),
+    once per gather: the cached cast. Without FSDP sharding there is no gather to cast before: refused."""
+    t = s.training
+    if t.dtype != "fp8" or not t.fp8_weight_cache:
+        return []
+    if shard <= 1:
+        raise _refuse("TorchTitan", "training.fp8_weight_cache", "FP8 weights cast once and reused without FSDP "
+                      "sharding (Float8Linear casts each weight in every forward; only FSDP's float8 all-gather casts "
+                      "once per gather): set training.fp8_weight_cache false")
+    return ["", "[quantize.linear.float8]", "enable_fsdp_float8_all_gather = true",
+            "precompute_float8_dynamic_scale_for_fsdp = true"]
 
 
 def _deepspeed(s: Scenario) -> Emitted:
@@ -429,6 +487,33 @@ def _deepspeed(s: Scenario) -> Emitted:
         trainer.append("--bf16")
     elif t.dtype == "fp16":
         trainer.append("--fp16")
+    trainer += _hf_kernels(s)
     launch = (f"deepspeed --num_gpus {s.cluster.gpus_per_node} --num_nodes {s.cluster.nodes} train.py "
               f"--deepspeed ds_config.json --model_name_or_path {s.model.name} " + " ".join(trainer))
     return Emitted(json.dumps(config, indent=2) + "\n", ".json", launch)
+
+
+def _hf_kernels(s: Scenario) -> list[str]:
+    """The attention and loss the scenario priced as the HF Trainer's arguments. Attention: the training script's
+    ``--attn_implementation`` (transformers: eager, or sdpa, its default, which `sim import deepspeed` reads as
+    FlashAttention-2); transformers has no cuDNN attention to ask for, so ``attention_backend: fused`` is refused.
+    Loss: transformers' ForCausalLMLoss upcasts the logits (training.cross_entropy hf) unless ``--use_liger_kernel``
+    patches the model with Liger's kernels (transformers integrations/liger.py at dd7a585c07 passes
+    liger_kernel_config, empty by default, to Liger's _apply_liger_kernel_to_instance: for Llama its fused linear
+    cross entropy, which never holds the logits (fused), with its RMSNorm, RoPE and SwiGLU kernels). Megatron-Core's
+    loss, and the fused loss with unfused norms and RoPE (``fused_norm_rope: false``), are refused."""
+    t = s.training
+    trainer = "the HF Trainer"
+    if t.flash_attention and t.attention_backend == "fused":
+        raise _refuse(trainer, "training.attention_backend", "fused (cuDNN's fused attention): transformers' "
+                      "attn_implementation is eager, sdpa (FlashAttention-2 first) or flash_attention_2/3")
+    flags = [f"--attn_implementation {'sdpa' if t.flash_attention else 'eager'}"]
+    if t.cross_entropy == "megatron":
+        raise _refuse(trainer, "training.cross_entropy", "megatron (Megatron-Core's unfused vocab-parallel loss): "
+                      "transformers' loss (hf) or Liger's fused linear cross entropy (fused)")
+    if t.cross_entropy == "fused":
+        if t.fused_norm_rope is False:
+            raise _refuse(trainer, "training.fused_norm_rope", "false with the fused loss: --use_liger_kernel "
+                          "patches Liger's RMSNorm and RoPE kernels in with its fused linear cross entropy")
+        flags.append("--use_liger_kernel")
+    return flags

@@ -19,7 +19,7 @@ from typing import Any
 
 from sim.interop.draft import Draft, Options, Status, cluster, refuse
 from sim.interop.megatron_args import NEGATED, Args, parse_tokens, read_arguments, read_file_argument
-from sim.interop.megatron_model import apply_model
+from sim.interop.megatron_model import MEGATRON_MLA, MlaDefaults, apply_model
 from sim.spec.scenario import ParallelSpec, parse_yaml
 
 # The launcher's own flags (torchrun / torch.distributed.run) and the ones read into the cluster.
@@ -65,10 +65,12 @@ def ddp_bucket_elements(dp: int) -> int:
 
 
 def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int, str]],
-          mcore_ddp: bool = True) -> None:
+          mcore_ddp: bool = True, mla: MlaDefaults = MEGATRON_MLA) -> None:
     """Megatron's argument destinations -> scenario fields (the rules refused, the defaults written out).
     ``mcore_ddp``: Megatron-Core's DistributedDataParallel buckets the gradients (``ddp_bucket_size`` or its
-    default); false where another optimizer does (NeMo 1.x's Apex distributed_fused_adam, sim.interop.nemo)."""
+    default); false where another optimizer does (NeMo 1.x's Apex distributed_fused_adam, sim.interop.nemo).
+    ``mla``: the multi-head latent attention widths the framework builds where none is given (NeMo's config
+    classes, sim.interop.nemo.mla_defaults; Megatron-LM's arguments.py otherwise)."""
     def put(target: str, dest: str, value: Any, note: str = "", status: Status = "mapped") -> None:
         draft.put(target, value, args.source(dest), args.raw(dest) if args.has(dest) else None, note, status)
 
@@ -299,7 +301,7 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             "local", "transformer_engine"):
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
-    apply_model(draft, args, options, tp)
+    apply_model(draft, args, options, tp, mla)
 
 
 # Megatron-LM's --cp-comm-type (arguments.py, one value for every layer; passed to Transformer Engine's attention,

@@ -10,6 +10,7 @@ dispatcher, capacity); a shape Megatron-LM refuses or the simulator cannot model
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from typing import Any
 
 from sim.interop.draft import Draft, ModelDraft, Options, refuse
@@ -24,12 +25,27 @@ def _padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
 
 
 # Multi-head latent attention's widths where a script with --multi-latent-attention omits them (Megatron-LM
-# arguments.py at 1e05700595, the MLA group; --q-lora-rank defaults to None)
-MLA_DEFAULTS = {"kv_lora_rank": 32, "qk_head_dim": 128, "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+# arguments.py at 1e05700595, the MLA group; --q-lora-rank defaults to None: a full query projection)
+MLA_DEFAULTS: dict[str, int | None] = {"q_lora_rank": None, "kv_lora_rank": 32, "qk_head_dim": 128,
+                                       "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
 
 
-def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
-    """The shape flags (with Megatron-LM's defaults where a flag is absent) over ``--model``."""
+@dataclass(frozen=True)
+class MlaDefaults:
+    """The MLA widths the framework builds where its configuration gives none (``widths``, keyed as
+    ``MLA_DEFAULTS``), and whose defaults they are (``label``, the report's note)."""
+
+    widths: dict[str, int | None]
+    label: str
+
+
+MEGATRON_MLA = MlaDefaults(MLA_DEFAULTS, "Megatron-LM's default")
+
+
+def apply_model(draft: Draft, args: Args, options: Options, tp: int, mla: MlaDefaults = MEGATRON_MLA) -> None:
+    """The shape flags (with Megatron-LM's defaults where a flag is absent) over ``--model``; ``mla``: the
+    multi-head latent attention widths where ``multi_latent_attention`` is on and a width is absent (NeMo's
+    config classes have their own, sim.interop.nemo)."""
     model = ModelDraft(draft, options)
     describes = args.has("num_layers") or args.has("hidden_size")
 
@@ -102,15 +118,15 @@ def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
         shape("bias", "add_bias_linear", True, True, "Megatron-LM's default add_bias_linear")
     if args.flag("qk_layernorm"):
         shape("qk_layernorm", "qk_layernorm", True)
-    if args.flag("multi_latent_attention"):  # DeepSeek's MLA: its widths, arguments.py's defaults where absent
+    if args.flag("multi_latent_attention"):  # DeepSeek's MLA: its widths, the framework's defaults where absent
         shape("multi_latent_attention", "multi_latent_attention", True)
-        if args.has("q_lora_rank"):  # default None: a full query projection
-            shape("q_lora_rank", "q_lora_rank", args.int("q_lora_rank"))
-        for dest, default in MLA_DEFAULTS.items():
+        for dest, default in mla.widths.items():
             if args.has(dest):
-                shape(dest, dest, args.int(dest))
+                shape(dest, dest, _width(args, dest))
             else:
-                shape(dest, dest, default, True, "Megatron-LM's default")
+                shape(dest, dest, default, True, mla.label)
+    elif args.has("multi_latent_attention"):  # an explicit false (NeMo's key): Megatron's standard attention
+        shape("multi_latent_attention", "multi_latent_attention", False)
     if args.flag("add_qkv_bias"):
         shape("add_qkv_bias", "add_qkv_bias", True)
     seq = args.int("seq_length")
@@ -128,6 +144,18 @@ def apply_model(draft: Draft, args: Args, options: Options, tp: int) -> None:
         model.set("vocab_size", padded, source, vocab, note)
     _moe(draft, args, model)
     model.finish()
+
+
+def _width(args: Args, dest: str) -> int | None:
+    """An MLA width as given: a positive whole number, or none (``q_lora_rank``: null, a full query projection);
+    anything else one line naming the flag or key."""
+    value = args.get(dest)
+    if dest == "q_lora_rank" and str(value).lower() in ("none", "null"):
+        return None
+    width = args.int(dest)
+    if width is None or width < 1:
+        raise refuse(f"{args.source(dest)}: {value} is not a width (a positive whole number)")
+    return width
 
 
 def _layer_pattern(value: Any) -> tuple[int, ...] | None:

@@ -17,6 +17,7 @@ from typing import Any
 from sim.interop.draft import Draft, Options, refuse
 from sim.interop.megatron import apply, apply_userbuffers
 from sim.interop.megatron_args import Args
+from sim.interop.megatron_model import MlaDefaults
 from sim.spec.scenario import parse_yaml, read_text
 
 # NeMo key (NeMo 1.x under model:, NeMo 2.0 under model.config: / trainer.strategy:) -> Megatron destination.
@@ -51,7 +52,21 @@ SAME = frozenset({
     "decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
     "cpu_offloading", "cpu_offloading_num_layers",  # activation offload (TransformerConfig)
+    # multi-head latent attention (Megatron-Core MLATransformerConfig; NeMo 2.0's DeepSeekConfig): mla_defaults
+    "multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
 })
+# The MLA widths NeMo builds where its YAML gives none: NeMo 1.x's model.multi_latent_attention builds Megatron-Core's
+# MLATransformerConfig from model.* else that class's defaults (nemo/collections/nlp/models/language_modeling/
+# megatron_base_model.py build_transformer_config at NVIDIA/NeMo 8cfedd7203; megatron/core/transformer/
+# transformer_config.py at Megatron-LM 1e05700595: q/kv_lora_rank 512, qk_head_dim 128, qk_pos_emb_head_dim 64,
+# v_head_dim 128); NeMo 2.0's model.config._target_ names the config class, DeepSeekConfig and its V2 / V2-Lite /
+# V3 subclasses (nemo/collections/llm/gpt/model/deepseek.py at 8cfedd7203: q_lora_rank 1536, V2-Lite None).
+MCORE_MLA: dict[str, int | None] = {"q_lora_rank": 512, "kv_lora_rank": 512, "qk_head_dim": 128,
+                                    "qk_pos_emb_head_dim": 64, "v_head_dim": 128}
+DEEPSEEK_MLA: dict[str, int | None] = {**MCORE_MLA, "q_lora_rank": 1536}
+MLA_CONFIG_CLASSES: dict[str, dict[str, int | None]] = {
+    "MLATransformerConfig": MCORE_MLA, "DeepSeekConfig": DEEPSEEK_MLA, "DeepSeekV2Config": DEEPSEEK_MLA,
+    "DeepSeekV3Config": DEEPSEEK_MLA, "DeepSeekV2LiteConfig": {**DEEPSEEK_MLA, "q_lora_rank": None}}
 # Sections and keys that do not change one step (paths, logging, checkpoints, data, schedules, init, seeds).
 HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data.", "model.nsys_profile.",
             "model.optim.sched.", "optim.lr_scheduler.", "model.optim.lr", "model.optim.weight_decay",
@@ -84,7 +99,10 @@ HARMLESS = ("run.", "hydra.", "defaults", "exp_manager.", "model.data.", "data."
             "trainer.strategy.ddp._target_", "trainer.strategy.ddp.check_for_nan_in_grad",
             "trainer.strategy.ddp.grad_reduce_in_fp32", "trainer.strategy.ddp.average_in_collective",
             "trainer.strategy.ddp.data_parallel_sharding_strategy", "trainer.plugins.grad_reduce_in_fp32",
-            "trainer.plugins.params_dtype", "trainer.plugins.pipeline_dtype", "trainer.plugins.autocast_enabled")
+            "trainer.plugins.params_dtype", "trainer.plugins.pipeline_dtype", "trainer.plugins.autocast_enabled",
+            # MLA's YaRN RoPE (MLATransformerConfig: rope_type, mscale, beta_fast/slow): the same RoPE kernels
+            "model.rope_type", "model.mscale", "model.beta_", "model.config.rope_type", "model.config.mscale",
+            "model.config.beta_", "model.mtp_loss_scaling_factor", "model.config.mtp_loss_scaling_factor")
 ACTIVATIONS = {"gelu": None, "fast-gelu": None, "openai-gelu": None, "swiglu": "swiglu", "fast-swiglu": "swiglu",
                "squared-relu": "squared_relu"}
 PRECISIONS = {"bf16": "bf16", "bf16-mixed": "bf16", "16": "fp16", "16-mixed": "fp16", "fp16": "fp16",
@@ -131,6 +149,29 @@ def _resolve(flat: dict[str, Any], key: str, value: Any, depth: int = 0) -> Any:
         except (TypeError, ValueError):
             return value
     return value
+
+
+def mla_defaults(flat: dict[str, Any], args: Args, read: set[str], model: str) -> MlaDefaults:
+    """NeMo's multi-head latent attention: on where ``model.config._target_`` names an MLA config class (NeMo
+    2.0's DeepSeek configs; an explicit multi_latent_attention key wins) or ``model.multi_latent_attention`` is
+    set (NeMo 1.x), with that class's widths where a key is absent (``MLA_CONFIG_CLASSES``). An explicit
+    ``q_lora_rank: null`` is a width here (a full query projection), not NeMo's default. The widths themselves are
+    read into ``args`` with the other Megatron names (``SAME``) and mapped by sim.interop.megatron_model."""
+    target = str(flat.get("model.config._target_") or "")
+    name = target.rsplit(".", 1)[-1]
+    widths = MLA_CONFIG_CLASSES.get(name)
+    if widths is not None and model + "multi_latent_attention" not in flat:
+        args.add("multi_latent_attention", True, "model.config._target_", name)
+        read.add("model.config._target_")
+    if model + "q_lora_rank" in flat and flat[model + "q_lora_rank"] is None:
+        args.add("q_lora_rank", "none", model + "q_lora_rank", "null")
+        read.add(model + "q_lora_rank")
+    if flat.get(model + "multi_latent_attention", widths is not None):  # a default is reported under NeMo's key
+        for dest in MCORE_MLA:
+            if model + dest not in flat:
+                args.add(dest, None, model + dest)
+                args.read.add(dest)
+    return MlaDefaults(widths or MCORE_MLA, f"NeMo's default ({name or 'MLATransformerConfig'})")
 
 
 def import_nemo(inputs: list[str], options: Options) -> Draft:
@@ -243,7 +284,7 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
     tokenizer = flat.get("model.tokenizer.type")
     if tokenizer == "GPT2BPETokenizer" and "vocab_size" not in args.values:
         args.add("vocab_size", 50257, "model.tokenizer.type", tokenizer)  # GPT-2's BPE vocabulary
-    apply(draft, args, options, world, mcore_ddp)
+    apply(draft, args, options, world, mcore_ddp, mla_defaults(flat, args, read, model))
     if flat.get("model.fsdp"):
         strategy = str(flat.get("model.fsdp_sharding_strategy", "full"))
         sharding = {"full": "FULL_SHARD", "hybrid": "HYBRID_SHARD", "grad": "SHARD_GRAD_OP"}.get(strategy)
@@ -282,6 +323,14 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
                   "Megatron-Core's fused vocab-parallel loss" if fusion else "Megatron-Core's unfused "
                   "VocabParallelCrossEntropy, kernel by kernel (docs/mechanisms/loss_head.md)")
         read.add(key)
+    # DeepSeek-V3's multi-token prediction (Megatron-Core TransformerConfig.mtp_num_layers; NeMo's DeepSeek-V3
+    # pretraining recipe sets 1): its extra layer and output head are not simulated, as the HF config's
+    # num_nextn_predict_layers is not (sim.model.hf_config)
+    for key in ("model.config.mtp_num_layers", "model.mtp_num_layers"):
+        if flat.get(key):
+            draft.row(key, flat[key], "unmapped", "multi-token prediction: its extra layer and head per step are "
+                      "not simulated")
+            read.add(key)
     for dest, (_, source, raw) in args.values.items():
         if dest not in args.read:
             draft.row(source, raw, "ignored", "not used with this configuration's other settings")

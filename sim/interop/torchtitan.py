@@ -225,10 +225,25 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     if pure == "bfloat16" and param == "float32":
         raise refuse("training.mixed_precision_param: float32 with training.dtype bfloat16 (bf16 weights computed "
                      "in fp32) is not modelled")
+    # FSDP's float8 all-gather ([quantize.linear.float8] at e347b1e5e, [float8] before): torchao casts each weight's
+    # shard before its all-gather (fsdp_pre_all_gather), once per gather, where Float8Linear alone casts the whole
+    # weight in every forward: the cached cast (training.fp8_weight_cache); nothing is gathered without dp_shard > 1
+    gather_key = next((key for key in ("quantize.linear.float8.enable_fsdp_float8_all_gather",
+                                       "float8.enable_fsdp_float8_all_gather") if key in flat), None)
+    if gather_key is not None:
+        read.add(gather_key)
+    gathered = gather_key is not None and flat[gather_key] is True
     if float8:
         draft.put("training.dtype", "fp8", "model.converters", converters, "torchao Float8Linear (dynamic scaling)")
-        draft.put("training.fp8_weight_cache", False, "model.converters", converters,
-                  "FSDP2 / torchao cast the weights in every micro-batch", "default")
+        if gathered and shard > 1:
+            draft.put("training.fp8_weight_cache", True, str(gather_key), True, "each weight's shard cast to FP8 "
+                      "before its FSDP all-gather, once per gather (the gathers still priced at bf16 bytes)")
+        elif gather_key is not None and shard > 1:  # written false
+            draft.put("training.fp8_weight_cache", False, gather_key, flat[gather_key],
+                      "Float8Linear casts each weight in every forward")
+        else:
+            draft.put("training.fp8_weight_cache", False, "model.converters", converters,
+                      "Float8Linear casts each weight in every forward", "default")
         draft.put("training.fp8_recipe", "current", "model.converters", converters,
                   "torchao's tensorwise dynamic scaling: each tensor's amax scanned before its cast", "default")
     else:
@@ -244,6 +259,9 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
         draft.put("training.master_weights", False, "training.dtype", pure, "no fp32 copy of the weights")
         draft.put("training.optimizer_dtype", "bf16", "training.dtype", pure,
                   "AdamW's moments allocated like the bf16 parameters: 2 + 2 + 4 bytes per parameter")
+    if gather_key is not None and not (float8 and shard > 1):
+        draft.row(gather_key, flat[gather_key], "ignored", "no FP8 weights gathered by FSDP (no float8 converter "
+                  "or no dp_shard)")
     if take("training.enable_cpu_offload"):
         draft.put("offload.optimizer", True, "training.enable_cpu_offload")
         draft.put("offload.params", True, "training.enable_cpu_offload")
@@ -269,6 +287,14 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     draft.put("training.fused_kernels", compiled, "compile.enable", bool(flat.get("compile.enable")),
               "torch.compile fuses the element-wise kernels" if compiled else "eager PyTorch element-wise kernels",
               "mapped" if "compile.enable" in flat else "default")
+    # The loss (torchtitan/components/loss.py at e347b1e5e: cross_entropy_loss = F.cross_entropy(pred.float(), ...),
+    # torch.compile'd when "loss" is in compile.components): eager, the upcast logits and log_softmax's fp32 output
+    # are held as under transformers' loss (training.cross_entropy hf); compiled, Inductor fuses the upcast into the
+    # reductions and holds no fp32 logits (fused). Under TP, loss_parallel's DTensor all-reduces are not priced.
+    loss_compiled = bool(flat.get("compile.enable")) and "loss" in components
+    draft.put("training.cross_entropy", "fused" if loss_compiled else "hf", "compile.components", components,
+              "the loss compiled: the upcast fused into the reductions" if loss_compiled else
+              "eager cross_entropy on the logits upcast to fp32", "mapped" if "compile.enable" in flat else "default")
     draft.put("training.flash_attention", True, "(TorchTitan llama3)", "sdpa", "F.scaled_dot_product_attention "
               "(is_causal): PyTorch's flash kernel", "default")
     draft.put("training.attention_backend", "flash", "(TorchTitan llama3)", "sdpa", "SDPA tries FlashAttention-2 "
@@ -276,9 +302,7 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     for key, value in flat.items():
         if key in read:
             continue
-        if key.endswith("enable_fsdp_float8_all_gather") and value:
-            draft.row(key, value, "unmapped", "FSDP all-gathers FP8 weights: simulated with bf16 gather bytes")
-        elif key.startswith(HARMLESS_KEYS) or key.split(".")[0] in HARMLESS_SECTIONS:
+        if key.startswith(HARMLESS_KEYS) or key.split(".")[0] in HARMLESS_SECTIONS:
             draft.row(key, value, "ignored", "does not change one step's time or memory")
         else:
             draft.row(key, value, "unknown", "not read by clustersim")
