@@ -54,3 +54,27 @@ def test_sweep_plot_names_a_bad_key_in_one_line(tmp_path, capsys, args, message)
     assert analysis(["sweep-plot", str(out), "--x", "training.microbatches", "-o", str(missing)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: -o: cannot write '{missing}'"), err
+
+
+@pytest.mark.xfail(strict=True, reason="review9: an unsupported chart extension is a Matplotlib traceback")
+def test_a_chart_file_without_a_chart_extension_is_one_line(tmp_path, capsys):
+    """``-o chart.xyz`` (or no extension) was Matplotlib's ValueError traceback from every chart command (sim plot,
+    python -m analysis compare / sweep-plot / dualpipe); the charts are PNG, SVG or PDF by their extension (found in
+    review9)."""
+    run = tmp_path / "run"
+    assert sim(["run", str(SCENARIOS / "tiny.yaml"), "-o", str(run), "--no-plot"]) == 0
+    sweep = tmp_path / "sweep"
+    assert sim(["sweep", str(SCENARIOS / "pipeline-4x8.yaml"), "--grid", "training.microbatches=4,8", "-o",
+                str(sweep), "--no-plot"]) == 0
+    for name in ("chart.xyz", "chart"):
+        out = tmp_path / name
+        expected = (f"error: -o: '{out}' is not a chart file: name it .png, .svg or .pdf (the format is read from "
+                    "its extension)")
+        for main, argv in ((sim, ["plot", str(run), "-o", str(out)]),
+                           (analysis, ["compare", str(SCENARIOS / "pipeline-4x8.yaml"), "-o", str(out)]),
+                           (analysis, ["sweep-plot", str(sweep), "--x", "training.microbatches", "-o", str(out)]),
+                           (analysis, ["dualpipe", "-o", str(out)])):
+            capsys.readouterr()
+            assert main(argv) == 2, argv
+            assert capsys.readouterr().err.strip().splitlines() == [expected], argv
+            assert not out.exists()
