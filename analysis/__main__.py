@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import fsdp_report, gemm_report, network_report
+from analysis.chart_file import chart_path
 from analysis.compare import compare_schedules
 from analysis.sweep_plot import plot_sweep
 from sim.errors import ConfigError, SimError
@@ -80,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(argv)
     reports = {"fsdp-report": fsdp_report, "network-report": network_report, "gemm-report": gemm_report}
     try:
+        if args.command in ("compare", "sweep-plot", "dualpipe", "dualpipe-moe", "a2a-overlap"):
+            chart_path(args.output)  # before anything runs (analysis.chart_file)
+        if args.command == "compare-profile" and args.chart:
+            chart_path(args.chart, "--chart")
         if args.command in reports:
             module = reports[args.command]
             markdown = module.to_markdown(module.report())

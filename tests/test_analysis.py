@@ -56,7 +56,6 @@ def test_sweep_plot_names_a_bad_key_in_one_line(tmp_path, capsys, args, message)
     assert len(err) == 1 and err[0].startswith(f"error: -o: cannot write '{missing}'"), err
 
 
-@pytest.mark.xfail(strict=True, reason="review9: an unsupported chart extension is a Matplotlib traceback")
 def test_a_chart_file_without_a_chart_extension_is_one_line(tmp_path, capsys):
     """``-o chart.xyz`` (or no extension) was Matplotlib's ValueError traceback from every chart command (sim plot,
     python -m analysis compare / sweep-plot / dualpipe); the charts are PNG, SVG or PDF by their extension (found in
