@@ -27,9 +27,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import fsdp_report, gemm_report, network_report
+from analysis.chart_file import chart_path
 from analysis.compare import compare_schedules
 from analysis.sweep_plot import plot_sweep
-from sim.errors import SimError
+from sim.errors import ConfigError, SimError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     args = top.parse_args(argv)
     reports = {"fsdp-report": fsdp_report, "network-report": network_report, "gemm-report": gemm_report}
     try:
+        if args.command in ("compare", "sweep-plot", "dualpipe", "dualpipe-moe", "a2a-overlap"):
+            chart_path(args.output)  # before anything runs (analysis.chart_file)
+        if args.command == "compare-profile" and args.chart:
+            chart_path(args.chart, "--chart")
         if args.command in reports:
             module = reports[args.command]
             markdown = module.to_markdown(module.report())
@@ -155,8 +160,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "compare":
             compare_schedules(args.scenario, args.output)
         else:
-            table = pd.read_parquet(Path(args.run_dir) / "results.parquet")
-            plot_sweep(table, args.output, x=args.x, hue=args.hue, metrics=args.metric)  # None: default_metrics
+            results = Path(args.run_dir) / "results.parquet"
+            if not results.is_file():
+                raise ConfigError(f"run_dir: no results.parquet in '{args.run_dir}' (a `sim sweep` or `sim search` "
+                               "folder)")
+            table = pd.read_parquet(results)
+            for option, keys in (("--x", [args.x]), ("--hue", [args.hue]), ("--metric", args.metric or [])):
+                for key in keys:
+                    if key is not None and key not in table.columns:
+                        raise ConfigError(f"{option}: {key!r} is not a column of the sweep's results "
+                                       f"({', '.join(map(str, table.columns))})")
+            try:
+                plot_sweep(table, args.output, x=args.x, hue=args.hue, metrics=args.metric)  # None: default_metrics
+            except OSError as error:
+                raise SimError(f"-o: cannot write '{args.output}': {error.strerror or error}") from None
     except SimError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code

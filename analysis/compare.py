@@ -15,6 +15,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from analysis.chart_file import chart_path
 from analysis.gantt import COLORS, bubble_text, compute_blocks
 from sim import runner
 from sim.spec.scenario import load_scenario
@@ -31,6 +32,7 @@ DEFAULT_VARIANTS: list[tuple[str, list[str]]] = [
 
 def compare_schedules(scenario_path: Path | str, path: Path | str,
                       variants: Sequence[tuple[str, list[str]]] = DEFAULT_VARIANTS) -> Path:
+    path = chart_path(path)  # before the runs: a name Matplotlib cannot write is refused first
     runs = [(label, runner.run(load_scenario(scenario_path, overrides))) for label, overrides in variants]
     end = max(result.summary.step_time_s for _, result in runs)
     stages = max(result.scenario.parallel.pp for _, result in runs)

@@ -24,6 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from analysis.chart_file import chart_path
 from analysis.gantt import COLORS
 from sim import runner
 from sim.runner import RunResult
@@ -125,6 +126,7 @@ def default_panels() -> list[tuple[str, RunResult, str | None]]:
 
 def write_dualpipe_chart(path: Path | str,
                          panels: Sequence[tuple[str, RunResult, str | None]] | None = None) -> Path:
+    path = chart_path(path)  # before the runs: a name Matplotlib cannot write is refused first
     panels = list(panels) if panels is not None else default_panels()
     end = max(result.summary.step_time_s for _, result, _ in panels)
     heights = [result.plan.pp for _, result, _ in panels]
@@ -205,6 +207,7 @@ def write_dualpipe_moe_chart(path: Path | str, result: RunResult | None = None) 
     """One DualPipe step of ``moe_dualpipe_scenario`` (or ``result``): the whole step, then a zoom on two
     steady-state F&B pairs of rank 1, where the forward's dispatch/combine run on the ep stream while the other
     micro-batch's backward computes (and the reverse)."""
+    path = chart_path(path)
     result = result if result is not None else runner.run(moe_dualpipe_scenario())
     return _pair_chart(path, result, 1,
                        f"DualPipe, MoE (8 experts, top-2, ep 4), 4 ranks, 16 micro-batches: step "
@@ -230,6 +233,7 @@ def a2a_overlap_scenario(a2a_overlap: bool = True) -> Scenario:
 def write_a2a_overlap_chart(path: Path | str, result: RunResult | None = None) -> Path:
     """One step of ``a2a_overlap_scenario`` (or ``result``): the whole step with Megatron's combined 1F1B, then a
     zoom on two steady-state F&B pairs of rank 0, each pass's dispatch/combine under the other's compute."""
+    path = chart_path(path)
     result = result if result is not None else runner.run(a2a_overlap_scenario())
     plain = runner.run(a2a_overlap_scenario(False)).summary
     return _pair_chart(path, result, 0,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from analysis.chart_file import chart_path
 from analysis.gantt_lanes import (  # noqa: F401  (re-exported: the names tests and other charts import from here)
     COLORS,
     MAX_RANKS_SHOWN,
@@ -143,7 +144,7 @@ def write_gantt(
     """``sim plot`` plugin: the Gantt chart (``plot_gantt``'s arguments) as an image file, PNG/SVG/PDF by the
     extension of ``path``. A PNG is drawn straight into an array (``analysis.gantt_png``); SVG and PDF render a
     bare ``Figure`` with the format's own canvas: no pyplot, no backend."""
-    path = Path(path)
+    path = chart_path(path)
     if path.suffix.lower() == ".png":
         from analysis.gantt_png import write_png
 

@@ -20,6 +20,8 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
+from analysis.chart_file import chart_path
+
 LABELS = {"step_time_s": "step time (s)", "bubble_fraction": "bubble fraction", "mfu": "MFU",
           "tokens_per_s": "tokens/s", "peak_memory_bytes": "peak memory (bytes)",
           "bubble_rate_stagewise": "bubble rate (per stage)", "host_bound_fraction": "host-bound fraction"}
@@ -39,7 +41,7 @@ def default_metrics(table: pd.DataFrame) -> tuple[str, ...]:
 def plot_sweep(table: pd.DataFrame, path: Path | str, x: str, hue: str | None = None,
                metrics: Sequence[str] | None = None, title: str | None = None) -> Path:
     """Write ``sweep_figure`` to ``path`` (PNG/SVG/PDF by extension)."""
-    path = Path(path)
+    path = chart_path(path)
     sweep_figure(table, x, hue, metrics, title).savefig(path, dpi=130)
     return path
 

@@ -421,6 +421,7 @@ def _layout(s: Any) -> tuple[Any, ...]:
 
     d = degrees(s)
     return (d.num_gpus, d.tp, d.pp, d.dp, d.vpp, d.micro_batch, d.global_batch, d.seq_len, d.zero_stage, d.ep,
+            s.parallel.cp, s.parallel.cp_comm_type if s.parallel.cp > 1 else None,
             s.training.recompute, s.parallel.sequence_parallel, s.schedule, s.training.dtype)
 
 
@@ -1233,3 +1234,57 @@ def test_megatron_emit_round_trips_the_attention_shape(base: str, overrides: lis
         assert getattr(resolve(back).model, field) == getattr(resolve(scenario).model, field), field
     if scenario.model.multi_latent_attention:  # what Megatron-Core asks beside MLA and the expert bias
         assert "--no-rope-fusion" in text and "--moe-router-score-function sigmoid" in text
+
+
+@pytest.mark.parametrize("cp_comm_type, rotate", [("p2p", "alltoall"), ("all_gather", "allgather")])
+def test_emit_torchtitan_writes_context_parallelism_and_imports_it_back(cp_comm_type: str, rotate: str,
+                                                                        tmp_path: Path) -> None:
+    """A layout with context parallelism (parallel.cp 2 of 8 GPUs, FSDP over the other 4) emitted for TorchTitan
+    writes context_parallel_degree (ParallelDims asserts dp_replicate x dp_shard x cp x tp x pp = world size, so a
+    config without it stops at start-up) and the KV exchange as PyTorch's ring rotater: p2p's ring is
+    context_parallel_rotate_method "alltoall" (_AllToAllRotater: permute_tensor to the next rank, per step),
+    all_gather's one gather "allgather" (_AllGatherRotater, TorchTitan's default); Ulysses (a2a) is no rotater and
+    is refused in one line. Importing it gives back the layout, cp and its exchange. Found in review9: cp was not
+    written (`sim search --emit torchtitan` on Llama 3 8B over 8 H100 wrote dp_shard 4 alone)."""
+    from sim.interop.emit import emit
+    from sim.interop.torchtitan import import_torchtitan
+    from sim.spec.scenario import load_scenario
+
+    overrides = ["parallel.tp=1", "parallel.cp=2", f"parallel.cp_comm_type={cp_comm_type}", "parallel.dp=4",
+                 "fsdp.sharding=FULL_SHARD", "training.global_batch=8"]
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml", overrides)
+    emitted = emit(scenario, "torchtitan")
+    assert "context_parallel_degree = 2" in emitted.text
+    assert f'context_parallel_rotate_method = "{rotate}"' in emitted.text
+    path = tmp_path / "job.toml"
+    path.write_text(emitted.text)
+    back = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=8, model="llama2-7b")).scenario()
+    assert _layout(back) == _layout(scenario)
+    assert (back.parallel.cp, back.parallel.cp_comm_type) == (2, cp_comm_type)
+    with pytest.raises(ConfigError, match=r"^parallel.cp_comm_type: a2a"):
+        emit(scenario.model_copy(update={"parallel": scenario.parallel.model_copy(
+            update={"cp_comm_type": "a2a"})}), "torchtitan")
+
+
+def test_torchtitan_context_parallelism_imports_with_its_default_kv_all_gather(tmp_path: Path) -> None:
+    """TorchTitan's context_parallel_rotate_method defaults to "allgather" (PyTorch's _AllGatherRotater: the KV
+    shards gathered once per attention), which is parallel.cp_comm_type all_gather, not the p2p ring."""
+    from sim.interop.torchtitan import import_torchtitan
+
+    path = tmp_path / "job.toml"
+    path.write_text((DATA / "torchtitan_llama3_8b.toml").read_text().replace("context_parallel_degree = 1",
+                                                                              "context_parallel_degree = 2"))
+    s = import_torchtitan([str(path)], Options(gpu="H100-SXM", gpus=16)).scenario()
+    assert (s.parallel.cp, s.parallel.cp_comm_type) == (2, "all_gather")
+
+
+def test_emit_deepspeed_refuses_context_parallelism() -> None:
+    """A DeepSpeed ZeRO run under the HF Trainer has no context parallelism: a layout with parallel.cp 2 is refused
+    in one line naming the knob, not written as data parallelism over the cp ranks (found in review9)."""
+    from sim.interop.emit import emit
+    from sim.spec.scenario import load_scenario
+
+    scenario = load_scenario(ROOT / "scenarios" / "llama2-7b_h100-8_dp.yaml",
+                             ["parallel.cp=2", "parallel.dp=4", "training.global_batch=8"])
+    with pytest.raises(ConfigError, match=r"^parallel.cp: "):
+        emit(scenario, "deepspeed")

@@ -216,3 +216,23 @@ def test_an_infinite_step_from_extreme_gpu_fields_is_one_line_and_no_summary(tmp
                           "cluster.gpu.hbm_bandwidth=1e-300 B/s")
     assert line.startswith("error: result: step time inf s is not a finite positive time")
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_an_empty_or_huge_grid_and_a_top_below_one_are_one_line_errors(tmp_path, capsys):
+    """A reversed range (64..1) was an empty axis and a sweep of 0 points, exit 0; a huge one (1..100000000) was
+    built as a list of 10^8 values before anything ran (sim search --only tp=1..10000000: 15 s and 0.9 GB; 10^8: a
+    hang) and a grid's product likewise; sim search --top 0 said no layout fits, --top -5 ran (found in review9)."""
+    line = one_error_line(capsys, "sweep", str(TINY), "--grid", "parallel.tp=64..1", "-o", str(tmp_path / "a"))
+    assert line == "error: --grid 'parallel.tp=64..1': a range a..b needs a <= b"
+    line = one_error_line(capsys, "sweep", str(TINY), "--grid", "parallel.tp=1..100000000", "-o", str(tmp_path / "b"))
+    assert line == ("error: --grid 'parallel.tp=1..100000000': 100,000,000 values, over the 100,000 points a sweep "
+                    "runs")
+    line = one_error_line(capsys, "sweep", str(TINY), "--grid", "training.micro_batch=1..1000", "--grid",
+                          "training.global_batch=1..1000", "-o", str(tmp_path / "c"))
+    assert line == ("error: --grid: 1,000,000 points (1,000 x 1,000), over the 100,000 points a sweep runs; narrow "
+                    "an axis")
+    line = one_error_line(capsys, "search", str(TINY), "--only", "tp=1..100000000", "-o", str(tmp_path / "d"))
+    assert line.startswith("error: --only 'tp=1..100000000': 100,000,000 values, over the 100,000")
+    for top in ("0", "-5"):
+        line = one_error_line(capsys, "search", str(TINY), "--top", top, "-o", str(tmp_path / "e"))
+        assert line == f"error: --top: {top} layouts; simulate at least 1"

@@ -334,3 +334,21 @@ def test_recomputing_module_moe_issues_the_replayed_forwards_host_time_in_the_ba
     assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=0.03)
     doc["training"] = {**doc["training"], "recompute_modules": ["layernorm", "moe_act"]}
     assert resolve(scenario_from_dict(doc)).moe_replay_host_seconds == 0.0
+
+
+def test_recomputing_module_moe_replays_the_shared_experts_te_modules_too() -> None:
+    """Megatron-Core's module ``moe`` checkpoints MoELayer's custom_forward, which runs the shared expert too
+    (moe_layer.py at 1e05700595: ``output += self.shared_experts(hidden_states)`` inside custom_forward), so the
+    replayed forward calls the shared expert's two TE linear modules (TEColumnParallelLinear, TERowParallelLinear)
+    besides the experts' two grouped linears: as many TE modules as the layer's forward calls beyond attention's
+    (sim.costs.host.te_linear_modules). Found in review9: the replay counted the experts' two alone."""
+    doc = _doc()
+    doc["training"] = {**doc["training"], "recompute": "selective", "recompute_modules": ["moe"]}
+    plain = resolve(scenario_from_dict(doc))
+    doc["model"] = {**doc["model"], "moe_shared_expert_intermediate_size": 2048}
+    shared = resolve(scenario_from_dict(doc))
+    te = shared.scenario.costs.te_module_overhead  # type: ignore[union-attr]
+    assert te == pytest.approx(83e-6)
+    # the forward's bound moves by the shared expert's two modules, and so does the replay of the same code
+    assert shared.moe_host_seconds["forward"] - plain.moe_host_seconds["forward"] == pytest.approx(2 * te)
+    assert shared.moe_replay_host_seconds - plain.moe_replay_host_seconds == pytest.approx(2 * te)

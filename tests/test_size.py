@@ -141,6 +141,17 @@ def test_a_huge_microbatch_count_fails_fast_naming_the_batch(capsys, tmp_path, n
     assert "a smaller training.global_batch" in line
 
 
+def test_a_huge_train_metric_state_count_fails_fast_naming_it(capsys, tmp_path, nothing_built):
+    """The train-metric sync's four tasks per state per stage (sim.workload.train_metrics) can be the run's bulk:
+    the error then names training.train_metric_states, not the 8 micro-batches (found in review9: 'simulate fewer
+    micro-batches' for 10^8 states)."""
+    line = one_error_line(capsys, "run", str(TINY), "--set", "training.train_metric_states=100000000", "-o",
+                          str(tmp_path))
+    # 2 stages x 4 tasks x 10^8 states + the 408 tasks of the step itself
+    assert line.startswith("error: training.train_metric_states: 100,000,000 metric states synced after the step: "
+                           "an estimated 800,000,408 tasks, over the budget of 10,000,000 (--max-tasks)"), line
+
+
 def test_the_contention_network_on_a_million_gpus_fails_fast_naming_it(capsys, tmp_path, nothing_built):
     line = one_error_line(capsys, "run", str(TINY), *_sets([*MILLION, "network.model=contention"]),
                           "--max-memory", "16 GiB", "-o", str(tmp_path))

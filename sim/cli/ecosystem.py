@@ -69,7 +69,8 @@ def emit_layouts(args: argparse.Namespace, console: Console, rows: Any, out: Pat
     refused: list[str] = []
     for rank, (_, row) in enumerate(rows.iterrows(), start=1):
         layout = search.layout_of(row.rename({key: name for name, key in search.LAYOUT_KEYS.items()}))
-        name = f"{rank:02d}_tp{layout.tp}_pp{layout.pp}_dp{layout.dp}_v{layout.vpp}_mb{layout.micro_batch}"
+        cp = f"_cp{layout.cp}" if layout.cp > 1 else ""  # dp is the ranks left by tp x cp x pp
+        name = f"{rank:02d}_tp{layout.tp}{cp}_pp{layout.pp}_dp{layout.dp}_v{layout.vpp}_mb{layout.micro_batch}"
         try:
             emitted = emit(search.candidate(base, layout), args.emit)
         except ConfigError as error:

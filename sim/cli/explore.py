@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from sim.cli.ecosystem import EMIT_LIMITS, emit_layouts
 from sim.cli.options import dashboard, run_limits
 from sim.cli.plugins import SEARCH_PLUGINS, SWEEP_PLUGINS, plugins
+from sim.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -64,6 +65,8 @@ def cmd_search(args: argparse.Namespace, console: Console) -> int:
         args.only = list(args.only) + [f"{knob}={values}" for knob, values in limits.items() if knob not in given]
         console.print(f"--emit {args.emit}: searching " + ", ".join(f"{k}={v}" for k, v in limits.items()
                                                                      if k not in given), markup=False)
+    if args.top < 1:  # --top 0 screened everything, then reported that no layout fits
+        raise ConfigError(f"--top: {args.top} layouts; simulate at least 1")
     out, only = Path(args.output), search.parse_only(args.only)
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with stop_on_sigterm(), Progress(*columns, console=console, transient=True) as bar:

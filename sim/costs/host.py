@@ -69,22 +69,32 @@ EAGER_MOE_PART_KERNELS = 63
 
 
 def moe_part_host_seconds(local_experts: int, eager_op_overhead: float, launch_overhead: float,
-                          te_module_overhead: float, megatron_moe_host_ops: float) -> float:
+                          te_module_overhead: float, megatron_moe_host_ops: float,
+                          shared_expert: bool = False) -> float:
     """Seconds the host takes to issue the MoE part of one layer's forward (router -> dispatch -> experts ->
-    unpermute; no attention) on a rank with ``local_experts`` experts: its eager kernels, its expert GEMMs, the
-    experts' two Transformer Engine grouped-linear modules and Megatron-Core's own MoE code. What Megatron's
-    ``--recompute-modules moe`` reruns, host sync included, inside the backward (moe_layer.py at 1e05700595:
-    ``tensor_parallel.checkpoint(custom_forward)``)."""
+    unpermute, and a ``shared_expert``; no attention) on a rank with ``local_experts`` experts: its eager kernels,
+    its expert GEMMs, its Transformer Engine linear modules (``moe_te_modules``) and Megatron-Core's own MoE code.
+    What Megatron's ``--recompute-modules moe`` reruns, host sync included, inside the backward (moe_layer.py at
+    1e05700595: ``tensor_parallel.checkpoint(custom_forward)``, the shared expert inside custom_forward)."""
     return ((EAGER_MOE_PART_KERNELS + megatron_moe_host_ops) * eager_op_overhead
-            + EXPERT_GEMMS["forward"] * local_experts * launch_overhead + 2 * te_module_overhead)
+            + EXPERT_GEMMS["forward"] * local_experts * launch_overhead
+            + moe_te_modules(shared_expert) * te_module_overhead)
+
+
+def moe_te_modules(shared_expert: bool) -> int:
+    """Transformer Engine linear modules the MoE part of a layer's forward calls (Megatron-Core's moe_module_specs):
+    the routed experts' linear_fc1 and linear_fc2 (TE grouped linears) and a ``shared_expert``'s linear_fc1 and
+    linear_fc2 (TEColumnParallelLinear, TERowParallelLinear): 2, or 4 with a shared expert."""
+    return 2 + 2 * int(shared_expert)
 
 
 def te_linear_modules(mla: bool, q_latent: bool, shared_expert: bool) -> int:
     """Transformer Engine linear modules one MoE transformer layer's forward calls (Megatron-Core's TE layer spec):
-    attention's 2 (GQA/MHA) or multi-head latent attention's 4 (5 with a query latent ``q_latent``), the routed
-    experts' 2 grouped linears, and a ``shared_expert``'s 2. Qwen3 and Mixtral: 4; DeepSeek-V3: 9."""
+    attention's 2 (GQA/MHA) or multi-head latent attention's 4 (5 with a query latent ``q_latent``), and the MoE
+    part's (``moe_te_modules``: the routed experts' 2 grouped linears, a ``shared_expert``'s 2). Qwen3 and Mixtral:
+    4; DeepSeek-V3: 9."""
     attention = 4 + int(q_latent) if mla else 2
-    return attention + 2 + 2 * int(shared_expert)
+    return attention + moe_te_modules(shared_expert)
 
 
 def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_overhead: float,

@@ -123,7 +123,7 @@ class BlockPricing:
 
     def _cp_exposed(self, plan: Plan, bwd: ComputePhase) -> tuple[float, float]:
         """(forward, backward) seconds one layer's context parallelism adds to its attention block's flash kernel,
-        as the workload emits it (``_StageEmitter._cp_core``): the ring's makespan (sim.parallel.context.
+        as the workload emits it (``ContextEmitter.core``): the ring's makespan (sim.parallel.context.
         ring_makespan: a send is exposed where it outlasts its step; the steps with TE's output corrections) less
         the flash kernel, or the all-gather / all-to-all collectives, which nothing overlaps. (0, 0) without CP."""
         ca = step.context_attention(plan)

@@ -44,14 +44,14 @@ class MoePricing(BlockPricing):
 
     def _moe_layer(self, plan: Plan, times: list[float],
                    overlapped: bool) -> tuple[float, float, float, tuple[Block, ...], tuple[Block, ...]]:
-        """(forward, backward, weight-gradient pass, forward blocks, backward blocks) of one MoE layer, as the
-        workload emits it (``_moe_forward`` / ``_moe_backward``): the attention block with its TP collectives, then
-        router -> dispatch beside the shared expert (with its SP all-gather and reduce-scatter) -> experts ->
-        combine -> unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared expert's
-        backward (and selective recomputation's replay of it).
+        """(forward, backward, weight-gradient pass, forward blocks, backward blocks) of one MoE layer, as the workload
+        emits it (``MoeLayerEmitter.forward`` / ``backward``, sim.workload.moe_emit): the attention block with its TP
+        collectives, then router -> dispatch beside the shared expert (with its SP all-gather and reduce-scatter) ->
+        experts -> combine -> unpermute; the backward mirrors it, the dispatch's gradient exchange beside the shared
+        expert's backward (and selective recomputation's replay of it).
 
         The blocks (sim.explore.pair_replay.Block) are the layer's passes cut where a DualPipe F&B pair cuts them
-        (``_StageEmitter._interleave_pair``: before each compute task that waits for an ``ep`` exchange), for
+        (sim.workload.pair_interleave.interleave_pair: before each compute task that waits for an ``ep`` exchange), for
         ``_pair_overlap``: forward attention+router | experts | unpermute, backward [module moe's replayed forward]
         unpermute | experts | router+attention; each pass is its blocks run alone (``pair_replay.alone``)."""
         split = plan.splits_backward
@@ -80,11 +80,11 @@ class MoePricing(BlockPricing):
                        Block(price(plan, "moe_combine", "forward"), None, 0.0))
         lead = 0.0 if plan.tp > 1 else None  # the attention block starts with SP's all-gather (MoE with TP runs SP)
         forward_blocks = tuple(chain([(Block(attention_f, None, 0.0, 0.0, lead),), mlp_forward]))
-        # Selective recomputation (the emitter's _selective_recompute and _moe_backward): module moe runs the MoE
-        # forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert,
-        # the last beside the dispatch's gradient as the emitter issues it. The backward's first SP all-gather
-        # waits only for the unpermute's backward (its source), so on the TP stream it runs beside the combine's
-        # gradient exchange and the experts' backward; only what outlasts them is exposed.
+        # Selective recomputation (the emitter's _selective_recompute and MoeLayerEmitter.backward): module moe runs the
+        # MoE forward again before its backward; else the pre-MLP norm, moe_act's activation and the shared expert, the
+        # last beside the dispatch's gradient as the emitter issues it. The backward's first SP all-gather waits only
+        # for the unpermute's backward (its source), so on the TP stream it runs beside the combine's gradient exchange
+        # and the experts' backward; only what outlasts them is exposed.
         shared_again = price(plan, "recompute_moe_shared", "forward")
         shared_b = (price(plan, "moe_shared", bwd) + (shared_again + reduce + gather if shared_again > 0 else 0.0)
                     + max(0.0, gather - dispatch - price(plan, "recompute_moe_experts", "forward")
@@ -116,13 +116,13 @@ class MoePricing(BlockPricing):
     @staticmethod
     def _rebuilt_moe(plan: Plan, forward: float, backward: float, forward_blocks: tuple[Block, ...],
                      backward_blocks: tuple[Block, ...], lead: float = 0.0) -> float:
-        """Seconds full recomputation adds to a MoE layer's backward (``forward`` and ``backward``: its passes,
-        each host-bound on its own; the blocks: their device work, ``_moe_layer``). The emitter reruns the layer's
-        forward, host sync and eager ops included, inside the backward pass, so the host issues both in one pass
-        (sim.workload.build's ``_layer_tasks``): the rebuilt backward lasts max(device forward + backward, host
-        forward + backward), not the sum of the two passes' maxima (Qwen3-235B tp 4, pp 8, vpp 12, micro-batch 2,
-        ep 4, full recomputation: +5.4% over the simulation that way); the host's time counted from the end of the
-        rebuilt pass's first task where that is SP's all-gather (``lead``, as ``_moe_layer``). Without a host
+        """Seconds full recomputation adds to a MoE layer's backward (``forward`` and ``backward``: its passes, each
+        host-bound on its own; the blocks: their device work, ``_moe_layer``). The emitter reruns the layer's forward,
+        host sync and eager ops included, inside the backward pass, so the host issues both in one pass
+        (``LayerEmitter._layer_tasks``, sim.workload.layer_emit): the rebuilt backward lasts max(device forward +
+        backward, host forward + backward), not the sum of the two passes' maxima (Qwen3-235B tp 4, pp 8, vpp 12,
+        micro-batch 2, ep 4, full recomputation: +5.4% over the simulation that way); the host's time counted from the
+        end of the rebuilt pass's first task where that is SP's all-gather (``lead``, as ``_moe_layer``). Without a host
         bound: the forward."""
         host = plan.moe_host_seconds
         if not host["forward"] and not host["backward"]:

@@ -104,7 +104,7 @@ class StagePricing(MoePricing):
                 copy = step.activation_copy_seconds(plan, first_layer)
                 # TE's on-GPU copy into its ping-pong buffer runs on the compute stream before each PCIe copy,
                 # so a copy hides under the next layer's forward and, when that layer offloads too (the first
-                # layers offload), under its buffer copy as well (sim.workload.build's _layer)
+                # layers offload), under its buffer copy as well (sim.workload.layer_emit's LayerEmitter._layer)
                 buffer = step.offload_buffer_copy_seconds(plan, first_layer, self.costs)
                 f += offloaded * buffer + max(0.0, copy - fwd_layer - fsdp_f)
                 f += (offloaded - 1) * max(0.0, copy - fwd_layer - fsdp_f - buffer)

@@ -88,8 +88,8 @@ def parse_only(specs: list[str]) -> Only:
             raise ConfigError(f"--only {spec!r}: expected KNOB=v1,v2 with KNOB one of {', '.join(LAYOUT_KEYS)}")
         try:
             knob, parsed = parse_axis(spec)
-        except ConfigError:
-            raise ConfigError(f"--only {spec!r}: a range a..b needs integers") from None
+        except ConfigError as error:  # parse_axis names --grid and the text: the same rule for --only
+            raise ConfigError(str(error).replace(f"--grid {spec!r}", f"--only {spec!r}", 1)) from None
         only[knob] = frozenset(_checked(knob, value) for value in parsed)
     return only
 

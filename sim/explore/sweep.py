@@ -23,6 +23,7 @@ import csv
 import io
 import itertools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,9 +107,14 @@ def point_id(point: dict[str, Any]) -> str:
     return ",".join(f"{key}={_encode(value)}" for key, value in point.items())
 
 
+# The most points one sweep runs: each is a simulation (0.1 s to minutes), so a grid beyond this is a typo or a
+# runaway range, refused before its values are built (a range 1..10^8 was a list of 10^8 ints: a hang).
+MAX_POINTS = 100_000
+
+
 def parse_axis(text: str) -> tuple[str, list[Any]]:
     """``key=v1,v2,...`` (each value read as YAML), ``key=[v1, v2, ...]`` (a YAML list: the same axis) or
-    ``key=a..b`` (integers a to b inclusive)."""
+    ``key=a..b`` (integers a to b inclusive, a <= b, at most ``MAX_POINTS`` of them)."""
     if "=" not in text:
         raise ConfigError(f"--grid {text!r}: expected key=v1,v2,... or key=a..b")
     key, values = text.split("=", 1)
@@ -120,9 +126,15 @@ def parse_axis(text: str) -> tuple[str, list[Any]]:
     if ".." in values and "," not in values:
         low, high = values.split("..", 1)
         try:
-            return key.strip(), list(range(int(low), int(high) + 1))
+            first, last = int(low), int(high)
         except ValueError:
             raise ConfigError(f"--grid {text!r}: a range a..b needs integers") from None
+        if first > last:
+            raise ConfigError(f"--grid {text!r}: a range a..b needs a <= b")
+        if last - first + 1 > MAX_POINTS:
+            raise ConfigError(f"--grid {text!r}: {last - first + 1:,} values, over the {MAX_POINTS:,} points a "
+                              "sweep runs")
+        return key.strip(), list(range(first, last + 1))
     return key.strip(), [parse_yaml(v, f"--grid {key.strip()}") for v in values.split(",")]
 
 
@@ -145,13 +157,20 @@ def load_sweep_file(path: Path, extra_grid: list[str], extra_overrides: list[str
 
 
 def make_spec(target: Path, grid_args: list[str], overrides: list[str]) -> SweepSpec:
-    """A sweep from a sweep file (has a top-level ``grid``) or from a scenario plus --grid axes."""
+    """A sweep from a sweep file (has a top-level ``grid``) or from a scenario plus --grid axes; a grid of more
+    than ``MAX_POINTS`` points is refused before anything runs."""
     data = parse_yaml(read_text(target, "sweep"), f"sweep {target}")
     if isinstance(data, dict) and "grid" in data:
-        return load_sweep_file(target, grid_args, overrides)
-    if not grid_args:
+        spec = load_sweep_file(target, grid_args, overrides)
+    elif not grid_args:
         raise ConfigError("sweep: give at least one --grid key=v1,v2 (or a sweep file with a grid)")
-    return SweepSpec(target, dict(parse_axis(a) for a in grid_args), overrides)
+    else:
+        spec = SweepSpec(target, dict(parse_axis(a) for a in grid_args), overrides)
+    sizes = [len(values) for values in spec.grid.values()]
+    if math.prod(sizes) > MAX_POINTS:
+        raise ConfigError(f"--grid: {math.prod(sizes):,} points ({' x '.join(f'{n:,}' for n in sizes)}), over the "
+                          f"{MAX_POINTS:,} points a sweep runs; narrow an axis")
+    return spec
 
 
 def _lookup(data: Any, dotted: str) -> Any:

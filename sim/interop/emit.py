@@ -25,6 +25,11 @@ FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
 TORCHTITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
                       "llama3-405b": ("llama3", "405B")}
 TORCHTITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-v": "ZBVZeroBubble"}
+# parallel.cp_comm_type -> TorchTitan's context_parallel_rotate_method, the ring rotater of PyTorch's context
+# parallel attention (torch/distributed/tensor/experimental/_attention.py): "alltoall" (_AllToAllRotater) passes
+# each KV shard to the next rank per ring step (permute_tensor), Megatron's p2p ring; "allgather" (_AllGatherRotater,
+# TorchTitan's default) gathers every shard once, Megatron's all_gather. Ulysses (a2a) is no rotater.
+TORCHTITAN_CP_ROTATE = {"p2p": "alltoall", "all_gather": "allgather"}
 
 
 @dataclass(frozen=True)
@@ -314,9 +319,15 @@ def _torchtitan(s: Scenario) -> Emitted:
     if p.tp > 1 and not p.sequence_parallel:
         raise _refuse("TorchTitan", "parallel.sequence_parallel", "tensor parallelism without sequence-parallel "
                       "norms (TorchTitan's TP plan always uses SequenceParallel)")
-    if zero >= 2 and hybrid:
+    if p.cp > 1 and p.cp_comm_type not in TORCHTITAN_CP_ROTATE:
+        raise _refuse("TorchTitan", "parallel.cp_comm_type", f"{p.cp_comm_type} (Ulysses' all-to-all of heads) is "
+                      "not one of PyTorch's context-parallel rotaters (alltoall: p2p, allgather: all_gather)")
+    if zero >= 2 and hybrid:  # FSDP2 shards over dp_shard x cp (TorchTitan's dp_shard_cp mesh), one node's
         per_node = s.cluster.gpus_per_node // p.tp
-        replicate, shard = d.dp // per_node, per_node
+        if per_node % p.cp:
+            raise _refuse("TorchTitan", "parallel.cp", f"HYBRID_SHARD with cp {p.cp} across a node's {per_node} "
+                          "data-parallel ranks")
+        replicate, shard = d.dp * p.cp // per_node, per_node // p.cp
     elif zero >= 2:
         replicate, shard = 1, d.dp
     else:
@@ -346,6 +357,9 @@ def _torchtitan(s: Scenario) -> Emitted:
               "[parallelism]", f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}", f"tensor_parallel_degree = {p.tp}",
               f"pipeline_parallel_degree = {p.pp}", f"expert_parallel_degree = {p.ep}"]
+    if p.cp > 1:  # else ParallelDims' product misses the cp ranks and TorchTitan stops at start-up
+        lines += [f"context_parallel_degree = {p.cp}",
+                  f'context_parallel_rotate_method = "{TORCHTITAN_CP_ROTATE[p.cp_comm_type]}"']
     if zero == 2:
         lines.append('fsdp_reshard_after_forward = "never"')
     if p.tp_comm_overlap:
@@ -448,9 +462,10 @@ def _torchtitan_float8(s: Scenario, shard: int) -> list[str]:
 
 def _deepspeed(s: Scenario) -> Emitted:
     d, p, t = degrees(s), s.parallel, s.training
-    if p.tp > 1 or p.pp > 1:
-        raise _refuse("a DeepSpeed ZeRO run under the HF Trainer", "parallel.tp" if p.tp > 1 else "parallel.pp",
-                      f"tp {p.tp} x pp {p.pp}: ZeRO data parallelism only")
+    if p.tp > 1 or p.pp > 1 or p.cp > 1:
+        knob = "parallel.tp" if p.tp > 1 else "parallel.pp" if p.pp > 1 else "parallel.cp"
+        raise _refuse("a DeepSpeed ZeRO run under the HF Trainer", knob,
+                      f"tp {p.tp} x pp {p.pp} x cp {p.cp}: ZeRO data parallelism only")
     if t.recompute == "selective":
         raise _refuse("the HF Trainer", "training.recompute", "selective recompute")
     if s.fsdp is not None:

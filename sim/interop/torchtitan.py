@@ -20,6 +20,7 @@ from typing import Any
 import tomllib
 
 from sim.interop.draft import Draft, ModelDraft, Options, cluster, refuse
+from sim.interop.emit import TORCHTITAN_CP_ROTATE
 from sim.spec.scenario import ParallelSpec, read_text
 
 # TorchTitan's llama3 flavors (torchtitan/models/llama3/__init__.py) are the Llama 3 shapes of the presets.
@@ -33,8 +34,8 @@ HARMLESS_KEYS = ("model.tokenizer_path", "model.hf_assets_path", "model.print_af
                  "training.seed", "training.deterministic", "training.warmup_steps", "training.dataloader",
                  "compile.backend", "activation_checkpoint.preserve_rng_state", "activation_checkpoint.early_stop",
                  "activation_checkpoint.determinism_check", "activation_checkpoint.debug",
-                 "parallelism.disable_loss_parallel", "parallelism.context_parallel_rotate_method",
-                 "parallelism.context_parallel_load_balancer", "parallelism.pipeline_parallel_schedule_csv",
+                 "parallelism.disable_loss_parallel", "parallelism.context_parallel_load_balancer",
+                 "parallelism.pipeline_parallel_schedule_csv",
                  "parallelism.expert_parallel_comm_backend",
                  "parallelism.pipeline_parallel_expert_parallel_overlap")
 
@@ -135,6 +136,16 @@ def import_torchtitan(inputs: list[str], options: Options) -> Draft:
     if cp > 1:
         if "cp" in ParallelSpec.model_fields:
             draft.put("parallel.cp", cp, "parallelism.context_parallel_degree")
+            # the KV exchange: PyTorch's ring rotater, "allgather" by default (emit.TORCHTITAN_CP_ROTATE)
+            rotate = take("parallelism.context_parallel_rotate_method")
+            kinds = {method: kind for kind, method in TORCHTITAN_CP_ROTATE.items()}
+            if (rotate or "allgather") not in kinds:
+                raise refuse(f"parallelism.context_parallel_rotate_method: {rotate!r} is not one of "
+                             f"{', '.join(kinds)}")
+            draft.put("parallel.cp_comm_type", kinds[rotate or "allgather"],
+                      "parallelism.context_parallel_rotate_method", rotate or "allgather",
+                      "PyTorch's ring rotater: allgather gathers the KV shards once, alltoall passes them per step",
+                      "mapped" if rotate else "default")
         else:
             dp *= cp
             draft.row("parallelism.context_parallel_degree", cp, "unmapped", "context parallelism is not in the "

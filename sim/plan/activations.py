@@ -3,10 +3,12 @@
 In: ``training.recompute`` / ``recompute_num_layers`` / ``recompute_modules``, ``cpu_offloading_num_layers``,
 ``cross_entropy``, the model, batch, MoE routed tokens, PEFT adapters and CP (``SequenceFacts`` and below). Out:
 ``ActivationFacts``: per layer, whether full recomputation rebuilds it and whether its activations are offloaded;
-a layer's kept activations (Korthikanti et al. 2022 Table 2) under a recompute mode; what a layer stashes from its
-forward to its backward (``stash_bytes``), the layer being rebuilt (``rebuild_bytes``) and the transient peak
-beside the stash: rebuild, the loss head's logits, CP's KV buffers, QLoRA's dequantised linear
-(``transient_bytes``). The memory bound and timeline (sim.workload.footprint) read these.
+the modules selective recomputation replays, and the host time module ``moe``'s replay adds to a MoE layer's
+backward behind the dispatcher's host sync (``moe_replay_host_seconds``, sim.costs.host); a layer's kept
+activations (Korthikanti et al. 2022 Table 2) under a recompute mode; what a layer stashes from its forward to its
+backward (``stash_bytes``), the layer being rebuilt (``rebuild_bytes``) and the transient peak beside the stash:
+rebuild, the loss head's logits, CP's KV buffers, QLoRA's dequantised linear (``transient_bytes``). The memory
+bound and timeline (sim.workload.footprint) read the bytes; the emitter and the estimate the host time.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ class ActivationFacts(SequenceFacts):
             return 0.0
         assert isinstance(costs, (RooflineCostsSpec, CalibratedCostsSpec))  # moe_host_seconds is 0 otherwise
         return host.moe_part_host_seconds(self.local_experts, costs.eager_op_overhead, costs.launch_overhead,
-                                          costs.te_module_overhead, costs.megatron_moe_host_ops)
+                                          costs.te_module_overhead, costs.megatron_moe_host_ops,
+                                          bool(self.model.moe_shared_expert_intermediate_size))
 
     # -------------------------------------------------------------------------------------- activation offload
     def offloads(self, layer: int) -> bool:

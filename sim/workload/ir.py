@@ -122,7 +122,7 @@ class Chain:
         state = -1  # -1: the blocking collective given at the stamp; -2: none; k: entry k
         self.consumer = -1
         for k, entry in enumerate(entries):
-            if entry[11] and state != -2:  # waits_tp: takes the blocking collective (_StageEmitter._blocking)
+            if entry[11] and state != -2:  # waits_tp: takes the blocking collective (TaskEmitter._blocking)
                 if state == -1:
                     self.consumer = k
                 state = -2

@@ -29,7 +29,8 @@ MOE_BLOCKS = ("moe_router", "moe_shared", "moe_experts", "moe_combine")
 def moe_recompute(plan: Plan) -> dict[str, Work]:
     """Per MoE block (``MOE_BLOCKS``), the forward ops selective recomputation replays before its backward: the
     pre-MLP norm (``layernorm``) in the router's, the activation (``moe_act``) in the experts', the shared expert
-    (``shared_experts``). Module ``moe`` reruns the whole MoE forward instead (the emitters' ``_moe_forward``)."""
+    (``shared_experts``). Module ``moe`` reruns the whole MoE forward instead (sim.workload.moe_emit's
+    ``MoeLayerEmitter.forward`` as ``recompute``)."""
     modules = frozenset() if "moe" in plan.recompute_modules else plan.recompute_modules
     return {name: Work(replayed(work.ops, modules), 0.0) for name, work in moe_blocks(plan).items()}
 

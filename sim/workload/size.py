@@ -101,8 +101,8 @@ class RunSize:
 
 def _cp_tasks(plan: Plan) -> tuple[int, int]:
     """Tasks context parallelism adds to one layer's attention block, (forward, backward): the output part as its
-    own task and the attention core with its CP exchanges (sim.workload.build._cp_core: p2p, a core and a send
-    per ring step; all_gather / a2a, one core between the collectives)."""
+    own task and the attention core with its CP exchanges (sim.workload.cp_emit.ContextEmitter.core: p2p, a core
+    and a send per ring step; all_gather / a2a, one core between the collectives)."""
     attention = context_attention(plan)
     if attention is None:
         return 0, 0
@@ -178,7 +178,7 @@ def estimate_size(plan: Plan) -> RunSize:
         per_microbatch += plan.pp  # ZeRO-2's reduce-scatter buckets (at least one per stage per micro-batch)
     per_microbatch += _data_parallel_tasks(plan)
     per_step = plan.pp * 16 + 2 * layers  # buckets, optimizer, gradient checks, parameter gathers per stage
-    per_step += plan.pp * 4 * scenario.training.train_metric_states  # the metric sync's four parts per state
+    per_step += _metric_tasks(plan)
     pipelines = 1
     if scenario.ranks == "all":
         # sim.workload.build.folds_tp, restated on the Plan (importing build here would pull the cost models in)
@@ -190,6 +190,11 @@ def estimate_size(plan: Plan) -> RunSize:
     task_bytes = tasks * BYTES_PER_TASK
     nbytes = RUN_BYTES + task_bytes + plan.num_gpus * BYTES_PER_GPU[scenario.network.model]
     return RunSize(tasks, tasks * EVENTS_PER_TASK[engine], nbytes, pipelines, task_bytes)
+
+
+def _metric_tasks(plan: Plan) -> int:
+    """The train-metric sync's tasks on one pipeline: four per state per stage (sim.workload.train_metrics)."""
+    return plan.pp * 4 * plan.scenario.training.train_metric_states
 
 
 def _gib(n: float) -> str:
@@ -206,6 +211,9 @@ def _cause(plan: Plan, size: RunSize) -> tuple[str, str]:
     if size.task_bytes * 2 < size.bytes and scenario.network.model == "contention":
         return (f"network.model: contention on {plan.num_gpus:,} GPUs (its flows grow with the groups)",
                 "use network: analytic, or fewer GPUs")
+    if _metric_tasks(plan) * 2 > size.tasks:  # the metric sync is most of the run
+        return (f"training.train_metric_states: {scenario.training.train_metric_states:,} metric states synced "
+                "after the step", "count the trainer's metric states (Composer's MPT: 4)")
     return (f"training: {plan.microbatches:,} micro-batches of {plan.model.num_layers} layers",
             "simulate fewer micro-batches (a smaller training.global_batch or a larger training.micro_batch; "
             "past the pipeline's fill the step grows linearly in them)")
