@@ -48,6 +48,27 @@ def small_moe_model(name: str, num_layers: int, hidden_size: int, heads: int, ff
             "tied_embeddings": False, "bias": False, "num_moe_experts": 8, "moe_router_topk": 2}
 
 
+def one_moe_layer(name: str, moe: dict[str, Any], changes: dict[str, Any],
+                  costs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The EP A2A overlap tests' scenario document: one MoE layer, no pipeline (1F1B), ep 8 over one H100 node, the
+    flex dispatcher's settings in ``moe``, global batch 64 over dp 8 (8 micro-batches of 4096 tokens), ``costs`` (roofline by default);
+    ``changes`` merge into its sections (a dict into a section, anything else replaces it)."""
+    doc: dict[str, Any] = {
+        "name": name, "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
+        "model": small_moe_model("moe-one", num_layers=1, hidden_size=2048, heads=16, ffn_hidden_size=4096,
+                                 max_seq_len=4096),
+        "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
+        "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
+        "moe": {"token_dispatcher": "flex", **moe},
+        "schedule": "1f1b",
+    }
+    if costs is not None:
+        doc["costs"] = costs
+    for section, values in changes.items():
+        doc[section] = {**doc.get(section, {}), **values} if isinstance(values, dict) else values
+    return doc
+
+
 def pipeline_scenario(p: int, m: int, schedule: str, forward: str = "1 s", backward: str = "2 s",
                       layers_per_stage: int = 1, vpp: int = 1, weight_grad: str = "0 s") -> Scenario:
     """p stages on p GPUs, m micro-batches, fixed per-layer costs and an ideal network."""

@@ -21,7 +21,7 @@ from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, combined_pairs, inter
 from sim.plan import resolve
 from sim.spec.scenario import Scenario, load_scenario, scenario_from_dict
 
-from conftest import SCENARIOS, small_moe_model
+from conftest import SCENARIOS, one_moe_layer
 
 QWEN3_OVERLAP = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml"
 
@@ -51,19 +51,8 @@ def _doc(a2a: bool, bandwidth: str, **changes: Any) -> dict[str, Any]:
     exchange is exactly bytes / bandwidth), no SMs held by it (``deepep_sms`` 0, tested on its own below) and no
     host bound (``host_sync`` false, tests/test_moe_host_sync.py),
     8 micro-batches of 4096 tokens."""
-    doc: dict[str, Any] = {
-        "name": "a2a", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": small_moe_model("moe-one", num_layers=1, hidden_size=2048, heads=16, ffn_hidden_size=4096,
-                                 max_seq_len=4096),
-        "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
-        "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
-        "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a,
-                "deepep_sms": 0, "host_sync": False},
-        "schedule": "1f1b",
-    }
-    for section, values in changes.items():
-        doc[section] = {**doc.get(section, {}), **values} if isinstance(values, dict) else values
-    return doc
+    return one_moe_layer("a2a", {"deepep_nvlink_bandwidth": bandwidth, "a2a_overlap": a2a, "deepep_sms": 0,
+                                 "host_sync": False}, changes)
 
 
 def _small(a2a: bool, bandwidth: str, **changes: Any) -> Scenario:

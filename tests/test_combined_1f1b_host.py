@@ -18,27 +18,16 @@ from sim.costs.host import SCHEDULE_NODE_CALLS, schedule_node_host_seconds
 from sim.plan import resolve
 from sim.spec.scenario import KernelCostsSpec, scenario_from_dict
 
-from conftest import small_moe_model
+from conftest import one_moe_layer
 
 
 def _doc(a2a: bool, node_overhead: float, **changes: Any) -> dict[str, Any]:
     """One MoE layer, no pipeline (combined_1f1b_schedule_for_no_pipelining: F0, then (F i+1, B i) pairs, then the
     last B), ep 8 in a node, DeepEP's exchanges fast, and a slow host (``eager_op_overhead`` 200 us): every MoE
     layer pass, alone or in a pair, is bound by the host's issue time."""
-    doc: dict[str, Any] = {
-        "name": "nodes", "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
-        "model": small_moe_model("moe-one", num_layers=1, hidden_size=2048, heads=16, ffn_hidden_size=4096,
-                                 max_seq_len=4096),
-        "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 4096, "flash_attention": True},
-        "parallel": {"tp": 1, "pp": 1, "ep": 8, "zero": 1},
-        "moe": {"token_dispatcher": "flex", "deepep_nvlink_bandwidth": "2000 GB/s", "a2a_overlap": a2a,
-                "deepep_sms": 0, "host_sync": True},
-        "costs": {"model": "roofline", "eager_op_overhead": 200e-6, "a2a_overlap_node_overhead": node_overhead},
-        "schedule": "1f1b",
-    }
-    for section, values in changes.items():
-        doc[section] = {**doc.get(section, {}), **values} if isinstance(values, dict) else values
-    return doc
+    costs = {"model": "roofline", "eager_op_overhead": 200e-6, "a2a_overlap_node_overhead": node_overhead}
+    return one_moe_layer("nodes", {"deepep_nvlink_bandwidth": "2000 GB/s", "a2a_overlap": a2a, "deepep_sms": 0,
+                                   "host_sync": True}, changes, costs)
 
 
 def _quiet(load: str) -> bool:
