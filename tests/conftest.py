@@ -51,8 +51,9 @@ def small_moe_model(name: str, num_layers: int, hidden_size: int, heads: int, ff
 def one_moe_layer(name: str, moe: dict[str, Any], changes: dict[str, Any],
                   costs: dict[str, Any] | None = None) -> dict[str, Any]:
     """The EP A2A overlap tests' scenario document: one MoE layer, no pipeline (1F1B), ep 8 over one H100 node, the
-    flex dispatcher's settings in ``moe``, global batch 64 over dp 8 (8 micro-batches of 4096 tokens), ``costs`` (roofline by default);
-    ``changes`` merge into its sections (a dict into a section, anything else replaces it)."""
+    flex dispatcher's settings in ``moe``, global batch 64 over dp 8 (8 micro-batches of 4096 tokens), ``costs``
+    (the default costs when None); ``changes`` merge into its sections (a dict into a section, anything else
+    replaces it)."""
     doc: dict[str, Any] = {
         "name": name, "cluster": {"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 8},
         "model": small_moe_model("moe-one", num_layers=1, hidden_size=2048, heads=16, ffn_hidden_size=4096,
