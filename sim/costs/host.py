@@ -1,10 +1,10 @@
 """The host's time to issue one MoE layer pass in eager PyTorch, and what of it the GPU waits for
 (docs/mechanisms/moe_host_sync.md).
 
-In: the pass's direction, the rank's local experts, the host's seconds per eager op, per kernel launch and per
-Transformer Engine module call beyond its kernels (``costs.eager_op_overhead``, ``costs.launch_overhead``,
-``costs.te_module_overhead``), the pass's device time. Out: the host's issue time of the pass, and the pass's time
-when the host issues it behind a sync.
+In: the pass's direction, the rank's local experts, the host's seconds per eager op, per kernel launch, per
+Transformer Engine module call beyond its kernels and per combined-1F1B schedule-node call (``costs.eager_op_overhead``,
+``costs.launch_overhead``, ``costs.te_module_overhead``, ``costs.a2a_overlap_node_overhead``), the pass's device time.
+Out: the host's issue time of the pass, and the pass's time when the host issues it behind a sync.
 
 Megatron-Core's dropless token dispatchers copy the token counts to the host in every MoE layer's forward and wait
 for them (Megatron-LM 1e05700595 ``token_dispatcher.py``: ``MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize``
@@ -99,6 +99,24 @@ def moe_layer_host_seconds(direction: Direction, local_experts: int, eager_op_ov
             + EXPERT_GEMMS[direction] * local_experts * launch_overhead
             + TE_MODULE_PASSES[direction] * te_modules * te_module_overhead
             + MEGATRON_MOE_PASSES[direction] * megatron_moe_host_ops * eager_op_overhead)
+
+
+# Megatron-Core's combined 1F1B (``--combined-1f1b --combined-1f1b-recipe ep_a2a`` at f3e6c5, the Qwen3 overlap
+# row's code; ``--overlap-moe-expert-parallel-comm`` later; ``moe.a2a_overlap``) runs every MoE layer pass, warm-up
+# and cool-down ones included, as schedule nodes (models/gpt/fine_grained_schedule.py ``schedule_layer_1f1b``,
+# pipeline_parallel/combined_1f1b.py ``ScheduleNode``): the forward as four node forwards (attn, dispatch, mlp,
+# combine: each an event wait and record, a stream switch, its inputs detached and made viewless), the backward
+# as four node backwards (each its own autograd ``run_backward``) and two ``dw`` calls, where plain 1F1B runs one
+# forward and one autograd backward for the whole chunk.
+SCHEDULE_NODE_CALLS: dict[Direction, int] = {"forward": 4, "backward": 6}
+
+
+def schedule_node_host_seconds(direction: Direction, node_overhead: float) -> float:
+    """Seconds the combined 1F1B's schedule nodes add to the host's issue of one MoE layer's ``direction`` pass
+    beyond plain 1F1B's: its node calls (``SCHEDULE_NODE_CALLS``) at ``node_overhead`` each
+    (``costs.a2a_overlap_node_overhead``: f3e6c5's own code timed around the same layer functions run plainly,
+    sim/data/reference/combined_1f1b_host_measurements.csv, scripts/measure_combined_1f1b_host.py)."""
+    return SCHEDULE_NODE_CALLS[direction] * node_overhead
 
 
 def host_bound(device: float, host: float) -> float:

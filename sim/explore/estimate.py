@@ -45,6 +45,8 @@ in ``estimate_keys``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sim.explore.estimate_keys import _MEMORY_FREE, _STAGES_FREE, LayoutKeys, _shape_key
 from sim.explore.estimate_memory import MemoryBound
 from sim.explore.estimate_pipeline import PRICED_AS, _work_bound
@@ -105,10 +107,12 @@ class Estimator(MemoryBound):
             ends, held = list(ends), 0.0
             for s in range(len(ends) - 1, -1, -1):
                 ends[s], held = ends[s] + held, held + parts.tails[s].per_microbatch
-        exposed_of: dict[tuple[int, int], float] = {}
+        exposed_of: dict[tuple[int, int, Any], float] = {}
+        after_weight = timing.after_weight  # a split backward's passes after each chunk's last W differ by stage
         skip = self.skip_tails
         for s, (st, end, shape) in enumerate(zip(stages, ends, parts.tails, strict=True)):
-            seen = exposed_of.get((shape.kind, id(st))) if skip else None
+            trailing = after_weight[s] if after_weight is not None else None
+            seen = exposed_of.get((shape.kind, id(st), trailing)) if skip else None
             if seen is not None:
                 most = max(seen, shape.per_microbatch - end)
                 most += 1e-9 * (abs(end) + abs(seen) + shape.per_microbatch)
@@ -116,7 +120,7 @@ class Estimator(MemoryBound):
                     continue
             exposed, opt = self._tail(plan, s, st, end, shape, timing, parts)
             if not shape.experts and shape.copies is None:
-                exposed_of[shape.kind, id(st)] = exposed
+                exposed_of[shape.kind, id(st), trailing] = exposed
             if end + delay + exposed + opt > step_s:
                 step_s, exposed_dp, optimizer = end + delay + exposed + opt, delay + exposed, opt
         gpu = sc.cluster.gpu
@@ -151,7 +155,7 @@ class Estimator(MemoryBound):
         # each micro-batch passes every stage once; in DualPipe's two copies it visits one of each rank's two chunks
         visits = plan.microbatches / 2 if plan.layout == "dual" else plan.microbatches
         return _Timing(self._p2p(plan), plan.microbatches, visits, plan.pp, plan.vpp, plan.local_chunks,
-                       plan.scenario.schedule == "interleaved")
+                       plan.scenario.schedule == "interleaved", self._after_last_weight(plan))
 
 
 def estimate(scenario: Scenario) -> Estimate:

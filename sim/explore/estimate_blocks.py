@@ -24,6 +24,7 @@ from sim.network import models as network_models
 from sim.network.flows import FlowNetwork
 from sim.parallel.context import ring_makespan
 from sim.parallel.grid import lockstep_groups
+from sim.parallel.schedules import Action
 from sim.plan import Plan, resolve
 from sim.runner import build_topology
 from sim.spec.scenario import Scenario
@@ -52,6 +53,8 @@ class BlockPricing:
         self._blocks: dict[Any, step.Blocks] = {}
         self._moe_blocks: dict[Any, dict[str, Work]] = {}
         self._orders: dict[tuple[str, int, int, int, bool], tuple[int, list[Unit]]] = {}
+        self._trailing: dict[tuple[str, int, int, int, bool], tuple[tuple[tuple[int, int, int], ...], ...]] = {}
+        self._schedule_actions: dict[tuple[str, int, int, int, bool], list[list[Action]]] = {}
         self._replays: dict[Any, tuple[float, list[float]]] = {}
         self._stage_times: dict[Any, tuple[list[StageTimes], tuple[float, list[float]], float, _Timing, Any]] = {}
         self._shape_parts: dict[Any, _ShapeParts] = {}

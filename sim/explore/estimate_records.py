@@ -41,6 +41,9 @@ class _Timing(NamedTuple):
     vpp: int
     local_chunks: int
     interleaved: bool  # the interleaved schedule (its chunks' backwards end apart: Estimator._tail)
+    # under a split backward, per stage and local chunk the (F, B, W) passes after the chunk's last W
+    # (Estimator._after_last_weight); None without one
+    after_weight: tuple[tuple[tuple[int, int, int], ...], ...] | None
 
 
 class _Gate(NamedTuple):

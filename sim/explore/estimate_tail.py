@@ -32,15 +32,21 @@ class DataParallelTail(PipelineComposition):
         if parts.data_parallel:
             # when each layer's gradients become final: the last local chunk's backward ends first, each layer
             # one layer_backward after the one before it. Under a split backward (zero-bubble schedules) they are
-            # final only after the last micro-batch's weight-gradient pass, which ends the stage: ZB's
-            # WeightGradStore runs the W GEMMs, and only then does DDP's hook see the gradient accumulated
-            # (Qi et al. 2024, Sec. 2; the emitter's weight_grad sets grad_ready), so the buckets start inside W.
+            # final only after the last micro-batch's weight-gradient pass: WeightGradStore.pop runs the stored
+            # weight-gradient GEMMs there, which accumulate into main_grad (Megatron-LM megatron/core/
+            # tensor_parallel/weight_grad_store.py; Qi et al. 2024, Sec. 2), and a bucket cannot be reduced before
+            # its gradients exist (the emitter's weight_grad sets grad_ready), so the buckets start inside W;
+            # each local chunk's last W is followed by the passes Estimator._after_last_weight counts.
             interleaved, vpp, pp = timing.interleaved, timing.vpp, timing.pp
             when: dict[int, float] = {}
-            at = backward_end - (st.weight if st.weight > 0.0 else st.backward)
+            at = backward_end - st.backward
+            after_weight = timing.after_weight[stage] if timing.after_weight is not None else None
             for c, layers in shape.chunks:
                 if interleaved:  # chunk c's last backward ran c*p chunk-passes before the stage's end
                     at = backward_end - st.backward / vpp * (1 + c * pp)
+                elif after_weight is not None:  # chunk c's last W, then the passes the order runs after it
+                    f, b, w = after_weight[c]
+                    at = backward_end - (f * st.forward + b * st.backward + (w + 1) * st.weight) / timing.local_chunks
                 for layer in layers:
                     at += st.layer_backward
                     when[layer] = at
@@ -81,8 +87,10 @@ class DataParallelTail(PipelineComposition):
     def _tail_shape(self, plan: Plan, stage: int, stat_reduce: float, shape_key: tuple[Any, ...]) -> _TailShape:
         """The part of a stage's tail its times do not change: the order its gradients become final, its gradient
         buckets (or units) with each one's collective time, and its optimizer step. Layouts that differ only in
-        micro-batch size, recomputation or sequence parallelism share it (``_shape_key``)."""
-        key = (shape_key, stage)
+        micro-batch size, recomputation or sequence parallelism share it (``_shape_key``) and the order in which
+        its local chunks' gradients become final (``_chunk_order``: with a split backward it may change with m)."""
+        chunk_order = self._chunk_order(plan, stage) if plan.local_chunks > 1 else (0,)
+        key = (shape_key, stage, chunk_order)
         found = self._tail_shapes.get(key)
         if found is not None:
             return found[0]
@@ -100,7 +108,7 @@ class DataParallelTail(PipelineComposition):
             group = plan.shard_group(0) if per_unit else plan.grid.dp_group(0)
             sizes = step.gradient_bytes(plan, stage)
             ready = []  # (layer, its gradient bytes), in the order they become final
-            for c in range(plan.local_chunks - 1, -1, -1):  # the last local chunk's backward ends first
+            for c in chunk_order:
                 layers = tuple(reversed(plan.chunk_layers(plan.stage_chunks[stage][c])))
                 chunks.append((c, layers))
                 ready += [(layer, sizes[layer]) for layer in layers]
@@ -164,7 +172,8 @@ class DataParallelTail(PipelineComposition):
         copies_s = None
         if copies is not None:  # every (tp, dp, cp) coordinate's two stages sum their copies at once, not only the
             # TP peers (lockstep_groups): llama2-7b spine DualPipe pp 2, dp 2, both DP replicas' pairs through the
-            # spine, 287 ms, not the 71 ms of one pair alone (-20.0% -> +1.6%; the rest: the buckets' order)
+            # spine, 287 ms, not the 71 ms of one pair alone (-20.0% -> +1.6%; the rest was the buckets' order,
+            # _chunk_order: -0.3%)
             nbytes, pair = copies
             everyone = None if self.flows is None else tuple(sorted({
                 step.copy_gradient_reduce(plan, rank)[1] for rank in range(plan.num_gpus)}))  # type: ignore[index]
@@ -181,6 +190,21 @@ class DataParallelTail(PipelineComposition):
                            optimizer, kind)
         self._tail_shapes[key] = (shape, plan.scenario)  # the scenario keeps the objects _shape_key names alive
         return shape
+
+    def _chunk_order(self, plan: Plan, stage: int) -> tuple[int, ...]:
+        """A stage's local chunks in the order their gradients become final, the order the emitter fills its
+        buckets in (``data_parallel``: the layers sorted by ``grad_ready``): the last local chunk's backward ends
+        first, and under a split backward the order of the chunks' last W passes (``_after_last_weight``: more
+        passes after it, earlier). They differ in DualPipe's later half of the stages, whose local chunk 0 finishes
+        first (llama2-7b spine dualpipe pp 2: stage 1's chunk 0 buckets waited behind chunk 1's last W, +1.6% ->
+        -0.3%). The chunk holding the embedding finishes last in ZB-V, DualPipe and DualPipeV (pp 2, 4 and 8:
+        tests/test_estimate.py), where ``_tail`` puts the embedding's gradients."""
+        descending = range(plan.local_chunks - 1, -1, -1)
+        after = self._after_last_weight(plan)
+        if after is None:
+            return tuple(descending)
+        passes = after[stage]
+        return tuple(sorted(descending, key=lambda c: -sum(passes[c])))
 
     def _chunk_units(self, plan: Plan, chunk: int, shape_key: tuple[Any, ...]) -> list[step.ChunkUnit]:
         """``step.chunk_units`` of model ``chunk``, kept per ``shape_key`` (``_shape_key``): a stage's tail and its

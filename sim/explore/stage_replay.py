@@ -3,8 +3,9 @@ waiting for the pass it needs on another stage plus one p2p time.
 
 In: a schedule's action orders (sim.parallel.schedules) and its layout, resolved once per (schedule, p, m) by
 ``pass_dependencies``; per stage its forward, backward and weight-gradient times (``StageTimes``). Out:
-``stage_level_replay``'s makespan and when each stage's gradients are final (its last B, or W where split). The
-cross-chunk dependency is ``parallel.chunks.upstream``, the same rule the emitters' sends follow.
+``stage_level_replay``'s makespan and when each stage's gradients are final (its last B, or W where split);
+``after_last_weight``: the passes a stage runs after each chunk's last W. The cross-chunk dependency is
+``parallel.chunks.upstream``, the same rule the emitters' sends follow.
 """
 
 from __future__ import annotations
@@ -211,3 +212,25 @@ def stage_level_replay(chunks: int, units: list[Unit] | Units, stages: list[Stag
         if backward:
             last_b[s] = end
     return max(free), last_b
+
+
+def after_last_weight(orders: list[list[Action]], chunks: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per stage, per local chunk: how many F, B and W passes the stage's order (a split-backward schedule's
+    ``actions``) runs after that chunk's last W, the pass that makes the chunk's gradients final (the emitter's
+    grad_ready). ZB-H1/H2 end every stage on its one chunk's last W: (0, 0, 0). ZB-V's and DualPipe's other chunk
+    finishes earlier: ZB-V's stage 0 at p 2 runs B and W of chunk 0 after chunk 1's last W, (0, 1, 2). A chunk
+    with no W (no split) counts the whole order."""
+    out = []
+    for order in orders:
+        counts = [0, 0, 0]
+        found: list[tuple[int, int, int] | None] = [None] * chunks
+        left = chunks
+        for action in reversed(order):
+            if action.phase == "W" and found[action.chunk] is None:
+                found[action.chunk] = (counts[0], counts[1], counts[2])
+                left -= 1
+                if not left:
+                    break
+            counts["FBW".index(action.phase)] += 1
+        out.append(tuple(f if f is not None else (counts[0], counts[1], counts[2]) for f in found))
+    return tuple(out)

@@ -185,3 +185,11 @@ GPU_PRESETS: dict[str, GpuSpec] = {
         ),
     )
 }
+
+# The Blackwell presets (compute capability 10.x). Megatron-LM requires CUDA_DEVICE_MAX_CONNECTIONS=1 for tensor and
+# context parallelism only below compute capability 10 (megatron/training/arguments.py: "CUDA_DEVICE_MAX_CONNECTIONS
+# requirement no longer exists since the Blackwell architecture", 50d847514d, 0db0e8328b; its warning against TP with
+# the EP A2A overlap is "for Hopper and before"), and Transformer Engine orders its userbuffers launches at more
+# than one queue "only for Hopper, which uses persistent CTA execution" (common/comm_gemm_overlap/
+# comm_gemm_overlap.cpp): sim.workload.tp_collectives reads it.
+BLACKWELL: frozenset[str] = frozenset({"B200", "GB200", "GB300"})

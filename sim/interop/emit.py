@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sim.costs.models import resolve_attention_backend
 from sim.errors import ConfigError
 from sim.hardware.dtypes import bytes_per_element
 from sim.spec.degrees import degrees
@@ -409,7 +410,9 @@ def _torchtitan_attention(s: Scenario) -> list[str]:
     (torchtitan/models/llama3/__init__.py), ``F.scaled_dot_product_attention`` under the backend order in
     torchtitan/models/attention.py's ScaledDotProductAttentionWrapper (code, not configuration), which `sim import
     torchtitan` reads as FlashAttention-2. cuDNN's fused attention asked for explicitly is refused; unfused attention
-    (``flash_attention: false``) is every scenario's default, so it is written as a comment, not refused."""
+    (``flash_attention: false``) is every scenario's default, and so is ``attention_backend: auto``, which with fused
+    kernels prices cuDNN's (``resolve_attention_backend``) where the import back prices FlashAttention-2: each is
+    written as a comment naming its field, not refused."""
     t = s.training
     if t.flash_attention and t.attention_backend == "fused":
         raise _refuse("TorchTitan", "training.attention_backend", "fused (cuDNN's fused attention): the job config "
@@ -417,6 +420,12 @@ def _torchtitan_attention(s: Scenario) -> list[str]:
     if not t.flash_attention:
         return ["# attention: TorchTitan runs F.scaled_dot_product_attention (flash); the scenario priced unfused "
                 "attention (training.flash_attention false), which TorchTitan has no setting for"]
+    if resolve_attention_backend(t.attention_backend, t.fused_kernels) == "fused":
+        # SDPA's order is TorchTitan's code: cuDNN first at e347b1e5e (from 6a3a9da95), FlashAttention-2 first in the
+        # December 2024 version `sim import torchtitan` reads (docs/ecosystem.md), so the import prices flash
+        return ["# attention: the flavor's SDPA picks the kernel (cuDNN first at e347b1e5e, FlashAttention-2 before "
+                "6a3a9da95, which `sim import torchtitan` prices); the scenario priced cuDNN's fused attention "
+                "(training.attention_backend auto with fused kernels), which TorchTitan has no setting for"]
     return []
 
 

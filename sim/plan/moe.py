@@ -191,8 +191,9 @@ class MoeFacts(ParamFacts):
         dispatcher syncs the host every MoE layer (``moe.host_sync``; None: Megatron-Core's rule, every dropless
         dispatcher, i.e. all but alltoall with ``pad_to_capacity``), the pass then lasting at least that long
         (sim.costs.host, docs/mechanisms/moe_host_sync.md: eager ops, expert GEMM launches, Transformer Engine
-        linear-module calls and Megatron-Core's own MoE code); 0 without a sync, under CUDA graphs, fixed costs or
-        ``costs.eager_op_overhead`` 0."""
+        linear-module calls and Megatron-Core's own MoE code; under ``moe.a2a_overlap`` the combined 1F1B's
+        schedule nodes, ``costs.a2a_overlap_node_overhead`` per node call); 0 without a sync, under CUDA graphs,
+        fixed costs or ``costs.eager_op_overhead`` 0."""
         moe, costs, training = self.scenario.moe, self.scenario.costs, self.scenario.training
         syncs = moe.host_sync if moe.host_sync is not None else not (
             moe.token_dispatcher == "alltoall" and moe.pad_to_capacity)
@@ -202,7 +203,10 @@ class MoeFacts(ParamFacts):
         spec = self.model
         te_modules = host.te_linear_modules(spec.kv_lora_rank is not None, spec.q_lora_rank is not None,
                                             bool(spec.moe_shared_expert_intermediate_size))
+        # under moe.a2a_overlap each pass runs as Megatron's combined 1F1B schedule nodes, which the host issues too
+        nodes = costs.a2a_overlap_node_overhead if self.a2a_overlap else 0.0
         return {direction: host.moe_layer_host_seconds(direction, self.local_experts, costs.eager_op_overhead,
                                                        costs.launch_overhead, costs.te_module_overhead, te_modules,
                                                        costs.megatron_moe_host_ops)
+                + host.schedule_node_host_seconds(direction, nodes)
                 for direction in ("forward", "backward")}

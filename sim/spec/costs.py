@@ -60,6 +60,17 @@ class KernelCostsSpec(FrozenSpec):
         "router + dispatch + unpermute host time less the plain-PyTorch replay's for the same op sequence, over the "
         "replay's host time per kernel on the same host (sim/data/reference/megatron_moe_host_measurements.csv, "
         "docs/mechanisms/moe_host_sync.md); the backward adds none (measured no more than the replay's); 0 = off"))
+    a2a_overlap_node_overhead: Seconds = Field(default=parse_seconds("41 us"), ge=0, description=(
+        "host time one schedule-node call of Megatron-Core's combined 1F1B (moe.a2a_overlap) costs beyond plain "
+        "1F1B's forward and backward: per MoE layer pass 4 node forwards, or 4 node backwards (each its own "
+        "autograd run_backward) and 2 dw calls (sim.costs.host.schedule_node_host_seconds), added to the pass's "
+        "host time behind the dispatcher's sync. 41 us: Megatron-LM f3e6c5's own ScheduleNode / "
+        "TransformerLayerNode / schedule_chunk_1f1b (the plan built per micro-batch included) around small layer "
+        "functions, less the same functions run plainly, per node call of a merged F&B layer pair; the median of "
+        "the three runs of 800 on an AMD EPYC host at a load below 3 on its 2 cores (2026-11-26; three earlier "
+        "runs on the host shared 8 ways read 62-73 us), with CUDA's event, stream and NVTX calls stubbed "
+        "(sim/data/reference/combined_1f1b_host_measurements.csv, scripts/measure_combined_1f1b_host.py): a lower "
+        "bound, a GPU adds those calls and each run_backward's hand-off to the autograd device thread; 0 = off"))
     fp8_split_accumulation: float = Field(default=1.15, ge=1, description=(
         "with dtype fp8: how much slower an FP8 GEMM runs with split (FP32-promoted) accumulation than with "
         "Hopper's fast accumulation. Transformer Engine's recipe (and torchao's) accumulates the forward GEMM fast "

@@ -103,7 +103,8 @@ class ParallelSpec(FrozenSpec):
         "linear backward issues asynchronously (SP's input all-gather before the input-gradient GEMM, the "
         "input-gradient reduce-scatter or all-reduce before the weight-gradient GEMM) start first and run under "
         "those GEMMs; > 1: nothing launches them before the GEMMs ('necessary for a speedup', megatron/core/"
-        "tensor_parallel/layers.py), so each runs after the GEMM it would hide under, exposed. None: 32 with "
+        "tensor_parallel/layers.py), so each runs after the GEMM it would hide under, exposed (before Blackwell, "
+        "and not for tp_comm_overlap's chunked collectives, which order their own launches). None: 32 with "
         "moe.a2a_overlap (Megatron-Core's EP A2A overlap needs > 1: its MoE README; the MoE ModelZoo's configs "
         "set 32 for it), else 1. docs/mechanisms/a2a_overlap.md"))
     overlap_grad_reduce: bool = Field(default=True, description=(

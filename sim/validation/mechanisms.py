@@ -141,6 +141,17 @@ MECHANISMS: tuple[Mechanism, ...] = (
         doc="mechanisms/moe_host_sync.md",
     ),
     Mechanism(
+        name="Megatron-Core's combined 1F1B schedule nodes on the host (moe.a2a_overlap)",
+        off=("costs.a2a_overlap_node_overhead=0",),
+        knob="costs.a2a_overlap_node_overhead (41 us per schedule-node call: 4 per MoE layer forward, 6 per "
+             "backward, under moe.a2a_overlap only)",
+        source="Megatron-LM f3e6c5 (lhb8125/Megatron-LM f3e6c55a, the Qwen3 overlap row's moe_dev code) "
+               "ScheduleNode / TransformerLayerNode / schedule_chunk_1f1b run on a CPU around small layer functions "
+               "against the same functions run plainly (scripts/measure_combined_1f1b_host.py, "
+               "combined_1f1b_host_measurements.csv; CUDA calls stubbed: a lower bound)",
+        doc="mechanisms/a2a_overlap.md",
+    ),
+    Mechanism(
         name="forced load balancing: the busiest expert rank under random top-k routing",
         off=(),  # no dense validation row routes tokens; the MoE rows that set it are in scenarios/validation/moe
         knob="moe.force_load_balancing (default false: routing as moe.imbalance states, 1.0 even)",

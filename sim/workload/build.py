@@ -44,7 +44,7 @@ from sim.parallel.schedules import Action, Schedule
 from sim.plan import Plan
 from sim.workload.chain_emit import reads_first
 from sim.workload.cost_model import make_costs
-from sim.workload.ir import EXPERT_DP_STREAM, NCCL_STREAM, TaskGraph
+from sim.workload.ir import EXPERT_DP_STREAM, HOST_STREAM, NCCL_STREAM, TaskGraph
 from sim.workload.layer_emit import LayerEmitter
 from sim.workload.pair_interleave import interleave_pair
 
@@ -173,7 +173,10 @@ class _StageEmitter(LayerEmitter):
         if needs is not None and needs[1] != g:
             self.waits.append((first_task if self.unit_first is None else self.unit_first, needs))
 
-    def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None) -> None:
+    def _send(self, phase: str, chunk: int, mb: int, to_global_chunk: int, after: int | None,
+              host: int | None = None) -> None:
+        """The send of a pass's output to ``to_global_chunk``, after ``after`` (and the host task ``host``: the host
+        issues it there, ``close_unit``)."""
         if self.unit_first is not None:  # the pass's last task and the TP reduction it owes, for close_unit
             self.unit_sends.append((phase, chunk, mb, to_global_chunk, after, self.blocking_tp))
             return
@@ -184,6 +187,8 @@ class _StageEmitter(LayerEmitter):
         # The send leaves once the pass's output is final: after its last task and the TP reduction that compute
         # still owes (Megatron waits the asynchronous input-gradient reduction before the backward returns).
         also = [self.blocking_tp] if self.blocking_tp is not None else []
+        if host is not None:
+            also.append(host)
         task = self._add("pp", "pp", name, mb, -1, after, also, op="send", nbytes=self.p2p_bytes, group=group)
         self.sends[(phase, g, mb)] = task
         if self.p2p_blocks:
@@ -203,7 +208,11 @@ class _StageEmitter(LayerEmitter):
         own last task is done, beside the backward's last block: ``TransformerModelChunkSchedulePlan.run`` issues
         ``post_forward`` (send_forward_recv_forward) on the communication stream waiting only for the forward's
         event, "so the p2p comm could be overlapped with the pre_dispatch backward" (Megatron-LM d98e8a64dd,
-        models/common/model_chunk_schedule_plan.py)."""
+        models/common/model_chunk_schedule_plan.py). The host calls it only after the layer loop, once it has
+        issued the backward's last attention node too (f3e6c5, the Qwen3 overlap row's code:
+        ``schedule_chunk_1f1b`` in models/gpt/fine_grained_schedule.py calls ``layer_pre_backward()`` before
+        ``post_forward``), so the send also waits for the unit's last host issue (``moe_host_issue``, the host
+        stream): later than the forward's end where the pair is host-bound, the same where it is device-bound."""
         passes, self.unit_passes = self.unit_passes, []
         phases = [phase for phase, _ in passes]
         if self.plan.is_moe and phases[:2] == ["F", "B"]:
@@ -211,13 +220,15 @@ class _StageEmitter(LayerEmitter):
             tail = interleave_pair(self.g, self.rank, passes[0][1], passes[1][1], end)
             if tail is not None:
                 self.tail = tail
-        self.unit_first = None
+        first, self.unit_first = self.unit_first, None
         sends, self.unit_sends = self.unit_sends, []
         blocking = self.blocking_tp
+        issued = self.g.streams.get((self.rank, HOST_STREAM))
+        host = issued[-1] if issued and first is not None and issued[-1] >= first else None  # the unit's last
         for phase, chunk, mb, to_global_chunk, after, owed in sends:
             early = phase == "F" and self.plan.a2a_overlap
             self.blocking_tp = owed if early else blocking
-            self._send(phase, chunk, mb, to_global_chunk, after if early else self.tail)
+            self._send(phase, chunk, mb, to_global_chunk, after if early else self.tail, host if early else None)
         self.blocking_tp = blocking
 
 

@@ -15,8 +15,10 @@ The same collectives split into chunks beside their GEMMs are sim.workload.tp_ov
 
 from __future__ import annotations
 
+from sim.hardware.gpus import BLACKWELL
 from sim.model.vocab_ops import loss_tp_collectives
 from sim.plan import Plan
+from sim.workload.tp_overlap import tp_overlap_chunks
 
 
 def loss_collectives(plan: Plan) -> tuple[tuple[str, float], ...]:
@@ -42,9 +44,9 @@ def overlaps_backward(plan: Plan, column_weight_grad_seconds: float) -> bool:
     hardware queue to launch the asynchronous collective before the GEMM it hides under (tensor_parallel/layers.py:
     "Here we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure that the reduce scatter is scheduled before the weight
     gradient computation"); with more queues the GEMM, issued after it, takes the SMs first and the collective runs
-    after it."""
+    after it (``_launch_ordered``)."""
     return (plan.tp > 1 and column_weight_grad_seconds > 0 and not plan.splits_backward
-            and plan.cuda_device_max_connections == 1)
+            and _launch_ordered(plan))
 
 
 def regathers_after_input_grad(plan: Plan, column_weight_grad_seconds: float) -> bool:
@@ -55,4 +57,18 @@ def regathers_after_input_grad(plan: Plan, column_weight_grad_seconds: float) ->
     false for that reason alone), so each runs after the GEMM it would have hidden under. Without sequence
     parallelism there is no second gather and the all-reduce simply follows the block."""
     return (plan.tp > 1 and plan.sequence_parallel and column_weight_grad_seconds > 0 and not plan.splits_backward
-            and plan.cuda_device_max_connections > 1)
+            and not _launch_ordered(plan))
+
+
+def _launch_ordered(plan: Plan) -> bool:
+    """Whether a backward's TP collectives start before the GEMMs issued after them: with one CUDA hardware queue
+    (Megatron's NCCL collectives, ``overlaps_backward``); whatever the queues on Blackwell (``BLACKWELL``, where
+    Megatron-LM drops the one-queue requirement and TE orders no launches: that ordering is "only for Hopper, which
+    uses persistent CTA execution"); or whatever the queues under chunked TP collectives
+    (``tp_overlap_chunks`` > 0), which order their own launches: TE's userbuffers make the comm kernel wait on
+    ``_comm_launch_event`` when CUDA_DEVICE_MAX_CONNECTIONS > 1 so that it is scheduled before the GEMM
+    (TransformerEngine common/comm_gemm_overlap/comm_gemm_overlap.cpp, "Fast Dependent Launch"; Hopper, CUDA >=
+    12.3; tests/pytorch/distributed/test_comm_gemm_overlap.py runs the bulk overlaps at 8 queues), and AsyncTP's
+    fused ops move the shards with copy engines, not SMs."""
+    return (plan.cuda_device_max_connections == 1 or plan.scenario.cluster.gpu.name in BLACKWELL
+            or tp_overlap_chunks(plan) > 0)
