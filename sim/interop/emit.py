@@ -19,6 +19,7 @@ from sim.costs.models import resolve_attention_backend
 from sim.errors import ConfigError
 from sim.hardware.dtypes import bytes_per_element
 from sim.spec.degrees import degrees
+from sim.spec.parallel import cuda_device_max_connections
 from sim.spec.scenario import MoeSpec, Scenario
 
 FRAMEWORKS = ("megatron", "torchtitan", "deepspeed")
@@ -234,9 +235,20 @@ def _megatron(s: Scenario) -> Emitted:
              for flag, value in _pairs(flags)]
     launch = (f"torchrun --nproc_per_node {s.cluster.gpus_per_node} --nnodes {s.cluster.nodes} pretrain_gpt.py")
     files = f"cat > {UB_CFG_FILE} <<'EOF'\n{ub_cfg}EOF\n" if ub_cfg else ""
-    text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + files + launch + " \\\n" + \
-        " \\\n".join(line for line in lines) + "\n"
+    text = "#!/bin/bash\n# " + f"{s.name}: written by `sim search --emit megatron`\n" + _environment(s) + files + \
+        launch + " \\\n" + " \\\n".join(line for line in lines) + "\n"
     return Emitted(text, ".sh", launch + " ...")
+
+
+def _environment(s: Scenario) -> str:
+    """The environment the script exports: CUDA_DEVICE_MAX_CONNECTIONS at the value the scenario was priced at
+    (sim.spec.parallel.cuda_device_max_connections: the field, else 32 under the EP A2A overlap and 1 otherwise).
+    Megatron-LM reads it from the environment, never from a flag: arguments.py asserts 1 under tensor or context
+    parallelism before Blackwell, and Megatron-Core's EP A2A overlap wants more (its MoE README), so the script
+    sets it, as Megatron-LM's own examples do (examples/gpt3/train_gpt3_175b_distributed.sh)."""
+    connections = cuda_device_max_connections(s)
+    return "# hardware queues the simulation priced (parallel.cuda_device_max_connections)\n" \
+        f"export CUDA_DEVICE_MAX_CONNECTIONS={connections}\n"
 
 
 UB_CFG_FILE = "ub_cfg.yaml"

@@ -15,10 +15,11 @@ launcher's, harmless ones (data, logging, the optimizer's hyperparameters) as ig
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from sim.interop.draft import Draft, Options, Status, cluster, refuse
-from sim.interop.megatron_args import NEGATED, Args, parse_tokens, read_arguments, read_file_argument
+from sim.interop.megatron_args import NEGATED, Args, parse_tokens, read_file_argument, read_launch
 from sim.interop.megatron_model import MEGATRON_MLA, MlaDefaults, apply_model
 from sim.spec.scenario import ParallelSpec, parse_yaml
 
@@ -301,7 +302,31 @@ def apply(draft: Draft, args: Args, options: Options, world: dict[str, tuple[int
             "local", "transformer_engine"):
         dest = next(d for d in ("enable_cuda_graph", "external_cuda_graph", "cuda_graph_impl") if args.has(d))
         put("training.cuda_graphs", dest, True)
+    _connections(draft, args)
     apply_model(draft, args, options, tp, mla)
+
+
+# The environment variable Megatron-LM reads for the hardware work queues (never a flag): the launch script's export
+# (sim.interop.megatron_args.Script.environment), NeMo-Framework-Launcher's env_vars (sim.interop.nemo).
+CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def _connections(draft: Draft, args: Args) -> None:
+    """CUDA_DEVICE_MAX_CONNECTIONS -> ``parallel.cuda_device_max_connections``: a positive whole number, else one
+    line naming it (CUDA reads 1 to 32, default 8). Unset, the field stays unset: the simulator's 1, or 32 under
+    the EP A2A overlap (sim.spec.parallel.cuda_device_max_connections), which is what Megatron-LM runs (arguments.py
+    asserts 1 under tensor or context parallelism before Blackwell unless the overlap or FSDP is on). The rules
+    refuse 1 with the overlap (sim.spec.rules_moe), blamed on this variable."""
+    if not args.has(CONNECTIONS):
+        return
+    raw = args.get(CONNECTIONS)
+    written = str(raw).strip()
+    if isinstance(raw, bool) or not re.fullmatch(r"[0-9]+", written) or int(written) < 1:
+        raise refuse(f"{args.source(CONNECTIONS)}: {raw!r} is not a positive whole number (the hardware work queues "
+                     "the CUDA streams share; CUDA takes 1 to 32)")
+    draft.put("parallel.cuda_device_max_connections", int(written), args.source(CONNECTIONS), raw,
+              "hardware work queues: 1 launches kernels in issue order (Megatron's TP backward overlap), more lets "
+              "streams run concurrently (the EP A2A overlap)")
 
 
 # Megatron-LM's --cp-comm-type (arguments.py, one value for every layer; passed to Transformer Engine's attention,
@@ -433,6 +458,8 @@ def leftovers(draft: Draft, args: Args, harmless: tuple[str, ...] = HARMLESS_PRE
             note = next((said for prefix, said in notes.items() if dest.startswith(prefix)),
                         "does not change one step's time or memory")
             draft.row(source, raw, "ignored", note)
+        elif dest.isupper():
+            draft.row(source, raw, "unknown", "an environment variable clustersim does not read")
         else:
             draft.row(source, raw, "unknown", "not read by clustersim")
 
@@ -457,11 +484,17 @@ def import_megatron(inputs: list[str], options: Options) -> Draft:
     draft = Draft("megatron")
     draft.data["name"] = options.name or "megatron-import"
     args = Args()
-    for dest, value, flag in parse_tokens(read_arguments(inputs)):
+    launch = read_launch(inputs)
+    for dest, value, flag in parse_tokens(launch.tokens):
         if dest in NEGATED:
             args.add(NEGATED[dest], False, flag, True)
         else:
             args.add(dest.replace("nproc-per-node", "nproc_per_node"), value, flag)
+    for name, value in launch.environment.items():  # read under their own names (upper case: no flag's dest)
+        args.add(name, value, name)
+    if CONNECTIONS in launch.variables and CONNECTIONS not in launch.environment:
+        draft.row(CONNECTIONS, launch.variables[CONNECTIONS], "ignored", "set but not exported: the launched "
+                  "process does not see it")
     world: dict[str, tuple[int, str]] = {}
     for dest, key in (("nnodes", "nodes"), ("nproc_per_node", "per_node")):
         if args.has(dest):

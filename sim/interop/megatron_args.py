@@ -58,36 +58,93 @@ def script_files(source: str) -> dict[str, str]:
     return {match.group(1).strip("\"'"): match.group(3) for match in HEREDOC.finditer(source)}
 
 
-def script_tokens(source: str) -> list[str]:
-    """A bash launch script's words, with its simple ``NAME=value`` variables (``${NAME:-default}`` too)
-    substituted, and quoted array entries such as ``"--fp8-format hybrid"`` split into flag and value. The
-    here-documents' bodies are files, not words (``script_files``)."""
+# A line that assigns: ``NAME=value``, ``export NAME=value``, ``NAME=value command ...`` (an array, ``NAME=(``, is
+# not one: its entries are words).
+ASSIGNMENT = re.compile(r"\s*(export\s+)?([A-Za-z_][A-Za-z0-9_]*)=([^(\s][^#]*|)\s*(?:#.*)?$")
+# ``export NAME ...``: variables set before, exported.
+EXPORT = re.compile(r"\s*export\s+((?:[A-Za-z_][A-Za-z0-9_]*\s*)+)(?:#.*)?$")
+NAME_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Script:
+    """A bash launch script read. ``tokens``: its words, with its simple variables substituted (``script_tokens``).
+    ``environment``: what the launched process finds in its environment, name -> value: the variables the script
+    exports (``export NAME=value``, or ``NAME=value`` and ``export NAME``) and those set before a command on its
+    line (``NAME=value torchrun ...``); a variable set without export stays the shell's (bash semantics):
+    ``variables``, every variable the script sets, exported or not."""
+
+    tokens: list[str]
+    environment: dict[str, str]
+    variables: dict[str, str] = field(default_factory=dict)
+
+
+def _assignment(line: str) -> tuple[bool, dict[str, str], list[str]] | None:
+    """A line that assigns -> (exported, the assignments in order, the command after them: empty for a plain
+    assignment); None for any other line. A value that is one shell word is unquoted; a command substitution
+    (``$(...)``, backquotes) or a value bash would not read is kept as written (not run)."""
+    match = ASSIGNMENT.match(line)
+    if not match:
+        return None
+    exported, name, value = bool(match.group(1)), match.group(2), match.group(3).strip()
+    try:
+        words = shlex.split(value)
+        rest = shlex.split(line[match.start(2):], comments=True)
+    except ValueError:
+        return exported, {name: value}, []
+    if len(words) <= 1 or value.startswith(("$(", "`")):
+        return exported, {name: words[0] if len(words) == 1 else value}, []
+    assigned: dict[str, str] = {}
+    for index, word in enumerate(rest):  # NAME=v NAME2=v2 command args: the leading assignments
+        pair = NAME_VALUE.fullmatch(word)
+        if pair is None:
+            if exported:  # export A=1 B: B exported as it stands
+                assigned.setdefault(word, "")
+                continue
+            return exported, assigned, rest[index:]
+        assigned[pair.group(1)] = pair.group(2)
+    return exported, assigned, []
+
+
+def read_script(source: str) -> Script:
+    """A bash launch script -> its words and its environment (``Script``). Variables (``${NAME:-default}`` too)
+    are substituted line by line as bash would; quoted array entries such as ``"--fp8-format hybrid"`` are split
+    into flag and value; the here-documents' bodies are files, not words (``script_files``)."""
     source = HEREDOC.sub("", source)
     source = source.replace("\\\n", " ")
-    env: dict[str, str] = {}
+    variables: dict[str, str] = {}
+    environment: dict[str, str] = {}
 
     def substitute(line: str) -> str:
         def one(match: re.Match[str]) -> str:
             name = match.group(1) or match.group(3)
             default = match.group(2)
-            if name in env:
-                return env[name]
+            if name in variables:
+                return variables[name]
             return default.strip("\"'") if default is not None else match.group(0)
         return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)", one, line)
 
     lines = []
     for line in source.splitlines():
         line = substitute(line)
-        assign = re.match(r"\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=([^(\s][^#]*|)\s*(?:#.*)?$", line)
-        if assign:
-            value = assign.group(2).strip()
-            try:
-                words = shlex.split(value)
-            except ValueError:
-                words = [value]
-            env[assign.group(1)] = words[0] if len(words) == 1 else value
+        export = EXPORT.match(line)
+        if export:
+            for name in export.group(1).split():
+                environment[name] = variables.get(name, "")
             continue
-        lines.append(line)
+        assigned = _assignment(line)
+        if assigned is None:
+            lines.append(line)
+            continue
+        exported, values, command = assigned
+        if command:  # NAME=value command ...: the command runs with them in its environment
+            environment.update(values)
+            lines.append(shlex.join(command))
+            continue
+        for name, value in values.items():
+            variables[name] = value
+            if exported or name in environment:  # an exported variable set again stays exported
+                environment[name] = value
     try:
         words = shlex.split("\n".join(lines), comments=True)
     except ValueError as error:
@@ -98,7 +155,12 @@ def script_tokens(source: str) -> list[str]:
             tokens.extend(word.split())
         else:
             tokens.append(word)
-    return tokens
+    return Script(tokens, environment, variables)
+
+
+def script_tokens(source: str) -> list[str]:
+    """A bash launch script's words (``read_script``)."""
+    return read_script(source).tokens
 
 
 def parse_tokens(tokens: list[str]) -> list[tuple[str, Any, str]]:
@@ -191,11 +253,12 @@ class Args:
             raise refuse(f"{self.source(dest)}: expected a number (got {value!r})") from None
 
 
-def read_arguments(inputs: list[str]) -> list[str]:
-    """``inputs``: one launch script path, or the arguments themselves -> tokens."""
+def read_launch(inputs: list[str]) -> Script:
+    """``inputs``: one launch script path (its words and environment), or the arguments themselves (no
+    environment: the shell they run in is not given)."""
     if len(inputs) == 1 and not inputs[0].startswith("--"):
-        return script_tokens(read_text(Path(inputs[0]), "megatron"))
-    return [token for item in inputs for token in (item.split() if item.startswith("--") else [item])]
+        return read_script(read_text(Path(inputs[0]), "megatron"))
+    return Script([token for item in inputs for token in (item.split() if item.startswith("--") else [item])], {})
 
 
 def read_file_argument(inputs: list[str], name: str) -> str | None:

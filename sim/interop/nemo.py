@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.interop.draft import Draft, Options, refuse
-from sim.interop.megatron import apply, apply_userbuffers
+from sim.interop.megatron import CONNECTIONS, apply, apply_userbuffers
 from sim.interop.megatron_args import Args
 from sim.interop.megatron_model import MlaDefaults
 from sim.spec.scenario import parse_yaml, read_text
@@ -281,6 +281,16 @@ def import_nemo(inputs: list[str], options: Options) -> Draft:
     elif flat.get("model.use_flash_attention"):
         args.add("use_flash_attn", True, "model.use_flash_attention")
     read.add("model.use_flash_attention")
+    # NeMo-Framework-Launcher exports a config's env_vars into the job (nemo_launcher/core/stages.py get_env_vars);
+    # CUDA_DEVICE_MAX_CONNECTIONS among them is mapped with Megatron's (sim.interop.megatron). Where they leave it
+    # out, the launcher prefixes CUDA_DEVICE_MAX_CONNECTIONS=1 under tp or cp > 1 without FSDP and CUDA's default
+    # (8) runs otherwise (_cuda_device_max_connections): the field stays unset, the simulator's 1 (32 under the EP
+    # A2A overlap), the launcher's own under tp > 1; at tp 1 there is no TP collective for the queues to order, so
+    # CUDA's 8 prices the same.
+    connections = f"env_vars.{CONNECTIONS}"
+    if flat.get(connections) is not None:
+        args.add(CONNECTIONS, flat[connections], connections)
+        read.add(connections)
     tokenizer = flat.get("model.tokenizer.type")
     if tokenizer == "GPT2BPETokenizer" and "vocab_size" not in args.values:
         args.add("vocab_size", 50257, "model.tokenizer.type", tokenizer)  # GPT-2's BPE vocabulary

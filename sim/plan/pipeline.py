@@ -14,6 +14,7 @@ from sim.parallel.chunks import Layout, chunk_location, model_chunk, stage_chunk
 from sim.parallel.schedules import A2A_OVERLAP, SCHEDULES, Schedule
 from sim.plan.cached import cached_property
 from sim.plan.dtypes import DtypeFacts
+from sim.spec.parallel import cuda_device_max_connections
 
 
 class PipelineFacts(DtypeFacts):
@@ -37,9 +38,9 @@ class PipelineFacts(DtypeFacts):
     def cuda_device_max_connections(self) -> int:
         """CUDA_DEVICE_MAX_CONNECTIONS (``parallel.cuda_device_max_connections``); None: 32 under the EP A2A
         overlap, whose pairs need concurrent streams (Megatron-Core's MoE README: "CUDA_DEVICE_MAX_CONNECTIONS >
-        1"), else Megatron-LM's 1."""
-        given = self.scenario.parallel.cuda_device_max_connections
-        return given if given is not None else 32 if self.a2a_overlap else 1
+        1"), else Megatron-LM's 1. The rule is the spec's (sim.spec.parallel.cuda_device_max_connections), which
+        the Megatron-LM launch script's export reads too."""
+        return cuda_device_max_connections(self.scenario)
 
     @cached_property
     def layout(self) -> Layout:

@@ -10,14 +10,21 @@ heads) are ``sim.spec.rules_layout``'. ``MiB``: 2**20 bytes, the unit of DDP's d
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from sim.hardware.frozen import FrozenSpec
 from sim.units import Bytes
 
+if TYPE_CHECKING:
+    from sim.spec.scenario import Scenario
+
 MiB = 2**20
+# CUDA_DEVICE_MAX_CONNECTIONS where the scenario leaves it unset: one queue, Megatron-LM's setting under tensor or
+# context parallelism (arguments.py asserts it before Blackwell), and 32 under the EP A2A overlap, which needs
+# more than one (Megatron-Core's MoE README; the MoE ModelZoo's configs set 32 for it).
+ONE_QUEUE, A2A_OVERLAP_QUEUES = 1, 32
 
 
 class ParallelSpec(FrozenSpec):
@@ -115,3 +122,16 @@ class ParallelSpec(FrozenSpec):
         "with overlap_param_gather: every bucket's all-gather is issued at the step start (Megatron-LM core "
         "0.9+'s default, --no-align-param-gather turns it off); false: the next bucket's all-gather is issued when "
         "the forward reaches the previous bucket (Megatron core_r0.8 and Apex DistributedFusedAdam)"))
+
+
+def cuda_device_max_connections(s: Scenario) -> int:
+    """The CUDA_DEVICE_MAX_CONNECTIONS a scenario is priced at: ``parallel.cuda_device_max_connections`` where
+    given, else 32 under ``moe.a2a_overlap`` and 1 otherwise (docs/mechanisms/a2a_overlap.md). The one rule the
+    Plan (``Plan.cuda_device_max_connections``) and the launch scripts ``sim search --emit megatron`` writes
+    (its export) both read. ``moe.a2a_overlap`` alone decides: the rules refuse it on a dense model (a
+    ``moe`` section other than the default) and without expert parallelism (sim.spec.rules_moe), so on a valid
+    scenario it implies a MoE model with ep > 1."""
+    given = s.parallel.cuda_device_max_connections
+    if given is not None:
+        return given
+    return A2A_OVERLAP_QUEUES if s.moe.a2a_overlap else ONE_QUEUE
