@@ -62,7 +62,9 @@ def script_files(source: str) -> dict[str, str]:
 # not one: its entries are words).
 ASSIGNMENT = re.compile(r"\s*(export\s+)?([A-Za-z_][A-Za-z0-9_]*)=([^(\s][^#]*|)\s*(?:#.*)?$")
 # ``export NAME ...``: variables set before, exported.
-EXPORT = re.compile(r"\s*export\s+((?:[A-Za-z_][A-Za-z0-9_]*\s*)+)(?:#.*)?$")
+# names separated by whitespace (one way to split a line: a name-then-optional-space repeat backtracks
+# exponentially over a long name when the line does not match, e.g. ``export NAME=value``)
+EXPORT = re.compile(r"\s*export\s+([A-Za-z_][A-Za-z0-9_]*(?:\s+[A-Za-z_][A-Za-z0-9_]*)*)\s*(?:#.*)?$")
 NAME_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
 
 
