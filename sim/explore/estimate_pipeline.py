@@ -51,15 +51,7 @@ class PipelineComposition(StagePricing):
         total = max(total, sum(st.forward + st.backward for st in stages) + w + 2 * (p - 1) * c)
         if name.startswith("zb") and m < 2 * p or name.startswith("dualpipe") or plan.a2a_overlap:
             # DualPipe and Megatron's combined 1F1B (F&B pairs): no formula here
-            key = (name, p, m, plan.vpp, plan.a2a_overlap)  # the order and its layout depend on vpp too
-            if key not in self._orders:  # many layouts share (schedule, p, m, vpp): build each order once
-                self._orders[key] = pass_dependencies(self._actions(plan, key), plan.layout,
-                                                      plan.chunks - 1)
-            # layouts that differ only where the stages' times do not (ZeRO 0 and 1) replay the same order
-            replayed = (key, tuple(stages), c)
-            if replayed not in self._replays:
-                self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
-            total, ends = self._replays[replayed]
+            total, ends = self._replay(plan, (name, p, m, plan.vpp, plan.a2a_overlap), stages, c)
             return total, list(ends)
         if plan.layout == "v" and p > 1:
             # ZB-V's V: the backward turns on the last stage, so a stage's last W does not end one backward
@@ -67,14 +59,7 @@ class PipelineComposition(StagePricing):
             # do; how much earlier than stage 0 each ends has no simple form: the stage-level replay of the same
             # order at m = 2p gives it (the cool-down is the same for every m >= 2p: _after_last_weight), short,
             # once per stage times. Only the V pays this replay, to keep the screen's zero-bubble layouts cheap.
-            key = (name, p, 2 * p, plan.vpp, plan.a2a_overlap)
-            if key not in self._orders:
-                self._orders[key] = pass_dependencies(self._actions(plan, key), plan.layout,
-                                                      plan.chunks - 1)
-            replayed = (key, tuple(stages), c)
-            if replayed not in self._replays:
-                self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
-            short, short_ends = self._replays[replayed]
+            short, short_ends = self._replay(plan, (name, p, 2 * p, plan.vpp, plan.a2a_overlap), stages, c)
             return total, [total - (short - end) for end in short_ends]
         ends, behind = [], 0.0
         for st in stages:  # stage 0 ends last; each later stage's last backward left one hop earlier
@@ -96,6 +81,18 @@ class PipelineComposition(StagePricing):
         if found is None:
             found = self._trailing[key] = after_last_weight(self._actions(plan, key), plan.local_chunks)
         return found
+
+    def _replay(self, plan: Plan, key: tuple[str, int, int, int, bool], stages: list[StageTimes],
+                c: float) -> tuple[float, list[float]]:
+        """The stage-level replay of the order ``key`` names ((schedule, p, m, vpp, a2a_overlap)) with these stage
+        times and hop ``c``: (makespan, each stage's end). Many layouts share an order, built once; layouts that
+        differ only where the stages' times do not (ZeRO 0 and 1) replay it once."""
+        if key not in self._orders:
+            self._orders[key] = pass_dependencies(self._actions(plan, key), plan.layout, plan.chunks - 1)
+        replayed = (key, tuple(stages), c)
+        if replayed not in self._replays:
+            self._replays[replayed] = stage_level_replay(*self._orders[key], stages, c)
+        return self._replays[replayed]
 
     def _actions(self, plan: Plan, key: tuple[str, int, int, int, bool]) -> list[list[Action]]:
         """The schedule's per-stage orders at ``key`` = (schedule, p, m, vpp, a2a_overlap), built once: the
